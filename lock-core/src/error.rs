@@ -1,0 +1,220 @@
+//! The one error type of the contract.
+
+use std::time::Duration;
+
+use crate::lost::LossReason;
+use crate::name::NameError;
+
+/// A boxed error from a backend's client library, kept as the `source` of a [`LockError`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything that can go wrong with a distributed lock.
+///
+/// Messages name the backend (`"zookeeper"`, `"redis"`, `"memory"`, …) and, where there is
+/// one, the lock. [`LockError::is_retryable`] says whether the same call may succeed later
+/// without any change on the caller's side.
+///
+/// Busy is not an error: [`DistributedLock::try_acquire`](crate::DistributedLock::try_acquire)
+/// returns `Ok(None)` when another holder has the lock.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// `acquire` waited for the whole timeout without getting the lock. Nothing is held and
+    /// no waiter entry is left behind.
+    #[error("{backend}: timed out after {waited:?} waiting for lock {name:?}")]
+    Timeout {
+        /// Backend name.
+        backend: &'static str,
+        /// The lock's name.
+        name: String,
+        /// The timeout that ran out.
+        waited: Duration,
+    },
+
+    /// The lock is no longer held by this guard: it was revoked, its session or lease
+    /// expired, or its entry was deleted by someone else. Another holder may have it now,
+    /// and nothing of theirs was touched.
+    #[error("{backend}: lock {name:?} was lost: {reason}")]
+    Lost {
+        /// Backend name.
+        backend: &'static str,
+        /// The lock's name.
+        name: String,
+        /// Why the backend stopped vouching for the lock.
+        reason: LossReason,
+    },
+
+    /// The lock name cannot be used; `reason` says why. Nothing was sent to a server.
+    #[error("invalid lock name {name:?}: {reason}")]
+    InvalidName {
+        /// The rejected name (lossy for display when it is very long).
+        name: String,
+        /// Why it was rejected.
+        reason: NameError,
+    },
+
+    /// An argument other than the name is out of range (a timeout, a permit count, …).
+    #[error("{backend}: invalid argument: {message}")]
+    InvalidArgument {
+        /// Backend name.
+        backend: &'static str,
+        /// What is wrong with which argument.
+        message: String,
+    },
+
+    /// The server could not be reached or the connection broke. Retryable.
+    #[error("{backend}: connection error{}: {message}", lock_suffix(.name))]
+    Connection {
+        /// Backend name.
+        backend: &'static str,
+        /// The lock concerned, if the error happened during a lock operation.
+        name: Option<String>,
+        /// What failed (which address, after how long).
+        message: String,
+        /// The client library's error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// The server rejected the credentials.
+    #[error("{backend}: authentication failed: {message}")]
+    Auth {
+        /// Backend name.
+        backend: &'static str,
+        /// The server's or the client's explanation.
+        message: String,
+    },
+
+    /// The credentials were accepted but do not allow this operation on this lock.
+    #[error("{backend}: permission denied{}: {message}", lock_suffix(.name))]
+    PermissionDenied {
+        /// Backend name.
+        backend: &'static str,
+        /// The lock concerned, if any.
+        name: Option<String>,
+        /// What was refused.
+        message: String,
+    },
+
+    /// The client's session ended (ZooKeeper session expiry, an in-memory client closed)
+    /// while the operation was under way. Every guard of that session is lost.
+    #[error("{backend}: session expired{}", lock_suffix(.name))]
+    SessionExpired {
+        /// Backend name.
+        backend: &'static str,
+        /// The lock concerned, if any.
+        name: Option<String>,
+    },
+
+    /// Any other failure reported by the server or the client library.
+    #[error("{backend}: {message}{}", lock_suffix(.name))]
+    Backend {
+        /// Backend name.
+        backend: &'static str,
+        /// The lock concerned, if any.
+        name: Option<String>,
+        /// What failed.
+        message: String,
+        /// Whether the same call may succeed later.
+        retryable: bool,
+        /// The client library's error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// The backend does not offer this operation (see [`Capabilities`](crate::Capabilities)).
+    #[error("{backend}: unsupported: {what}")]
+    Unsupported {
+        /// Backend name.
+        backend: &'static str,
+        /// The operation or feature that is missing.
+        what: String,
+    },
+
+    /// The configuration or connection URL is invalid; `message` names the bad part.
+    #[error("invalid configuration: {message}")]
+    Config {
+        /// What is wrong, naming the offending part.
+        message: String,
+    },
+}
+
+fn lock_suffix(name: &Option<String>) -> String {
+    match name {
+        Some(name) => format!(" (lock {name:?})"),
+        None => String::new(),
+    }
+}
+
+impl LockError {
+    /// Whether the same call may succeed later without any change by the caller: timeouts,
+    /// connection errors, session expiry (a new session may be opened) and backend errors
+    /// flagged retryable.
+    ///
+    /// ```
+    /// use lock_core::LockError;
+    /// let e = LockError::Connection {
+    ///     backend: "zookeeper",
+    ///     name: None,
+    ///     message: "127.0.0.1:2181 refused the connection".into(),
+    ///     source: None,
+    /// };
+    /// assert!(e.is_retryable());
+    /// assert!(!LockError::Config { message: "bad".into() }.is_retryable());
+    /// ```
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            LockError::Timeout { .. }
+            | LockError::Connection { .. }
+            | LockError::SessionExpired { .. } => true,
+            LockError::Backend { retryable, .. } => *retryable,
+            LockError::Lost { .. }
+            | LockError::InvalidName { .. }
+            | LockError::InvalidArgument { .. }
+            | LockError::Auth { .. }
+            | LockError::PermissionDenied { .. }
+            | LockError::Unsupported { .. }
+            | LockError::Config { .. } => false,
+        }
+    }
+
+    /// The backend that reported the error, when there is one.
+    pub fn backend(&self) -> Option<&'static str> {
+        match self {
+            LockError::Timeout { backend, .. }
+            | LockError::Lost { backend, .. }
+            | LockError::InvalidArgument { backend, .. }
+            | LockError::Connection { backend, .. }
+            | LockError::Auth { backend, .. }
+            | LockError::PermissionDenied { backend, .. }
+            | LockError::SessionExpired { backend, .. }
+            | LockError::Backend { backend, .. }
+            | LockError::Unsupported { backend, .. } => Some(backend),
+            LockError::InvalidName { .. } | LockError::Config { .. } => None,
+        }
+    }
+
+    /// The name of the lock the error concerns, when there is one.
+    pub fn lock_name(&self) -> Option<&str> {
+        match self {
+            LockError::Timeout { name, .. }
+            | LockError::Lost { name, .. }
+            | LockError::InvalidName { name, .. } => Some(name),
+            LockError::Connection { name, .. }
+            | LockError::PermissionDenied { name, .. }
+            | LockError::SessionExpired { name, .. }
+            | LockError::Backend { name, .. } => name.as_deref(),
+            LockError::InvalidArgument { .. }
+            | LockError::Auth { .. }
+            | LockError::Unsupported { .. }
+            | LockError::Config { .. } => None,
+        }
+    }
+
+    /// A [`LockError::Config`] with the given message.
+    pub fn config(message: impl Into<String>) -> Self {
+        LockError::Config {
+            message: message.into(),
+        }
+    }
+}

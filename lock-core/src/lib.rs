@@ -1,0 +1,185 @@
+//! The distlock contract.
+//!
+//! `lock-core` is the small, stable crate that every distlock backend and every
+//! application depends on. It defines:
+//!
+//! - [`LockProvider`], which hands out named locks, and [`DistributedLock`], the lock itself
+//!   (both object-safe: `Arc<dyn LockProvider>` is what the `distlock` facade returns);
+//! - [`Guard`], the one concrete type for a held lock, built by backends over the
+//!   [`GuardBackend`] SPI, with its [`FencingToken`] and [`LostSignal`];
+//! - [`Capabilities`], what a provider promises; [`LockError`], everything that goes wrong;
+//!   [`LockName`], the naming rules; [`MetricsSnapshot`], the herd counters;
+//! - with the `memory` feature, [`memory`], the in-memory reference backend: the full
+//!   contract inside one process, for applications' own tests.
+//!
+//! # Using a lock
+//!
+//! ```
+//! use std::time::Duration;
+//! use lock_core::{LockError, LockProvider};
+//!
+//! async fn nightly_report(locks: &dyn LockProvider) -> Result<(), LockError> {
+//!     let lock = locks.lock("reports/nightly")?;
+//!     let Some(mut guard) = lock.try_acquire().await? else {
+//!         return Ok(()); // another instance is on it
+//!     };
+//!     // ... write the report, passing guard.fencing_token() to the store ...
+//!     guard.release().await
+//! }
+//!
+//! async fn with_patience(locks: &dyn LockProvider) -> Result<(), LockError> {
+//!     let lock = locks.lock("migrations")?;
+//!     let mut guard = lock.acquire(Some(Duration::from_secs(30))).await?;
+//!     guard.release().await
+//! }
+//! ```
+//!
+//! # Not re-entrant
+//!
+//! Locks are not re-entrant: a second `acquire` of a name that the same provider (even the
+//! same task) already holds queues behind the first guard like any other contender, and
+//! `try_acquire` returns `Ok(None)`. A task that re-acquires what it holds deadlocks until
+//! its timeout.
+//!
+//! # Writing a backend
+//!
+//! Implement [`LockProvider`] and [`DistributedLock`], and a [`GuardBackend`] per grant;
+//! make a [`LostNotifier`]/[`LostSignal`] pair per grant with [`lost_signal`], count with
+//! [`Metrics`], and map names with [`LockName::escaped`]. Then run the `lock-conformance`
+//! suite against it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub mod capabilities;
+pub mod deadline;
+pub mod error;
+pub mod fencing;
+pub mod guard;
+pub mod lost;
+#[cfg(feature = "memory")]
+#[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
+pub mod memory;
+pub mod metrics;
+pub mod name;
+pub mod url;
+
+pub use capabilities::{Capabilities, Fencing, WaitKind};
+pub use deadline::Deadline;
+pub use error::{BoxError, LockError};
+pub use fencing::FencingToken;
+pub use guard::{Guard, GuardBackend};
+pub use lost::{LossReason, LostNotifier, LostSignal, lost_signal};
+pub use metrics::{Metrics, MetricsSnapshot};
+pub use name::{LockName, MAX_NAME_LEN, NameError};
+
+/// A source of named distributed locks: one client of one backend.
+///
+/// A provider stands for one client process: one ZooKeeper session, one set of Redis
+/// connections, one in-memory client. Two providers are two independent contenders even
+/// inside one process. Locks handed out by one provider share its session.
+///
+/// Object-safe: use it as `Arc<dyn LockProvider>`.
+pub trait LockProvider: Send + Sync + fmt::Debug {
+    /// The backend's name, e.g. `"zookeeper"`, `"redis"`, `"memory"`.
+    fn backend(&self) -> &'static str;
+
+    /// What this provider promises; the conformance suite gates its cases on it.
+    fn capabilities(&self) -> Capabilities;
+
+    /// The lock called `name`. Cheap and local: nothing is sent to the server until the
+    /// lock is acquired.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidName`] if `name` breaks the [naming rules](LockName).
+    fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError>;
+
+    /// This provider's herd counters (wake-ups, futile wake-ups, server round trips, grants)
+    /// since it was created.
+    fn metrics(&self) -> MetricsSnapshot;
+}
+
+/// A named mutual-exclusion lock shared by every client of the same backend.
+///
+/// Object-safe: use it as `Arc<dyn DistributedLock>`. At most one [`Guard`] for a name is
+/// live across all clients at any time, as far as the backend can vouch (see
+/// [`Guard::lost`]).
+///
+/// Not re-entrant: see the [crate docs](crate#not-re-entrant).
+#[async_trait]
+pub trait DistributedLock: Send + Sync + fmt::Debug {
+    /// The lock's name.
+    fn name(&self) -> &LockName;
+
+    /// Makes exactly one attempt to take the lock and never waits for a holder.
+    ///
+    /// Returns `Ok(Some(guard))` when the lock was free, `Ok(None)` when another holder has
+    /// it (busy is not an error). It may still wait for the server's reply.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`acquire`](DistributedLock::acquire).
+    ///
+    /// # Errors
+    ///
+    /// Connection, authentication and backend errors; never [`LockError::Timeout`].
+    async fn try_acquire(&self) -> Result<Option<Guard>, LockError>;
+
+    /// Waits until this caller holds the lock, or until `timeout` has passed.
+    ///
+    /// `None` waits without limit. `Some(Duration::ZERO)` makes one attempt like
+    /// [`try_acquire`](DistributedLock::try_acquire) and fails with
+    /// [`LockError::Timeout`] at once when the lock is busy. Timeouts too large for the clock
+    /// (up to `Duration::MAX`) wait without limit. On timeout, the error comes no earlier
+    /// than `timeout` after the call and not much later, and no waiter entry is left behind.
+    ///
+    /// Backends that declare [`Capabilities::fifo`] grant waiters in the order their
+    /// `acquire` calls reached the server.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel-safe in the following sense. If the returned future is dropped
+    /// before it completes, at any await point:
+    ///
+    /// 1. nothing is held on the caller's behalf: if the server granted the lock before it
+    ///    learned of the cancellation, the grant is released (passed to the next waiter) as
+    ///    if its guard had been dropped;
+    /// 2. no waiter entry remains (no ZooKeeper node, no Redis queue entry, no in-memory
+    ///    queue slot): it is removed at once where the backend can do so synchronously, and
+    ///    otherwise by a background task that retries until it succeeds or the client's
+    ///    session ends;
+    /// 3. the next contender is not delayed: a cancelled waiter ahead of it in the queue is
+    ///    skipped as soon as the server removes its entry.
+    ///
+    /// Dropping the future therefore has the same observable outcome as a timeout, except
+    /// that clean-up may finish after the drop returns. A backend that cannot give these
+    /// guarantees fails the conformance suite.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Timeout`] when the timeout passes; [`LockError::SessionExpired`] when the
+    /// client's session ends while waiting (the waiter never wins later); connection,
+    /// authentication and backend errors.
+    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_static<T: Send + Sync + 'static>() {}
+
+    #[test]
+    fn contract_types_are_object_safe_and_thread_safe() {
+        assert_send_static::<Guard>();
+        assert_send_static::<LockError>();
+        assert_send_static::<Arc<dyn LockProvider>>();
+        assert_send_static::<Arc<dyn DistributedLock>>();
+        assert_send_static::<LostSignal>();
+    }
+}
