@@ -1,0 +1,284 @@
+//! Choosing and configuring a backend from a URL.
+
+use std::sync::Arc;
+
+use lock_core::url::LockUrl;
+use lock_core::{LockError, LockProvider};
+
+/// The features of this crate that are enabled, for error messages.
+const ENABLED_FEATURES: &[&str] = &[
+    #[cfg(feature = "memory")]
+    "memory",
+    #[cfg(feature = "zookeeper")]
+    "zookeeper",
+    #[cfg(feature = "redis")]
+    "redis",
+];
+
+/// The configuration of one backend: what [`BackendConfig::from_url`] makes of a URL.
+///
+/// Each variant exists only when its feature is enabled.
+///
+/// ```
+/// # #[cfg(feature = "memory")] {
+/// use distlock::BackendConfig;
+/// let config = BackendConfig::from_url("memory://jobs?namespace=tests")?;
+/// assert_eq!(config.backend(), "memory");
+/// # }
+/// # Ok::<(), distlock::LockError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum BackendConfig {
+    /// The in-memory backend (`memory://`).
+    #[cfg(feature = "memory")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
+    Memory(MemoryConfig),
+    /// The ZooKeeper backend (`zk://`, `zookeeper://`).
+    #[cfg(feature = "zookeeper")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
+    ZooKeeper(lock_zookeeper::ZkConfig),
+    /// The Redis backend on one server (`redis://`, `rediss://`).
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    Redis(lock_redis::RedisConfig),
+    /// Redlock over several independent Redis servers (`redlock://`).
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    Redlock(lock_redis::RedlockConfig),
+}
+
+impl BackendConfig {
+    /// Parses and validates a connection URL, choosing the backend by its scheme:
+    /// `memory`, `zk` or `zookeeper`, `redis` or `rediss`, `redlock`. See the
+    /// [crate docs](crate#connection-urls) for each form.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] for a malformed URL or an invalid setting (from the backend's
+    /// parser, naming the bad part), an unknown scheme (listing the supported ones), or a
+    /// known scheme whose feature is not enabled (naming the feature).
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        let scheme = LockUrl::parse(url)?.scheme;
+        match scheme.as_str() {
+            "memory" => memory_from_url(url),
+            "zk" | "zookeeper" => zookeeper_from_url(url, &scheme),
+            "redis" | "rediss" => redis_from_url(url, &scheme),
+            "redlock" => redlock_from_url(url, &scheme),
+            _ => Err(LockError::config(format!(
+                "unknown URL scheme {scheme:?}; distlock supports memory://, zk:// (or \
+                 zookeeper://), redis://, rediss:// and redlock:// (enabled features: {})",
+                enabled_features()
+            ))),
+        }
+    }
+
+    /// The backend's name: `"memory"`, `"zookeeper"`, `"redis"` or `"redlock"`.
+    pub fn backend(&self) -> &'static str {
+        match *self {
+            #[cfg(feature = "memory")]
+            BackendConfig::Memory(_) => "memory",
+            #[cfg(feature = "zookeeper")]
+            BackendConfig::ZooKeeper(_) => "zookeeper",
+            #[cfg(feature = "redis")]
+            BackendConfig::Redis(_) => "redis",
+            #[cfg(feature = "redis")]
+            BackendConfig::Redlock(_) => "redlock",
+        }
+    }
+
+    /// Connects to the backend and returns its lock provider.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unsupported`] for the ZooKeeper, Redis and Redlock backends, whose
+    /// providers are not available in this release (their configuration is parsed and
+    /// validated); later, connection and authentication errors from the backend.
+    pub async fn connect(self) -> Result<Arc<dyn LockProvider>, LockError> {
+        match self {
+            #[cfg(feature = "memory")]
+            BackendConfig::Memory(config) => Ok(config.connect()),
+            #[cfg(feature = "zookeeper")]
+            BackendConfig::ZooKeeper(_config) => {
+                Err(provider_unavailable("zookeeper", "ZooKeeper"))
+            }
+            #[cfg(feature = "redis")]
+            BackendConfig::Redis(_config) => Err(provider_unavailable("redis", "Redis")),
+            #[cfg(feature = "redis")]
+            BackendConfig::Redlock(_config) => Err(provider_unavailable("redlock", "Redlock")),
+        }
+    }
+}
+
+#[cfg(any(feature = "zookeeper", feature = "redis"))]
+fn provider_unavailable(backend: &'static str, display: &str) -> LockError {
+    LockError::Unsupported {
+        backend,
+        what: format!(
+            "the {display} lock provider is not available in this release; the URL was parsed \
+             and validated"
+        ),
+    }
+}
+
+fn enabled_features() -> String {
+    if ENABLED_FEATURES.is_empty() {
+        "none".to_owned()
+    } else {
+        ENABLED_FEATURES.join(", ")
+    }
+}
+
+#[cfg(any(
+    not(feature = "memory"),
+    not(feature = "zookeeper"),
+    not(feature = "redis")
+))]
+fn feature_off(scheme: &str, feature: &str) -> LockError {
+    LockError::config(format!(
+        "the {scheme:?} scheme needs the {feature:?} feature of distlock (enabled features: {})",
+        enabled_features()
+    ))
+}
+
+#[cfg(feature = "memory")]
+fn memory_from_url(url: &str) -> Result<BackendConfig, LockError> {
+    MemoryConfig::from_url(url).map(BackendConfig::Memory)
+}
+
+#[cfg(not(feature = "memory"))]
+fn memory_from_url(_url: &str) -> Result<BackendConfig, LockError> {
+    Err(feature_off("memory", "memory"))
+}
+
+#[cfg(feature = "zookeeper")]
+fn zookeeper_from_url(url: &str, _scheme: &str) -> Result<BackendConfig, LockError> {
+    lock_zookeeper::ZkConfig::from_url(url).map(BackendConfig::ZooKeeper)
+}
+
+#[cfg(not(feature = "zookeeper"))]
+fn zookeeper_from_url(_url: &str, scheme: &str) -> Result<BackendConfig, LockError> {
+    Err(feature_off(scheme, "zookeeper"))
+}
+
+#[cfg(feature = "redis")]
+fn redis_from_url(url: &str, _scheme: &str) -> Result<BackendConfig, LockError> {
+    lock_redis::RedisConfig::from_url(url).map(BackendConfig::Redis)
+}
+
+#[cfg(not(feature = "redis"))]
+fn redis_from_url(_url: &str, scheme: &str) -> Result<BackendConfig, LockError> {
+    Err(feature_off(scheme, "redis"))
+}
+
+#[cfg(feature = "redis")]
+fn redlock_from_url(url: &str, _scheme: &str) -> Result<BackendConfig, LockError> {
+    lock_redis::RedlockConfig::from_url(url).map(BackendConfig::Redlock)
+}
+
+#[cfg(not(feature = "redis"))]
+fn redlock_from_url(_url: &str, scheme: &str) -> Result<BackendConfig, LockError> {
+    Err(feature_off(scheme, "redis"))
+}
+
+/// The configuration of the in-memory backend.
+///
+/// In a URL: `memory://` for a new private server, `memory://NAME` for the process-wide
+/// server called `NAME` (so that two `connect("memory://jobs")` calls in one process contend
+/// for the same locks), and `?namespace=NS` to keep lock names apart from other namespaces
+/// on the same server.
+///
+/// ```
+/// use distlock::MemoryConfig;
+/// let config = MemoryConfig::from_url("memory://jobs?namespace=tests")?;
+/// assert_eq!(config, MemoryConfig::new().with_server("jobs").with_namespace("tests"));
+/// assert_eq!(MemoryConfig::from_url("memory://")?.server, None);
+/// # Ok::<(), distlock::LockError>(())
+/// ```
+#[cfg(feature = "memory")]
+#[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryConfig {
+    /// The name of the process-wide server to use, or `None` for a new private server.
+    pub server: Option<String>,
+    /// The namespace of the lock names; default `""`.
+    pub namespace: String,
+}
+
+#[cfg(feature = "memory")]
+impl MemoryConfig {
+    /// A new private server, default namespace.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Uses the process-wide server called `name`.
+    #[must_use]
+    pub fn with_server(mut self, name: impl Into<String>) -> Self {
+        self.server = Some(name.into());
+        self
+    }
+
+    /// Sets the namespace.
+    #[must_use]
+    pub fn with_namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Parses a `memory://[NAME][?namespace=NS]` URL.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] for a malformed URL, another scheme, credentials, several
+    /// server names, a port, a path, or a parameter other than `namespace`.
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        let url = LockUrl::parse(url)?;
+        let bad = |message: &str| LockError::config(format!("memory: {message}"));
+        if url.scheme != "memory" {
+            return Err(bad(&format!(
+                "the URL scheme is {:?}; expected memory://",
+                url.scheme
+            )));
+        }
+        url.check_params(&["namespace"])?;
+        if url.username.is_some() || url.password.is_some() {
+            return Err(bad("memory:// URLs take no user name or password"));
+        }
+        if !url.path.is_empty() && url.path != "/" {
+            return Err(bad(
+                "memory:// URLs take no path; write memory://NAME?namespace=NS",
+            ));
+        }
+        let server = match url.hosts.as_slice() {
+            [] => None,
+            [host] if host.port.is_none() => Some(host.host.clone()),
+            [host] => {
+                return Err(bad(&format!(
+                    "the server name {:?} must not have a port",
+                    host.host
+                )));
+            }
+            _ => {
+                return Err(bad(
+                    "memory:// URLs name at most one server (memory://NAME)",
+                ));
+            }
+        };
+        Ok(MemoryConfig {
+            server,
+            namespace: url.param("namespace").unwrap_or_default().to_owned(),
+        })
+    }
+
+    /// A new client (session) of the configured server.
+    fn connect(self) -> Arc<dyn LockProvider> {
+        use lock_core::memory::MemoryServer;
+        let server = match &self.server {
+            Some(name) => MemoryServer::named(name),
+            None => MemoryServer::new(),
+        };
+        Arc::new(server.provider_in(&self.namespace))
+    }
+}

@@ -1,0 +1,140 @@
+//! Distributed locks with pluggable backends, chosen by URL.
+//!
+//! distlock hands out named locks shared by every process that connects to the same backend:
+//! ZooKeeper (the correctness-grade backend, with monotonic fencing tokens), Redis (the
+//! efficiency-grade comparison point, also as Redlock) and an in-memory reference backend
+//! for tests and single-process programs. Every backend implements the same contract from
+//! [`lock_core`], re-exported here: a [`LockProvider`] hands out [`DistributedLock`]s, and
+//! a held lock is a [`Guard`] with a [`FencingToken`] and a [`LostSignal`].
+//!
+//! # Example
+//!
+//! ```
+//! # #[cfg(feature = "memory")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), distlock::LockError> {
+//! use std::time::Duration;
+//!
+//! let locks = distlock::connect("memory://").await?;
+//! let lock = locks.lock("reports/nightly")?;
+//!
+//! let mut guard = lock.acquire(Some(Duration::from_secs(5))).await?;
+//! // ... do the work, passing guard.fencing_token() to the store it writes to ...
+//! assert!(lock.try_acquire().await?.is_none(), "held, and not re-entrant");
+//! guard.release().await?;
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "memory"))]
+//! # fn main() {}
+//! ```
+//!
+//! Busy is not an error: [`DistributedLock::try_acquire`] returns `Ok(None)`, and
+//! [`DistributedLock::acquire`] waits (up to its timeout, then [`LockError::Timeout`]).
+//!
+//! # Feature flags
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `memory` | yes | the in-memory backend (`memory://`) and the `memory` module |
+//! | `zookeeper` | no | the ZooKeeper backend (`zk://`, `zookeeper://`) as the `zookeeper` module |
+//! | `redis` | no | the Redis backend (`redis://`, `rediss://`, `redlock://`) as the `redis` module |
+//!
+//! A URL whose backend is not compiled in fails with a [`LockError::Config`] that names the
+//! feature to enable.
+//!
+//! # Connection URLs
+//!
+//! ```text
+//! scheme://[user[:password]@]host[:port][,host[:port]...][/path][?key=value&...]
+//! ```
+//!
+//! User, password, path and parameter values are percent-decoded; durations are written
+//! like `10s`, `500ms` or `1m 30s`; unknown parameters are errors, so typos do not pass
+//! silently. Error messages never repeat the password.
+//!
+//! | scheme | form | parameters (default) |
+//! |---|---|---|
+//! | `memory` | `memory://` — a new private server; `memory://NAME` — the process-wide server called `NAME`, shared by every `connect` with that name | `namespace` (`""`): locks in different namespaces never meet |
+//! | `zk`, `zookeeper` | `zk://[user:password@]h1:p1,h2:p2[/chroot]` (port 2181); credentials add digest auth | `session_timeout` (`10s`), `connect_timeout` (`5s`), `strategy` = `single`\|`children`\|`predecessor` (`predecessor`), `root` (`/distlock`), `node_format` = `curator`\|`kazoo` (`curator`), `acl` = `open`\|`creator` (`open`; `creator` needs credentials) |
+//! | `redis`, `rediss` | `redis://[user[:password]@]host[:port][/db]` (port 6379, db 0); `rediss` uses TLS | `prefix` (`lock`), `ttl` (`30s`, 100ms–1 day), `strategy` = `polling`\|`pubsub`\|`queue` (`queue`) |
+//! | `redlock` | `redlock://[user:password@]h1[:p],h2,h3[/db]` — independent servers, quorum N/2+1 | `prefix` (`lock`), `ttl` (`30s`), `retry_count` (`3`), `retry_delay` (`200ms`), `drift_factor` (`0.01`), `tls` (`false`) |
+//!
+//! The ZooKeeper and Redis URLs are parsed and validated in this release, but their lock
+//! providers are not available yet: [`connect`] returns [`LockError::Unsupported`] for them.
+//!
+//! # Not re-entrant
+//!
+//! Locks are not re-entrant: a second `acquire` of a name that the same provider (even the
+//! same task) already holds queues behind the first guard like any other contender, and
+//! `try_acquire` returns `Ok(None)`. A task that re-acquires what it holds waits until its
+//! timeout.
+//!
+//! # Redis is efficiency-grade
+//!
+//! Redis locks keep two workers from doing the same job twice most of the time; they do not
+//! guarantee mutual exclusion through a failover or a paused process, and their fencing
+//! tokens are best-effort. Use ZooKeeper plus fencing where correctness matters.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+use std::sync::Arc;
+
+mod backend;
+
+pub use backend::BackendConfig;
+#[cfg(feature = "memory")]
+pub use backend::MemoryConfig;
+
+// The contract, for applications.
+pub use lock_core::{
+    Capabilities, Deadline, DistributedLock, Fencing, FencingToken, Guard, LockError, LockName,
+    LockProvider, LossReason, LostSignal, MAX_NAME_LEN, MetricsSnapshot, NameError, WaitKind,
+};
+// The backend SPI, for applications that wrap or implement a provider.
+pub use lock_core::{BoxError, GuardBackend, LostNotifier, Metrics, lost_signal};
+
+/// The in-memory reference backend: a [`MemoryServer`](memory::MemoryServer) and its
+/// [`MemoryLockProvider`](memory::MemoryLockProvider) clients, with test hooks.
+#[cfg(feature = "memory")]
+#[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
+pub use lock_core::memory;
+
+/// The ZooKeeper backend: its configuration, [`ZkConfig`](lock_zookeeper::ZkConfig).
+#[cfg(feature = "zookeeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
+pub use lock_zookeeper as zookeeper;
+
+/// The Redis backend: its configurations, [`RedisConfig`](lock_redis::RedisConfig) and
+/// [`RedlockConfig`](lock_redis::RedlockConfig).
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use lock_redis as redis;
+
+/// Connects to the backend named by `url` and returns its lock provider.
+///
+/// The same as [`BackendConfig::from_url`] followed by [`BackendConfig::connect`]; see the
+/// [crate docs](crate#connection-urls) for the URL forms.
+///
+/// ```
+/// # #[cfg(feature = "memory")]
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), distlock::LockError> {
+/// // Two clients of the process-wide server "jobs" contend for the same locks.
+/// let a = distlock::connect("memory://jobs").await?;
+/// let b = distlock::connect("memory://jobs").await?;
+/// let guard = a.lock("import")?.try_acquire().await?;
+/// assert!(guard.is_some());
+/// assert!(b.lock("import")?.try_acquire().await?.is_none());
+/// # Ok(())
+/// # }
+/// # #[cfg(not(feature = "memory"))]
+/// # fn main() {}
+/// ```
+///
+/// # Errors
+///
+/// [`LockError::Config`] for a malformed or invalid URL, an unknown scheme, or a scheme
+/// whose feature is not enabled; [`LockError::Unsupported`] for a backend whose provider is
+/// not available in this release; connection and authentication errors from the backend.
+pub async fn connect(url: &str) -> Result<Arc<dyn LockProvider>, LockError> {
+    BackendConfig::from_url(url)?.connect().await
+}
