@@ -83,6 +83,16 @@ pub use name::{LockName, MAX_NAME_LEN, NameError};
 /// connections, one in-memory client. Two providers are two independent contenders even
 /// inside one process. Locks handed out by one provider share its session.
 ///
+/// # Lifetime
+///
+/// The provider *is* the session. Dropping the last handle to it (the last clone of the
+/// `Arc<dyn LockProvider>`) closes the session, even while lock handles and guards from it
+/// still exist: its locks are freed (within the crash-release bound), its guards report
+/// the loss on their [lost signal](Guard::lost), and calls on its lock handles fail with
+/// [`LockError::SessionExpired`]. Lock handles and guards never keep the session alive —
+/// that way a forgotten guard cannot hold a lock forever. Keep the provider for as long as
+/// you use its locks.
+///
 /// Object-safe: use it as `Arc<dyn LockProvider>`.
 pub trait LockProvider: Send + Sync + fmt::Debug {
     /// The backend's name, e.g. `"zookeeper"`, `"redis"`, `"memory"`.
@@ -102,6 +112,43 @@ pub trait LockProvider: Send + Sync + fmt::Debug {
     /// This provider's herd counters (wake-ups, futile wake-ups, server round trips, grants)
     /// since it was created.
     fn metrics(&self) -> MetricsSnapshot;
+
+    /// The read-write lock called `name`, if the backend offers them
+    /// ([`Capabilities::reader_writer`]). Read-write locks live apart from mutexes: the
+    /// mutex `"x"` and the read-write lock `"x"` are different locks.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unsupported`] when the backend has no read-write locks (the default);
+    /// [`LockError::InvalidName`] for a bad name.
+    fn rw_lock(&self, name: &str) -> Result<Arc<dyn DistributedRwLock>, LockError> {
+        let _ = name;
+        Err(LockError::Unsupported {
+            backend: self.backend(),
+            what: "read-write locks".into(),
+        })
+    }
+
+    /// The counting semaphore called `name` with `permits` permits, if the backend offers
+    /// them ([`Capabilities::semaphore`]). Every client of one semaphore must use the same
+    /// number of permits.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unsupported`] when the backend has no semaphores (the default);
+    /// [`LockError::InvalidArgument`] for zero permits; [`LockError::InvalidName`] for a bad
+    /// name.
+    fn semaphore(
+        &self,
+        name: &str,
+        permits: u32,
+    ) -> Result<Arc<dyn DistributedSemaphore>, LockError> {
+        let _ = (name, permits);
+        Err(LockError::Unsupported {
+            backend: self.backend(),
+            what: "semaphores".into(),
+        })
+    }
 }
 
 /// A named mutual-exclusion lock shared by every client of the same backend.
@@ -168,6 +215,130 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError>;
 }
 
+/// A named read-write lock: readers share it, a writer excludes everyone.
+///
+/// Fair: a waiting writer blocks readers that arrive after it (writers do not starve), and
+/// the readers queued behind one writer all enter together when it leaves. Guards are the
+/// same [`Guard`] type as for mutexes, with fencing tokens and lost signals; the timeout,
+/// cancel-safety and release contracts of [`DistributedLock::acquire`] and [`Guard`] apply
+/// to both sides unchanged. Not re-entrant, and no upgrade from read to write.
+#[async_trait]
+pub trait DistributedRwLock: Send + Sync + fmt::Debug {
+    /// The lock's name.
+    fn name(&self) -> &LockName;
+
+    /// One attempt at a read hold; `Ok(None)` when a writer holds or waits.
+    async fn try_read(&self) -> Result<Option<Guard>, LockError>;
+
+    /// Waits for a read hold, as [`DistributedLock::acquire`] waits for the lock.
+    async fn read(&self, timeout: Option<Duration>) -> Result<Guard, LockError>;
+
+    /// One attempt at the write hold; `Ok(None)` when anyone holds or waits.
+    async fn try_write(&self) -> Result<Option<Guard>, LockError>;
+
+    /// Waits for the write hold, as [`DistributedLock::acquire`] waits for the lock.
+    async fn write(&self, timeout: Option<Duration>) -> Result<Guard, LockError>;
+
+    /// The write side as a plain [`DistributedLock`], like Curator's `writeLock()`.
+    fn write_lock(self: Arc<Self>) -> Arc<dyn DistributedLock>
+    where
+        Self: 'static,
+    {
+        Arc::new(adapters::WriteSide(self))
+    }
+}
+
+/// A named counting semaphore: at most `permits` holders at once.
+///
+/// Each permit is a [`Guard`] with its own fencing token and lost signal; the timeout,
+/// cancel-safety and release contracts of [`DistributedLock::acquire`] and [`Guard`] apply
+/// unchanged.
+#[async_trait]
+pub trait DistributedSemaphore: Send + Sync + fmt::Debug {
+    /// The semaphore's name.
+    fn name(&self) -> &LockName;
+
+    /// How many permits the semaphore has.
+    fn permits(&self) -> u32;
+
+    /// One attempt at a permit; `Ok(None)` when all are taken or others wait.
+    async fn try_acquire(&self) -> Result<Option<Guard>, LockError>;
+
+    /// Waits for a permit, as [`DistributedLock::acquire`] waits for the lock.
+    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError>;
+
+    /// A one-permit semaphore as a plain [`DistributedLock`].
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidArgument`] when the semaphore has more than one permit.
+    fn as_lock(self: Arc<Self>) -> Result<Arc<dyn DistributedLock>, LockError>
+    where
+        Self: 'static,
+    {
+        if self.permits() != 1 {
+            return Err(LockError::InvalidArgument {
+                backend: "semaphore",
+                message: format!(
+                    "semaphore {:?} has {} permits; only a one-permit semaphore is a lock",
+                    self.name().as_str(),
+                    self.permits()
+                ),
+            });
+        }
+        Ok(Arc::new(adapters::OnePermit(self)))
+    }
+}
+
+/// Plain-lock views of the other lock kinds.
+mod adapters {
+    use super::*;
+
+    /// The write side of a read-write lock.
+    pub(super) struct WriteSide<L: ?Sized>(pub(super) Arc<L>);
+
+    /// A one-permit semaphore.
+    pub(super) struct OnePermit<S: ?Sized>(pub(super) Arc<S>);
+
+    impl<L: DistributedRwLock + ?Sized> fmt::Debug for WriteSide<L> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_tuple("WriteSide").field(&self.0).finish()
+        }
+    }
+
+    impl<S: DistributedSemaphore + ?Sized> fmt::Debug for OnePermit<S> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_tuple("OnePermit").field(&self.0).finish()
+        }
+    }
+
+    #[async_trait]
+    impl<L: DistributedRwLock + ?Sized> DistributedLock for WriteSide<L> {
+        fn name(&self) -> &LockName {
+            self.0.name()
+        }
+        async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
+            self.0.try_write().await
+        }
+        async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
+            self.0.write(timeout).await
+        }
+    }
+
+    #[async_trait]
+    impl<S: DistributedSemaphore + ?Sized> DistributedLock for OnePermit<S> {
+        fn name(&self) -> &LockName {
+            self.0.name()
+        }
+        async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
+            self.0.try_acquire().await
+        }
+        async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
+            self.0.acquire(timeout).await
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,6 +351,8 @@ mod tests {
         assert_send_static::<LockError>();
         assert_send_static::<Arc<dyn LockProvider>>();
         assert_send_static::<Arc<dyn DistributedLock>>();
+        assert_send_static::<Arc<dyn DistributedRwLock>>();
+        assert_send_static::<Arc<dyn DistributedSemaphore>>();
         assert_send_static::<LostSignal>();
     }
 }

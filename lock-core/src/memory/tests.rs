@@ -4,6 +4,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use super::*;
+use crate::{Guard, LossReason};
 
 /// Generous slack for a loaded 2-core machine; bounds are "no earlier than t, not much later".
 const SLACK: Duration = Duration::from_millis(500);
@@ -44,8 +45,8 @@ async fn exclusion_under_fifty_concurrent_tasks() {
     let peak = Arc::new(AtomicUsize::new(0));
     let grants = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
-    for client in 0..5 {
-        let provider = server.provider();
+    let providers: Vec<_> = (0..5).map(|_| server.provider()).collect();
+    for (client, provider) in providers.iter().enumerate() {
         for _ in 0..10 {
             let lock = provider.lock("contended").unwrap();
             let (occupancy, peak, grants) = (occupancy.clone(), peak.clone(), grants.clone());
@@ -447,6 +448,35 @@ async fn session_end_frees_locks_and_fails_waiters() {
 }
 
 #[tokio::test]
+async fn the_provider_is_the_session() {
+    let server = MemoryServer::new();
+    let provider = server.provider();
+    let lock = provider.lock("owned").unwrap();
+    let guard = lock.try_acquire().await.unwrap().unwrap();
+    let clone = provider.clone();
+    drop(provider);
+    assert!(
+        !guard.is_lost(),
+        "a clone of the provider keeps the session"
+    );
+    drop(clone);
+    assert_eq!(
+        guard.lost().reason(),
+        Some(LossReason::SessionExpired),
+        "the last handle closed the session"
+    );
+    assert!(
+        is_free(&server, "owned").await,
+        "the lock was freed with the session"
+    );
+    let err = lock.try_acquire().await.unwrap_err();
+    assert!(
+        matches!(err, LockError::SessionExpired { .. }),
+        "a lock handle of a closed provider fails loudly: {err}"
+    );
+}
+
+#[tokio::test]
 async fn namespaces_are_independent_and_names_case_sensitive() {
     let server = MemoryServer::new();
     let (x, y) = (server.provider_in("x"), server.provider_in("y"));
@@ -522,4 +552,283 @@ async fn debug_everywhere() {
         assert!(!text.is_empty());
     }
     assert!(format!("{guard:?}").contains("dbg"));
+}
+
+mod read_write {
+    use super::*;
+    use crate::DistributedRwLock;
+
+    fn rw(provider: &MemoryLockProvider, name: &str) -> Arc<dyn DistributedRwLock> {
+        provider.rw_lock(name).unwrap()
+    }
+
+    #[tokio::test]
+    async fn readers_share_and_a_writer_excludes() {
+        let server = MemoryServer::new();
+        let (a, b, c) = (server.provider(), server.provider(), server.provider());
+        let mut r1 = rw(&a, "rw").try_read().await.unwrap().unwrap();
+        let mut r2 = rw(&b, "rw")
+            .try_read()
+            .await
+            .unwrap()
+            .expect("readers share");
+        assert!(
+            rw(&c, "rw").try_write().await.unwrap().is_none(),
+            "a writer waits for readers"
+        );
+        r1.release().await.unwrap();
+        r2.release().await.unwrap();
+        let mut w = rw(&c, "rw")
+            .try_write()
+            .await
+            .unwrap()
+            .expect("free for a writer");
+        assert!(
+            rw(&a, "rw").try_read().await.unwrap().is_none(),
+            "a writer excludes readers"
+        );
+        assert!(
+            rw(&b, "rw").try_write().await.unwrap().is_none(),
+            "a writer excludes writers"
+        );
+        assert!(w.fencing_token() > r2.fencing_token());
+        w.release().await.unwrap();
+        assert_eq!(server.active_locks(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_writer_blocks_later_readers_and_readers_behind_it_enter_together() {
+        let server = MemoryServer::new();
+        let (a, b) = (server.provider(), server.provider());
+        let mut first_reader = rw(&a, "fair").try_read().await.unwrap().unwrap();
+        let writer_lock = rw(&b, "fair");
+        let writer = tokio::spawn(async move { writer_lock.write(None).await });
+        until_entries(&a, "fair", (1, 1)).await;
+        // A reader arriving after the waiting writer queues behind it.
+        let late: Vec<_> = (0..3).map(|_| server.provider()).collect();
+        let mut readers = Vec::new();
+        for provider in &late {
+            let lock = rw(provider, "fair");
+            readers.push(tokio::spawn(async move { lock.read(None).await }));
+        }
+        until_entries(&a, "fair", (1, 4)).await;
+        assert!(
+            rw(&a, "fair").try_read().await.unwrap().is_none(),
+            "no reader jumps a waiting writer"
+        );
+        first_reader.release().await.unwrap();
+        let mut w = tokio::time::timeout(Duration::from_secs(5), writer)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        until_entries(&a, "fair", (1, 3)).await;
+        w.release().await.unwrap();
+        // All three readers enter together.
+        until_entries(&a, "fair", (3, 0)).await;
+        for reader in readers {
+            let mut guard = reader.await.unwrap().unwrap();
+            guard.release().await.unwrap();
+        }
+        assert_eq!(server.active_locks(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_writer_that_gives_up_lets_the_readers_behind_it_in() {
+        let server = MemoryServer::new();
+        let (a, b, c) = (server.provider(), server.provider(), server.provider());
+        let mut reader = rw(&a, "giveup").try_read().await.unwrap().unwrap();
+        let writer_lock = rw(&b, "giveup");
+        let writer =
+            tokio::spawn(async move { writer_lock.write(Some(Duration::from_millis(100))).await });
+        until_entries(&a, "giveup", (1, 1)).await;
+        let late_lock = rw(&c, "giveup");
+        let late = tokio::spawn(async move { late_lock.read(None).await });
+        until_entries(&a, "giveup", (1, 2)).await;
+        assert!(matches!(
+            writer.await.unwrap(),
+            Err(LockError::Timeout { .. })
+        ));
+        let mut late = tokio::time::timeout(Duration::from_secs(5), late)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        until_entries(&a, "giveup", (2, 0)).await;
+        late.release().await.unwrap();
+        reader.release().await.unwrap();
+        assert_eq!(server.active_locks(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_write_side_is_a_lock_and_families_are_apart() {
+        let server = MemoryServer::new();
+        let (a, b) = (server.provider(), server.provider());
+        let write_lock = rw(&a, "side").write_lock();
+        let mut w = write_lock.try_acquire().await.unwrap().unwrap();
+        assert!(rw(&b, "side").try_read().await.unwrap().is_none());
+        let mut mutex = b
+            .lock("side")
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .expect("the mutex of the same name is another lock");
+        w.release().await.unwrap();
+        mutex.release().await.unwrap();
+    }
+
+    async fn until_entries(provider: &MemoryLockProvider, name: &str, expected: (usize, usize)) {
+        let start = Instant::now();
+        while provider.entries(name).unwrap() != expected {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "never saw {expected:?} for {name}; last {:?}",
+                provider.entries(name).unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+mod semaphore {
+    use super::*;
+
+    #[tokio::test]
+    async fn n_permits_then_busy_then_the_next_in() {
+        let server = MemoryServer::new();
+        let clients: Vec<_> = (0..4).map(|_| server.provider()).collect();
+        let mut permits = Vec::new();
+        for client in &clients[..3] {
+            permits.push(
+                client
+                    .semaphore("pool", 3)
+                    .unwrap()
+                    .try_acquire()
+                    .await
+                    .unwrap()
+                    .expect("a permit is free"),
+            );
+        }
+        let fourth = clients[3].semaphore("pool", 3).unwrap();
+        assert!(
+            fourth.try_acquire().await.unwrap().is_none(),
+            "no fourth permit"
+        );
+        let waiting = tokio::spawn(async move { fourth.acquire(None).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished());
+        let mut first = permits.remove(0);
+        first.release().await.unwrap();
+        let mut next = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(next.fencing_token() > first.fencing_token());
+        next.release().await.unwrap();
+        for mut permit in permits {
+            permit.release().await.unwrap();
+        }
+        assert_eq!(server.active_locks(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrency_never_exceeds_n_and_reaches_n() {
+        const N: u32 = 3;
+        let server = MemoryServer::new();
+        let providers: Vec<_> = (0..8).map(|_| server.provider()).collect();
+        let current = Arc::new(AtomicUsize::new(0));
+        let peak = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for provider in &providers {
+            let semaphore = provider.semaphore("stress", N).unwrap();
+            let (current, peak) = (current.clone(), peak.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..20 {
+                    let mut permit = semaphore.acquire(None).await.unwrap();
+                    let now = current.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    current.fetch_sub(1, Ordering::SeqCst);
+                    permit.release().await.unwrap();
+                }
+            }));
+        }
+        for task in tasks {
+            tokio::time::timeout(Duration::from_secs(30), task)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        assert_eq!(
+            peak.load(Ordering::SeqCst),
+            N as usize,
+            "never above N, and N reached"
+        );
+    }
+
+    #[tokio::test]
+    async fn bad_permit_counts_are_invalid_arguments() {
+        let server = MemoryServer::new();
+        let (a, b) = (server.provider(), server.provider());
+        assert!(matches!(
+            a.semaphore("s", 0),
+            Err(LockError::InvalidArgument { .. })
+        ));
+        let mut held = a
+            .semaphore("s", 2)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .unwrap();
+        let mismatch = b
+            .semaphore("s", 5)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap_err();
+        assert!(mismatch.to_string().contains("2 permits"), "{mismatch}");
+        assert!(
+            b.semaphore("s", 2).unwrap().as_lock().is_err(),
+            "a two-permit semaphore is not a lock"
+        );
+        held.release().await.unwrap();
+        // Once idle, a semaphore of that name can start over with another count.
+        let one = b.semaphore("s", 1).unwrap().as_lock().unwrap();
+        let mut guard = one.try_acquire().await.unwrap().unwrap();
+        assert!(
+            a.semaphore("s", 1)
+                .unwrap()
+                .try_acquire()
+                .await
+                .unwrap()
+                .is_none()
+        );
+        guard.release().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn permits_are_lost_with_their_session() {
+        let server = MemoryServer::new();
+        let (a, b) = (server.provider(), server.provider());
+        let permit = a
+            .semaphore("sess", 1)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .unwrap();
+        a.expire_session();
+        assert_eq!(permit.lost().reason(), Some(LossReason::SessionExpired));
+        let mut next = b
+            .semaphore("sess", 1)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .expect("freed with the session");
+        next.release().await.unwrap();
+    }
 }

@@ -1,0 +1,276 @@
+//! The lock handles of the in-memory backend and their guards.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::server::{Entry, Grant, LockKey, Mode, Refusal, ServerInner, Withdrawal};
+use super::{BACKEND, ProviderShared, lock};
+use crate::{
+    Deadline, DistributedLock, DistributedRwLock, DistributedSemaphore, Guard, GuardBackend,
+    LockError, LockName, LossReason, LostSignal, Metrics,
+};
+
+/// What every lock handle shares: its name, its key on the server, and its provider.
+pub(super) struct Handle {
+    pub(super) name: LockName,
+    pub(super) key: LockKey,
+    pub(super) provider: Arc<ProviderShared>,
+    pub(super) permits: u32,
+}
+
+impl Handle {
+    async fn try_enter(&self, mode: Mode) -> Result<Option<Guard>, LockError> {
+        match self.enter(mode, false)? {
+            Entry::Granted(grant) => Ok(Some(self.guard(grant))),
+            Entry::Busy | Entry::Queued { .. } => Ok(None),
+        }
+    }
+
+    async fn wait(&self, mode: Mode, timeout: Option<Duration>) -> Result<Guard, LockError> {
+        let deadline = Deadline::after(timeout);
+        let (id, mut receiver) = match self.enter(mode, !deadline.is_immediate())? {
+            Entry::Granted(grant) => return Ok(self.guard(grant)),
+            Entry::Busy => return Err(self.timeout_error(timeout)),
+            Entry::Queued { id, grant } => (id, grant),
+        };
+        let mut ticket = WaitTicket {
+            server: Arc::clone(&self.provider.server),
+            key: self.key.clone(),
+            id,
+            armed: true,
+        };
+        let woken = tokio::select! {
+            biased;
+            grant = &mut receiver => Some(grant.ok()),
+            () = deadline.sleep() => None,
+        };
+        let grant = match woken {
+            Some(grant) => grant,
+            None => {
+                self.provider.metrics.record_server_requests(1);
+                match self.provider.server.withdraw(&self.key, id) {
+                    Withdrawal::Removed => {
+                        ticket.disarm();
+                        return Err(self.timeout_error(timeout));
+                    }
+                    // The grant raced the deadline: it is ours, take it.
+                    Withdrawal::Granted | Withdrawal::Gone => receiver.try_recv().ok(),
+                }
+            }
+        };
+        ticket.disarm();
+        match grant {
+            Some(grant) => {
+                self.provider.metrics.record_wakeup();
+                Ok(self.guard(grant))
+            }
+            // The sender went without a grant: our session ended while we waited.
+            None => Err(self.session_expired()),
+        }
+    }
+
+    /// One visit to the server.
+    fn enter(&self, mode: Mode, queue: bool) -> Result<Entry, LockError> {
+        let session = *lock(&self.provider.session);
+        self.provider.metrics.record_server_requests(1);
+        self.provider
+            .server
+            .enter(&self.key, session, mode, self.permits, queue)
+            .map_err(|refusal| match refusal {
+                Refusal::SessionEnded => self.session_expired(),
+                Refusal::PermitsMismatch { existing } => LockError::InvalidArgument {
+                    backend: BACKEND,
+                    message: format!(
+                        "semaphore {:?} is in use with {existing} permits; this handle asks for {}",
+                        self.name.as_str(),
+                        self.permits
+                    ),
+                },
+            })
+    }
+
+    fn guard(&self, grant: Grant) -> Guard {
+        self.provider.metrics.record_grant();
+        let backend = MemoryGuard {
+            server: Arc::clone(&self.provider.server),
+            metrics: Arc::clone(&self.provider.metrics),
+            key: self.key.clone(),
+            id: grant.id,
+            lost: grant.lost.clone(),
+        };
+        Guard::new(
+            self.name.clone(),
+            grant.token,
+            grant.lost,
+            Box::new(backend),
+        )
+    }
+
+    fn timeout_error(&self, timeout: Option<Duration>) -> LockError {
+        LockError::Timeout {
+            backend: BACKEND,
+            name: self.name.to_string(),
+            waited: timeout.unwrap_or_default(),
+        }
+    }
+
+    fn session_expired(&self) -> LockError {
+        LockError::SessionExpired {
+            backend: BACKEND,
+            name: Some(self.name.to_string()),
+        }
+    }
+}
+
+impl fmt::Debug for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = f.debug_struct("Handle");
+        out.field("name", &self.name)
+            .field("namespace", &self.key.namespace);
+        if self.permits != 1 {
+            out.field("permits", &self.permits);
+        }
+        out.finish()
+    }
+}
+
+/// A mutex from a [`MemoryLockProvider`](super::MemoryLockProvider).
+#[derive(Debug)]
+pub struct MemoryLock(pub(super) Handle);
+
+#[async_trait]
+impl DistributedLock for MemoryLock {
+    fn name(&self) -> &LockName {
+        &self.0.name
+    }
+
+    async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
+        self.0.try_enter(Mode::Exclusive).await
+    }
+
+    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
+        self.0.wait(Mode::Exclusive, timeout).await
+    }
+}
+
+/// A read-write lock from a [`MemoryLockProvider`](super::MemoryLockProvider).
+#[derive(Debug)]
+pub struct MemoryRwLock(pub(super) Handle);
+
+#[async_trait]
+impl DistributedRwLock for MemoryRwLock {
+    fn name(&self) -> &LockName {
+        &self.0.name
+    }
+
+    async fn try_read(&self) -> Result<Option<Guard>, LockError> {
+        self.0.try_enter(Mode::Read).await
+    }
+
+    async fn read(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
+        self.0.wait(Mode::Read, timeout).await
+    }
+
+    async fn try_write(&self) -> Result<Option<Guard>, LockError> {
+        self.0.try_enter(Mode::Write).await
+    }
+
+    async fn write(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
+        self.0.wait(Mode::Write, timeout).await
+    }
+}
+
+/// A counting semaphore from a [`MemoryLockProvider`](super::MemoryLockProvider).
+#[derive(Debug)]
+pub struct MemorySemaphore(pub(super) Handle);
+
+#[async_trait]
+impl DistributedSemaphore for MemorySemaphore {
+    fn name(&self) -> &LockName {
+        &self.0.name
+    }
+
+    fn permits(&self) -> u32 {
+        self.0.permits
+    }
+
+    async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
+        self.0.try_enter(Mode::Permit).await
+    }
+
+    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
+        self.0.wait(Mode::Permit, timeout).await
+    }
+}
+
+/// The backend side of a guard from the in-memory backend.
+struct MemoryGuard {
+    server: Arc<ServerInner>,
+    metrics: Arc<Metrics>,
+    key: LockKey,
+    id: u64,
+    lost: LostSignal,
+}
+
+impl fmt::Debug for MemoryGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryGuard")
+            .field("name", &self.key.name)
+            .field("family", &self.key.family)
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl GuardBackend for MemoryGuard {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn release(&mut self) -> Result<(), LockError> {
+        self.metrics.record_server_requests(1);
+        if self.server.release(&self.key, self.id) {
+            Ok(())
+        } else {
+            Err(LockError::Lost {
+                backend: BACKEND,
+                name: self.key.name.to_string(),
+                reason: self.lost.reason().unwrap_or(LossReason::EntryRemoved),
+            })
+        }
+    }
+
+    fn release_on_drop(self: Box<Self>) {
+        self.metrics.record_server_requests(1);
+        self.server.release(&self.key, self.id);
+    }
+}
+
+/// A queued waiter's claim; dropping it while armed withdraws the waiter, and passes the
+/// lock on if a grant raced the cancellation.
+struct WaitTicket {
+    server: Arc<ServerInner>,
+    key: LockKey,
+    id: u64,
+    armed: bool,
+}
+
+impl WaitTicket {
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for WaitTicket {
+    fn drop(&mut self) {
+        if self.armed
+            && let Withdrawal::Granted = self.server.withdraw(&self.key, self.id)
+        {
+            self.server.release(&self.key, self.id);
+        }
+    }
+}
