@@ -1,0 +1,382 @@
+//! ZooKeeper and Redis in containers, through `testcontainers` (feature `testcontainers`).
+//!
+//! For users with a Docker-compatible engine. Where no engine answers, every start returns
+//! [`ServerError::NoContainerEngine`] within a few seconds (the engine is probed with a
+//! bounded `GET /_ping` before testcontainers is asked for anything), which tests should
+//! report as a skip: see [`ServerError::is_no_container_engine`].
+//!
+//! Images: [`DEFAULT_ZK_IMAGE`] and [`DEFAULT_REDIS_IMAGE`], overridable by the environment
+//! variables [`ZK_IMAGE_ENV`] and [`REDIS_IMAGE_ENV`] (`name[:tag]`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use testcontainers::core::{IntoContainerPort, WaitFor};
+use testcontainers::runners::AsyncRunner;
+use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tracing::{debug, info};
+
+use super::probe::{Probe, four_letter};
+use super::redis::redis_url;
+use super::{RedisOptions, ServerError, ZkOptions};
+
+/// The environment variable overriding the ZooKeeper image (`name[:tag]`).
+pub const ZK_IMAGE_ENV: &str = "LOCK_TEST_ZK_IMAGE";
+/// The environment variable overriding the Redis image (`name[:tag]`).
+pub const REDIS_IMAGE_ENV: &str = "LOCK_TEST_REDIS_IMAGE";
+/// The default ZooKeeper image (the version the Debian package has).
+pub const DEFAULT_ZK_IMAGE: &str = "zookeeper:3.8";
+/// The default Redis image (the version the Debian package has).
+pub const DEFAULT_REDIS_IMAGE: &str = "redis:7";
+
+/// The bound on asking the engine whether it is there.
+const ENGINE_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+/// The bound on pulling the image and creating the container.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Where the container engine is expected.
+#[derive(Debug)]
+enum Engine {
+    Unix(PathBuf),
+    Tcp(String),
+    /// A scheme this module cannot probe (e.g. `ssh://`): left to testcontainers.
+    Other(String),
+}
+
+fn locate_engine() -> Result<Engine, ServerError> {
+    if let Ok(host) = std::env::var("DOCKER_HOST")
+        && !host.trim().is_empty()
+    {
+        let host = host.trim();
+        if let Some(path) = host.strip_prefix("unix://") {
+            return Ok(Engine::Unix(PathBuf::from(path)));
+        }
+        if let Some(addr) = host.strip_prefix("tcp://") {
+            return Ok(Engine::Tcp(addr.trim_end_matches('/').to_owned()));
+        }
+        return Ok(Engine::Other(host.to_owned()));
+    }
+    let mut candidates = vec![PathBuf::from("/var/run/docker.sock")];
+    if let Some(runtime) = std::env::var_os("XDG_RUNTIME_DIR") {
+        candidates.push(PathBuf::from(runtime).join(".docker/run/docker.sock"));
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        let home = PathBuf::from(home);
+        candidates.push(home.join(".docker/run/docker.sock"));
+        candidates.push(home.join(".docker/desktop/docker.sock"));
+    }
+    match candidates.iter().find(|p| p.exists()) {
+        Some(path) => Ok(Engine::Unix(path.clone())),
+        None => Err(ServerError::NoContainerEngine {
+            detail: format!(
+                "DOCKER_HOST is not set and no Docker socket exists (looked for {})",
+                candidates
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }),
+    }
+}
+
+async fn ping<S>(mut stream: S) -> std::io::Result<String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    stream
+        .write_all(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+        .await?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await?;
+    Ok(String::from_utf8_lossy(&answer).into_owned())
+}
+
+/// Checks, within a few seconds, that a container engine answers `GET /_ping`.
+///
+/// Returns [`ServerError::NoContainerEngine`] (with where it looked) otherwise.
+pub async fn check_engine() -> Result<(), ServerError> {
+    let engine = locate_engine()?;
+    debug!(?engine, "probing the container engine");
+    let answer = match &engine {
+        Engine::Other(host) => {
+            debug!(%host, "cannot probe this DOCKER_HOST scheme; leaving it to testcontainers");
+            return Ok(());
+        }
+        Engine::Unix(path) => {
+            tokio::time::timeout(ENGINE_PROBE_TIMEOUT, async {
+                ping(tokio::net::UnixStream::connect(path).await?).await
+            })
+            .await
+        }
+        Engine::Tcp(addr) => {
+            tokio::time::timeout(ENGINE_PROBE_TIMEOUT, async {
+                ping(tokio::net::TcpStream::connect(addr.as_str()).await?).await
+            })
+            .await
+        }
+    };
+    match answer {
+        Ok(Ok(text)) if text.starts_with("HTTP/1.") && text.contains(" 200 ") => Ok(()),
+        Ok(Ok(text)) => Err(ServerError::NoContainerEngine {
+            detail: format!(
+                "{engine:?} answered GET /_ping with {:?}",
+                text.lines().next().unwrap_or_default()
+            ),
+        }),
+        Ok(Err(err)) => Err(ServerError::NoContainerEngine {
+            detail: format!("{engine:?} does not answer: {err}"),
+        }),
+        Err(_) => Err(ServerError::NoContainerEngine {
+            detail: format!("{engine:?} did not answer GET /_ping within {ENGINE_PROBE_TIMEOUT:?}"),
+        }),
+    }
+}
+
+/// Splits `name[:tag]` (a registry `host:port/` prefix is not mistaken for a tag).
+fn image_from_env(var: &str, default: &str) -> (String, String) {
+    let spec = std::env::var(var)
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| default.to_owned());
+    let spec = spec.trim();
+    let slash = spec.rfind('/').map_or(0, |i| i + 1);
+    match spec[slash..].rfind(':') {
+        Some(colon) => {
+            let at = slash + colon;
+            (spec[..at].to_owned(), spec[at + 1..].to_owned())
+        }
+        None => (spec.to_owned(), "latest".to_owned()),
+    }
+}
+
+fn container_error(err: impl std::fmt::Display) -> ServerError {
+    ServerError::Container {
+        detail: err.to_string(),
+    }
+}
+
+/// Creates and starts the container, bounded by [`CREATE_TIMEOUT`].
+async fn run(
+    request: testcontainers::ContainerRequest<GenericImage>,
+) -> Result<ContainerAsync<GenericImage>, ServerError> {
+    match tokio::time::timeout(CREATE_TIMEOUT, request.start()).await {
+        Ok(Ok(container)) => Ok(container),
+        Ok(Err(testcontainers::TestcontainersError::Client(err))) => {
+            Err(ServerError::NoContainerEngine {
+                detail: format!("testcontainers could not use the engine: {err}"),
+            })
+        }
+        Ok(Err(err)) => Err(container_error(err)),
+        Err(_) => Err(ServerError::Timeout {
+            what: "the container to be created".to_owned(),
+            after: CREATE_TIMEOUT,
+        }),
+    }
+}
+
+/// The host and mapped port of `internal`, and a resolved socket address for probing.
+async fn mapped(
+    container: &ContainerAsync<GenericImage>,
+    internal: u16,
+) -> Result<(String, u16, SocketAddr), ServerError> {
+    let host = container
+        .get_host()
+        .await
+        .map_err(container_error)?
+        .to_string();
+    let port = container
+        .get_host_port_ipv4(internal.tcp())
+        .await
+        .map_err(container_error)?;
+    let addr = tokio::net::lookup_host((host.as_str(), port))
+        .await?
+        .next()
+        .ok_or_else(|| container_error(format!("{host} does not resolve")))?;
+    Ok((host, port, addr))
+}
+
+/// Polls `probe` until it passes; a [`ServerError::Startup`] after `timeout`.
+async fn wait_ready(
+    server: &str,
+    probe: &Probe,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<(), ServerError> {
+    let began = Instant::now();
+    loop {
+        let attempt = Duration::from_secs(1).min(timeout.saturating_sub(began.elapsed()));
+        let why = match probe.check(addr, attempt).await {
+            Ok(()) => return Ok(()),
+            Err(why) => why,
+        };
+        if began.elapsed() >= timeout {
+            return Err(ServerError::Startup {
+                server: server.to_owned(),
+                detail: format!("not ready on {addr} after {timeout:?}; last probe: {why}"),
+                log_tail: "(see the container's logs)".to_owned(),
+            });
+        }
+        tokio::time::sleep(probe.interval()).await;
+    }
+}
+
+/// ZooKeeper in a container (removed when dropped).
+#[derive(Debug)]
+pub struct ZkContainer {
+    container: ContainerAsync<GenericImage>,
+    host: String,
+    port: u16,
+}
+
+impl ZkContainer {
+    /// Starts the image from [`ZK_IMAGE_ENV`] (default [`DEFAULT_ZK_IMAGE`]) with
+    /// `opts.tick_time` and every four-letter word allowed, and waits (bounded by
+    /// `opts.startup_timeout`) until it serves. The other options are for local processes
+    /// and are ignored.
+    pub async fn start(opts: &ZkOptions) -> Result<Self, ServerError> {
+        check_engine().await?;
+        let (name, tag) = image_from_env(ZK_IMAGE_ENV, DEFAULT_ZK_IMAGE);
+        info!(%name, %tag, "starting a ZooKeeper container");
+        let request = GenericImage::new(name, tag)
+            .with_exposed_port(2181.tcp())
+            .with_wait_for(WaitFor::Nothing)
+            .with_env_var(
+                "ZOO_TICK_TIME",
+                opts.tick_time.as_millis().max(1).to_string(),
+            )
+            .with_env_var("ZOO_4LW_COMMANDS_WHITELIST", "*")
+            .with_env_var("ZOO_ADMINSERVER_ENABLED", "false");
+        let container = run(request).await?;
+        let (host, port, addr) = mapped(&container, 2181).await?;
+        wait_ready(
+            "ZooKeeper (container)",
+            &Probe::ZkServing,
+            addr,
+            opts.startup_timeout,
+        )
+        .await?;
+        Ok(Self {
+            container,
+            host,
+            port,
+        })
+    }
+
+    /// `host:port` as mapped on the engine's host.
+    pub fn connect_string(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
+    /// The mapped client port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The container's id.
+    pub fn id(&self) -> &str {
+        self.container.id()
+    }
+
+    /// Sends a four-letter word (bounded by 5 s).
+    pub async fn four_letter(&self, word: &str) -> Result<String, ServerError> {
+        four_letter(&self.connect_string(), word, Duration::from_secs(5)).await
+    }
+
+    /// Freezes the container (`docker pause`).
+    pub async fn pause(&self) -> Result<(), ServerError> {
+        self.container.pause().await.map_err(container_error)
+    }
+
+    /// Continues a paused container.
+    pub async fn resume(&self) -> Result<(), ServerError> {
+        self.container.unpause().await.map_err(container_error)
+    }
+}
+
+/// Redis in a container (removed when dropped), without persistence.
+#[derive(Debug)]
+pub struct RedisContainer {
+    container: ContainerAsync<GenericImage>,
+    host: String,
+    port: u16,
+    password: Option<String>,
+}
+
+impl RedisContainer {
+    /// Starts the image from [`REDIS_IMAGE_ENV`] (default [`DEFAULT_REDIS_IMAGE`]) with the
+    /// password and ACL user of `opts`, and waits (bounded by `opts.startup_timeout`) until
+    /// it answers `PING`. `opts.binary` is ignored.
+    pub async fn start(opts: &RedisOptions) -> Result<Self, ServerError> {
+        check_engine().await?;
+        let (name, tag) = image_from_env(REDIS_IMAGE_ENV, DEFAULT_REDIS_IMAGE);
+        info!(%name, %tag, "starting a Redis container");
+        let mut cmd: Vec<String> = ["redis-server", "--save", "", "--appendonly", "no"]
+            .map(String::from)
+            .to_vec();
+        cmd.extend(opts.server_args());
+        let request = GenericImage::new(name, tag)
+            .with_exposed_port(6379.tcp())
+            .with_wait_for(WaitFor::Nothing)
+            .with_cmd(cmd);
+        let container = run(request).await?;
+        let (host, port, addr) = mapped(&container, 6379).await?;
+        let probe = Probe::RedisPing {
+            password: opts.password.clone(),
+        };
+        wait_ready("Redis (container)", &probe, addr, opts.startup_timeout).await?;
+        Ok(Self {
+            container,
+            host,
+            port,
+            password: opts.password.clone(),
+        })
+    }
+
+    /// `redis://[:password@]host:port`.
+    pub fn url(&self) -> String {
+        redis_url(&self.host, self.port, None, self.password.as_deref())
+    }
+
+    /// The mapped port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The container's id.
+    pub fn id(&self) -> &str {
+        self.container.id()
+    }
+
+    /// Freezes the container (`docker pause`).
+    pub async fn pause(&self) -> Result<(), ServerError> {
+        self.container.pause().await.map_err(container_error)
+    }
+
+    /// Continues a paused container.
+    pub async fn resume(&self) -> Result<(), ServerError> {
+        self.container.unpause().await.map_err(container_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::image_from_env;
+
+    #[test]
+    fn image_spec_parsing() {
+        let parse = |spec: &str| image_from_env("LOCK_CONFORMANCE_UNSET_IMAGE_VAR", spec);
+        assert_eq!(parse("redis:7"), ("redis".into(), "7".into()));
+        assert_eq!(parse("redis"), ("redis".into(), "latest".into()));
+        assert_eq!(
+            parse("reg.example:5000/zk/zookeeper:3.8"),
+            ("reg.example:5000/zk/zookeeper".into(), "3.8".into())
+        );
+        assert_eq!(
+            parse("reg.example:5000/redis"),
+            ("reg.example:5000/redis".into(), "latest".into())
+        );
+    }
+}

@@ -1,0 +1,90 @@
+//! Real servers (ZooKeeper, Redis, etcd) run as child processes for tests.
+//!
+//! Every server gets free loopback ports, its own temporary directory (removed when the
+//! handle is dropped), its own process group, and a log file (stdout and stderr) in that
+//! directory whose last lines are quoted when start-up fails. Start-up waits until the
+//! server really serves (ZooKeeper: `srvr` reports a `Mode:`; Redis: `PING` answers `PONG`;
+//! etcd: `GET /health` says `"health":"true"`), bounded by a configurable timeout
+//! (30 s by default). Dropping a handle kills the whole process group with `SIGKILL` and
+//! reaps it.
+//!
+//! A server also dies with the process that started it, even when that process never runs
+//! its destructors (`std::process::exit`, an abort, `SIGKILL`): each server has a tiny
+//! watchdog (`/bin/sh`, in its own process group) that blocks reading a pipe whose only
+//! writer is the test process. When the test process is gone the pipe reports end-of-file
+//! and the watchdog kills the server's process group. This is what makes the process-wide
+//! [`shared_zk`] and [`shared_redis`] servers safe: Rust never drops statics.
+//!
+//! Environment overrides: [`ZK_ENV`] (`LOCK_TEST_ZK`, a ZooKeeper connect string) and
+//! [`REDIS_ENV`] (`LOCK_TEST_REDIS`, a Redis URL) point [`ZkTarget::from_env_or_start`],
+//! [`RedisTarget::from_env_or_start`], [`shared_zk`] and [`shared_redis`] at an external
+//! server instead of starting one; fault injection (pause, kill, restart) then returns
+//! [`ServerError::Unsupported`].
+//!
+//! With the `testcontainers` feature, [`containers`] starts the same servers in containers.
+//!
+//! All traffic stays on `127.0.0.1`. Nothing here prints; logs go through `tracing`.
+
+mod error;
+mod etcd;
+mod probe;
+mod process;
+mod redis;
+mod zookeeper;
+
+#[cfg(feature = "testcontainers")]
+pub mod containers;
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub use error::ServerError;
+pub use etcd::{EtcdOptions, EtcdServer};
+pub use process::free_port;
+pub use redis::{REDIS_ENV, RedisOptions, RedisServer, RedisTarget};
+pub use zookeeper::{ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget};
+
+/// The default bound on a server's start-up (and restart): 30 seconds.
+pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The tick time of the [`shared_zk`] server: 500 ms, so that session timeouts down to
+/// 1 s are accepted and a dead client's ephemeral nodes vanish quickly.
+pub const SHARED_ZK_TICK_TIME: Duration = Duration::from_millis(500);
+
+static SHARED_ZK: OnceLock<Result<ZkTarget, ServerError>> = OnceLock::new();
+static SHARED_REDIS: OnceLock<Result<RedisTarget, ServerError>> = OnceLock::new();
+
+/// One ZooKeeper per test binary: the external server named by [`ZK_ENV`] if set,
+/// otherwise a standalone server (tick time [`SHARED_ZK_TICK_TIME`]) started on first use.
+///
+/// The server lives in a process-wide static and is not tied to any tokio runtime, so
+/// every `#[tokio::test]` of the binary can use it. It is killed when the test binary
+/// exits, however it exits. The first call blocks (the calling thread only) until the
+/// server serves; a start-up failure is remembered and returned to every later caller.
+///
+/// Tests that need faults (pause, kill, restart) must start their own [`ZkServer`]: the
+/// shared server only offers `&` access, and pausing it would disturb other tests.
+pub fn shared_zk() -> Result<&'static ZkTarget, ServerError> {
+    SHARED_ZK
+        .get_or_init(|| {
+            let opts = ZkOptions::default().with_tick_time(SHARED_ZK_TICK_TIME);
+            process::block_on(ZkTarget::from_env_or_start(opts)).and_then(|r| r)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// One Redis per test binary: the external server named by [`REDIS_ENV`] if set,
+/// otherwise a plain Redis (no password) started on first use.
+///
+/// Same lifetime rules as [`shared_zk`]: process-wide, runtime-independent, killed when
+/// the test binary exits, start-up failure remembered.
+pub fn shared_redis() -> Result<&'static RedisTarget, ServerError> {
+    SHARED_REDIS
+        .get_or_init(|| {
+            process::block_on(RedisTarget::from_env_or_start(RedisOptions::default()))
+                .and_then(|r| r)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}

@@ -1,0 +1,175 @@
+//! Raw-socket conversations with the servers: ZooKeeper four-letter words, a minimal RESP
+//! exchange for Redis, and HTTP/1.0 `GET /health` for etcd.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use super::ServerError;
+
+/// How a server is checked for readiness.
+#[derive(Debug, Clone)]
+pub(crate) enum Probe {
+    /// ZooKeeper serves requests: `srvr` contains `Mode:`.
+    ZkServing,
+    /// Redis answers `PING` with `PONG` (after `AUTH` with the default user's password).
+    RedisPing { password: Option<String> },
+    /// etcd's `GET /health` says `"health":"true"`.
+    EtcdHealth,
+}
+
+impl Probe {
+    /// The pause between two attempts.
+    pub(crate) fn interval(&self) -> Duration {
+        match self {
+            Self::ZkServing => Duration::from_millis(100),
+            Self::RedisPing { .. } => Duration::from_millis(20),
+            Self::EtcdHealth => Duration::from_millis(50),
+        }
+    }
+
+    /// One attempt; `Err` says why the server is not ready (yet).
+    pub(crate) async fn check(&self, addr: SocketAddr, timeout: Duration) -> Result<(), String> {
+        match self {
+            Self::ZkServing => {
+                let answer = four_letter(&addr.to_string(), "srvr", timeout)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if answer.contains("Mode:") {
+                    Ok(())
+                } else {
+                    Err(format!("srvr answered {:?}", answer.trim()))
+                }
+            }
+            Self::RedisPing { password } => redis_ping(addr, password.as_deref(), timeout)
+                .await
+                .map_err(|e| e.to_string()),
+            Self::EtcdHealth => {
+                let answer = http_get(addr, "/health", timeout)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if answer.contains("\"health\":\"true\"") {
+                    Ok(())
+                } else {
+                    Err(format!("GET /health answered {:?}", answer.trim()))
+                }
+            }
+        }
+    }
+}
+
+async fn bounded<T>(
+    what: impl FnOnce() -> String,
+    timeout: Duration,
+    fut: impl Future<Output = Result<T, ServerError>>,
+) -> Result<T, ServerError> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(result) => result,
+        Err(_) => Err(ServerError::Timeout {
+            what: what(),
+            after: timeout,
+        }),
+    }
+}
+
+/// Sends a ZooKeeper four-letter word to `addr` (`host:port`) and reads the answer to EOF.
+pub(crate) async fn four_letter(
+    addr: &str,
+    word: &str,
+    timeout: Duration,
+) -> Result<String, ServerError> {
+    bounded(
+        || format!("the answer to `{word}` from ZooKeeper at {addr}"),
+        timeout,
+        async {
+            let mut stream = TcpStream::connect(addr).await?;
+            stream.write_all(word.as_bytes()).await?;
+            let mut answer = Vec::new();
+            stream.read_to_end(&mut answer).await?;
+            Ok(String::from_utf8_lossy(&answer).into_owned())
+        },
+    )
+    .await
+}
+
+/// Encodes a command as a RESP array of bulk strings.
+pub(crate) fn resp_command(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// Sends one command and reads the first line of the reply (enough for `+OK`, `+PONG`
+/// and `-ERR ...`).
+async fn resp_line(
+    stream: &mut BufReader<TcpStream>,
+    args: &[&[u8]],
+) -> Result<String, ServerError> {
+    stream.get_mut().write_all(&resp_command(args)).await?;
+    let mut line = String::new();
+    let n = stream.read_line(&mut line).await?;
+    if n == 0 {
+        return Err(ServerError::Protocol {
+            server: "Redis".to_owned(),
+            detail: "connection closed before a reply".to_owned(),
+        });
+    }
+    Ok(line.trim_end().to_owned())
+}
+
+/// `AUTH` (when a password is given) then `PING`, expecting `+OK` and `+PONG`.
+pub(crate) async fn redis_ping(
+    addr: SocketAddr,
+    password: Option<&str>,
+    timeout: Duration,
+) -> Result<(), ServerError> {
+    bounded(|| format!("PONG from Redis at {addr}"), timeout, async {
+        let mut stream = BufReader::new(TcpStream::connect(addr).await?);
+        if let Some(password) = password {
+            let reply = resp_line(&mut stream, &[b"AUTH", password.as_bytes()]).await?;
+            if reply != "+OK" {
+                return Err(ServerError::Protocol {
+                    server: "Redis".to_owned(),
+                    detail: format!("AUTH answered {reply:?}"),
+                });
+            }
+        }
+        let reply = resp_line(&mut stream, &[b"PING"]).await?;
+        if reply == "+PONG" {
+            Ok(())
+        } else {
+            Err(ServerError::Protocol {
+                server: "Redis".to_owned(),
+                detail: format!("PING answered {reply:?}"),
+            })
+        }
+    })
+    .await
+}
+
+/// An HTTP/1.0 GET over a raw socket; returns the whole response (headers and body).
+pub(crate) async fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> Result<String, ServerError> {
+    bounded(
+        || format!("the answer to GET {path} from {addr}"),
+        timeout,
+        async {
+            let mut stream = TcpStream::connect(addr).await?;
+            let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: */*\r\n\r\n");
+            stream.write_all(request.as_bytes()).await?;
+            let mut answer = Vec::new();
+            stream.read_to_end(&mut answer).await?;
+            Ok(String::from_utf8_lossy(&answer).into_owned())
+        },
+    )
+    .await
+}

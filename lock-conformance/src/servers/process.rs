@@ -1,0 +1,439 @@
+//! The mechanics every server shares: ports, program lookup, process groups, the
+//! exit watchdog, log files, bounded readiness.
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tracing::{debug, info, warn};
+
+use super::ServerError;
+use super::probe::Probe;
+
+/// Ports handed out by [`free_port`] in this process, so that two servers started at the
+/// same moment never get the same one.
+static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+/// A free TCP port on 127.0.0.1: binds port 0, reads the port back and closes the listener.
+///
+/// Never returns the same port twice in one process. Another process may still take the
+/// port before the server binds it; that race is accepted (the start-up then fails with
+/// the server's own "address in use" in the log).
+pub fn free_port() -> Result<u16, ServerError> {
+    let mut handed_out = HANDED_OUT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for _ in 0..100 {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        let port = listener.local_addr()?.port();
+        drop(listener);
+        if handed_out.insert(port) {
+            return Ok(port);
+        }
+    }
+    Err(ServerError::Io(std::sync::Arc::new(std::io::Error::other(
+        "no new free port on 127.0.0.1 after 100 attempts",
+    ))))
+}
+
+/// The loopback socket address for `port`.
+pub(crate) fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+}
+
+/// Looks a program up like a shell would: a name with a `/` is a path, a bare name is
+/// searched in `PATH`. Returns the executable's path if it exists.
+pub(crate) fn find_program(program: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        p.metadata()
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    if program.components().count() > 1 || program.is_absolute() {
+        return executable(program).then(|| program.to_path_buf());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| executable(candidate))
+}
+
+/// [`find_program`], or [`ServerError::NotInstalled`] naming `package`.
+pub(crate) fn require_program(
+    what: &str,
+    program: &Path,
+    package: &str,
+) -> Result<PathBuf, ServerError> {
+    find_program(program).ok_or_else(|| {
+        let detail = if program.components().count() > 1 || program.is_absolute() {
+            format!("{what} not found: {} is missing", program.display())
+        } else {
+            format!(
+                "{what} not found: no executable `{}` in PATH",
+                program.display()
+            )
+        };
+        ServerError::NotInstalled {
+            package: package.to_owned(),
+            detail,
+        }
+    })
+}
+
+/// Runs a future to completion on a fresh current-thread runtime in a scoped thread, so it
+/// works from synchronous code and from inside another runtime alike.
+pub(crate) fn block_on<F>(fut: F) -> Result<F::Output, ServerError>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                Ok(rt.block_on(fut))
+            })
+            .join()
+            .unwrap_or_else(|_| {
+                Err(ServerError::Io(std::sync::Arc::new(std::io::Error::other(
+                    "the thread running the server start-up panicked",
+                ))))
+            })
+    })
+}
+
+/// The last lines (at most `lines`, at most 8 KiB) of a log file, for error messages.
+pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
+    const MAX: u64 = 8 * 1024;
+    let read = || -> std::io::Result<String> {
+        let mut file = File::open(path)?;
+        let len = file.metadata()?.len();
+        file.seek(SeekFrom::Start(len.saturating_sub(MAX)))?;
+        let mut buf = Vec::new();
+        file.read_to_end(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    };
+    match read() {
+        Ok(text) => {
+            let all: Vec<&str> = text.lines().collect();
+            let tail = all[all.len().saturating_sub(lines)..].join("\n");
+            if tail.is_empty() {
+                format!("(the log {} is empty)", path.display())
+            } else {
+                tail
+            }
+        }
+        Err(err) => format!("(could not read the log {}: {err})", path.display()),
+    }
+}
+
+/// How many times a start is tried with fresh ports when the server reports its port taken
+/// (another process can take a [`free_port`] before the server binds it).
+pub(crate) const PORT_CLASH_ATTEMPTS: usize = 3;
+
+/// True when the log's last 64 KiB mention `needle` (ASCII case-insensitive).
+pub(crate) fn log_contains(path: &Path, needle: &str) -> bool {
+    const MAX: u64 = 64 * 1024;
+    let read = || -> std::io::Result<Vec<u8>> {
+        let mut file = File::open(path)?;
+        let len = file.metadata()?.len();
+        file.seek(SeekFrom::Start(len.saturating_sub(MAX)))?;
+        let mut buf = Vec::new();
+        file.read_to_end(&mut buf)?;
+        Ok(buf)
+    };
+    read()
+        .map(|buf| {
+            String::from_utf8_lossy(&buf)
+                .to_ascii_lowercase()
+                .contains(&needle.to_ascii_lowercase())
+        })
+        .unwrap_or(false)
+}
+
+/// How to launch a server process.
+#[derive(Debug, Clone)]
+pub(crate) struct Launch {
+    /// The resolved executable.
+    pub(crate) program: PathBuf,
+    pub(crate) args: Vec<OsString>,
+    pub(crate) cwd: PathBuf,
+}
+
+/// The watchdog script: wait until the test process is gone (its end of the pipe on our
+/// stdin closes), then kill the server's process group. `$1` is the group id.
+const WATCHDOG_SCRIPT: &str = "read -r _ignored; kill -s KILL -- \"-$1\" 2>/dev/null; exit 0";
+
+/// A running server process, leader of its own process group, with its watchdog.
+///
+/// Dropping it kills the watchdog, then the process group (`SIGKILL`), and reaps.
+#[derive(Debug)]
+pub(crate) struct Proc {
+    child: Child,
+    watchdog: Option<(Child, ChildStdin)>,
+    exited: Option<ExitStatus>,
+}
+
+impl Proc {
+    /// Spawns `launch` in a new process group with stdout and stderr appended to `log`, then
+    /// its watchdog.
+    pub(crate) fn spawn(server: &str, launch: &Launch, log: &Path) -> Result<Self, ServerError> {
+        let mut log_file = OpenOptions::new().create(true).append(true).open(log)?;
+        writeln!(
+            log_file,
+            "--- lock-conformance: launching {server}: {} {}",
+            launch.program.display(),
+            launch
+                .args
+                .iter()
+                .map(|a| a.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" ")
+        )?;
+        let stderr = log_file.try_clone()?;
+        let child = Command::new(&launch.program)
+            .args(&launch.args)
+            .current_dir(&launch.cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log_file))
+            .stderr(Stdio::from(stderr))
+            .process_group(0)
+            .spawn()?;
+        let pid = child.id();
+        info!(server, pid, program = %launch.program.display(), "spawned server");
+        let mut proc = Self {
+            child,
+            watchdog: None,
+            exited: None,
+        };
+        // The pipe's write end stays only in this process: std creates it close-on-exec, so
+        // neither the server nor any later child inherits it.
+        match Command::new("/bin/sh")
+            .arg("-c")
+            .arg(WATCHDOG_SCRIPT)
+            .arg("lock-conformance-watchdog")
+            .arg(pid.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+        {
+            Ok(mut watchdog) => match watchdog.stdin.take() {
+                Some(pipe) => proc.watchdog = Some((watchdog, pipe)),
+                None => {
+                    warn!(server, pid, "watchdog has no stdin pipe; killing it");
+                    let _ = watchdog.kill();
+                    let _ = watchdog.wait();
+                }
+            },
+            Err(err) => {
+                warn!(server, pid, %err, "could not start the exit watchdog (/bin/sh); the server will outlive an aborted test process");
+            }
+        }
+        Ok(proc)
+    }
+
+    /// The server's pid (also its process-group id).
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn pgid(&self) -> Result<Pid, ServerError> {
+        i32::try_from(self.child.id())
+            .map(Pid::from_raw)
+            .map_err(|_| std::io::Error::other("pid out of range").into())
+    }
+
+    /// Sends `signal` to the whole process group.
+    pub(crate) fn signal_group(&self, signal: Signal) -> Result<(), ServerError> {
+        if self.exited.is_some() {
+            return Err(std::io::Error::other("the server process has already exited").into());
+        }
+        killpg(self.pgid()?, signal)?;
+        Ok(())
+    }
+
+    /// `Some(status)` once the server process has exited (reaping it).
+    pub(crate) fn try_exited(&mut self) -> Result<Option<ExitStatus>, ServerError> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait()?;
+        }
+        Ok(self.exited)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some((mut watchdog, pipe)) = self.watchdog.take() {
+            // Kill the watchdog first so it cannot act on a recycled group id later.
+            let _ = watchdog.kill();
+            let _ = watchdog.wait();
+            drop(pipe);
+        }
+        let pid = self.child.id();
+        if self.exited.is_none() {
+            // Not reaped yet, so the group id still belongs to our process group.
+            if let Ok(pgid) = self.pgid() {
+                // SIGKILL also ends stopped (paused) processes.
+                let _ = killpg(pgid, Signal::SIGKILL);
+            }
+            let _ = self.child.kill();
+            match self.child.wait() {
+                Ok(status) => debug!(pid, %status, "server process killed and reaped"),
+                Err(err) => warn!(pid, %err, "could not reap the server process"),
+            }
+        }
+    }
+}
+
+/// One server process with everything needed to (re)start it and wait for it.
+#[derive(Debug)]
+pub(crate) struct Instance {
+    proc: Option<Proc>,
+    server: String,
+    launch: Launch,
+    log: PathBuf,
+    addr: SocketAddr,
+    probe: Probe,
+    startup_timeout: Duration,
+}
+
+impl Instance {
+    pub(crate) fn new(
+        server: impl Into<String>,
+        launch: Launch,
+        log: PathBuf,
+        addr: SocketAddr,
+        probe: Probe,
+        startup_timeout: Duration,
+    ) -> Self {
+        Self {
+            proc: None,
+            server: server.into(),
+            launch,
+            log,
+            addr,
+            probe,
+            startup_timeout,
+        }
+    }
+
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub(crate) fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// True when `err` is a start-up failure and the log says an address was in use: worth
+    /// another attempt on fresh ports.
+    pub(crate) fn port_clash(&self, err: &ServerError) -> bool {
+        matches!(err, ServerError::Startup { .. }) && log_contains(&self.log, "already in use")
+    }
+
+    /// The pid of the running process, if any.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().map(Proc::pid)
+    }
+
+    /// Launches the process (killing a previous one first) without waiting for readiness.
+    pub(crate) fn spawn(&mut self) -> Result<(), ServerError> {
+        self.kill();
+        self.proc = Some(Proc::spawn(&self.server, &self.launch, &self.log)?);
+        Ok(())
+    }
+
+    /// Launches the process and waits (bounded by the start-up timeout) until it serves.
+    pub(crate) async fn start(&mut self) -> Result<Duration, ServerError> {
+        let began = Instant::now();
+        self.spawn()?;
+        self.wait_ready(began + self.startup_timeout).await?;
+        let took = began.elapsed();
+        info!(server = %self.server, addr = %self.addr, ?took, "server ready");
+        Ok(took)
+    }
+
+    /// Kills the process group and reaps it (no-op when not running).
+    pub(crate) fn kill(&mut self) {
+        if let Some(proc) = self.proc.take() {
+            info!(server = %self.server, pid = proc.pid(), "killing server");
+            drop(proc);
+        }
+    }
+
+    /// Sends `signal` to the process group.
+    pub(crate) fn signal(&self, signal: Signal) -> Result<(), ServerError> {
+        match &self.proc {
+            Some(proc) => {
+                debug!(server = %self.server, pid = proc.pid(), ?signal, "signalling server");
+                proc.signal_group(signal)
+            }
+            None => Err(ServerError::NotRunning {
+                server: self.server.clone(),
+            }),
+        }
+    }
+
+    fn startup_error(&self, detail: String) -> ServerError {
+        ServerError::Startup {
+            server: self.server.clone(),
+            detail,
+            log_tail: log_tail(&self.log, 20),
+        }
+    }
+
+    /// Polls the readiness probe until it passes, the process exits, or `deadline` passes
+    /// (then the process is killed).
+    pub(crate) async fn wait_ready(&mut self, deadline: Instant) -> Result<(), ServerError> {
+        const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
+        let began = Instant::now();
+        let mut last = String::from("no probe completed");
+        loop {
+            let exited = match self.proc.as_mut() {
+                Some(proc) => proc.try_exited()?,
+                None => {
+                    return Err(ServerError::NotRunning {
+                        server: self.server.clone(),
+                    });
+                }
+            };
+            if let Some(status) = exited {
+                self.proc = None;
+                return Err(self.startup_error(format!(
+                    "the process exited during start-up ({status}); last probe: {last}"
+                )));
+            }
+            let now = Instant::now();
+            let attempt = ATTEMPT_TIMEOUT.min(deadline.saturating_duration_since(now));
+            match self.probe.check(self.addr, attempt).await {
+                Ok(()) => return Ok(()),
+                Err(why) => last = why,
+            }
+            if Instant::now() >= deadline {
+                let err = self.startup_error(format!(
+                    "not ready on {} after {:?} (bound {:?}); last probe: {last}",
+                    self.addr,
+                    began.elapsed(),
+                    self.startup_timeout
+                ));
+                self.kill();
+                return Err(err);
+            }
+            tokio::time::sleep(self.probe.interval()).await;
+        }
+    }
+}

@@ -1,0 +1,708 @@
+//! ZooKeeper 3.8 from the Debian package, standalone or as an ensemble on one host.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use tempfile::TempDir;
+use tracing::{debug, info, warn};
+
+use super::probe::{Probe, four_letter};
+use super::process::{Instance, Launch, PORT_CLASH_ATTEMPTS, free_port, loopback, require_program};
+use super::{DEFAULT_STARTUP_TIMEOUT, ServerError};
+
+/// The environment variable naming an external ZooKeeper (a connect string such as
+/// `127.0.0.1:2181` or `h1:2181,h2:2181`) to use instead of starting one.
+pub const ZK_ENV: &str = "LOCK_TEST_ZK";
+
+const SERVER: &str = "ZooKeeper";
+const MAIN_CLASS: &str = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
+const DEFAULT_JAR: &str = "/usr/share/java/zookeeper.jar";
+const DEFAULT_LOGGING_JAR: &str = "/usr/share/java/slf4j-simple.jar";
+/// The bound on one four-letter-word exchange made on the caller's behalf.
+const FOUR_LETTER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How to run ZooKeeper.
+///
+/// Build it from [`ZkOptions::default`] and the `with_*` methods (or by assigning fields).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ZkOptions {
+    /// `tickTime`: 2000 ms by default. Session timeouts are clamped to 2×–20× this, so
+    /// crash and expiry tests want 250–500 ms.
+    pub tick_time: Duration,
+    /// The `java` executable: `java` (looked up in `PATH`) by default.
+    pub java: PathBuf,
+    /// ZooKeeper's jar: `/usr/share/java/zookeeper.jar` by default (its manifest lists the
+    /// dependency jars).
+    pub jar: PathBuf,
+    /// An SLF4J binding put on the class path when it exists, so that the server logs (to
+    /// its log file): `/usr/share/java/slf4j-simple.jar` by default.
+    pub logging_jar: Option<PathBuf>,
+    /// JVM options: `-Xmx256m -XX:+UseSerialGC -Dzookeeper.jmx.log4j.disable=true
+    /// -Djava.net.preferIPv4Stack=true` by default.
+    pub jvm_args: Vec<String>,
+    /// Extra `zoo.cfg` lines (`key=value`), written after the defaults (so they win).
+    pub config: Vec<(String, String)>,
+    /// The bound on start-up and restart: [`DEFAULT_STARTUP_TIMEOUT`] by default.
+    pub startup_timeout: Duration,
+}
+
+impl Default for ZkOptions {
+    fn default() -> Self {
+        Self {
+            tick_time: Duration::from_millis(2000),
+            java: PathBuf::from("java"),
+            jar: PathBuf::from(DEFAULT_JAR),
+            logging_jar: Some(PathBuf::from(DEFAULT_LOGGING_JAR)),
+            jvm_args: [
+                "-Xmx256m",
+                "-XX:+UseSerialGC",
+                "-Dzookeeper.jmx.log4j.disable=true",
+                "-Djava.net.preferIPv4Stack=true",
+            ]
+            .map(String::from)
+            .to_vec(),
+            config: Vec::new(),
+            startup_timeout: DEFAULT_STARTUP_TIMEOUT,
+        }
+    }
+}
+
+impl ZkOptions {
+    /// Sets [`tick_time`](Self::tick_time).
+    pub fn with_tick_time(mut self, tick_time: Duration) -> Self {
+        self.tick_time = tick_time;
+        self
+    }
+
+    /// Sets [`java`](Self::java).
+    pub fn with_java(mut self, java: impl Into<PathBuf>) -> Self {
+        self.java = java.into();
+        self
+    }
+
+    /// Sets [`jar`](Self::jar).
+    pub fn with_jar(mut self, jar: impl Into<PathBuf>) -> Self {
+        self.jar = jar.into();
+        self
+    }
+
+    /// Sets [`startup_timeout`](Self::startup_timeout).
+    pub fn with_startup_timeout(mut self, timeout: Duration) -> Self {
+        self.startup_timeout = timeout;
+        self
+    }
+
+    /// Adds a `zoo.cfg` line `key=value` (see [`config`](Self::config)).
+    pub fn with_config(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.config.push((key.into(), value.into()));
+        self
+    }
+
+    /// Checks the installation; returns the `java` path and the class path.
+    fn resolve(&self) -> Result<(PathBuf, OsString), ServerError> {
+        if !self.jar.is_file() {
+            return Err(ServerError::NotInstalled {
+                package: "zookeeper".to_owned(),
+                detail: format!("ZooKeeper not found: {} is missing", self.jar.display()),
+            });
+        }
+        let java = require_program(
+            "Java (needed by ZooKeeper)",
+            &self.java,
+            "default-jre-headless",
+        )?;
+        let mut classpath = OsString::from(&self.jar);
+        if let Some(logging) = self.logging_jar.as_ref().filter(|p| p.is_file()) {
+            classpath.push(":");
+            classpath.push(logging);
+        }
+        Ok((java, classpath))
+    }
+
+    fn tick_ms(&self) -> u128 {
+        self.tick_time.as_millis().max(1)
+    }
+}
+
+/// Ports of one ensemble member: (client, quorum, election).
+#[derive(Debug, Clone, Copy)]
+struct MemberPorts {
+    client: u16,
+    quorum: u16,
+    election: u16,
+}
+
+/// Writes `dir/zoo.cfg` (and `dir/data/myid` for an ensemble member); returns the
+/// launch description.
+fn prepare_node(
+    opts: &ZkOptions,
+    java: &Path,
+    classpath: &OsString,
+    dir: &Path,
+    myid: Option<usize>,
+    client_port: u16,
+    members: &[MemberPorts],
+) -> Result<Launch, ServerError> {
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data)?;
+    if let Some(id) = myid {
+        std::fs::write(data.join("myid"), format!("{id}\n"))?;
+    }
+    let mut cfg = String::new();
+    let _ = writeln!(cfg, "tickTime={}", opts.tick_ms());
+    let _ = writeln!(cfg, "initLimit=10");
+    let _ = writeln!(cfg, "syncLimit=5");
+    let _ = writeln!(cfg, "dataDir={}", data.display());
+    let _ = writeln!(cfg, "clientPort={client_port}");
+    let _ = writeln!(cfg, "clientPortAddress=127.0.0.1");
+    let _ = writeln!(cfg, "maxClientCnxns=0");
+    let _ = writeln!(cfg, "admin.enableServer=false");
+    let _ = writeln!(cfg, "4lw.commands.whitelist=*");
+    for (i, m) in members.iter().enumerate() {
+        let _ = writeln!(
+            cfg,
+            "server.{}=127.0.0.1:{}:{}",
+            i + 1,
+            m.quorum,
+            m.election
+        );
+    }
+    for (key, value) in &opts.config {
+        let _ = writeln!(cfg, "{key}={value}");
+    }
+    let cfg_path = dir.join("zoo.cfg");
+    std::fs::write(&cfg_path, cfg)?;
+    let mut args: Vec<OsString> = opts.jvm_args.iter().map(OsString::from).collect();
+    args.push("-cp".into());
+    args.push(classpath.clone());
+    args.push(MAIN_CLASS.into());
+    args.push(cfg_path.into());
+    Ok(Launch {
+        program: java.to_path_buf(),
+        args,
+        cwd: dir.to_path_buf(),
+    })
+}
+
+fn new_instance(name: String, launch: Launch, dir: &Path, port: u16, opts: &ZkOptions) -> Instance {
+    Instance::new(
+        name,
+        launch,
+        dir.join("server.log"),
+        loopback(port),
+        Probe::ZkServing,
+        opts.startup_timeout,
+    )
+}
+
+/// A standalone ZooKeeper server running as a child process on 127.0.0.1.
+///
+/// Dropping it kills the server (`SIGKILL` to its process group), reaps it and removes its
+/// data directory.
+#[derive(Debug)]
+pub struct ZkServer {
+    node: Instance,
+    opts: ZkOptions,
+    dir: TempDir,
+}
+
+impl ZkServer {
+    /// Starts a standalone server on a free port and waits (bounded by
+    /// [`ZkOptions::startup_timeout`]) until it serves requests (`srvr` reports a `Mode:`).
+    ///
+    /// Fails promptly with [`ServerError::NotInstalled`] when the jar or `java` is missing.
+    pub async fn start(opts: ZkOptions) -> Result<Self, ServerError> {
+        let (java, classpath) = opts.resolve()?;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let dir = tempfile::Builder::new().prefix("lock-zk-").tempdir()?;
+            let port = free_port()?;
+            let launch = prepare_node(&opts, &java, &classpath, dir.path(), None, port, &[])?;
+            let mut node = new_instance(SERVER.to_owned(), launch, dir.path(), port, &opts);
+            match node.start().await {
+                Ok(took) => {
+                    info!(port, ?took, dir = %dir.path().display(), "ZooKeeper standalone started");
+                    return Ok(Self { node, opts, dir });
+                }
+                Err(err) if attempt < PORT_CLASH_ATTEMPTS && node.port_clash(&err) => {
+                    warn!(
+                        port,
+                        attempt, "ZooKeeper's port was taken; retrying on fresh ports"
+                    );
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// [`start`](Self::start) for synchronous code (or from inside a runtime, without
+    /// blocking it on a nested runtime): runs on a fresh runtime in a scoped thread.
+    pub fn start_blocking(opts: ZkOptions) -> Result<Self, ServerError> {
+        super::process::block_on(Self::start(opts)).and_then(|r| r)
+    }
+
+    /// `127.0.0.1:port`.
+    pub fn address(&self) -> String {
+        self.node.addr().to_string()
+    }
+
+    /// The client socket address.
+    pub fn socket_addr(&self) -> SocketAddr {
+        self.node.addr()
+    }
+
+    /// The connect string for clients (`127.0.0.1:port`).
+    pub fn connect_string(&self) -> String {
+        self.address()
+    }
+
+    /// The client port.
+    pub fn port(&self) -> u16 {
+        self.node.addr().port()
+    }
+
+    /// The server's pid (also its process-group id), or `None` after [`kill`](Self::kill).
+    pub fn pid(&self) -> Option<u32> {
+        self.node.pid()
+    }
+
+    /// The options it was started with.
+    pub fn options(&self) -> &ZkOptions {
+        &self.opts
+    }
+
+    /// The server's directory (config, data, log); removed on drop.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The server's log file (stdout and stderr of every launch).
+    pub fn log_path(&self) -> &Path {
+        self.node.log_path()
+    }
+
+    /// Freezes the server (`SIGSTOP` to its process group): connections stay open, nothing
+    /// is answered, sessions age. Undo with [`resume`](Self::resume).
+    pub fn pause(&self) -> Result<(), ServerError> {
+        self.node.signal(Signal::SIGSTOP)
+    }
+
+    /// Continues a paused server (`SIGCONT`).
+    pub fn resume(&self) -> Result<(), ServerError> {
+        self.node.signal(Signal::SIGCONT)
+    }
+
+    /// Kills the server (`SIGKILL` to its process group) and reaps it. The port and data
+    /// directory are kept for [`restart`](Self::restart). No-op when already killed.
+    pub fn kill(&mut self) {
+        self.node.kill();
+    }
+
+    /// Kills the server if running, then starts it again on the same port with the same
+    /// data directory (sessions and znodes survive) and waits until it serves, bounded by
+    /// [`ZkOptions::startup_timeout`].
+    pub async fn restart(&mut self) -> Result<(), ServerError> {
+        let took = self.node.start().await?;
+        info!(port = self.port(), ?took, "ZooKeeper restarted");
+        Ok(())
+    }
+
+    /// Sends a four-letter word (`ruok`, `srvr`, `mntr`, ...) and returns the whole answer.
+    /// Bounded by 5 s; see [`four_letter_with_timeout`](Self::four_letter_with_timeout).
+    pub async fn four_letter(&self, word: &str) -> Result<String, ServerError> {
+        self.four_letter_with_timeout(word, FOUR_LETTER_TIMEOUT)
+            .await
+    }
+
+    /// [`four_letter`](Self::four_letter) with an explicit bound; running out gives
+    /// [`ServerError::Timeout`] (what a paused server produces).
+    pub async fn four_letter_with_timeout(
+        &self,
+        word: &str,
+        timeout: Duration,
+    ) -> Result<String, ServerError> {
+        four_letter(&self.address(), word, timeout).await
+    }
+}
+
+/// A ZooKeeper ensemble of `n` members on 127.0.0.1, each a child process with its own
+/// ports, data directory and `myid`. Members are indexed from 0 (`myid` is index + 1).
+///
+/// Dropping it kills every member and removes their directories.
+#[derive(Debug)]
+pub struct ZkEnsemble {
+    nodes: Vec<Instance>,
+    opts: ZkOptions,
+    dir: TempDir,
+}
+
+impl ZkEnsemble {
+    /// Starts `n` members (3 is the usual size) and waits until every one serves (a leader
+    /// has been elected and all followers have joined), bounded by
+    /// [`ZkOptions::startup_timeout`] for the whole ensemble.
+    pub async fn start(n: usize, opts: ZkOptions) -> Result<Self, ServerError> {
+        if n == 0 {
+            return Err(ServerError::Startup {
+                server: "ZooKeeper ensemble".to_owned(),
+                detail: "an ensemble needs at least one member".to_owned(),
+                log_tail: String::new(),
+            });
+        }
+        let (java, classpath) = opts.resolve()?;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::try_start(n, &opts, &java, &classpath).await {
+                Ok(ensemble) => return Ok(ensemble),
+                Err((err, clash)) if clash && attempt < PORT_CLASH_ATTEMPTS => {
+                    warn!(attempt, %err, "a ZooKeeper ensemble port was taken; retrying on fresh ports");
+                }
+                Err((err, _)) => return Err(err),
+            }
+        }
+    }
+
+    /// One attempt; on failure also says whether a member reported a port clash.
+    async fn try_start(
+        n: usize,
+        opts: &ZkOptions,
+        java: &Path,
+        classpath: &OsString,
+    ) -> Result<Self, (ServerError, bool)> {
+        let no_clash = |err: ServerError| (err, false);
+        let dir = tempfile::Builder::new()
+            .prefix("lock-zk-ensemble-")
+            .tempdir()
+            .map_err(|e| no_clash(e.into()))?;
+        let mut members = Vec::with_capacity(n);
+        for _ in 0..n {
+            members.push(MemberPorts {
+                client: free_port().map_err(no_clash)?,
+                quorum: free_port().map_err(no_clash)?,
+                election: free_port().map_err(no_clash)?,
+            });
+        }
+        let mut nodes = Vec::with_capacity(n);
+        for (i, m) in members.iter().enumerate() {
+            let node_dir = dir.path().join(format!("node{}", i + 1));
+            std::fs::create_dir_all(&node_dir).map_err(|e| no_clash(e.into()))?;
+            let launch = prepare_node(
+                opts,
+                java,
+                classpath,
+                &node_dir,
+                Some(i + 1),
+                m.client,
+                &members,
+            )
+            .map_err(no_clash)?;
+            nodes.push(new_instance(
+                format!("ZooKeeper ensemble member {i}"),
+                launch,
+                &node_dir,
+                m.client,
+                opts,
+            ));
+        }
+        let began = Instant::now();
+        let mut ensemble = Self {
+            nodes,
+            opts: opts.clone(),
+            dir,
+        };
+        for node in &mut ensemble.nodes {
+            node.spawn().map_err(no_clash)?;
+        }
+        let deadline = began + ensemble.opts.startup_timeout;
+        let mut failure = None;
+        for node in &mut ensemble.nodes {
+            if let Err(err) = node.wait_ready(deadline).await {
+                failure = Some(err);
+                break;
+            }
+        }
+        if let Some(err) = failure {
+            let clash = ensemble.nodes.iter().any(|node| node.port_clash(&err));
+            return Err((err, clash));
+        }
+        info!(n, took = ?began.elapsed(), connect = %ensemble.connect_string(), "ZooKeeper ensemble started");
+        Ok(ensemble)
+    }
+
+    /// The number of members.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// True for an ensemble without members (never, once started).
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    fn node(&self, index: usize) -> Result<&Instance, ServerError> {
+        self.nodes.get(index).ok_or(ServerError::NoSuchMember {
+            index,
+            len: self.nodes.len(),
+        })
+    }
+
+    fn node_mut(&mut self, index: usize) -> Result<&mut Instance, ServerError> {
+        let len = self.nodes.len();
+        self.nodes
+            .get_mut(index)
+            .ok_or(ServerError::NoSuchMember { index, len })
+    }
+
+    /// All members: `127.0.0.1:p1,127.0.0.1:p2,...`.
+    pub fn connect_string(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| n.addr().to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Member `index`'s client address (`127.0.0.1:port`).
+    pub fn address(&self, index: usize) -> Result<String, ServerError> {
+        Ok(self.node(index)?.addr().to_string())
+    }
+
+    /// Member `index`'s client port.
+    pub fn port(&self, index: usize) -> Result<u16, ServerError> {
+        Ok(self.node(index)?.addr().port())
+    }
+
+    /// Member `index`'s pid, `Ok(None)` while it is killed.
+    pub fn pid(&self, index: usize) -> Result<Option<u32>, ServerError> {
+        Ok(self.node(index)?.pid())
+    }
+
+    /// The ensemble's directory (one `nodeN` directory per member); removed on drop.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Sends a four-letter word to member `index` (bounded by 5 s).
+    pub async fn four_letter(&self, index: usize, word: &str) -> Result<String, ServerError> {
+        four_letter(
+            &self.node(index)?.addr().to_string(),
+            word,
+            FOUR_LETTER_TIMEOUT,
+        )
+        .await
+    }
+
+    /// Member `index`'s role from `srvr`'s `Mode:` line (`leader`, `follower`, ...), or
+    /// `Ok(None)` when it does not answer within 1 s or is not serving (electing, killed,
+    /// paused).
+    pub async fn mode(&self, index: usize) -> Result<Option<String>, ServerError> {
+        let addr = self.node(index)?.addr().to_string();
+        Ok(mode_of(&addr, Duration::from_secs(1)).await)
+    }
+
+    /// The index of the member that currently reports `Mode: leader`, asking all members at
+    /// once (1 s bound each); `None` while there is no leader.
+    pub async fn leader(&self) -> Option<usize> {
+        let mut set = tokio::task::JoinSet::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            if node.pid().is_none() {
+                continue;
+            }
+            let addr = node.addr().to_string();
+            set.spawn(async move { (i, mode_of(&addr, Duration::from_secs(1)).await) });
+        }
+        let mut leader = None;
+        while let Some(joined) = set.join_next().await {
+            if let Ok((i, Some(mode))) = joined {
+                debug!(member = i, %mode, "ensemble member mode");
+                if mode == "leader" {
+                    leader = Some(i);
+                }
+            }
+        }
+        leader
+    }
+
+    /// Polls [`leader`](Self::leader) until a leader is reported; [`ServerError::Timeout`]
+    /// after `timeout`.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<usize, ServerError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(leader) = self.leader().await {
+                return Ok(leader);
+            }
+            if Instant::now() >= deadline {
+                return Err(ServerError::Timeout {
+                    what: "a ZooKeeper ensemble leader".to_owned(),
+                    after: timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Kills member `index` (`SIGKILL` to its process group) and reaps it; its ports and
+    /// data are kept for [`restart`](Self::restart).
+    pub fn kill(&mut self, index: usize) -> Result<(), ServerError> {
+        self.node_mut(index)?.kill();
+        Ok(())
+    }
+
+    /// Kills member `index` if running, starts it again with the same ports and data, and
+    /// waits (bounded by [`ZkOptions::startup_timeout`]) until it serves again, i.e. has
+    /// rejoined the ensemble.
+    pub async fn restart(&mut self, index: usize) -> Result<(), ServerError> {
+        let node = self.node_mut(index)?;
+        let took = node.start().await?;
+        info!(member = index, ?took, "ZooKeeper ensemble member restarted");
+        Ok(())
+    }
+
+    /// Freezes member `index` (`SIGSTOP`).
+    pub fn pause(&self, index: usize) -> Result<(), ServerError> {
+        self.node(index)?.signal(Signal::SIGSTOP)
+    }
+
+    /// Continues member `index` (`SIGCONT`).
+    pub fn resume(&self, index: usize) -> Result<(), ServerError> {
+        self.node(index)?.signal(Signal::SIGCONT)
+    }
+}
+
+/// `srvr`'s `Mode:` value, or `None` when there is no answer or no mode.
+async fn mode_of(addr: &str, timeout: Duration) -> Option<String> {
+    let answer = four_letter(addr, "srvr", timeout).await.ok()?;
+    answer
+        .lines()
+        .find_map(|l| l.strip_prefix("Mode:"))
+        .map(|m| m.trim().to_owned())
+}
+
+/// Either an external ZooKeeper (from [`ZK_ENV`]) or one started here.
+#[derive(Debug)]
+pub struct ZkTarget {
+    inner: ZkTargetInner,
+}
+
+#[derive(Debug)]
+enum ZkTargetInner {
+    External { connect_string: String },
+    Local(Box<ZkServer>),
+}
+
+impl ZkTarget {
+    /// Uses the connect string in [`ZK_ENV`] when it is set and not empty; otherwise starts
+    /// a standalone [`ZkServer`] with `opts`.
+    pub async fn from_env_or_start(opts: ZkOptions) -> Result<Self, ServerError> {
+        match std::env::var(ZK_ENV) {
+            Ok(connect) if !connect.trim().is_empty() => {
+                info!(%connect, "using the external ZooKeeper from {ZK_ENV}");
+                Ok(Self::external(connect.trim()))
+            }
+            _ => Ok(Self::from(ZkServer::start(opts).await?)),
+        }
+    }
+
+    /// An external server; fault injection is unsupported.
+    pub fn external(connect_string: impl Into<String>) -> Self {
+        Self {
+            inner: ZkTargetInner::External {
+                connect_string: connect_string.into(),
+            },
+        }
+    }
+
+    /// The connect string for clients.
+    pub fn connect_string(&self) -> String {
+        match &self.inner {
+            ZkTargetInner::External { connect_string } => connect_string.clone(),
+            ZkTargetInner::Local(server) => server.connect_string(),
+        }
+    }
+
+    /// True for an external server.
+    pub fn is_external(&self) -> bool {
+        matches!(self.inner, ZkTargetInner::External { .. })
+    }
+
+    /// The started server, `None` for an external one.
+    pub fn server(&self) -> Option<&ZkServer> {
+        match &self.inner {
+            ZkTargetInner::External { .. } => None,
+            ZkTargetInner::Local(server) => Some(server),
+        }
+    }
+
+    /// The started server, mutably; `None` for an external one.
+    pub fn server_mut(&mut self) -> Option<&mut ZkServer> {
+        match &mut self.inner {
+            ZkTargetInner::External { .. } => None,
+            ZkTargetInner::Local(server) => Some(server),
+        }
+    }
+
+    fn local(&self, operation: &str) -> Result<&ZkServer, ServerError> {
+        self.server()
+            .ok_or_else(|| ServerError::unsupported_external(operation, ZK_ENV))
+    }
+
+    /// [`ZkServer::pause`]; unsupported with an external server.
+    pub fn pause(&self) -> Result<(), ServerError> {
+        self.local("pause")?.pause()
+    }
+
+    /// [`ZkServer::resume`]; unsupported with an external server.
+    pub fn resume(&self) -> Result<(), ServerError> {
+        self.local("resume")?.resume()
+    }
+
+    /// [`ZkServer::kill`]; unsupported with an external server.
+    pub fn kill(&mut self) -> Result<(), ServerError> {
+        let server = self
+            .server_mut()
+            .ok_or_else(|| ServerError::unsupported_external("kill", ZK_ENV))?;
+        server.kill();
+        Ok(())
+    }
+
+    /// [`ZkServer::restart`]; unsupported with an external server.
+    pub async fn restart(&mut self) -> Result<(), ServerError> {
+        let server = self
+            .server_mut()
+            .ok_or_else(|| ServerError::unsupported_external("restart", ZK_ENV))?;
+        server.restart().await
+    }
+
+    /// A four-letter word to the server (for an external one: to the first host of the
+    /// connect string, which must allow the word), bounded by 5 s.
+    pub async fn four_letter(&self, word: &str) -> Result<String, ServerError> {
+        match &self.inner {
+            ZkTargetInner::Local(server) => server.four_letter(word).await,
+            ZkTargetInner::External { connect_string } => {
+                let first = connect_string
+                    .split(',')
+                    .next()
+                    .unwrap_or_default()
+                    .split('/')
+                    .next()
+                    .unwrap_or_default()
+                    .trim();
+                four_letter(first, word, FOUR_LETTER_TIMEOUT).await
+            }
+        }
+    }
+}
+
+impl From<ZkServer> for ZkTarget {
+    fn from(server: ZkServer) -> Self {
+        Self {
+            inner: ZkTargetInner::Local(Box::new(server)),
+        }
+    }
+}

@@ -1,0 +1,741 @@
+//! Tests of `lock_conformance::servers` against real processes: ZooKeeper (standalone and
+//! a 3-member ensemble), Redis (plain, with a password and an ACL user), etcd.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr
+)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lock_conformance::servers::{
+    EtcdOptions, EtcdServer, REDIS_ENV, RedisOptions, RedisServer, RedisTarget, ServerError,
+    ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget, shared_redis, shared_zk,
+};
+
+/// Set in the child test process that starts shared servers and then exits without
+/// dropping anything; its value says how the child ends.
+const HELPER_ENV: &str = "LOCK_SERVERS_TEST_HELPER";
+const HELPER_TEST: &str = "helper_start_shared_servers_then_die";
+
+fn fast_zk() -> ZkOptions {
+    ZkOptions::default().with_tick_time(Duration::from_millis(500))
+}
+
+/// True when `pid` no longer runs: no such process, or a zombie (an orphan whose new
+/// parent does not reap it; it holds no resources).
+fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .map(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X'))
+            .unwrap_or(false),
+    }
+}
+
+fn port_free(port: u16) -> bool {
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// Waits up to `bound` for `cond`.
+fn eventually(bound: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + bound;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A server handle was dropped: its process is gone and reaped (not even a zombie, since
+/// we are its parent) and its port can be bound again.
+fn assert_stopped(what: &str, pid: u32, ports: &[u16]) {
+    assert!(
+        eventually(Duration::from_secs(2), || !std::path::Path::new(&format!(
+            "/proc/{pid}"
+        ))
+        .exists()),
+        "{what}: pid {pid} still exists (or was not reaped) after drop"
+    );
+    for &port in ports {
+        assert!(
+            eventually(Duration::from_secs(2), || port_free(port)),
+            "{what}: port {port} still in use after drop"
+        );
+    }
+}
+
+// ---- raw RESP -------------------------------------------------------------------------
+
+struct Resp(BufReader<TcpStream>);
+
+impl Resp {
+    fn connect(port: u16) -> Self {
+        let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        Self(BufReader::new(stream))
+    }
+
+    /// Sends a command; returns the reply's first line, plus the bulk payload for `$n`.
+    fn call(&mut self, args: &[&str]) -> String {
+        let mut out = format!("*{}\r\n", args.len());
+        for a in args {
+            out.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        self.0.get_mut().write_all(out.as_bytes()).unwrap();
+        let mut line = String::new();
+        self.0.read_line(&mut line).unwrap();
+        let line = line.trim_end().to_owned();
+        if let Some(len) = line.strip_prefix('$')
+            && let Ok(len) = len.parse::<usize>()
+        {
+            let mut payload = vec![0; len + 2];
+            self.0.read_exact(&mut payload).unwrap();
+            payload.truncate(len);
+            return String::from_utf8(payload).unwrap();
+        }
+        line
+    }
+}
+
+fn http_get(port: u16, path: &str) -> String {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+// ---- ZooKeeper ------------------------------------------------------------------------
+
+#[tokio::test]
+async fn zk_standalone_starts_serves_and_stops() {
+    let began = Instant::now();
+    let zk = ZkServer::start(fast_zk()).await.unwrap();
+    eprintln!(
+        "startup: ZooKeeper standalone ready in {:?}",
+        began.elapsed()
+    );
+    assert_eq!(zk.connect_string(), format!("127.0.0.1:{}", zk.port()));
+    assert_eq!(zk.address(), zk.connect_string());
+    assert_eq!(zk.four_letter("ruok").await.unwrap(), "imok");
+    let srvr = zk.four_letter("srvr").await.unwrap();
+    assert!(srvr.contains("Mode: standalone"), "srvr: {srvr}");
+    let mntr = zk.four_letter("mntr").await.unwrap();
+    assert!(mntr.contains("zk_packets_sent"), "mntr: {mntr}");
+    assert!(zk.log_path().exists());
+
+    let pid = zk.pid().unwrap();
+    let port = zk.port();
+    let dir = zk.dir().to_path_buf();
+    drop(zk);
+    assert_stopped("ZooKeeper", pid, &[port]);
+    assert!(!dir.exists(), "the temporary directory must be removed");
+}
+
+#[tokio::test]
+async fn zk_pause_resume_kill_restart() {
+    let mut zk = ZkServer::start(fast_zk()).await.unwrap();
+    let port = zk.port();
+
+    zk.pause().unwrap();
+    let paused = zk
+        .four_letter_with_timeout("srvr", Duration::from_secs(1))
+        .await;
+    assert!(
+        matches!(paused, Err(ServerError::Timeout { .. })),
+        "a paused server must not answer within 1 s: {paused:?}"
+    );
+    zk.resume().unwrap();
+    let srvr = zk.four_letter("srvr").await.unwrap();
+    assert!(srvr.contains("Mode:"), "after resume: {srvr}");
+
+    let old_pid = zk.pid().unwrap();
+    zk.kill();
+    assert!(zk.pid().is_none());
+    assert!(!std::path::Path::new(&format!("/proc/{old_pid}")).exists());
+    assert!(matches!(zk.pause(), Err(ServerError::NotRunning { .. })));
+    assert!(zk.four_letter("ruok").await.is_err());
+
+    let began = Instant::now();
+    zk.restart().await.unwrap();
+    eprintln!("startup: ZooKeeper restart ready in {:?}", began.elapsed());
+    assert_eq!(zk.port(), port, "restart keeps the port");
+    assert_ne!(zk.pid(), Some(old_pid));
+    assert!(zk.four_letter("srvr").await.unwrap().contains("Mode:"));
+}
+
+#[tokio::test]
+async fn zk_ensemble_elects_fails_over_and_rejoins() {
+    let began = Instant::now();
+    let mut ensemble = ZkEnsemble::start(3, fast_zk()).await.unwrap();
+    eprintln!(
+        "startup: ZooKeeper 3-member ensemble serving in {:?}",
+        began.elapsed()
+    );
+    assert_eq!(ensemble.len(), 3);
+    let connect = ensemble.connect_string();
+    assert_eq!(connect.split(',').count(), 3, "{connect}");
+    for i in 0..3 {
+        assert!(connect.contains(&format!("127.0.0.1:{}", ensemble.port(i).unwrap())));
+    }
+    assert!(matches!(
+        ensemble.port(3),
+        Err(ServerError::NoSuchMember { index: 3, len: 3 })
+    ));
+
+    let leader = ensemble
+        .wait_for_leader(Duration::from_secs(10))
+        .await
+        .unwrap();
+    let followers = {
+        let mut n = 0;
+        for i in 0..3 {
+            if ensemble.mode(i).await.unwrap().as_deref() == Some("follower") {
+                n += 1;
+            }
+        }
+        n
+    };
+    assert_eq!(followers, 2, "one leader ({leader}) and two followers");
+
+    let killed_at = Instant::now();
+    ensemble.kill(leader).unwrap();
+    assert!(ensemble.pid(leader).unwrap().is_none());
+    let new_leader = ensemble
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    eprintln!(
+        "failover: new leader {new_leader} (was {leader}) after {:?}",
+        killed_at.elapsed()
+    );
+    assert_ne!(new_leader, leader);
+
+    let began = Instant::now();
+    ensemble.restart(leader).await.unwrap();
+    eprintln!("startup: ensemble member rejoined in {:?}", began.elapsed());
+    assert_eq!(
+        ensemble.mode(leader).await.unwrap().as_deref(),
+        Some("follower"),
+        "the restarted member rejoins as a follower"
+    );
+    assert_eq!(ensemble.leader().await, Some(new_leader));
+
+    let pids: Vec<u32> = (0..3).map(|i| ensemble.pid(i).unwrap().unwrap()).collect();
+    let ports: Vec<u16> = (0..3).map(|i| ensemble.port(i).unwrap()).collect();
+    drop(ensemble);
+    for pid in pids {
+        assert_stopped("ensemble member", pid, &ports);
+    }
+}
+
+// ---- Redis ----------------------------------------------------------------------------
+
+#[tokio::test]
+async fn redis_plain_starts_serves_and_stops() {
+    let began = Instant::now();
+    let redis = RedisServer::start(RedisOptions::default()).await.unwrap();
+    eprintln!("startup: Redis ready in {:?}", began.elapsed());
+    assert_eq!(redis.url(), format!("redis://127.0.0.1:{}", redis.port()));
+    assert_eq!(redis.acl_url(), None);
+    let mut conn = Resp::connect(redis.port());
+    assert_eq!(conn.call(&["PING"]), "+PONG");
+    assert_eq!(conn.call(&["SET", "k", "v"]), "+OK");
+    assert_eq!(conn.call(&["GET", "k"]), "v");
+    drop(conn);
+
+    let pid = redis.pid().unwrap();
+    let port = redis.port();
+    drop(redis);
+    assert_stopped("Redis", pid, &[port]);
+}
+
+#[tokio::test]
+async fn redis_password_and_acl_user() {
+    let opts = RedisOptions::default()
+        .with_password("s3cret/:@")
+        .with_acl_user("locker", "lockerpw", "lock:*");
+    let redis = RedisServer::start(opts).await.unwrap();
+    let port = redis.port();
+    assert_eq!(
+        redis.url(),
+        format!("redis://:s3cret%2F%3A%40@127.0.0.1:{port}")
+    );
+    assert_eq!(
+        redis.acl_url().unwrap(),
+        format!("redis://locker:lockerpw@127.0.0.1:{port}")
+    );
+    assert_eq!(
+        redis.url_without_auth(),
+        format!("redis://127.0.0.1:{port}")
+    );
+
+    // Without credentials: the connection is accepted, the first command fails.
+    let mut anon = Resp::connect(port);
+    let reply = anon.call(&["PING"]);
+    assert!(reply.starts_with("-NOAUTH"), "{reply}");
+
+    let mut default_user = Resp::connect(port);
+    assert_eq!(default_user.call(&["AUTH", "s3cret/:@"]), "+OK");
+    assert_eq!(default_user.call(&["PING"]), "+PONG");
+    assert_eq!(default_user.call(&["SET", "other:x", "1"]), "+OK");
+
+    let mut locker = Resp::connect(port);
+    assert!(
+        locker
+            .call(&["AUTH", "locker", "wrong"])
+            .starts_with("-WRONGPASS")
+    );
+    assert_eq!(locker.call(&["AUTH", "locker", "lockerpw"]), "+OK");
+    assert_eq!(locker.call(&["SET", "lock:x", "1"]), "+OK");
+    let denied = locker.call(&["SET", "other:x", "2"]);
+    assert!(denied.starts_with("-NOPERM"), "{denied}");
+    assert_eq!(locker.call(&["GET", "lock:x"]), "1");
+}
+
+#[tokio::test]
+async fn redis_restart_same_port_no_data() {
+    let mut redis = RedisServer::start(RedisOptions::default()).await.unwrap();
+    let port = redis.port();
+    let old_pid = redis.pid().unwrap();
+    assert_eq!(Resp::connect(port).call(&["SET", "k", "v"]), "+OK");
+
+    redis.pause().unwrap();
+    {
+        let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut conn = Resp(BufReader::new(stream));
+        conn.0.get_mut().write_all(b"*1\r\n$4\r\nPING\r\n").unwrap();
+        let mut line = String::new();
+        assert!(
+            conn.0.read_line(&mut line).is_err(),
+            "a paused Redis must not answer: {line:?}"
+        );
+    }
+    redis.resume().unwrap();
+
+    let began = Instant::now();
+    redis.restart().await.unwrap();
+    eprintln!("startup: Redis restart ready in {:?}", began.elapsed());
+    assert_eq!(redis.port(), port);
+    assert_ne!(redis.pid().unwrap(), old_pid);
+    assert!(process_gone(old_pid));
+    let mut conn = Resp::connect(port);
+    assert_eq!(conn.call(&["PING"]), "+PONG");
+    assert_eq!(
+        conn.call(&["GET", "k"]),
+        "$-1",
+        "no persistence: data is gone"
+    );
+}
+
+// ---- etcd -----------------------------------------------------------------------------
+
+#[tokio::test]
+async fn etcd_starts_serves_and_stops() {
+    let began = Instant::now();
+    let etcd = EtcdServer::start().await.unwrap();
+    eprintln!("startup: etcd ready in {:?}", began.elapsed());
+    assert_eq!(etcd.endpoint(), format!("http://127.0.0.1:{}", etcd.port()));
+    let health = http_get(etcd.port(), "/health");
+    assert!(health.contains("\"health\":\"true\""), "{health}");
+    let version = http_get(etcd.port(), "/version");
+    assert!(version.contains("etcdserver"), "{version}");
+
+    let pid = etcd.pid().unwrap();
+    let ports = [etcd.port(), etcd.peer_port()];
+    drop(etcd);
+    assert_stopped("etcd", pid, &ports);
+}
+
+// ---- missing installations ------------------------------------------------------------
+
+#[tokio::test]
+async fn missing_binaries_are_reported_promptly() {
+    let began = Instant::now();
+
+    let err = ZkServer::start(fast_zk().with_jar("/nonexistent/zookeeper.jar"))
+        .await
+        .unwrap_err();
+    match &err {
+        ServerError::NotInstalled { package, detail } => {
+            assert_eq!(package, "zookeeper");
+            assert!(detail.contains("/nonexistent/zookeeper.jar"), "{detail}");
+        }
+        other => panic!("expected NotInstalled, got {other:?}"),
+    }
+    let text = err.to_string();
+    assert!(
+        text.contains("ZooKeeper not found") && text.contains("`zookeeper`"),
+        "{text}"
+    );
+
+    let err = ZkEnsemble::start(3, fast_zk().with_java("/nonexistent/bin/java"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ServerError::NotInstalled { package, .. } if package == "default-jre-headless"),
+        "{err:?}"
+    );
+
+    let err = RedisServer::start(RedisOptions::default().with_binary("/nonexistent/redis-server"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ServerError::NotInstalled { package, .. } if package == "redis-server"),
+        "{err:?}"
+    );
+
+    let err =
+        RedisServer::start(RedisOptions::default().with_binary("no-such-redis-server-binary"))
+            .await
+            .unwrap_err();
+    assert!(err.to_string().contains("in PATH"), "{err}");
+
+    let err = EtcdServer::start_with(EtcdOptions::default().with_binary("/nonexistent/etcd"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ServerError::NotInstalled { package, .. } if package == "etcd-server"),
+        "{err:?}"
+    );
+
+    assert!(
+        began.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        began.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn startup_failure_quotes_the_log() {
+    // An invalid option makes redis-server exit at once: the error says so and quotes the log.
+    let began = Instant::now();
+    let err = RedisServer::start(RedisOptions::default().with_arg("--no-such-option"))
+        .await
+        .unwrap_err();
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        began.elapsed()
+    );
+    match &err {
+        ServerError::Startup {
+            server,
+            detail,
+            log_tail,
+        } => {
+            assert_eq!(server, "Redis");
+            assert!(detail.contains("exited"), "{detail}");
+            assert!(log_tail.contains("no-such-option"), "{log_tail}");
+        }
+        other => panic!("expected Startup, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn taken_port_is_reported_after_bounded_retries() {
+    // Force the clash: the last `--port` wins, and a listener holds that port. The start is
+    // retried on fresh ports (the override keeps clashing) and then reported.
+    let holder = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let taken = holder.local_addr().unwrap().port();
+    let began = Instant::now();
+    let err = RedisServer::start(
+        RedisOptions::default()
+            .with_arg("--port")
+            .with_arg(taken.to_string()),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        began.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        began.elapsed()
+    );
+    match &err {
+        ServerError::Startup { log_tail, .. } => {
+            assert!(log_tail.contains("already in use"), "{log_tail}");
+        }
+        other => panic!("expected Startup, got {other:?}"),
+    }
+}
+
+// ---- targets and shared servers -------------------------------------------------------
+
+#[tokio::test]
+async fn external_targets_refuse_faults() {
+    let mut zk = ZkTarget::external("127.0.0.1:1");
+    assert!(zk.is_external());
+    assert_eq!(zk.connect_string(), "127.0.0.1:1");
+    assert!(zk.server().is_none());
+    for result in [zk.pause(), zk.resume(), zk.kill()] {
+        let err = result.unwrap_err();
+        assert!(matches!(err, ServerError::Unsupported { .. }), "{err:?}");
+        assert!(err.to_string().contains("external server"), "{err}");
+    }
+    assert!(matches!(
+        zk.restart().await,
+        Err(ServerError::Unsupported { .. })
+    ));
+
+    let mut redis = RedisTarget::external("redis://127.0.0.1:1");
+    assert_eq!(redis.url(), "redis://127.0.0.1:1");
+    assert!(matches!(
+        redis.pause(),
+        Err(ServerError::Unsupported { .. })
+    ));
+    assert!(matches!(
+        redis.restart().await,
+        Err(ServerError::Unsupported { .. })
+    ));
+}
+
+#[test]
+fn shared_servers_are_one_per_process_across_runtimes() {
+    if std::env::var_os(ZK_ENV).is_some() || std::env::var_os(REDIS_ENV).is_some() {
+        return;
+    }
+    let pids: Vec<(u32, u32)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    rt.block_on(async {
+                        let zk = shared_zk().unwrap();
+                        assert_eq!(zk.four_letter("ruok").await.unwrap(), "imok");
+                        let redis = shared_redis().unwrap();
+                        assert_eq!(
+                            Resp::connect(redis.server().unwrap().port()).call(&["PING"]),
+                            "+PONG"
+                        );
+                        (
+                            zk.server().unwrap().pid().unwrap(),
+                            redis.server().unwrap().pid().unwrap(),
+                        )
+                    })
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(
+        pids[0], pids[1],
+        "one shared server of each kind per process"
+    );
+}
+
+/// Not a test of its own: does nothing unless [`HELPER_ENV`] is set. Then it starts the
+/// shared servers, prints their pids and ports, and ends without dropping anything: by
+/// `std::process::exit` (`exit`), or by waiting to be `SIGKILL`ed (`hang`). With `external`
+/// it reports what the shared targets are (the parent sets the env overrides).
+#[test]
+fn helper_start_shared_servers_then_die() {
+    let Ok(mode) = std::env::var(HELPER_ENV) else {
+        return;
+    };
+    let zk = shared_zk().unwrap();
+    let redis = shared_redis().unwrap();
+    let mut out = std::io::stdout().lock();
+    if mode == "external" {
+        writeln!(
+            out,
+            "EXTERNAL zk={} zk_external={} zk_pause={} redis={} redis_external={}",
+            zk.connect_string(),
+            zk.is_external(),
+            zk.pause().unwrap_err(),
+            redis.url(),
+            redis.is_external()
+        )
+        .unwrap();
+        out.flush().unwrap();
+        return;
+    }
+    let zk = zk.server().unwrap();
+    let redis = redis.server().unwrap();
+    writeln!(
+        out,
+        "SERVERS {} {} {} {}",
+        zk.pid().unwrap(),
+        zk.port(),
+        redis.pid().unwrap(),
+        redis.port()
+    )
+    .unwrap();
+    out.flush().unwrap();
+    drop(out);
+    match mode.as_str() {
+        "exit" => std::process::exit(0),
+        _ => loop {
+            std::thread::sleep(Duration::from_secs(1));
+        },
+    }
+}
+
+/// Runs [`helper_start_shared_servers_then_die`] in a child test process.
+fn helper(mode: &str, env: &[(&str, &str)]) -> (std::process::Child, String) {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([HELPER_TEST, "--exact", "--nocapture", "--test-threads=1"])
+        .env(HELPER_ENV, mode)
+        .env_remove(ZK_ENV)
+        .env_remove(REDIS_ENV)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut reader = BufReader::new(stdout);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = reader.read_line(&mut line).unwrap();
+        assert!(
+            n > 0,
+            "the helper printed no SERVERS/EXTERNAL line (did the servers start?)"
+        );
+        // libtest may print `test <name> ... ` on the same line first.
+        if let Some(at) = ["SERVERS ", "EXTERNAL "]
+            .iter()
+            .find_map(|tag| line.find(tag))
+        {
+            line = line[at..].trim_end().to_owned();
+            break;
+        }
+    }
+    // Keep draining the helper's output so that it never writes into a closed pipe.
+    std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
+    (child, line)
+}
+
+fn assert_no_leftovers(mode: &str) {
+    let (mut child, line) = helper(mode, &[]);
+    let fields: Vec<u32> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().unwrap())
+        .collect();
+    let [zk_pid, zk_port, redis_pid, redis_port] = fields[..] else {
+        panic!("bad helper line {line:?}");
+    };
+    assert!(!process_gone(zk_pid) && !process_gone(redis_pid));
+    if mode == "hang" {
+        child.kill().unwrap(); // SIGKILL: no destructor, no atexit.
+    }
+    let status = child.wait().unwrap();
+    eprintln!("helper ({mode}) ended: {status}");
+    let began = Instant::now();
+    for (what, pid, port) in [
+        ("ZooKeeper", zk_pid, zk_port),
+        ("Redis", redis_pid, redis_port),
+    ] {
+        let port = u16::try_from(port).unwrap();
+        assert!(
+            eventually(Duration::from_secs(5), || process_gone(pid)),
+            "{what} pid {pid} outlived the test process ({mode})"
+        );
+        assert!(
+            eventually(Duration::from_secs(5), || port_free(port)),
+            "{what} port {port} still bound after the test process ended ({mode})"
+        );
+    }
+    eprintln!(
+        "leftovers ({mode}): servers gone {:?} after the helper ended",
+        began.elapsed()
+    );
+}
+
+#[test]
+fn no_leftover_servers_after_process_exit() {
+    assert_no_leftovers("exit");
+}
+
+#[test]
+fn no_leftover_servers_after_sigkill() {
+    assert_no_leftovers("hang");
+}
+
+#[test]
+fn env_overrides_select_external_servers() {
+    let (mut child, line) = helper(
+        "external",
+        &[
+            (ZK_ENV, "127.0.0.1:1,127.0.0.1:2/chroot"),
+            (REDIS_ENV, "redis://:pw@127.0.0.1:1"),
+        ],
+    );
+    child.wait().unwrap();
+    assert!(
+        line.contains("zk=127.0.0.1:1,127.0.0.1:2/chroot zk_external=true"),
+        "{line}"
+    );
+    assert!(
+        line.contains("unsupported with an external server"),
+        "{line}"
+    );
+    assert!(
+        line.contains("redis=redis://:pw@127.0.0.1:1 redis_external=true"),
+        "{line}"
+    );
+}
+
+// ---- containers -----------------------------------------------------------------------
+
+#[cfg(feature = "testcontainers")]
+#[tokio::test]
+async fn containers_skip_quickly_without_an_engine() {
+    use lock_conformance::servers::containers::{RedisContainer, ZkContainer, check_engine};
+
+    let began = Instant::now();
+    match check_engine().await {
+        Err(err) => {
+            assert!(err.is_no_container_engine(), "{err:?}");
+            assert!(
+                err.to_string().starts_with("no container engine: "),
+                "{err}"
+            );
+            let zk = ZkContainer::start(&fast_zk()).await.unwrap_err();
+            assert!(zk.is_no_container_engine(), "{zk:?}");
+            let redis = RedisContainer::start(&RedisOptions::default())
+                .await
+                .unwrap_err();
+            assert!(redis.is_no_container_engine(), "{redis:?}");
+            eprintln!("skip reason: {zk}");
+            assert!(
+                began.elapsed() < Duration::from_secs(10),
+                "the skip took {:?}",
+                began.elapsed()
+            );
+        }
+        Ok(()) => {
+            let zk = ZkContainer::start(&fast_zk()).await.unwrap();
+            assert_eq!(zk.four_letter("ruok").await.unwrap(), "imok");
+            let redis = RedisContainer::start(&RedisOptions::default())
+                .await
+                .unwrap();
+            assert!(redis.url().starts_with("redis://"));
+        }
+    }
+}
