@@ -1,6 +1,82 @@
-//! The distlock conformance suite.
+//! The distlock conformance suite: one set of cases that every backend runs against real
+//! servers.
 //!
-//! One set of cases, written once against the `lock-core` contract, that every backend
-//! runs against real servers: ours and any third party's. The cases, the harness trait and
-//! the server provisioning are described in the project's design; this crate is where
-//! they live.
+//! The cases are `pub async fn`s over [`&dyn Harness`](Harness), grouped as in the
+//! catalogue (exclusion, timeouts and cancellation, release, loss detection, fencing,
+//! leases, names, errors and resilience, read-write locks, semaphores, adapters and API). [`conformance_tests!`] stamps one
+//! `#[test]` per case, named after it, from the same list that feeds [`cases::CASES`].
+//!
+//! # Plugging in a backend
+//!
+//! A harness needs one method: a new, independent client per call. This is a whole
+//! harness, in a backend crate's `tests/conformance.rs` (here over the in-memory backend;
+//! put your provider where `MemoryServer` is):
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use lock_conformance::{async_trait, Client, Harness, Timing};
+//! use lock_core::{memory::MemoryServer, LockError};
+//!
+//! struct MyHarness {
+//!     server: MemoryServer, // e.g. the URL of the server your tests started
+//! }
+//!
+//! #[async_trait]
+//! impl Harness for MyHarness {
+//!     async fn client(&self) -> Result<Client, LockError> {
+//!         let provider = self.server.provider(); // e.g. MyLockProvider::connect(..).await?
+//!         Ok(Client::new(Arc::new(provider)))
+//!     }
+//!
+//!     fn timing(&self) -> Timing {
+//!         // The crash-release bound is your session timeout or lease TTL, plus slack.
+//!         Timing::default().with_crash_release_bound(Duration::from_secs(1))
+//!     }
+//! }
+//!
+//! lock_conformance::conformance_tests!(MyHarness { server: MemoryServer::new() });
+//! # fn main() {}
+//! ```
+//!
+//! Then `cargo test --test conformance` runs every case; `cargo test --test conformance a7`
+//! runs one. Cases whose capability your provider does not declare (see
+//! [`Capabilities`](lock_core::Capabilities)) or whose fault hook your harness lacks are
+//! skipped and print why. Set `LOCK_CONFORMANCE_STRICT=1` in CI: a case that proves a
+//! capability you *declare* then fails instead of skipping.
+//!
+//! To go further, implement [`Harness::faults`] ([`Faults`]: revoke a holder, pause or
+//! restart the server, an unreachable or wrongly authenticated client),
+//! [`Client::with_faults`] ([`ClientFaults`]: expire this client's session, cut or delay its
+//! connection, lose a create reply), [`Harness::inspector`] ([`Inspector`]: what the server
+//! records for a lock, for the residue checks), and [`Harness::client_in_other_namespace`].
+//! [`memory::MemoryHarness`] is a complete example.
+//!
+//! Real servers come from [`servers`] (child processes from the Debian packages, or
+//! containers with the `testcontainers` feature); [`proxy::FaultProxy`] puts faults on the
+//! wire between a client and its server.
+//!
+//! # Pinning the suite
+//!
+//! New cases make the suite stricter, so a backend should choose when to take them: depend
+//! on an exact version in `[dev-dependencies]`, e.g. `lock-conformance = "=0.1.0"`, and
+//! raise it deliberately. Cases are only added or tightened in new minor versions.
+
+pub mod cases;
+mod harness;
+pub mod memory;
+mod outcome;
+pub mod proxy;
+pub mod runner;
+pub mod servers;
+mod support;
+
+pub use async_trait::async_trait;
+pub use harness::{
+    Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, Timing,
+};
+pub use outcome::{CaseFailure, CaseResult, Context, Outcome, Skip};
+pub use support::{
+    FencedStore, Occupancy, Occupant, StaleToken, eventually, expect_entries, no_residue, take,
+    unique_name, within,
+};

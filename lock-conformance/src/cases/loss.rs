@@ -1,0 +1,182 @@
+//! D. Loss detection: the lost signal fires when the backend can no longer vouch for the
+//! lock, and only then.
+
+use lock_core::LockError;
+
+use crate::cases::release::take_away;
+use crate::ensure;
+use crate::harness::{FaultError, Harness};
+use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
+use crate::support::{no_residue, take, unique_name, within};
+
+const CAPABILITY: &str = "lost_detection";
+
+/// D1 (fault): revoking the holder fires the lost signal within the bound.
+pub async fn d1_revoke_fires_lost(h: &dyn Harness) -> CaseResult {
+    let a = h.client().await?;
+    if !a.provider.capabilities().lost_detection {
+        return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));
+    }
+    let name = unique_name("d1");
+    let guard = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
+    let lost = guard.lost();
+    let waiter = tokio::spawn({
+        let lost = lost.clone();
+        async move { lost.wait().await }
+    });
+    let Some(how) = take_away(h, &a, &name).await? else {
+        return Ok(Outcome::Skipped(Skip::missing_hook(
+            "revoke or expire_session",
+            Some(CAPABILITY),
+        )));
+    };
+    let reason = within(
+        h.timing().loss_bound,
+        &format!("the lost signal after a {how}"),
+        waiter,
+    )
+    .await?
+    .map_err(|e| CaseFailure::new(format!("task failed: {e}")))?;
+    ensure!(
+        reason.is_some(),
+        "the lost signal ended without a loss after a {how}"
+    );
+    ensure!(guard.is_lost(), "the guard does not report the loss");
+    drop(guard);
+    no_residue(h, &name, "after the loss").await?;
+    Ok(Outcome::Passed)
+}
+
+/// D2: subscribing after the loss still sees it.
+pub async fn d2_late_subscriber_sees_loss(h: &dyn Harness) -> CaseResult {
+    let a = h.client().await?;
+    if !a.provider.capabilities().lost_detection {
+        return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));
+    }
+    let name = unique_name("d2");
+    let guard = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
+    let Some(how) = take_away(h, &a, &name).await? else {
+        return Ok(Outcome::Skipped(Skip::missing_hook(
+            "revoke or expire_session",
+            Some(CAPABILITY),
+        )));
+    };
+    let first = guard.lost();
+    within(
+        h.timing().loss_bound,
+        &format!("the lost signal after a {how}"),
+        first.wait(),
+    )
+    .await?;
+    let late = guard.lost();
+    ensure!(
+        late.is_lost(),
+        "a subscription made after the loss does not see it"
+    );
+    let reason = within(h.timing().operation_slack, "a late wait()", late.wait()).await?;
+    ensure!(reason.is_some(), "a late wait() returned no reason");
+    drop(guard);
+    no_residue(h, &name, "after the loss").await?;
+    Ok(Outcome::Passed)
+}
+
+/// D3: release while a task waits on the lost signal: no panic, no hang.
+pub async fn d3_release_while_waiting_on_lost(h: &dyn Harness) -> CaseResult {
+    let name = unique_name("d3");
+    let a = h.client().await?;
+    let mut guard = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
+    let lost = guard.lost();
+    let waiter = tokio::spawn(async move { lost.wait().await });
+    tokio::task::yield_now().await;
+    within(h.timing().operation_slack, "release", guard.release()).await??;
+    let reason = within(
+        h.timing().operation_slack,
+        "the lost-signal waiter after a release",
+        waiter,
+    )
+    .await?
+    .map_err(|e| CaseFailure::new(format!("the waiting task failed: {e}")))?;
+    ensure!(
+        reason.is_none(),
+        "a normal release reported a loss: {reason:?}"
+    );
+    no_residue(h, &name, "after release").await?;
+    Ok(Outcome::Passed)
+}
+
+/// D4 (fault): server paused past the session/lease: lost fires; after resume the stale
+/// release returns Err(Lost) if someone else holds.
+pub async fn d4_server_pause_fires_lost(h: &dyn Harness) -> CaseResult {
+    let a = h.client().await?;
+    if !a.provider.capabilities().lost_detection {
+        return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));
+    }
+    let Some(faults) = h.faults() else {
+        return Ok(Outcome::Skipped(Skip::missing_hook("server fault", None)));
+    };
+    let timing = h.timing();
+    let name = unique_name("d4");
+    let mut stale = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
+    let lost = stale.lost();
+    let pause = timing.crash_release_bound + timing.operation_slack;
+    let pausing = faults.pause_server(pause);
+    let watching = within(
+        pause + timing.loss_bound,
+        "the lost signal while the server is paused",
+        lost.wait(),
+    );
+    let (paused, reason) = tokio::join!(pausing, watching);
+    match paused {
+        Ok(()) => {}
+        Err(FaultError::Unsupported) => {
+            return Ok(Outcome::Skipped(Skip::missing_hook("pause_server", None)));
+        }
+        Err(other) => return Err(other.into()),
+    }
+    ensure!(reason?.is_some(), "the lost signal ended without a loss");
+    let b = h.client().await?;
+    let mut fresh = within(
+        timing.crash_release_bound + timing.handoff_bound + timing.operation_slack,
+        "another client's acquire after the pause",
+        async {
+            loop {
+                match b.provider.lock(&name)?.acquire(None).await {
+                    Err(error) if error.is_retryable() => {
+                        tokio::time::sleep(timing.operation_slack / 4).await
+                    }
+                    other => return other,
+                }
+            }
+        },
+    )
+    .await??;
+    ensure!(
+        matches!(stale.release().await, Err(LockError::Lost { .. })),
+        "the stale release after the pause did not return Lost"
+    );
+    ensure!(!fresh.is_lost(), "the stale release hurt the new holder");
+    fresh.release().await?;
+    no_residue(h, &name, "after release").await?;
+    Ok(Outcome::Passed)
+}
+
+/// D5: without the capability the signal never fires, and capabilities say so.
+pub async fn d5_without_detection_never_fires(h: &dyn Harness) -> CaseResult {
+    let a = h.client().await?;
+    if a.provider.capabilities().lost_detection {
+        return Ok(Outcome::Skipped(Skip {
+            reason: "the backend declares lost_detection; D1 to D4 cover it".into(),
+            declared_capability: None,
+        }));
+    }
+    let name = unique_name("d5");
+    let mut guard = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
+    let _ = take_away(h, &a, &name).await?;
+    tokio::time::sleep(h.timing().operation_slack).await;
+    ensure!(
+        !guard.is_lost(),
+        "the backend does not declare lost_detection, yet the signal fired"
+    );
+    let _ = guard.release().await;
+    Ok(Outcome::Passed)
+}

@@ -1,0 +1,200 @@
+//! J. Semaphores: at most N holders, every permit a full guard.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lock_core::{FencingToken, LockError};
+
+use crate::ensure;
+use crate::harness::{Entries, FaultError, Harness};
+use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
+use crate::support::{expect_entries, no_residue, unique_name, within};
+
+const CAPABILITY: &str = "semaphore";
+
+async fn declared(h: &dyn Harness) -> Result<bool, CaseFailure> {
+    Ok(h.client().await?.provider.capabilities().semaphore)
+}
+
+/// J1: N permits: N acquire, the next try returns None; one release lets the next in.
+pub async fn j1_n_permits(h: &dyn Harness) -> CaseResult {
+    if !declared(h).await? {
+        return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));
+    }
+    const N: u32 = 3;
+    let timing = h.timing();
+    let name = unique_name("j1");
+    let mut clients = Vec::new();
+    let mut permits = Vec::new();
+    for index in 0..N {
+        let client = h.client().await?;
+        let semaphore = client.provider.semaphore(&name, N)?;
+        ensure!(
+            semaphore.permits() == N,
+            "the semaphore reports {} permits",
+            semaphore.permits()
+        );
+        permits.push(
+            semaphore
+                .try_acquire()
+                .await?
+                .ok_or_else(|| CaseFailure::new(format!("permit {index} of {N} refused")))?,
+        );
+        clients.push(client);
+    }
+    let extra = h.client().await?;
+    let semaphore = extra.provider.semaphore(&name, N)?;
+    ensure!(
+        semaphore.try_acquire().await?.is_none(),
+        "a permit beyond {N} was granted"
+    );
+    let waiting = tokio::spawn({
+        let semaphore = Arc::clone(&semaphore);
+        async move { semaphore.acquire(None).await }
+    });
+    expect_entries(
+        h,
+        &name,
+        Entries::new(N as usize, 1),
+        "the extra client waits",
+    )
+    .await?;
+    let mut first = permits.remove(0);
+    first.release().await?;
+    let mut next = within(
+        timing.handoff_bound,
+        "the next permit after a release",
+        waiting,
+    )
+    .await?
+    .map_err(|e| CaseFailure::new(format!("task failed: {e}")))??;
+    next.release().await?;
+    for mut permit in permits {
+        permit.release().await?;
+    }
+    no_residue(h, &name, "after every permit").await?;
+    Ok(Outcome::Passed)
+}
+
+/// J2: stress: concurrency never exceeds N and does reach N.
+pub async fn j2_stress(h: &dyn Harness) -> CaseResult {
+    if !declared(h).await? {
+        return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));
+    }
+    const N: u32 = 3;
+    const CLIENTS: usize = 6;
+    const ROUNDS: usize = 10;
+    let timing = h.timing();
+    let name = unique_name("j2");
+    let current = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let mut clients = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let client = h.client().await?;
+        let semaphore = client.provider.semaphore(&name, N)?;
+        let (current, peak) = (current.clone(), peak.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let mut permit = semaphore.acquire(None).await?;
+                let now = current.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(5..15))).await;
+                current.fetch_sub(1, Ordering::SeqCst);
+                permit.release().await?;
+            }
+            Ok::<(), LockError>(())
+        }));
+        clients.push(client);
+    }
+    let bound = timing.handoff_bound * (CLIENTS * ROUNDS) as u32;
+    within(bound, "the semaphore stress run", async {
+        for task in tasks {
+            task.await
+                .map_err(|e| CaseFailure::new(format!("task failed: {e}")))??;
+        }
+        Ok::<(), CaseFailure>(())
+    })
+    .await??;
+    let peak = peak.load(Ordering::SeqCst);
+    ensure!(
+        peak <= N as usize,
+        "{peak} holders at once; the semaphore has {N} permits"
+    );
+    ensure!(
+        peak == N as usize,
+        "never more than {peak} of {N} permits in use at once"
+    );
+    no_residue(h, &name, "after the stress run").await?;
+    Ok(Outcome::Passed)
+}
+
+/// J3: permits carry fencing tokens and lost signals like mutex guards.
+pub async fn j3_permits_are_full_guards(h: &dyn Harness) -> CaseResult {
+    if !declared(h).await? {
+        return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));
+    }
+    let timing = h.timing();
+    let name = unique_name("j3");
+    let (a, b) = (h.client().await?, h.client().await?);
+    let caps = a.provider.capabilities();
+    let mut last: Option<FencingToken> = None;
+    for client in [&a, &b, &a] {
+        let mut permit = client
+            .provider
+            .semaphore(&name, 2)?
+            .try_acquire()
+            .await?
+            .ok_or_else(|| CaseFailure::new("a permit of a free semaphore was refused"))?;
+        if caps.fencing != lock_core::Fencing::None
+            && let Some(last) = last
+        {
+            ensure!(
+                permit.fencing_token() > last,
+                "permit token {} after {last}",
+                permit.fencing_token()
+            );
+        }
+        last = Some(permit.fencing_token());
+        permit.release().await?;
+    }
+    if !caps.lost_detection {
+        return Ok(Outcome::Passed);
+    }
+    let permit = a
+        .provider
+        .semaphore(&name, 2)?
+        .try_acquire()
+        .await?
+        .ok_or_else(|| CaseFailure::new("a permit of a free semaphore was refused"))?;
+    let Some(faults) = a.faults.clone() else {
+        return Ok(Outcome::Skipped(Skip::missing_hook(
+            "client fault",
+            Some("lost_detection"),
+        )));
+    };
+    match faults.expire_session().await {
+        Ok(()) => {}
+        Err(FaultError::Unsupported) => {
+            return Ok(Outcome::Skipped(Skip::missing_hook(
+                "expire_session",
+                Some("lost_detection"),
+            )));
+        }
+        Err(other) => return Err(other.into()),
+    }
+    let reason = within(
+        timing.loss_bound,
+        "a permit's lost signal after session expiry",
+        permit.lost().wait(),
+    )
+    .await?;
+    ensure!(
+        reason.is_some(),
+        "a permit's lost signal ended without a loss"
+    );
+    drop(permit);
+    no_residue(h, &name, "after the expiry").await?;
+    Ok(Outcome::Passed)
+}

@@ -1,0 +1,391 @@
+//! B. Timeouts and cancellation: bounded waits, and nothing left behind by a waiter that
+//! gives up.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use lock_core::{DistributedLock, Guard, LockError};
+use tokio::time::Instant;
+
+use crate::ensure;
+use crate::harness::{Entries, FaultError, Harness};
+use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
+use crate::support::{expect_entries, no_residue, take, unique_name, within};
+
+/// B1: acquire(Some(t)) while held fails with Timeout after at least t and at most t + slack.
+pub async fn b1_timeout_bounds(h: &dyn Harness) -> CaseResult {
+    let name = unique_name("b1");
+    let timing = h.timing();
+    let (a, b) = (h.client().await?, h.client().await?);
+    let mut held = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
+    let lock = b.provider.lock(&name)?;
+    let wait = timing.short_timeout;
+    let started = Instant::now();
+    let result = lock.acquire(Some(wait)).await;
+    let took = started.elapsed();
+    match result {
+        Err(LockError::Timeout {
+            waited, ref name, ..
+        }) => {
+            ensure!(
+                waited == wait,
+                "Timeout reports {waited:?}, the timeout was {wait:?}"
+            );
+            ensure!(name == lock.name().as_str(), "Timeout names {name:?}");
+        }
+        Ok(_) => {
+            return Err(CaseFailure::new(
+                "acquire succeeded while another client held the lock",
+            ));
+        }
+        Err(other) => return Err(CaseFailure::new(format!("expected Timeout, got {other}"))),
+    }
+    ensure!(
+        took >= wait,
+        "the timeout fired after {took:?}, before {wait:?}"
+    );
+    ensure!(
+        took <= wait + timing.operation_slack,
+        "the timeout fired after {took:?}; the bound is {wait:?} + {:?}",
+        timing.operation_slack
+    );
+    held.release().await?;
+    no_residue(h, &name, "after the timeout and the release").await?;
+    Ok(Outcome::Passed)
+}
+
+/// B2: acquire(Some(0)) behaves as one try: never waits.
+pub async fn b2_zero_timeout_is_one_try(h: &dyn Harness) -> CaseResult {
+    let name = unique_name("b2");
+    let timing = h.timing();
+    let (a, b) = (h.client().await?, h.client().await?);
+    let lock = b.provider.lock(&name)?;
+    let mut free = within(
+        timing.operation_slack,
+        "acquire(0) of a free lock",
+        lock.acquire(Some(Duration::ZERO)),
+    )
+    .await?
+    .map_err(|e| CaseFailure::new(format!("acquire(0) of a free lock failed: {e}")))?;
+    free.release().await?;
+    let mut held = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
+    match within(
+        timing.operation_slack,
+        "acquire(0) of a held lock",
+        lock.acquire(Some(Duration::ZERO)),
+    )
+    .await?
+    {
+        Err(LockError::Timeout { .. }) => {}
+        Ok(_) => return Err(CaseFailure::new("acquire(0) got a held lock")),
+        Err(other) => {
+            return Err(CaseFailure::new(format!(
+                "acquire(0) of a held lock: expected Timeout, got {other}"
+            )));
+        }
+    }
+    expect_entries(h, &name, Entries::new(1, 0), "acquire(0) leaves no waiter").await?;
+    held.release().await?;
+    no_residue(h, &name, "after release").await?;
+    Ok(Outcome::Passed)
+}
+
+/// B3: huge timeouts (up to Duration::MAX) are accepted or rejected as InvalidArgument; no panic.
+pub async fn b3_huge_timeouts(h: &dyn Harness) -> CaseResult {
+    let name = unique_name("b3");
+    let timing = h.timing();
+    let client = h.client().await?;
+    let lock = client.provider.lock(&name)?;
+    for huge in [
+        Duration::MAX,
+        Duration::from_secs(u64::MAX / 2),
+        Duration::from_secs(1 << 40),
+    ] {
+        let attempt = tokio::spawn({
+            let lock = Arc::clone(&lock);
+            async move { lock.acquire(Some(huge)).await }
+        });
+        match within(
+            timing.operation_slack,
+            "acquire of a free lock with a huge timeout",
+            attempt,
+        )
+        .await?
+        {
+            Ok(Ok(mut guard)) => guard.release().await?,
+            Ok(Err(LockError::InvalidArgument { .. })) => {}
+            Ok(Err(other)) => return Err(CaseFailure::new(format!("timeout {huge:?}: {other}"))),
+            Err(join) => {
+                return Err(CaseFailure::new(format!(
+                    "timeout {huge:?} made acquire panic: {join}"
+                )));
+            }
+        }
+    }
+    no_residue(h, &name, "after the huge timeouts").await?;
+    Ok(Outcome::Passed)
+}
+
+/// B4: after a timeout no waiter residue remains; the holder is untouched; the next
+/// contender is not delayed.
+pub async fn b4_timeout_leaves_no_residue(h: &dyn Harness) -> CaseResult {
+    let name = unique_name("b4");
+    let timing = h.timing();
+    let (a, b, c) = (h.client().await?, h.client().await?, h.client().await?);
+    let mut held = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
+    let lock = b.provider.lock(&name)?;
+    for _ in 0..3 {
+        ensure!(
+            matches!(
+                lock.acquire(Some(timing.short_timeout)).await,
+                Err(LockError::Timeout { .. })
+            ),
+            "expected Timeout while held"
+        );
+    }
+    expect_entries(
+        h,
+        &name,
+        Entries::new(1, 0),
+        "timed-out waiters leave nothing",
+    )
+    .await?;
+    ensure!(
+        !held.is_lost(),
+        "the holder lost its lock to timed-out waiters"
+    );
+    let next_lock = c.provider.lock(&name)?;
+    let next = tokio::spawn(async move { next_lock.acquire(None).await });
+    tokio::time::sleep(timing.operation_slack / 4).await;
+    held.release().await?;
+    let mut next = within(timing.handoff_bound, "the next contender's grant", next)
+        .await?
+        .map_err(|e| CaseFailure::new(format!("task failed: {e}")))??;
+    next.release().await?;
+    no_residue(h, &name, "after release").await?;
+    Ok(Outcome::Passed)
+}
+
+/// B5: dropping a waiting acquire future leaves no residue and holds nothing.
+pub async fn b5_dropped_acquire_leaves_nothing(h: &dyn Harness) -> CaseResult {
+    let name = unique_name("b5");
+    let timing = h.timing();
+    let (a, b, c) = (h.client().await?, h.client().await?, h.client().await?);
+    let mut held = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
+    let lock = b.provider.lock(&name)?;
+    let waiting = tokio::spawn(async move { lock.acquire(None).await });
+    expect_entries(h, &name, Entries::new(1, 1), "the waiter is queued").await?;
+    tokio::time::sleep(timing.operation_slack / 4).await;
+    waiting.abort();
+    let _ = waiting.await;
+    expect_entries(
+        h,
+        &name,
+        Entries::new(1, 0),
+        "the dropped waiter's entry is removed",
+    )
+    .await?;
+    held.release().await?;
+    let mut next = within(
+        timing.handoff_bound,
+        "another client's acquire after the dropped waiter",
+        c.provider.lock(&name)?.acquire(None),
+    )
+    .await??;
+    next.release().await?;
+    no_residue(h, &name, "after release").await?;
+    Ok(Outcome::Passed)
+}
+
+/// Polls the inner future at most `polls` times, then reports `None` at its next wake.
+struct PollBudget<F> {
+    inner: Pin<Box<F>>,
+    polls: usize,
+}
+
+impl<F: Future> Future for PollBudget<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.polls == 0 {
+            return Poll::Ready(None);
+        }
+        self.polls -= 1;
+        match self.inner.as_mut().poll(cx) {
+            Poll::Ready(output) => Poll::Ready(Some(output)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// The result of driving an acquire future for a limited number of polls.
+enum Driven {
+    /// It completed within the budget.
+    Completed(Result<Guard, LockError>),
+    /// The budget ran out, or it parked waiting for a wake that did not come within the
+    /// slack; the future was dropped there.
+    Dropped { parked: bool },
+}
+
+/// Polls `lock.acquire(None)` up to `polls` times (letting the runtime wake it between
+/// polls), then drops it.
+async fn drive_then_drop(lock: &Arc<dyn DistributedLock>, polls: usize, slack: Duration) -> Driven {
+    let future = PollBudget {
+        inner: Box::pin(lock.acquire(None)),
+        polls,
+    };
+    match tokio::time::timeout(slack, future).await {
+        Ok(Some(result)) => Driven::Completed(result),
+        Ok(None) => Driven::Dropped { parked: false },
+        Err(_) => Driven::Dropped { parked: true },
+    }
+}
+
+/// B6: cancel at every await point — poll the acquire future k times then drop it, for each
+/// k until it completes: no residue, no lock held, every time.
+pub async fn b6_cancel_at_every_await_point(h: &dyn Harness) -> CaseResult {
+    const MAX_POLLS: usize = 64;
+    let timing = h.timing();
+    let (a, b, c) = (h.client().await?, h.client().await?, h.client().await?);
+    // While the lock is held, the future must park after finitely many polls; on a free
+    // lock it must complete. Either way, a cancel at any poll count leaves nothing behind.
+    for held_by_other in [true, false] {
+        let name = unique_name("b6");
+        let lock = b.provider.lock(&name)?;
+        let mut finished = false;
+        for polls in 0..=MAX_POLLS {
+            let mut holder = if held_by_other {
+                Some(take(a.provider.lock(&name)?.as_ref(), "holder").await?)
+            } else {
+                None
+            };
+            match drive_then_drop(&lock, polls, timing.operation_slack).await {
+                Driven::Completed(result) => {
+                    let mut guard = result.map_err(|e| {
+                        CaseFailure::new(format!("acquire after {polls} polls: {e}"))
+                    })?;
+                    ensure!(
+                        !held_by_other,
+                        "acquire completed while another client held the lock"
+                    );
+                    guard.release().await?;
+                    finished = true;
+                }
+                Driven::Dropped { parked } => {
+                    if parked && held_by_other {
+                        finished = true; // more polls would find it in the same state
+                    }
+                }
+            }
+            let expected = Entries::new(usize::from(held_by_other), 0);
+            expect_entries(
+                h,
+                &name,
+                expected,
+                &format!("after a cancel at poll {polls}"),
+            )
+            .await?;
+            if let Some(holder) = holder.as_mut() {
+                holder.release().await?;
+            }
+            // Nothing held on the cancelled caller's behalf: another client gets the lock.
+            let mut probe = within(
+                timing.handoff_bound,
+                &format!("another client's acquire after a cancel at poll {polls}"),
+                c.provider.lock(&name)?.acquire(None),
+            )
+            .await??;
+            probe.release().await?;
+            no_residue(h, &name, &format!("after a cancel at poll {polls}")).await?;
+            if finished {
+                break;
+            }
+        }
+        ensure!(
+            finished,
+            "acquire neither completed nor parked within {MAX_POLLS} polls"
+        );
+    }
+    Ok(Outcome::Passed)
+}
+
+/// B7: a cancel that races a grant does not strand the lock: the next waiter gets it.
+pub async fn b7_cancel_racing_grant(h: &dyn Harness) -> CaseResult {
+    let name = unique_name("b7");
+    let timing = h.timing();
+    let (a, b, c) = (h.client().await?, h.client().await?, h.client().await?);
+    for _round in 0..3 {
+        let mut held = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
+        let lock_b = b.provider.lock(&name)?;
+        // B queues first and is then dropped right after the release, racing its grant.
+        let mut racing = Box::pin(lock_b.acquire(None));
+        let parked = tokio::time::timeout(timing.operation_slack, racing.as_mut()).await;
+        ensure!(parked.is_err(), "the first waiter got a held lock");
+        let lock_c = c.provider.lock(&name)?;
+        let behind = tokio::spawn(async move { lock_c.acquire(None).await });
+        expect_entries(h, &name, Entries::new(1, 2), "both waiters are queued").await?;
+        if h.inspector().is_none() {
+            tokio::time::sleep(timing.operation_slack / 2).await;
+        }
+        held.release().await?;
+        drop(racing);
+        let mut next = within(
+            timing.handoff_bound + timing.operation_slack,
+            "the waiter behind a cancelled one",
+            behind,
+        )
+        .await?
+        .map_err(|e| CaseFailure::new(format!("task failed: {e}")))??;
+        next.release().await?;
+        no_residue(h, &name, "after the round").await?;
+    }
+    Ok(Outcome::Passed)
+}
+
+/// B8 (fault): a waiter whose own session or connection dies while waiting returns an error
+/// and never wins later.
+pub async fn b8_waiter_session_death(h: &dyn Harness) -> CaseResult {
+    let name = unique_name("b8");
+    let timing = h.timing();
+    let (a, b, c) = (h.client().await?, h.client().await?, h.client().await?);
+    let Some(faults) = b.faults.clone() else {
+        return Ok(Outcome::Skipped(Skip::missing_hook("client fault", None)));
+    };
+    let mut held = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
+    let lock = b.provider.lock(&name)?;
+    let waiting = tokio::spawn(async move { lock.acquire(None).await });
+    expect_entries(h, &name, Entries::new(1, 1), "the waiter is queued").await?;
+    match faults.expire_session().await {
+        Ok(()) => {}
+        Err(FaultError::Unsupported) => {
+            waiting.abort();
+            held.release().await?;
+            return Ok(Outcome::Skipped(Skip::missing_hook("expire_session", None)));
+        }
+        Err(other) => return Err(other.into()),
+    }
+    let result = within(
+        timing.loss_bound,
+        "the dead waiter's acquire to fail",
+        waiting,
+    )
+    .await?
+    .map_err(|e| CaseFailure::new(format!("task failed: {e}")))?;
+    ensure!(
+        result.is_err(),
+        "a waiter whose session died was granted the lock"
+    );
+    held.release().await?;
+    let mut next = within(
+        timing.handoff_bound,
+        "a live contender's acquire",
+        c.provider.lock(&name)?.acquire(None),
+    )
+    .await??;
+    next.release().await?;
+    no_residue(h, &name, "after release").await?;
+    Ok(Outcome::Passed)
+}

@@ -1,0 +1,266 @@
+//! What a backend gives the suite: clients, timing, and optionally faults and introspection.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{LockError, LockProvider};
+
+/// How a backend plugs into the suite.
+///
+/// Only [`client`](Harness::client) is required. Everything else has a default: generous
+/// [`Timing`], no faults, no introspection. A case that needs what the harness does not
+/// offer is skipped with the reason (see [`Outcome`](crate::Outcome)).
+///
+/// Each call of `client` stands for a separate process: a new provider with its own
+/// session or connections, never a clone of an earlier one.
+#[async_trait]
+pub trait Harness: Send + Sync {
+    /// A new, independent client of the backend under test.
+    async fn client(&self) -> Result<Client, LockError>;
+
+    /// The time bounds the cases hold the backend to.
+    fn timing(&self) -> Timing {
+        Timing::default()
+    }
+
+    /// Server-side fault injection, if the harness offers any.
+    fn faults(&self) -> Option<&dyn Faults> {
+        None
+    }
+
+    /// A look at the server's record of a lock, for leak checks.
+    fn inspector(&self) -> Option<&dyn Inspector> {
+        None
+    }
+
+    /// A new client whose locks live in another namespace (another ZooKeeper root, Redis
+    /// key prefix, …): it must never see the locks of [`client`](Harness::client)'s clients.
+    async fn client_in_other_namespace(&self) -> Option<Result<Client, LockError>> {
+        None
+    }
+}
+
+/// One client of the backend: a provider, and the faults that act on this client alone.
+#[derive(Clone)]
+pub struct Client {
+    /// The provider, standing for one process.
+    pub provider: Arc<dyn LockProvider>,
+    /// Faults on this client's session or connection, if the harness offers any.
+    pub faults: Option<Arc<dyn ClientFaults>>,
+}
+
+impl Client {
+    /// A client without fault hooks.
+    pub fn new(provider: Arc<dyn LockProvider>) -> Self {
+        Client {
+            provider,
+            faults: None,
+        }
+    }
+
+    /// Adds fault hooks for this client.
+    pub fn with_faults(mut self, faults: Arc<dyn ClientFaults>) -> Self {
+        self.faults = Some(faults);
+        self
+    }
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("provider", &self.provider)
+            .field("faults", &self.faults.is_some())
+            .finish()
+    }
+}
+
+/// The time bounds of a backend: every wait in a case is derived from these, never from a
+/// constant in the case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Timing {
+    /// How long a single operation (a try, a release, one round trip) may take, and how
+    /// late a timeout may fire after its deadline.
+    pub operation_slack: Duration,
+    /// From a release to the next waiter's grant.
+    pub handoff_bound: Duration,
+    /// From a revoke or expiry to the holder's lost signal.
+    pub loss_bound: Duration,
+    /// From a client's death to the lock being free for others.
+    pub crash_release_bound: Duration,
+    /// The timeout the timeout cases wait for; long enough to measure, short enough to run
+    /// many times.
+    pub short_timeout: Duration,
+}
+
+impl Default for Timing {
+    /// Bounds for a server on the same machine with some load: slack 1 s, handoff 2 s,
+    /// loss 10 s, crash release 30 s, short timeout 300 ms.
+    fn default() -> Self {
+        Timing {
+            operation_slack: Duration::from_secs(1),
+            handoff_bound: Duration::from_secs(2),
+            loss_bound: Duration::from_secs(10),
+            crash_release_bound: Duration::from_secs(30),
+            short_timeout: Duration::from_millis(300),
+        }
+    }
+}
+
+impl Timing {
+    /// Sets [`operation_slack`](Timing::operation_slack).
+    pub fn with_operation_slack(mut self, slack: Duration) -> Self {
+        self.operation_slack = slack;
+        self
+    }
+
+    /// Sets [`handoff_bound`](Timing::handoff_bound).
+    pub fn with_handoff_bound(mut self, bound: Duration) -> Self {
+        self.handoff_bound = bound;
+        self
+    }
+
+    /// Sets [`loss_bound`](Timing::loss_bound).
+    pub fn with_loss_bound(mut self, bound: Duration) -> Self {
+        self.loss_bound = bound;
+        self
+    }
+
+    /// Sets [`crash_release_bound`](Timing::crash_release_bound).
+    pub fn with_crash_release_bound(mut self, bound: Duration) -> Self {
+        self.crash_release_bound = bound;
+        self
+    }
+
+    /// Sets [`short_timeout`](Timing::short_timeout).
+    pub fn with_short_timeout(mut self, timeout: Duration) -> Self {
+        self.short_timeout = timeout;
+        self
+    }
+}
+
+/// Why a fault could not be injected.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FaultError {
+    /// The harness does not offer this fault; the case is skipped.
+    #[error("the harness does not offer this fault")]
+    Unsupported,
+    /// The fault was attempted and failed; the case fails.
+    #[error("fault injection failed: {0}")]
+    Failed(String),
+}
+
+/// The result of a fault hook.
+pub type FaultResult<T = ()> = Result<T, FaultError>;
+
+/// Server-side faults. Every method defaults to [`FaultError::Unsupported`].
+#[async_trait]
+pub trait Faults: Send + Sync {
+    /// Takes the lock `name` away from its holder, as an operator deleting the holder's node
+    /// or key would. Returns whether there was a holder.
+    async fn revoke(&self, name: &str) -> FaultResult<bool> {
+        let _ = name;
+        Err(FaultError::Unsupported)
+    }
+
+    /// Deletes the entry of the first waiter of `name` (not the holder), as a foreign
+    /// client or an operator might.
+    async fn delete_first_waiter(&self, name: &str) -> FaultResult {
+        let _ = name;
+        Err(FaultError::Unsupported)
+    }
+
+    /// Stops the server answering (SIGSTOP) for `duration`, then lets it go on (SIGCONT).
+    async fn pause_server(&self, duration: Duration) -> FaultResult {
+        let _ = duration;
+        Err(FaultError::Unsupported)
+    }
+
+    /// Restarts the server (or the whole ensemble) and waits until it serves again.
+    async fn restart_server(&self) -> FaultResult {
+        Err(FaultError::Unsupported)
+    }
+
+    /// Kills the ensemble's leader and waits for a new one.
+    async fn kill_leader(&self) -> FaultResult {
+        Err(FaultError::Unsupported)
+    }
+
+    /// A client pointed at an address where no server listens. Constructing it may itself
+    /// fail: the case accepts that as the connection error it is looking for.
+    async fn unreachable_client(&self) -> FaultResult<Result<Client, LockError>> {
+        Err(FaultError::Unsupported)
+    }
+
+    /// A client with wrong credentials. Constructing it may itself fail with an auth error.
+    async fn wrong_credentials_client(&self) -> FaultResult<Result<Client, LockError>> {
+        Err(FaultError::Unsupported)
+    }
+}
+
+/// Faults on one client's session or connection. Every method defaults to
+/// [`FaultError::Unsupported`].
+#[async_trait]
+pub trait ClientFaults: Send + Sync {
+    /// Ends the client's session on the server side (ZooKeeper session expiry; the lease
+    /// dropped), as a long partition would.
+    async fn expire_session(&self) -> FaultResult {
+        Err(FaultError::Unsupported)
+    }
+
+    /// Cuts the client's connections and refuses new ones until [`restore`](ClientFaults::restore).
+    async fn cut_connection(&self) -> FaultResult {
+        Err(FaultError::Unsupported)
+    }
+
+    /// Lets the client connect again after a cut.
+    async fn restore(&self) -> FaultResult {
+        Err(FaultError::Unsupported)
+    }
+
+    /// Adds `latency` to every exchange of the client with the server, until
+    /// [`restore`](ClientFaults::restore).
+    async fn delay_connection(&self, latency: Duration) -> FaultResult {
+        let _ = latency;
+        Err(FaultError::Unsupported)
+    }
+
+    /// Makes the server's reply to the client's next create request go missing (the server
+    /// acts on it; the client sees a connection loss).
+    async fn lose_next_create_reply(&self) -> FaultResult {
+        Err(FaultError::Unsupported)
+    }
+}
+
+/// What the server records for one lock.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Entries {
+    /// Holders recorded (0 or 1 for a mutex).
+    pub holders: usize,
+    /// Waiters queued.
+    pub waiters: usize,
+}
+
+impl Entries {
+    /// An entry count.
+    pub fn new(holders: usize, waiters: usize) -> Self {
+        Entries { holders, waiters }
+    }
+
+    /// Holders and waiters together.
+    pub fn total(&self) -> usize {
+        self.holders + self.waiters
+    }
+}
+
+/// Looks at the server's records, for residue checks.
+#[async_trait]
+pub trait Inspector: Send + Sync {
+    /// The holder and waiter entries the server keeps for `name` (ZooKeeper: children of the
+    /// lock directory; Redis: owner key and queue; memory: the lock's state).
+    async fn entries(&self, name: &str) -> Result<Entries, LockError>;
+}

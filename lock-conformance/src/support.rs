@@ -1,0 +1,231 @@
+//! Tools the cases use, public so that a backend's own tests can use them too.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lock_core::{DistributedLock, FencingToken, Guard};
+
+use crate::harness::{Entries, Harness};
+use crate::outcome::CaseFailure;
+
+/// A lock name no other case or run uses: `{case}-{process}-{time}-{counter}`.
+///
+/// ```
+/// let a = lock_conformance::unique_name("a1");
+/// let b = lock_conformance::unique_name("a1");
+/// assert!(a.starts_with("a1-") && a != b);
+/// ```
+pub fn unique_name(case: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "{case}-{}-{nanos:x}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Counts how many holders are inside the critical section at once.
+#[derive(Debug, Default, Clone)]
+pub struct Occupancy {
+    inner: Arc<(AtomicUsize, AtomicUsize)>,
+}
+
+/// Inside the critical section until dropped.
+#[derive(Debug)]
+pub struct Occupant {
+    inner: Arc<(AtomicUsize, AtomicUsize)>,
+}
+
+impl Occupancy {
+    /// A counter at zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Enters the critical section.
+    pub fn enter(&self) -> Occupant {
+        let now = self.inner.0.fetch_add(1, Ordering::SeqCst) + 1;
+        self.inner.1.fetch_max(now, Ordering::SeqCst);
+        Occupant {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+
+    /// The most holders ever seen inside at once.
+    pub fn peak(&self) -> usize {
+        self.inner.1.load(Ordering::SeqCst)
+    }
+
+    /// Holders inside now.
+    pub fn current(&self) -> usize {
+        self.inner.0.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Occupant {
+    fn drop(&mut self) {
+        self.inner.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A store that rejects writes with a fencing token lower than the highest it has seen,
+/// as a resource protected by a lock should.
+#[derive(Debug, Default, Clone)]
+pub struct FencedStore {
+    inner: Arc<Mutex<StoreLog>>,
+}
+
+#[derive(Debug, Default)]
+struct StoreLog {
+    highest: Option<FencingToken>,
+    writes: Vec<(FencingToken, String)>,
+}
+
+/// A write carrying a token older than one already seen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("stale fencing token {offered}; the store has seen {highest}")]
+pub struct StaleToken {
+    /// The rejected token.
+    pub offered: FencingToken,
+    /// The highest token the store has accepted.
+    pub highest: FencingToken,
+}
+
+impl FencedStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Accepts `value` if `token` is at least the highest seen.
+    ///
+    /// # Errors
+    ///
+    /// [`StaleToken`] when a newer holder has already written.
+    pub fn write(&self, token: FencingToken, value: impl Into<String>) -> Result<(), StaleToken> {
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(highest) = inner.highest
+            && token < highest
+        {
+            return Err(StaleToken {
+                offered: token,
+                highest,
+            });
+        }
+        inner.highest = Some(token);
+        inner.writes.push((token, value.into()));
+        Ok(())
+    }
+
+    /// The accepted writes, in order.
+    pub fn writes(&self) -> Vec<(FencingToken, String)> {
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .writes
+            .clone()
+    }
+}
+
+/// Runs `future` for at most `bound`.
+///
+/// # Errors
+///
+/// A [`CaseFailure`] naming `what` and the bound when it takes longer.
+pub async fn within<F: Future>(
+    bound: Duration,
+    what: &str,
+    future: F,
+) -> Result<F::Output, CaseFailure> {
+    tokio::time::timeout(bound, future)
+        .await
+        .map_err(|_| CaseFailure::new(format!("{what} did not finish within {bound:?}")))
+}
+
+/// Polls `condition` until it holds or `bound` passes.
+///
+/// # Errors
+///
+/// A [`CaseFailure`] naming `what` when it never held.
+pub async fn eventually<F, Fut>(
+    bound: Duration,
+    what: &str,
+    mut condition: F,
+) -> Result<(), CaseFailure>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + bound;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        if condition().await {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(CaseFailure::new(format!("{what}: not so within {bound:?}")));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Takes the lock with one try, failing the case if it is busy.
+///
+/// # Errors
+///
+/// A [`CaseFailure`] when the lock is busy or the backend errs.
+pub async fn take(lock: &dyn DistributedLock, what: &str) -> Result<Guard, CaseFailure> {
+    match lock.try_acquire().await {
+        Ok(Some(guard)) => Ok(guard),
+        Ok(None) => Err(CaseFailure::new(format!(
+            "{what}: the lock {} was busy",
+            lock.name()
+        ))),
+        Err(error) => Err(CaseFailure::new(format!("{what}: {error}"))),
+    }
+}
+
+/// Waits until the server records nothing for `name` (no holder, no waiter), when the
+/// harness can look; passes at once otherwise.
+///
+/// # Errors
+///
+/// A [`CaseFailure`] naming the residue.
+pub async fn no_residue(harness: &dyn Harness, name: &str, what: &str) -> Result<(), CaseFailure> {
+    expect_entries(harness, name, Entries::new(0, 0), what).await
+}
+
+/// Waits until the server records exactly `expected` for `name`, when the harness can look.
+///
+/// # Errors
+///
+/// A [`CaseFailure`] naming what the server still records.
+pub async fn expect_entries(
+    harness: &dyn Harness,
+    name: &str,
+    expected: Entries,
+    what: &str,
+) -> Result<(), CaseFailure> {
+    let Some(inspector) = harness.inspector() else {
+        return Ok(());
+    };
+    let deadline = tokio::time::Instant::now() + harness.timing().operation_slack * 2;
+    loop {
+        let entries = inspector.entries(name).await;
+        if matches!(entries, Ok(ref e) if *e == expected) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(CaseFailure::new(format!(
+                "{what}: the server records {entries:?} for {name:?}; expected {expected:?}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -1,0 +1,323 @@
+//! Tests of the tests: deliberately broken backends, each of which must fail at least one
+//! named case of the suite.
+#![allow(
+    clippy::panic,
+    clippy::print_stderr,
+    reason = "test helpers outside #[test] functions report and fail like tests"
+)]
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use lock_conformance::memory::MemoryHarness;
+use lock_conformance::{Client, Faults, Harness, Inspector, Timing, async_trait, cases};
+use lock_core::memory::MemoryLockProvider;
+use lock_core::{
+    Capabilities, DistributedLock, FencingToken, Guard, GuardBackend, LockError, LockName,
+    LockProvider, LostNotifier, MetricsSnapshot, lost_signal,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mutation {
+    /// Grants a busy lock anyway.
+    NotExclusive,
+    /// A stale guard's release frees whoever holds the lock now.
+    UnconditionalRelease,
+    /// Tokens decrease.
+    NonMonotonicToken,
+    /// A dropped acquire leaves its waiter queued.
+    NotCancelSafe,
+    /// The lost signal never fires.
+    LostNeverFires,
+    /// Waiters poll, later arrivals faster: not FIFO, while declaring FIFO.
+    FifoViolated,
+}
+
+struct MutantHarness {
+    inner: MemoryHarness,
+    mutation: Mutation,
+    /// Counts acquire calls across all clients (FifoViolated).
+    arrivals: Arc<AtomicU64>,
+}
+
+#[derive(Debug)]
+struct MutantProvider {
+    inner: MemoryLockProvider,
+    mutation: Mutation,
+    arrivals: Arc<AtomicU64>,
+}
+
+#[derive(Debug)]
+struct MutantLock {
+    inner: Arc<dyn DistributedLock>,
+    provider: MemoryLockProvider,
+    mutation: Mutation,
+    arrivals: Arc<AtomicU64>,
+}
+
+struct MutantGuard {
+    inner: Guard,
+    provider: MemoryLockProvider,
+    mutation: Mutation,
+    /// Kept, never fired (LostNeverFires).
+    _silent: Option<LostNotifier>,
+}
+
+impl fmt::Debug for MutantGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MutantGuard")
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl GuardBackend for MutantGuard {
+    fn backend(&self) -> &'static str {
+        "mutant"
+    }
+
+    async fn release(&mut self) -> Result<(), LockError> {
+        match self.inner.release().await {
+            Err(LockError::Lost { .. }) if self.mutation == Mutation::UnconditionalRelease => {
+                // Frees whoever holds the lock now.
+                let _ = self.provider.revoke(self.inner.name().as_str());
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    fn release_on_drop(self: Box<Self>) {
+        drop(self.inner);
+    }
+}
+
+impl MutantLock {
+    fn wrap(&self, inner: Guard) -> Guard {
+        let name = inner.name().clone();
+        let token = match self.mutation {
+            Mutation::NonMonotonicToken => FencingToken(1_000_000 - inner.fencing_token().get()),
+            _ => inner.fencing_token(),
+        };
+        let (silent, lost) = if self.mutation == Mutation::LostNeverFires {
+            let (notifier, signal) = lost_signal();
+            (Some(notifier), signal)
+        } else {
+            (None, inner.lost())
+        };
+        Guard::new(
+            name,
+            token,
+            lost,
+            Box::new(MutantGuard {
+                inner,
+                provider: self.provider.clone(),
+                mutation: self.mutation,
+                _silent: silent,
+            }),
+        )
+    }
+
+    /// A guard for a lock that this client does not hold.
+    fn counterfeit(&self) -> Guard {
+        #[derive(Debug)]
+        struct Nothing;
+        #[async_trait]
+        impl GuardBackend for Nothing {
+            fn backend(&self) -> &'static str {
+                "mutant"
+            }
+            async fn release(&mut self) -> Result<(), LockError> {
+                Ok(())
+            }
+            fn release_on_drop(self: Box<Self>) {}
+        }
+        let (_notifier, lost) = lost_signal();
+        Guard::new(
+            self.inner.name().clone(),
+            FencingToken(u64::MAX),
+            lost,
+            Box::new(Nothing),
+        )
+    }
+}
+
+#[async_trait]
+impl DistributedLock for MutantLock {
+    fn name(&self) -> &LockName {
+        self.inner.name()
+    }
+
+    async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
+        match self.inner.try_acquire().await? {
+            Some(guard) => Ok(Some(self.wrap(guard))),
+            None if self.mutation == Mutation::NotExclusive => Ok(Some(self.counterfeit())),
+            None => Ok(None),
+        }
+    }
+
+    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
+        match self.mutation {
+            Mutation::NotExclusive => match self.inner.try_acquire().await? {
+                Some(guard) => Ok(self.wrap(guard)),
+                None => Ok(self.counterfeit()),
+            },
+            Mutation::NotCancelSafe => {
+                // The real waiter lives in a detached task that outlives a dropped caller.
+                let inner = Arc::clone(&self.inner);
+                let task = tokio::spawn(async move { inner.acquire(timeout).await });
+                let guard = task.await.map_err(|e| LockError::Backend {
+                    backend: "mutant",
+                    name: None,
+                    message: e.to_string(),
+                    retryable: false,
+                    source: None,
+                })??;
+                Ok(self.wrap(guard))
+            }
+            Mutation::FifoViolated => {
+                let arrival = self.arrivals.fetch_add(1, Ordering::SeqCst);
+                // The earliest arrival polls slowest, so a later one wins the next grant.
+                let pause =
+                    Duration::from_millis((500u64 >> arrival.min(8).saturating_mul(3)).max(2));
+                let deadline = timeout.and_then(|t| tokio::time::Instant::now().checked_add(t));
+                loop {
+                    if let Some(guard) = self.inner.try_acquire().await? {
+                        return Ok(self.wrap(guard));
+                    }
+                    if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                        return Err(LockError::Timeout {
+                            backend: "mutant",
+                            name: self.name().to_string(),
+                            waited: timeout.unwrap_or_default(),
+                        });
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+            }
+            _ => Ok(self.wrap(self.inner.acquire(timeout).await?)),
+        }
+    }
+}
+
+impl LockProvider for MutantProvider {
+    fn backend(&self) -> &'static str {
+        "mutant"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
+        Ok(Arc::new(MutantLock {
+            inner: self.inner.lock(name)?,
+            provider: self.inner.clone(),
+            mutation: self.mutation,
+            arrivals: Arc::clone(&self.arrivals),
+        }))
+    }
+    fn metrics(&self) -> MetricsSnapshot {
+        self.inner.metrics()
+    }
+}
+
+#[async_trait]
+impl Harness for MutantHarness {
+    async fn client(&self) -> Result<Client, LockError> {
+        let provider = self.inner.server().provider();
+        Ok(Client::new(Arc::new(MutantProvider {
+            inner: provider,
+            mutation: self.mutation,
+            arrivals: Arc::clone(&self.arrivals),
+        })))
+    }
+    fn timing(&self) -> Timing {
+        self.inner.timing()
+    }
+    fn faults(&self) -> Option<&dyn Faults> {
+        self.inner.faults()
+    }
+    fn inspector(&self) -> Option<&dyn Inspector> {
+        // A polling mutant queues nothing on the server: without an inspector, A9 must
+        // catch it by the grant order alone.
+        match self.mutation {
+            Mutation::FifoViolated => None,
+            _ => self.inner.inspector(),
+        }
+    }
+}
+
+/// Runs the named cases against the mutant; returns the ids of those that failed.
+fn failing_cases(mutation: Mutation, ids: &[&str]) -> Vec<String> {
+    lock_conformance::runner::block_on(async {
+        let mut failed = Vec::new();
+        for id in ids {
+            let harness = MutantHarness {
+                inner: MemoryHarness::new(),
+                mutation,
+                arrivals: Arc::new(AtomicU64::new(0)),
+            };
+            let case = cases::find(id).unwrap_or_else(|| panic!("no case {id}"));
+            let result = (case.run)(&harness).await;
+            if let Err(failure) = result {
+                eprintln!("{mutation:?} fails {id}: {failure}");
+                failed.push((*id).to_owned());
+            }
+        }
+        failed
+    })
+}
+
+#[test]
+fn not_exclusive_is_caught() {
+    let failed = failing_cases(Mutation::NotExclusive, &["A2", "A7", "A8"]);
+    assert_eq!(failed, ["A2", "A7", "A8"]);
+}
+
+#[test]
+fn unconditional_release_is_caught() {
+    let failed = failing_cases(Mutation::UnconditionalRelease, &["C3"]);
+    assert_eq!(failed, ["C3"]);
+}
+
+#[test]
+fn non_monotonic_token_is_caught() {
+    let failed = failing_cases(Mutation::NonMonotonicToken, &["E1", "E2"]);
+    assert_eq!(failed, ["E1", "E2"]);
+}
+
+#[test]
+fn not_cancel_safe_is_caught() {
+    let failed = failing_cases(Mutation::NotCancelSafe, &["B5", "B6"]);
+    assert!(!failed.is_empty(), "no cancellation case caught the mutant");
+}
+
+#[test]
+fn lost_signal_never_firing_is_caught() {
+    let failed = failing_cases(Mutation::LostNeverFires, &["D1", "D2"]);
+    assert_eq!(failed, ["D1", "D2"]);
+}
+
+#[test]
+fn fifo_violation_is_caught() {
+    let failed = failing_cases(Mutation::FifoViolated, &["A9"]);
+    assert_eq!(failed, ["A9"]);
+}
+
+/// The unmutated wrapper passes the same cases: the mutants fail for their mutation only.
+#[test]
+fn the_wrapper_itself_is_sound() {
+    lock_conformance::runner::block_on(async {
+        for id in [
+            "A2", "A7", "A8", "A9", "B5", "B6", "C3", "D1", "D2", "E1", "E2",
+        ] {
+            let harness = MemoryHarness::new();
+            let case = cases::find(id).unwrap();
+            if let Err(failure) = (case.run)(&harness).await {
+                panic!("{id} fails on the plain memory backend: {failure}");
+            }
+        }
+    });
+}
