@@ -263,4 +263,12 @@ pub trait Inspector: Send + Sync {
     /// The holder and waiter entries the server keeps for `name` (ZooKeeper: children of the
     /// lock directory; Redis: owner key and queue; memory: the lock's state).
     async fn entries(&self, name: &str) -> Result<Entries, LockError>;
+
+    /// Whether waiters leave entries on the server. A backend whose waiters only watch
+    /// (ZooKeeper's single-node lock) or poll keeps none: its [`entries`](Inspector::entries)
+    /// report zero waiters, and the cases wait the operation slack where they would wait for
+    /// a waiter to be queued.
+    fn records_waiters(&self) -> bool {
+        true
+    }
 }
