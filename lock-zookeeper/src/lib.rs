@@ -7,31 +7,48 @@
 //! [`SequentialChildren`](ZkStrategy::SequentialChildren) recipe and the herd-free
 //! [`SequentialPredecessor`](ZkStrategy::SequentialPredecessor) recipe (the default) — and
 //! node names compatible with Curator or kazoo, so that those clients and distlock exclude
-//! each other on one path.
+//! each other on one path: every child of a lock directory whose name ends in a sequence
+//! number counts as a contender, ordered by that number.
 //!
-//! # Status
+//! ```no_run
+//! use lock_core::LockProvider;
+//! use lock_zookeeper::ZkLockProvider;
 //!
-//! This release provides the [configuration](ZkConfig) and its connection-URL syntax:
+//! # async fn demo() -> Result<(), lock_core::LockError> {
+//! let locks = ZkLockProvider::connect_url("zk://127.0.0.1:2181/apps?session_timeout=6s").await?;
+//! let mut guard = locks.lock("billing")?.acquire(None).await?;
+//! // ... pass guard.fencing_token() with every write; watch guard.lost() ...
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Behaviour under faults
+//!
+//! - A create whose reply is lost is recovered by the uuid in the node's name: the node is
+//!   adopted only if this session owns it.
+//! - Dropping an `acquire` future, a timeout, or an error removes the contender's node, in
+//!   the background if need be, retried until it succeeds or the session ends.
+//! - While the connection is down, guards are [suspect](lock_core::Guard::is_suspect); once
+//!   the disconnection outlasts the negotiated session timeout, or the session expires, or
+//!   the guard's node is deleted by someone else, the guard's lost signal fires.
+//! - A held guard never moves to a new session; the provider opens a new session only for
+//!   new acquisitions.
+//!
+//! # URL
 //!
 //! ```text
 //! zk://[user:password@]host1:port1,host2:port2[/chroot]?session_timeout=10s&connect_timeout=5s
 //!     &strategy=predecessor&root=/distlock&node_format=curator&acl=open
 //! ```
-//!
-//! ```
-//! use lock_zookeeper::{ZkConfig, ZkStrategy};
-//!
-//! let config = ZkConfig::from_url("zk://zk1:2181,zk2:2181/apps?strategy=children")?;
-//! assert_eq!(config.hosts, ["zk1:2181", "zk2:2181"]);
-//! assert_eq!(config.chroot.as_deref(), Some("/apps"));
-//! assert_eq!(config.strategy, ZkStrategy::SequentialChildren);
-//! # Ok::<(), lock_core::LockError>(())
-//! ```
-//!
-//! The lock provider itself (sessions, the three strategies, read-write locks and
-//! semaphores) is specified in the project's design document (section 3, "ZooKeeper
-//! backend") and is not part of this release yet.
 
 mod config;
+mod error;
+mod guard;
+mod lock;
+mod node;
+mod provider;
+mod session;
 
 pub use config::{AclPolicy, DigestAuth, NodeNameFormat, ZkConfig, ZkStrategy};
+pub use lock::ZkLock;
+pub use provider::ZkLockProvider;

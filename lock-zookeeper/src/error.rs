@@ -1,0 +1,65 @@
+//! ZooKeeper client errors as lock errors.
+
+use lock_core::LockError;
+use zookeeper_client::Error as ZkError;
+
+pub(crate) const BACKEND: &str = "zookeeper";
+
+/// Maps a client error, naming the lock when there is one.
+pub(crate) fn lock_error(error: ZkError, name: Option<&str>) -> LockError {
+    let name = name.map(str::to_owned);
+    match error {
+        ZkError::ConnectionLoss | ZkError::Timeout | ZkError::NoHosts => LockError::Connection {
+            backend: BACKEND,
+            name,
+            message: error.to_string(),
+            source: Some(Box::new(error)),
+        },
+        ZkError::SessionExpired | ZkError::ClientClosed | ZkError::SessionMoved => {
+            LockError::SessionExpired {
+                backend: BACKEND,
+                name,
+            }
+        }
+        ZkError::AuthFailed => LockError::Auth {
+            backend: BACKEND,
+            message: error.to_string(),
+        },
+        ZkError::NoAuth => LockError::PermissionDenied {
+            backend: BACKEND,
+            name,
+            message: "the node's ACL does not allow this client (wrong or missing credentials)"
+                .to_owned(),
+        },
+        ZkError::Throttled => LockError::Backend {
+            backend: BACKEND,
+            name,
+            message: error.to_string(),
+            retryable: true,
+            source: Some(Box::new(error)),
+        },
+        other => LockError::Backend {
+            backend: BACKEND,
+            name,
+            message: other.to_string(),
+            retryable: false,
+            source: Some(Box::new(other)),
+        },
+    }
+}
+
+/// Whether a request may or may not have reached the server: its outcome is unknown.
+pub(crate) fn outcome_unknown(error: &ZkError) -> bool {
+    matches!(error, ZkError::ConnectionLoss | ZkError::Timeout)
+}
+
+/// Whether the session is over: nothing more can be done with this client.
+pub(crate) fn session_over(error: &ZkError) -> bool {
+    matches!(
+        error,
+        ZkError::SessionExpired
+            | ZkError::ClientClosed
+            | ZkError::SessionMoved
+            | ZkError::AuthFailed
+    )
+}

@@ -1,0 +1,347 @@
+//! Held locks, and the clean-up of nodes that nobody will use: after a cancel, a timeout,
+//! an error, or a guard dropped without release.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{
+    Guard, GuardBackend, LockError, LockName, LossReason, LostNotifier, LostSignal, Metrics,
+    lost_signal,
+};
+use uuid::Uuid;
+use zookeeper_client::{Error as ZkError, EventType};
+
+use crate::error::{BACKEND, lock_error, outcome_unknown, session_over};
+use crate::lock::token;
+use crate::node::has_uuid;
+use crate::provider::Shared;
+use crate::session::Session;
+
+/// How a background clean-up backs off while the connection is down.
+const CLEANUP_PAUSE: Duration = Duration::from_millis(200);
+
+/// What a contender may have left on the server, and how to recognise it.
+#[derive(Debug, Clone)]
+pub(crate) enum Claim {
+    /// A sequential node named with `uuid`; its name once the create was confirmed.
+    Sequential { uuid: Uuid, node: Option<String> },
+    /// The single-node lock `{dir}/lock`, ours if it holds `uuid` and our session owns it.
+    Single { uuid: Uuid },
+    /// A granted node at a known path, with its creation zxid.
+    Granted { path: String, czxid: i64 },
+}
+
+/// An acquisition in progress. Dropped while armed, it removes the contender's node in the
+/// background.
+pub(crate) struct Pending {
+    session: Weak<Session>,
+    dir: String,
+    claim: Claim,
+    armed: bool,
+}
+
+impl Pending {
+    pub(crate) fn new(session: &Arc<Session>, dir: &str, claim: Claim) -> Self {
+        Pending {
+            session: Arc::downgrade(session),
+            dir: dir.to_owned(),
+            claim,
+            armed: true,
+        }
+    }
+
+    pub(crate) fn set_node(&mut self, name: String) {
+        if let Claim::Sequential { node, .. } = &mut self.claim {
+            *node = Some(name);
+        }
+    }
+
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    /// Removes the node now (timeout, try that lost); on failure leaves it to the background.
+    pub(crate) async fn remove_now(&mut self, metrics: &Metrics) {
+        let Some(session) = self.session.upgrade() else {
+            self.armed = false;
+            return;
+        };
+        metrics.record_server_requests(1);
+        match remove(&session, &self.dir, &self.claim).await {
+            Ok(()) => self.armed = false,
+            Err(error) => {
+                tracing::debug!(%error, "zookeeper: removal failed; retrying in the background")
+            }
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if self.armed {
+            clean_up_in_background(self.session.clone(), self.dir.clone(), self.claim.clone());
+        }
+    }
+}
+
+/// Removes what `claim` names, if it is still there and ours.
+async fn remove(session: &Session, dir: &str, claim: &Claim) -> Result<(), ZkError> {
+    let client = &session.client;
+    match claim {
+        Claim::Sequential {
+            node: Some(node), ..
+        } => ignore_gone(client.delete(&format!("{dir}/{node}"), None).await),
+        Claim::Sequential { uuid, node: None } => {
+            // The create's outcome is unknown: find the node by its uuid.
+            let children = match client.list_children(dir).await {
+                Ok(children) => children,
+                Err(ZkError::NoNode) => return Ok(()),
+                Err(error) => return Err(error),
+            };
+            for child in children.into_iter().filter(|child| has_uuid(child, *uuid)) {
+                ignore_gone(client.delete(&format!("{dir}/{child}"), None).await)?;
+            }
+            Ok(())
+        }
+        Claim::Single { uuid } => {
+            let path = format!("{dir}/lock");
+            match client.get_data(&path).await {
+                Ok((data, stat))
+                    if stat.ephemeral_owner == session.id && data == uuid.as_bytes() =>
+                {
+                    ignore_gone(client.delete(&path, Some(stat.version)).await)
+                }
+                Ok(_) | Err(ZkError::NoNode) => Ok(()),
+                Err(error) => Err(error),
+            }
+        }
+        Claim::Granted { path, czxid } => match client.check_stat(path).await? {
+            Some(stat) if stat.ephemeral_owner == session.id && stat.czxid == *czxid => {
+                ignore_gone(client.delete(path, Some(stat.version)).await)
+            }
+            _ => Ok(()),
+        },
+    }
+}
+
+fn ignore_gone(result: Result<(), ZkError>) -> Result<(), ZkError> {
+    match result {
+        Err(ZkError::NoNode | ZkError::BadVersion) => Ok(()),
+        other => other,
+    }
+}
+
+/// Retries [`remove`] until it succeeds or the session is gone (which removes the node anyway).
+fn clean_up_in_background(session: Weak<Session>, dir: String, claim: Claim) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::debug!(
+            ?claim,
+            "zookeeper: no runtime for clean-up; the session's end will remove the node"
+        );
+        return;
+    };
+    runtime.spawn(async move {
+        loop {
+            let Some(session) = session.upgrade() else {
+                return;
+            };
+            if session.is_over() {
+                return;
+            }
+            match remove(&session, &dir, &claim).await {
+                Ok(()) => return,
+                Err(error) if session_over(&error) => return,
+                Err(error) if outcome_unknown(&error) => {}
+                Err(error) => {
+                    tracing::warn!(%error, ?claim, "zookeeper: cannot remove an abandoned node");
+                    return;
+                }
+            }
+            drop(session);
+            tokio::time::sleep(CLEANUP_PAUSE).await;
+        }
+    });
+}
+
+/// Turns a granted node into a guard: lost signal registered with the session, and a
+/// watch on the node so that a deletion by someone else is noticed.
+pub(crate) fn grant(
+    shared: &Shared,
+    session: &Arc<Session>,
+    name: &LockName,
+    path: String,
+    czxid: i64,
+    checked: bool,
+) -> Guard {
+    shared.metrics.record_grant();
+    let (notifier, lost) = lost_signal();
+    let registration = session.register(notifier.clone());
+    let releasing = Arc::new(AtomicBool::new(false));
+    tokio::spawn(watch_own_node(
+        Arc::downgrade(session),
+        path.clone(),
+        notifier,
+        Arc::clone(&releasing),
+    ));
+    let backend = ZkGuard {
+        session: Arc::downgrade(session),
+        metrics: Arc::clone(&shared.metrics),
+        name: name.to_string(),
+        path,
+        czxid,
+        checked,
+        registration,
+        releasing,
+        lost: lost.clone(),
+    };
+    Guard::new(name.clone(), token(czxid), lost, Box::new(backend))
+}
+
+/// Fires the lost signal if the node goes away while nobody is releasing it.
+async fn watch_own_node(
+    session: Weak<Session>,
+    path: String,
+    notifier: LostNotifier,
+    releasing: Arc<AtomicBool>,
+) {
+    loop {
+        let watched = {
+            let Some(session) = session.upgrade() else {
+                return;
+            };
+            session.client.get_and_watch_data(&path).await
+        };
+        let event = match watched {
+            Ok((_, _, watcher)) => watcher.changed().await,
+            Err(ZkError::NoNode) => {
+                if !releasing.load(Ordering::Acquire) {
+                    notifier.fire(LossReason::EntryRemoved);
+                }
+                return;
+            }
+            // The session's monitor reports session-level losses.
+            Err(_) => return,
+        };
+        match event.event_type {
+            EventType::NodeDeleted => {
+                if !releasing.load(Ordering::Acquire) {
+                    notifier.fire(LossReason::EntryRemoved);
+                }
+                return;
+            }
+            EventType::Session => return,
+            // Data or children changed: watch again.
+            _ => {}
+        }
+    }
+}
+
+/// The backend side of a ZooKeeper guard.
+struct ZkGuard {
+    /// Weak: a guard never keeps its session open (the provider is the session).
+    session: Weak<Session>,
+    metrics: Arc<Metrics>,
+    name: String,
+    path: String,
+    czxid: i64,
+    /// The single-node lock's path is shared: delete only after checking owner and czxid.
+    checked: bool,
+    registration: u64,
+    releasing: Arc<AtomicBool>,
+    lost: LostSignal,
+}
+
+impl ZkGuard {
+    fn lost_error(&self, reason: LossReason) -> LockError {
+        LockError::Lost {
+            backend: BACKEND,
+            name: self.name.clone(),
+            reason: self.lost.reason().unwrap_or(reason),
+        }
+    }
+}
+
+impl fmt::Debug for ZkGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkGuard")
+            .field("path", &self.path)
+            .field("czxid", &self.czxid)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl GuardBackend for ZkGuard {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn release(&mut self) -> Result<(), LockError> {
+        let Some(session) = self.session.upgrade() else {
+            return Err(self.lost_error(LossReason::SessionExpired));
+        };
+        if session.is_over() {
+            return Err(self.lost_error(LossReason::SessionExpired));
+        }
+        self.releasing.store(true, Ordering::Release);
+        self.metrics
+            .record_server_requests(1 + u64::from(self.checked));
+        let result = if self.checked {
+            match session.client.check_stat(&self.path).await {
+                Ok(Some(stat))
+                    if stat.ephemeral_owner == session.id && stat.czxid == self.czxid =>
+                {
+                    session.client.delete(&self.path, Some(stat.version)).await
+                }
+                Ok(_) => Err(ZkError::NoNode),
+                Err(error) => Err(error),
+            }
+        } else {
+            session.client.delete(&self.path, None).await
+        };
+        match result {
+            Ok(()) => {
+                session.unregister(self.registration);
+                Ok(())
+            }
+            Err(ZkError::NoNode | ZkError::BadVersion) => {
+                session.unregister(self.registration);
+                Err(self.lost_error(LossReason::EntryRemoved))
+            }
+            Err(error) if session_over(&error) => Err(self.lost_error(LossReason::SessionExpired)),
+            Err(error) => {
+                self.releasing.store(false, Ordering::Release);
+                Err(lock_error(error, Some(&self.name)))
+            }
+        }
+    }
+
+    fn release_on_drop(self: Box<Self>) {
+        self.releasing.store(true, Ordering::Release);
+        if let Some(session) = self.session.upgrade() {
+            session.unregister(self.registration);
+        }
+        self.metrics.record_server_requests(1);
+        let dir = self
+            .path
+            .rsplit_once('/')
+            .map_or(String::new(), |(dir, _)| dir.to_owned());
+        clean_up_in_background(
+            self.session.clone(),
+            dir,
+            Claim::Granted {
+                path: self.path.clone(),
+                czxid: self.czxid,
+            },
+        );
+    }
+
+    fn is_suspect(&self) -> bool {
+        self.session
+            .upgrade()
+            .is_some_and(|session| session.is_suspect())
+    }
+}

@@ -1,0 +1,206 @@
+//! The ZooKeeper lock provider: one session, shared by its locks.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use lock_core::{
+    Capabilities, DistributedLock, Fencing, LockError, LockName, LockProvider, Metrics,
+    MetricsSnapshot, WaitKind,
+};
+
+use crate::config::{ZkConfig, ZkStrategy};
+use crate::error::BACKEND;
+use crate::lock::ZkLock;
+use crate::node::lock_dir;
+use crate::session::Session;
+
+/// A distlock provider on a ZooKeeper ensemble: one ZooKeeper session, shared by every
+/// lock it hands out.
+///
+/// The provider is the session (see [`LockProvider`]): dropping its last handle closes the
+/// session, which frees its locks at once. If the session expires, every guard of it is
+/// lost and the provider opens a new session for later acquisitions; it never moves a held
+/// guard to a new session.
+///
+/// ```no_run
+/// use lock_core::LockProvider;
+/// use lock_zookeeper::{ZkConfig, ZkLockProvider};
+///
+/// # async fn demo() -> Result<(), lock_core::LockError> {
+/// let locks = ZkLockProvider::connect(ZkConfig::from_url("zk://127.0.0.1:2181")?).await?;
+/// let mut guard = locks.lock("reports/nightly")?.acquire(None).await?;
+/// println!("fencing token {}", guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ZkLockProvider {
+    shared: Arc<Shared>,
+    _owner: Arc<Owner>,
+}
+
+/// What the provider's lock handles share.
+pub(crate) struct Shared {
+    pub(crate) config: ZkConfig,
+    pub(crate) metrics: Arc<Metrics>,
+    session: Mutex<Option<Arc<Session>>>,
+    /// Serialises opening a replacement session.
+    opening: tokio::sync::Mutex<()>,
+    closed: AtomicBool,
+}
+
+/// Held only by the provider's handles: the session closes when the last one goes.
+struct Owner {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::Release);
+        // Dropping the last client of the session closes it; in-flight calls finish first.
+        let session = self
+            .shared
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop(session);
+    }
+}
+
+impl ZkLockProvider {
+    /// Connects to the ensemble and opens a session.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] for an invalid configuration; [`LockError::Connection`]
+    /// (retryable) when no server answers within the connect timeout.
+    pub async fn connect(config: ZkConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let session = Session::open(&config).await?;
+        let shared = Arc::new(Shared {
+            config,
+            metrics: Arc::new(Metrics::new()),
+            session: Mutex::new(Some(session)),
+            opening: tokio::sync::Mutex::new(()),
+            closed: AtomicBool::new(false),
+        });
+        Ok(ZkLockProvider {
+            _owner: Arc::new(Owner {
+                shared: Arc::clone(&shared),
+            }),
+            shared,
+        })
+    }
+
+    /// Connects with a `zk://` URL; see [`ZkConfig::from_url`].
+    ///
+    /// # Errors
+    ///
+    /// As [`ZkConfig::from_url`] and [`ZkLockProvider::connect`].
+    pub async fn connect_url(url: &str) -> Result<Self, LockError> {
+        Self::connect(ZkConfig::from_url(url)?).await
+    }
+
+    /// The configuration this provider runs with.
+    pub fn config(&self) -> &ZkConfig {
+        &self.shared.config
+    }
+
+    /// The current session's id (`ephemeralOwner` of the nodes it creates), if one is open.
+    pub fn session_id(&self) -> Option<i64> {
+        self.shared.current().map(|session| session.id)
+    }
+
+    /// The current session's client, for tests and tools that need to look at or act on
+    /// the session (for example to make it expire from outside).
+    pub fn client(&self) -> Option<zookeeper_client::Client> {
+        self.shared.current().map(|session| session.client.clone())
+    }
+}
+
+impl Shared {
+    fn current(&self) -> Option<Arc<Session>> {
+        self.session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The live session, opening a new one if the last one is over.
+    pub(crate) async fn session(&self, name: &LockName) -> Result<Arc<Session>, LockError> {
+        let closed = || LockError::SessionExpired {
+            backend: BACKEND,
+            name: Some(name.to_string()),
+        };
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        if let Some(session) = self.current()
+            && !session.is_over()
+        {
+            return Ok(session);
+        }
+        let _opening = self.opening.lock().await;
+        if let Some(session) = self.current()
+            && !session.is_over()
+        {
+            return Ok(session);
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        tracing::info!(lock = %name, "zookeeper: the session is over; opening a new one");
+        let session = Session::open(&self.config).await?;
+        *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&session));
+        Ok(session)
+    }
+}
+
+impl fmt::Debug for ZkLockProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkLockProvider")
+            .field("hosts", &self.shared.config.hosts)
+            .field("root", &self.shared.config.root)
+            .field("strategy", &self.shared.config.strategy)
+            .field("session", &self.session_id().map(|id| format!("{id:#x}")))
+            .finish()
+    }
+}
+
+impl LockProvider for ZkLockProvider {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let strategy = self.shared.config.strategy;
+        let (wait, fifo) = match strategy {
+            ZkStrategy::SingleNode => (WaitKind::NotifyAll, false),
+            ZkStrategy::SequentialChildren => (WaitKind::NotifyAll, true),
+            _ => (WaitKind::NotifyOne, true),
+        };
+        let session_timeout = self
+            .shared
+            .current()
+            .map_or(self.shared.config.session_timeout, |session| {
+                session.timeout()
+            });
+        Capabilities::new(wait)
+            .with_fencing(Fencing::Monotonic)
+            .with_lost_detection(true)
+            .with_fifo(fifo)
+            .with_crash_release_bound(Some(session_timeout))
+    }
+
+    fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
+        let name = LockName::new(name)?;
+        let dir = lock_dir(&self.shared.config.root, &name);
+        Ok(Arc::new(ZkLock::new(Arc::clone(&self.shared), name, dir)))
+    }
+
+    fn metrics(&self) -> MetricsSnapshot {
+        self.shared.metrics.snapshot()
+    }
+}
