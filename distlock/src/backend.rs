@@ -91,17 +91,18 @@ impl BackendConfig {
     ///
     /// # Errors
     ///
-    /// [`LockError::Unsupported`] for the ZooKeeper, Redis and Redlock backends, whose
-    /// providers are not available in this release (their configuration is parsed and
-    /// validated); later, connection and authentication errors from the backend.
+    /// [`LockError::Connection`] (retryable) when the servers cannot be reached,
+    /// authentication errors from the backend, and [`LockError::Unsupported`] for the Redis
+    /// and Redlock backends, whose providers are not available in this release (their
+    /// configuration is parsed and validated).
     pub async fn connect(self) -> Result<Arc<dyn LockProvider>, LockError> {
         match self {
             #[cfg(feature = "memory")]
             BackendConfig::Memory(config) => Ok(config.connect()),
             #[cfg(feature = "zookeeper")]
-            BackendConfig::ZooKeeper(_config) => {
-                Err(provider_unavailable("zookeeper", "ZooKeeper"))
-            }
+            BackendConfig::ZooKeeper(config) => Ok(Arc::new(
+                lock_zookeeper::ZkLockProvider::connect(config).await?,
+            )),
             #[cfg(feature = "redis")]
             BackendConfig::Redis(_config) => Err(provider_unavailable("redis", "Redis")),
             #[cfg(feature = "redis")]
@@ -110,7 +111,7 @@ impl BackendConfig {
     }
 }
 
-#[cfg(any(feature = "zookeeper", feature = "redis"))]
+#[cfg(feature = "redis")]
 fn provider_unavailable(backend: &'static str, display: &str) -> LockError {
     LockError::Unsupported {
         backend,

@@ -59,7 +59,7 @@
 //! | `redis`, `rediss` | `redis://[user[:password]@]host[:port][/db]` (port 6379, db 0); `rediss` uses TLS | `prefix` (`lock`), `ttl` (`30s`, 100ms–1 day), `strategy` = `polling`\|`pubsub`\|`queue` (`queue`) |
 //! | `redlock` | `redlock://[user:password@]h1[:p],h2,h3[/db]` — independent servers, quorum N/2+1 | `prefix` (`lock`), `ttl` (`30s`), `retry_count` (`3`), `retry_delay` (`200ms`), `drift_factor` (`0.01`), `tls` (`false`) |
 //!
-//! The ZooKeeper and Redis URLs are parsed and validated in this release, but their lock
+//! The Redis and Redlock URLs are parsed and validated in this release, but their lock
 //! providers are not available yet: [`connect`] returns [`LockError::Unsupported`] for them.
 //!
 //! # Not re-entrant

@@ -306,13 +306,48 @@ mod zookeeper {
     }
 
     #[tokio::test]
-    async fn provider_is_not_available_yet() {
-        let e = distlock::connect("zk://localhost:2181").await.unwrap_err();
-        let LockError::Unsupported { backend, what } = &e else {
-            panic!("expected Unsupported, got {e:?}");
-        };
-        assert_eq!(*backend, "zookeeper");
-        assert!(what.contains("parsed and validated"), "{what}");
+    async fn an_unreachable_ensemble_is_a_bounded_retryable_connection_error() {
+        let port = lock_conformance::servers::free_port().unwrap();
+        let started = std::time::Instant::now();
+        let e = distlock::connect(&format!("zk://127.0.0.1:{port}?connect_timeout=1s"))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, LockError::Connection { .. }), "{e}");
+        assert!(e.is_retryable());
+        assert!(
+            e.to_string().contains(&port.to_string()),
+            "names the address: {e}"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_real_server_serves_locks_through_the_facade() {
+        let server = lock_conformance::servers::shared_zk().unwrap();
+        let url = format!("zk://{}?session_timeout=2s", server.connect_string());
+        let (a, b) = (
+            distlock::connect(&url).await.unwrap(),
+            distlock::connect(&url).await.unwrap(),
+        );
+        assert_eq!(a.backend(), "zookeeper");
+        let name = lock_conformance::unique_name("facade");
+        let mut held = a.lock(&name).unwrap().try_acquire().await.unwrap().unwrap();
+        assert!(
+            b.lock(&name)
+                .unwrap()
+                .try_acquire()
+                .await
+                .unwrap()
+                .is_none()
+        );
+        held.release().await.unwrap();
+        let mut next = b.lock(&name).unwrap().try_acquire().await.unwrap().unwrap();
+        assert!(next.fencing_token() > held.fencing_token());
+        next.release().await.unwrap();
     }
 }
 
