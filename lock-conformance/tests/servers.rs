@@ -14,8 +14,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lock_conformance::servers::{
-    EtcdOptions, EtcdServer, REDIS_ENV, RedisOptions, RedisServer, RedisTarget, ServerError,
-    ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget, shared_redis, shared_zk,
+    EtcdOptions, EtcdServer, LocalServer, REDIS_ENV, RedisOptions, RedisServer, RedisTarget,
+    ServerError, ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget, shared_redis, shared_zk,
 };
 
 /// Set in the child test process that starts shared servers and then exits without
@@ -72,6 +72,32 @@ fn assert_stopped(what: &str, pid: u32, ports: &[u16]) {
             eventually(Duration::from_secs(2), || port_free(port)),
             "{what}: port {port} still in use after drop"
         );
+    }
+}
+
+/// Less than `bound` has passed since `began`.
+fn assert_within(began: Instant, bound: Duration) {
+    let took = began.elapsed();
+    assert!(took < bound, "took {took:?} (bound {bound:?})");
+}
+
+/// The package and detail of a [`ServerError::NotInstalled`]; any other error fails.
+fn not_installed(err: &ServerError) -> (&str, &str) {
+    match err {
+        ServerError::NotInstalled { package, detail } => (package, detail),
+        other => panic!("expected NotInstalled, got {other:?}"),
+    }
+}
+
+/// The server, detail and log tail of a [`ServerError::Startup`]; any other error fails.
+fn startup_error(err: &ServerError) -> (&str, &str, &str) {
+    match err {
+        ServerError::Startup {
+            server,
+            detail,
+            log_tail,
+        } => (server, detail, log_tail),
+        other => panic!("expected Startup, got {other:?}"),
     }
 }
 
@@ -375,13 +401,9 @@ async fn missing_binaries_are_reported_promptly() {
     let err = ZkServer::start(fast_zk().with_jar("/nonexistent/zookeeper.jar"))
         .await
         .unwrap_err();
-    match &err {
-        ServerError::NotInstalled { package, detail } => {
-            assert_eq!(package, "zookeeper");
-            assert!(detail.contains("/nonexistent/zookeeper.jar"), "{detail}");
-        }
-        other => panic!("expected NotInstalled, got {other:?}"),
-    }
+    let (package, detail) = not_installed(&err);
+    assert_eq!(package, "zookeeper");
+    assert!(detail.contains("/nonexistent/zookeeper.jar"), "{detail}");
     let text = err.to_string();
     assert!(
         text.contains("ZooKeeper not found") && text.contains("`zookeeper`"),
@@ -391,18 +413,12 @@ async fn missing_binaries_are_reported_promptly() {
     let err = ZkEnsemble::start(3, fast_zk().with_java("/nonexistent/bin/java"))
         .await
         .unwrap_err();
-    assert!(
-        matches!(&err, ServerError::NotInstalled { package, .. } if package == "default-jre-headless"),
-        "{err:?}"
-    );
+    assert_eq!(not_installed(&err).0, "default-jre-headless");
 
     let err = RedisServer::start(RedisOptions::default().with_binary("/nonexistent/redis-server"))
         .await
         .unwrap_err();
-    assert!(
-        matches!(&err, ServerError::NotInstalled { package, .. } if package == "redis-server"),
-        "{err:?}"
-    );
+    assert_eq!(not_installed(&err).0, "redis-server");
 
     let err =
         RedisServer::start(RedisOptions::default().with_binary("no-such-redis-server-binary"))
@@ -413,16 +429,9 @@ async fn missing_binaries_are_reported_promptly() {
     let err = EtcdServer::start_with(EtcdOptions::default().with_binary("/nonexistent/etcd"))
         .await
         .unwrap_err();
-    assert!(
-        matches!(&err, ServerError::NotInstalled { package, .. } if package == "etcd-server"),
-        "{err:?}"
-    );
+    assert_eq!(not_installed(&err).0, "etcd-server");
 
-    assert!(
-        began.elapsed() < Duration::from_secs(1),
-        "took {:?}",
-        began.elapsed()
-    );
+    assert_within(began, Duration::from_secs(1));
 }
 
 #[tokio::test]
@@ -432,23 +441,11 @@ async fn startup_failure_quotes_the_log() {
     let err = RedisServer::start(RedisOptions::default().with_arg("--no-such-option"))
         .await
         .unwrap_err();
-    assert!(
-        began.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        began.elapsed()
-    );
-    match &err {
-        ServerError::Startup {
-            server,
-            detail,
-            log_tail,
-        } => {
-            assert_eq!(server, "Redis");
-            assert!(detail.contains("exited"), "{detail}");
-            assert!(log_tail.contains("no-such-option"), "{log_tail}");
-        }
-        other => panic!("expected Startup, got {other:?}"),
-    }
+    assert_within(began, Duration::from_secs(5));
+    let (server, detail, log_tail) = startup_error(&err);
+    assert_eq!(server, "Redis");
+    assert!(detail.contains("exited"), "{detail}");
+    assert!(log_tail.contains("no-such-option"), "{log_tail}");
 }
 
 #[tokio::test]
@@ -465,17 +462,9 @@ async fn taken_port_is_reported_after_bounded_retries() {
     )
     .await
     .unwrap_err();
-    assert!(
-        began.elapsed() < Duration::from_secs(10),
-        "{:?}",
-        began.elapsed()
-    );
-    match &err {
-        ServerError::Startup { log_tail, .. } => {
-            assert!(log_tail.contains("already in use"), "{log_tail}");
-        }
-        other => panic!("expected Startup, got {other:?}"),
-    }
+    assert_within(began, Duration::from_secs(10));
+    let (_, _, log_tail) = startup_error(&err);
+    assert!(log_tail.contains("already in use"), "{log_tail}");
 }
 
 // ---- targets and shared servers -------------------------------------------------------
@@ -723,11 +712,7 @@ async fn containers_skip_quickly_without_an_engine() {
                 .unwrap_err();
             assert!(redis.is_no_container_engine(), "{redis:?}");
             eprintln!("skip reason: {zk}");
-            assert!(
-                began.elapsed() < Duration::from_secs(10),
-                "the skip took {:?}",
-                began.elapsed()
-            );
+            assert_within(began, Duration::from_secs(10));
         }
         Ok(()) => {
             let zk = ZkContainer::start(&fast_zk()).await.unwrap();

@@ -14,11 +14,10 @@ use std::time::{Duration, Instant};
 
 use testcontainers::core::{IntoContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
-use testcontainers::{ContainerAsync, GenericImage, ImageExt};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use testcontainers::{ContainerAsync, ContainerRequest, GenericImage, ImageExt};
 use tracing::{debug, info};
 
-use super::probe::{Probe, four_letter};
+use super::probe::{Probe, exchange, four_letter};
 use super::redis::redis_url;
 use super::{RedisOptions, ServerError, ZkOptions};
 
@@ -82,17 +81,8 @@ fn locate_engine() -> Result<Engine, ServerError> {
     }
 }
 
-async fn ping<S>(mut stream: S) -> std::io::Result<String>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    stream
-        .write_all(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
-        .await?;
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).await?;
-    Ok(String::from_utf8_lossy(&answer).into_owned())
-}
+/// The engine's liveness request.
+const PING: &[u8] = b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n";
 
 /// Checks, within a few seconds, that a container engine answers `GET /_ping`.
 ///
@@ -107,13 +97,13 @@ pub async fn check_engine() -> Result<(), ServerError> {
         }
         Engine::Unix(path) => {
             tokio::time::timeout(ENGINE_PROBE_TIMEOUT, async {
-                ping(tokio::net::UnixStream::connect(path).await?).await
+                exchange(tokio::net::UnixStream::connect(path).await?, PING).await
             })
             .await
         }
         Engine::Tcp(addr) => {
             tokio::time::timeout(ENGINE_PROBE_TIMEOUT, async {
-                ping(tokio::net::TcpStream::connect(addr.as_str()).await?).await
+                exchange(tokio::net::TcpStream::connect(addr.as_str()).await?, PING).await
             })
             .await
         }
@@ -160,7 +150,7 @@ fn container_error(err: impl std::fmt::Display) -> ServerError {
 
 /// Creates and starts the container, bounded by [`CREATE_TIMEOUT`].
 async fn run(
-    request: testcontainers::ContainerRequest<GenericImage>,
+    request: ContainerRequest<GenericImage>,
 ) -> Result<ContainerAsync<GenericImage>, ServerError> {
     match tokio::time::timeout(CREATE_TIMEOUT, request.start()).await {
         Ok(Ok(container)) => Ok(container),
@@ -223,51 +213,63 @@ async fn wait_ready(
     }
 }
 
-/// ZooKeeper in a container (removed when dropped).
+/// A server in a container, removed when dropped: a [`ZkContainer`] or a
+/// [`RedisContainer`].
 #[derive(Debug)]
-pub struct ZkContainer {
+pub struct Container<K> {
     container: ContainerAsync<GenericImage>,
     host: String,
     port: u16,
+    kind: K,
 }
 
-impl ZkContainer {
-    /// Starts the image from [`ZK_IMAGE_ENV`] (default [`DEFAULT_ZK_IMAGE`]) with
-    /// `opts.tick_time` and every four-letter word allowed, and waits (bounded by
-    /// `opts.startup_timeout`) until it serves. The other options are for local processes
-    /// and are ignored.
-    pub async fn start(opts: &ZkOptions) -> Result<Self, ServerError> {
+/// The kind of a [`ZkContainer`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct ZooKeeper;
+
+/// The kind of a [`RedisContainer`]: Redis, with the default user's password (for its URL).
+#[derive(Debug)]
+pub struct Redis {
+    password: Option<String>,
+}
+
+/// ZooKeeper in a container (removed when dropped).
+pub type ZkContainer = Container<ZooKeeper>;
+
+/// Redis in a container (removed when dropped), without persistence.
+pub type RedisContainer = Container<Redis>;
+
+impl<K> Container<K> {
+    /// Checks the engine, starts the image named by `image` (`(variable, default)`, see
+    /// [`image_from_env`]) exposing `internal`, with `configure` adding what the server
+    /// needs, and waits (bounded by `timeout`) until `probe` passes on the mapped port.
+    async fn launch(
+        server: &str,
+        image: (&str, &str),
+        internal: u16,
+        configure: impl FnOnce(GenericImage) -> ContainerRequest<GenericImage>,
+        probe: Probe,
+        timeout: Duration,
+        kind: K,
+    ) -> Result<Self, ServerError> {
         check_engine().await?;
-        let (name, tag) = image_from_env(ZK_IMAGE_ENV, DEFAULT_ZK_IMAGE);
-        info!(%name, %tag, "starting a ZooKeeper container");
-        let request = GenericImage::new(name, tag)
-            .with_exposed_port(2181.tcp())
-            .with_wait_for(WaitFor::Nothing)
-            .with_env_var(
-                "ZOO_TICK_TIME",
-                opts.tick_time.as_millis().max(1).to_string(),
-            )
-            .with_env_var("ZOO_4LW_COMMANDS_WHITELIST", "*")
-            .with_env_var("ZOO_ADMINSERVER_ENABLED", "false");
+        let (name, tag) = image_from_env(image.0, image.1);
+        info!(%name, %tag, "starting a {server} container");
+        let request = configure(
+            GenericImage::new(name, tag)
+                .with_exposed_port(internal.tcp())
+                .with_wait_for(WaitFor::Nothing),
+        );
         let container = run(request).await?;
-        let (host, port, addr) = mapped(&container, 2181).await?;
-        wait_ready(
-            "ZooKeeper (container)",
-            &Probe::ZkServing,
-            addr,
-            opts.startup_timeout,
-        )
-        .await?;
+        let (host, port, addr) = mapped(&container, internal).await?;
+        wait_ready(&format!("{server} (container)"), &probe, addr, timeout).await?;
         Ok(Self {
             container,
             host,
             port,
+            kind,
         })
-    }
-
-    /// `host:port` as mapped on the engine's host.
-    pub fn connect_string(&self) -> String {
-        format!("{}:{}", self.host, self.port)
     }
 
     /// The mapped client port.
@@ -280,84 +282,87 @@ impl ZkContainer {
         self.container.id()
     }
 
+    /// Freezes the container (`docker pause`).
+    pub async fn pause(&self) -> Result<(), ServerError> {
+        self.container.pause().await.map_err(container_error)
+    }
+
+    /// Continues a paused container.
+    pub async fn resume(&self) -> Result<(), ServerError> {
+        self.container.unpause().await.map_err(container_error)
+    }
+}
+
+impl Container<ZooKeeper> {
+    /// Starts the image from [`ZK_IMAGE_ENV`] (default [`DEFAULT_ZK_IMAGE`]) with
+    /// `opts.tick_time` and every four-letter word allowed, and waits (bounded by
+    /// `opts.startup_timeout`) until it serves. The other options are for local processes
+    /// and are ignored.
+    pub async fn start(opts: &ZkOptions) -> Result<Self, ServerError> {
+        let tick_ms = opts.tick_time.as_millis().max(1).to_string();
+        let configure = |image: GenericImage| {
+            image
+                .with_env_var("ZOO_TICK_TIME", tick_ms)
+                .with_env_var("ZOO_4LW_COMMANDS_WHITELIST", "*")
+                .with_env_var("ZOO_ADMINSERVER_ENABLED", "false")
+        };
+        let image = (ZK_IMAGE_ENV, DEFAULT_ZK_IMAGE);
+        let probe = Probe::ZkServing;
+        Self::launch(
+            "ZooKeeper",
+            image,
+            2181,
+            configure,
+            probe,
+            opts.startup_timeout,
+            ZooKeeper,
+        )
+        .await
+    }
+
+    /// `host:port` as mapped on the engine's host.
+    pub fn connect_string(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
     /// Sends a four-letter word (bounded by 5 s).
     pub async fn four_letter(&self, word: &str) -> Result<String, ServerError> {
         four_letter(&self.connect_string(), word, Duration::from_secs(5)).await
     }
-
-    /// Freezes the container (`docker pause`).
-    pub async fn pause(&self) -> Result<(), ServerError> {
-        self.container.pause().await.map_err(container_error)
-    }
-
-    /// Continues a paused container.
-    pub async fn resume(&self) -> Result<(), ServerError> {
-        self.container.unpause().await.map_err(container_error)
-    }
 }
 
-/// Redis in a container (removed when dropped), without persistence.
-#[derive(Debug)]
-pub struct RedisContainer {
-    container: ContainerAsync<GenericImage>,
-    host: String,
-    port: u16,
-    password: Option<String>,
-}
-
-impl RedisContainer {
+impl Container<Redis> {
     /// Starts the image from [`REDIS_IMAGE_ENV`] (default [`DEFAULT_REDIS_IMAGE`]) with the
     /// password and ACL user of `opts`, and waits (bounded by `opts.startup_timeout`) until
     /// it answers `PING`. `opts.binary` is ignored.
     pub async fn start(opts: &RedisOptions) -> Result<Self, ServerError> {
-        check_engine().await?;
-        let (name, tag) = image_from_env(REDIS_IMAGE_ENV, DEFAULT_REDIS_IMAGE);
-        info!(%name, %tag, "starting a Redis container");
         let mut cmd: Vec<String> = ["redis-server", "--save", "", "--appendonly", "no"]
             .map(String::from)
             .to_vec();
         cmd.extend(opts.server_args());
-        let request = GenericImage::new(name, tag)
-            .with_exposed_port(6379.tcp())
-            .with_wait_for(WaitFor::Nothing)
-            .with_cmd(cmd);
-        let container = run(request).await?;
-        let (host, port, addr) = mapped(&container, 6379).await?;
+        let image = (REDIS_IMAGE_ENV, DEFAULT_REDIS_IMAGE);
         let probe = Probe::RedisPing {
             password: opts.password.clone(),
         };
-        wait_ready("Redis (container)", &probe, addr, opts.startup_timeout).await?;
-        Ok(Self {
-            container,
-            host,
-            port,
+        let kind = Redis {
             password: opts.password.clone(),
-        })
+        };
+        let configure = |image: GenericImage| image.with_cmd(cmd);
+        Self::launch(
+            "Redis",
+            image,
+            6379,
+            configure,
+            probe,
+            opts.startup_timeout,
+            kind,
+        )
+        .await
     }
 
     /// `redis://[:password@]host:port`.
     pub fn url(&self) -> String {
-        redis_url(&self.host, self.port, None, self.password.as_deref())
-    }
-
-    /// The mapped port.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// The container's id.
-    pub fn id(&self) -> &str {
-        self.container.id()
-    }
-
-    /// Freezes the container (`docker pause`).
-    pub async fn pause(&self) -> Result<(), ServerError> {
-        self.container.pause().await.map_err(container_error)
-    }
-
-    /// Continues a paused container.
-    pub async fn resume(&self) -> Result<(), ServerError> {
-        self.container.unpause().await.map_err(container_error)
+        redis_url(&self.host, self.port, None, self.kind.password.as_deref())
     }
 }
 

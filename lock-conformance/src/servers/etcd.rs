@@ -1,17 +1,14 @@
 //! etcd 3.4 from the Debian package, as a single-member cluster.
 
 use std::ffi::OsString;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use nix::sys::signal::Signal;
-use tempfile::TempDir;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::probe::Probe;
-use super::process::{Instance, Launch, PORT_CLASH_ATTEMPTS, free_port, loopback, require_program};
-use super::{DEFAULT_STARTUP_TIMEOUT, ServerError};
+use super::process::{Instance, Launch, free_port, loopback, require_program};
+use super::{DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess};
 
 const SERVER: &str = "etcd";
 
@@ -67,13 +64,15 @@ impl EtcdOptions {
 
 /// A single-member etcd cluster running as a child process on 127.0.0.1.
 ///
+/// Its client address, pid, directory (data and log) and fault injection come from
+/// [`LocalServer`]; a [`restart`](LocalServer::restart) keeps the ports and the data.
+///
 /// Dropping it kills the server (`SIGKILL` to its process group), reaps it and removes its
 /// data directory.
 #[derive(Debug)]
 pub struct EtcdServer {
-    node: Instance,
+    process: ServerProcess,
     peer_port: u16,
-    dir: TempDir,
 }
 
 impl EtcdServer {
@@ -88,10 +87,7 @@ impl EtcdServer {
     /// Fails promptly with [`ServerError::NotInstalled`] when the binary is missing.
     pub async fn start_with(opts: EtcdOptions) -> Result<Self, ServerError> {
         let program = require_program("etcd", &opts.binary, "etcd-server")?;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let dir = tempfile::Builder::new().prefix("lock-etcd-").tempdir()?;
+        let (process, peer_port, took) = ServerProcess::start(SERVER, "lock-etcd-", |dir| {
             let client_port = free_port()?;
             let peer_port = free_port()?;
             let client_url = format!("http://127.0.0.1:{client_port}");
@@ -101,7 +97,7 @@ impl EtcdServer {
             arg("--name".into());
             arg("n1".into());
             arg("--data-dir".into());
-            arg(dir.path().join("data").display().to_string());
+            arg(dir.join("data").display().to_string());
             arg(format!("--listen-client-urls={client_url}"));
             arg(format!("--advertise-client-urls={client_url}"));
             arg(format!("--listen-peer-urls={peer_url}"));
@@ -122,34 +118,27 @@ impl EtcdServer {
             let launch = Launch {
                 program: program.clone(),
                 args,
-                cwd: dir.path().to_path_buf(),
+                cwd: dir.to_path_buf(),
             };
-            let mut node = Instance::new(
+            let node = Instance::new(
                 SERVER,
                 launch,
-                dir.path().join("server.log"),
+                dir.join("server.log"),
                 loopback(client_port),
                 Probe::EtcdHealth,
                 opts.startup_timeout,
             );
-            match node.start().await {
-                Ok(took) => {
-                    info!(client_port, peer_port, ?took, "etcd started");
-                    return Ok(Self {
-                        node,
-                        peer_port,
-                        dir,
-                    });
-                }
-                Err(err) if attempt < PORT_CLASH_ATTEMPTS && node.port_clash(&err) => {
-                    warn!(
-                        client_port,
-                        peer_port, attempt, "an etcd port was taken; retrying on fresh ports"
-                    );
-                }
-                Err(err) => return Err(err),
-            }
-        }
+            Ok((node, peer_port))
+        })
+        .await?;
+        let server = Self { process, peer_port };
+        info!(
+            client_port = server.port(),
+            peer_port,
+            ?took,
+            "etcd started"
+        );
+        Ok(server)
     }
 
     /// [`start_with`](Self::start_with) for synchronous code: runs on a fresh runtime in a
@@ -160,60 +149,21 @@ impl EtcdServer {
 
     /// The client endpoint, `http://127.0.0.1:port`.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.node.addr())
-    }
-
-    /// The client socket address.
-    pub fn socket_addr(&self) -> SocketAddr {
-        self.node.addr()
-    }
-
-    /// The client port.
-    pub fn port(&self) -> u16 {
-        self.node.addr().port()
+        format!("http://{}", self.socket_addr())
     }
 
     /// The peer port.
     pub fn peer_port(&self) -> u16 {
         self.peer_port
     }
+}
 
-    /// The server's pid (also its process-group id), or `None` after [`kill`](Self::kill).
-    pub fn pid(&self) -> Option<u32> {
-        self.node.pid()
+impl LocalServer for EtcdServer {
+    fn process(&self) -> &ServerProcess {
+        &self.process
     }
 
-    /// The server's directory (data and log); removed on drop.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// The server's log file (stdout and stderr of every launch).
-    pub fn log_path(&self) -> &Path {
-        self.node.log_path()
-    }
-
-    /// Freezes the server (`SIGSTOP` to its process group).
-    pub fn pause(&self) -> Result<(), ServerError> {
-        self.node.signal(Signal::SIGSTOP)
-    }
-
-    /// Continues a paused server (`SIGCONT`).
-    pub fn resume(&self) -> Result<(), ServerError> {
-        self.node.signal(Signal::SIGCONT)
-    }
-
-    /// Kills the server (`SIGKILL` to its process group) and reaps it. No-op when already
-    /// killed.
-    pub fn kill(&mut self) {
-        self.node.kill();
-    }
-
-    /// Kills the server if running and starts it again with the same ports and data,
-    /// waiting until it is healthy.
-    pub async fn restart(&mut self) -> Result<(), ServerError> {
-        let took = self.node.start().await?;
-        info!(port = self.port(), ?took, "etcd restarted");
-        Ok(())
+    fn process_mut(&mut self) -> &mut ServerProcess {
+        &mut self.process
     }
 }

@@ -15,6 +15,10 @@
 //! and the watchdog kills the server's process group. This is what makes the process-wide
 //! [`shared_zk`] and [`shared_redis`] servers safe: Rust never drops statics.
 //!
+//! [`ZkServer`], [`RedisServer`] and [`EtcdServer`] share their address, pid, directory and
+//! log accessors and their fault injection (pause, resume, kill, restart) through the
+//! [`LocalServer`] trait; bring it into scope to call them.
+//!
 //! Environment overrides: [`ZK_ENV`] (`LOCK_TEST_ZK`, a ZooKeeper connect string) and
 //! [`REDIS_ENV`] (`LOCK_TEST_REDIS`, a Redis URL) point [`ZkTarget::from_env_or_start`],
 //! [`RedisTarget::from_env_or_start`], [`shared_zk`] and [`shared_redis`] at an external
@@ -27,9 +31,11 @@
 
 mod error;
 mod etcd;
+mod local;
 mod probe;
 mod process;
 mod redis;
+mod target;
 mod zookeeper;
 
 #[cfg(feature = "testcontainers")]
@@ -40,8 +46,10 @@ use std::time::Duration;
 
 pub use error::ServerError;
 pub use etcd::{EtcdOptions, EtcdServer};
+pub use local::{LocalServer, ServerProcess};
 pub use process::free_port;
 pub use redis::{REDIS_ENV, RedisOptions, RedisServer, RedisTarget};
+pub use target::{Target, TargetServer};
 pub use zookeeper::{ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget};
 
 /// The default bound on a server's start-up (and restart): 30 seconds.
@@ -65,13 +73,9 @@ static SHARED_REDIS: OnceLock<Result<RedisTarget, ServerError>> = OnceLock::new(
 /// Tests that need faults (pause, kill, restart) must start their own [`ZkServer`]: the
 /// shared server only offers `&` access, and pausing it would disturb other tests.
 pub fn shared_zk() -> Result<&'static ZkTarget, ServerError> {
-    SHARED_ZK
-        .get_or_init(|| {
-            let opts = ZkOptions::default().with_tick_time(SHARED_ZK_TICK_TIME);
-            process::block_on(ZkTarget::from_env_or_start(opts)).and_then(|r| r)
-        })
-        .as_ref()
-        .map_err(Clone::clone)
+    shared(&SHARED_ZK, || {
+        ZkOptions::default().with_tick_time(SHARED_ZK_TICK_TIME)
+    })
 }
 
 /// One Redis per test binary: the external server named by [`REDIS_ENV`] if set,
@@ -80,11 +84,16 @@ pub fn shared_zk() -> Result<&'static ZkTarget, ServerError> {
 /// Same lifetime rules as [`shared_zk`]: process-wide, runtime-independent, killed when
 /// the test binary exits, start-up failure remembered.
 pub fn shared_redis() -> Result<&'static RedisTarget, ServerError> {
-    SHARED_REDIS
-        .get_or_init(|| {
-            process::block_on(RedisTarget::from_env_or_start(RedisOptions::default()))
-                .and_then(|r| r)
-        })
+    shared(&SHARED_REDIS, RedisOptions::default)
+}
+
+/// The target in `cell`, made on first use by [`Target::from_env_or_start`] with `opts()`
+/// (blocking the calling thread only); a failure is kept and handed to every caller.
+fn shared<S: TargetServer>(
+    cell: &'static OnceLock<Result<Target<S>, ServerError>>,
+    opts: impl FnOnce() -> S::Options,
+) -> Result<&'static Target<S>, ServerError> {
+    cell.get_or_init(|| process::block_on(Target::from_env_or_start(opts())).and_then(|r| r))
         .as_ref()
         .map_err(Clone::clone)
 }

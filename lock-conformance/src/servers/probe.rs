@@ -4,8 +4,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpStream, ToSocketAddrs};
 
 use super::ServerError;
 
@@ -74,24 +74,40 @@ async fn bounded<T>(
     }
 }
 
+/// Sends `request` on `stream` and reads the answer to end-of-file (as lossy UTF-8).
+pub(crate) async fn exchange<S>(mut stream: S, request: &[u8]) -> std::io::Result<String>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    stream.write_all(request).await?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await?;
+    Ok(String::from_utf8_lossy(&answer).into_owned())
+}
+
+/// Connects to `addr`, sends `request` and reads the answer to end-of-file, all bounded by
+/// `timeout`; `what` names the answer in the [`ServerError::Timeout`].
+async fn tcp_exchange(
+    addr: impl ToSocketAddrs,
+    request: &[u8],
+    what: impl FnOnce() -> String,
+    timeout: Duration,
+) -> Result<String, ServerError> {
+    bounded(what, timeout, async {
+        let stream = TcpStream::connect(addr).await?;
+        Ok(exchange(stream, request).await?)
+    })
+    .await
+}
+
 /// Sends a ZooKeeper four-letter word to `addr` (`host:port`) and reads the answer to EOF.
 pub(crate) async fn four_letter(
     addr: &str,
     word: &str,
     timeout: Duration,
 ) -> Result<String, ServerError> {
-    bounded(
-        || format!("the answer to `{word}` from ZooKeeper at {addr}"),
-        timeout,
-        async {
-            let mut stream = TcpStream::connect(addr).await?;
-            stream.write_all(word.as_bytes()).await?;
-            let mut answer = Vec::new();
-            stream.read_to_end(&mut answer).await?;
-            Ok(String::from_utf8_lossy(&answer).into_owned())
-        },
-    )
-    .await
+    let what = || format!("the answer to `{word}` from ZooKeeper at {addr}");
+    tcp_exchange(addr, word.as_bytes(), what, timeout).await
 }
 
 /// Encodes a command as a RESP array of bulk strings.
@@ -159,17 +175,7 @@ pub(crate) async fn http_get(
     path: &str,
     timeout: Duration,
 ) -> Result<String, ServerError> {
-    bounded(
-        || format!("the answer to GET {path} from {addr}"),
-        timeout,
-        async {
-            let mut stream = TcpStream::connect(addr).await?;
-            let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: */*\r\n\r\n");
-            stream.write_all(request.as_bytes()).await?;
-            let mut answer = Vec::new();
-            stream.read_to_end(&mut answer).await?;
-            Ok(String::from_utf8_lossy(&answer).into_owned())
-        },
-    )
-    .await
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: */*\r\n\r\n");
+    let what = || format!("the answer to GET {path} from {addr}");
+    tcp_exchange(addr, request.as_bytes(), what, timeout).await
 }

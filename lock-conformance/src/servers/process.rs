@@ -114,19 +114,21 @@ where
     })
 }
 
+/// The last `max` bytes (at most) of a file.
+fn read_tail(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    let mut file = File::open(path)?;
+    let len = file.metadata()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(max)))?;
+    let mut buf = Vec::new();
+    file.read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
 /// The last lines (at most `lines`, at most 8 KiB) of a log file, for error messages.
 pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
-    const MAX: u64 = 8 * 1024;
-    let read = || -> std::io::Result<String> {
-        let mut file = File::open(path)?;
-        let len = file.metadata()?.len();
-        file.seek(SeekFrom::Start(len.saturating_sub(MAX)))?;
-        let mut buf = Vec::new();
-        file.read_to_end(&mut buf)?;
-        Ok(String::from_utf8_lossy(&buf).into_owned())
-    };
-    match read() {
-        Ok(text) => {
+    match read_tail(path, 8 * 1024) {
+        Ok(buf) => {
+            let text = String::from_utf8_lossy(&buf);
             let all: Vec<&str> = text.lines().collect();
             let tail = all[all.len().saturating_sub(lines)..].join("\n");
             if tail.is_empty() {
@@ -141,20 +143,34 @@ pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
 
 /// How many times a start is tried with fresh ports when the server reports its port taken
 /// (another process can take a [`free_port`] before the server binds it).
-pub(crate) const PORT_CLASH_ATTEMPTS: usize = 3;
+const PORT_CLASH_ATTEMPTS: usize = 3;
+
+/// Runs `attempt` until it succeeds, fails for another reason than a taken port (the
+/// `bool` of its error says whether the port was taken), or has found a port taken
+/// [`PORT_CLASH_ATTEMPTS`] times. Each attempt is expected to pick fresh ports.
+pub(crate) async fn retry_port_clash<T, F>(
+    server: &str,
+    mut attempt: impl FnMut() -> F,
+) -> Result<T, ServerError>
+where
+    F: Future<Output = Result<T, (ServerError, bool)>>,
+{
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match attempt().await {
+            Ok(started) => return Ok(started),
+            Err((err, true)) if attempts < PORT_CLASH_ATTEMPTS => {
+                warn!(attempt = attempts, %err, "{server}: a port was taken; retrying on fresh ports");
+            }
+            Err((err, _)) => return Err(err),
+        }
+    }
+}
 
 /// True when the log's last 64 KiB mention `needle` (ASCII case-insensitive).
 pub(crate) fn log_contains(path: &Path, needle: &str) -> bool {
-    const MAX: u64 = 64 * 1024;
-    let read = || -> std::io::Result<Vec<u8>> {
-        let mut file = File::open(path)?;
-        let len = file.metadata()?.len();
-        file.seek(SeekFrom::Start(len.saturating_sub(MAX)))?;
-        let mut buf = Vec::new();
-        file.read_to_end(&mut buf)?;
-        Ok(buf)
-    };
-    read()
+    read_tail(path, 64 * 1024)
         .map(|buf| {
             String::from_utf8_lossy(&buf)
                 .to_ascii_lowercase()
@@ -365,6 +381,14 @@ impl Instance {
         let took = began.elapsed();
         info!(server = %self.server, addr = %self.addr, ?took, "server ready");
         Ok(took)
+    }
+
+    /// Kills the process if running, starts it again (same ports, same directory) and waits
+    /// until it serves, bounded by the start-up timeout.
+    pub(crate) async fn restart(&mut self) -> Result<(), ServerError> {
+        let took = self.start().await?;
+        info!(port = self.addr.port(), ?took, "{} restarted", self.server);
+        Ok(())
     }
 
     /// Kills the process group and reaps it (no-op when not running).

@@ -1,17 +1,16 @@
 //! Redis 7 from the Debian package, without persistence.
 
 use std::ffi::OsString;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use nix::sys::signal::Signal;
-use tempfile::TempDir;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::probe::Probe;
-use super::process::{Instance, Launch, PORT_CLASH_ATTEMPTS, free_port, loopback, require_program};
-use super::{DEFAULT_STARTUP_TIMEOUT, ServerError};
+use super::process::{Instance, Launch, free_port, loopback, require_program};
+use super::{
+    DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess, Target, TargetServer,
+};
 
 /// The environment variable naming an external Redis (a URL such as
 /// `redis://127.0.0.1:6379` or `redis://:password@host:port/0`) to use instead of
@@ -147,13 +146,15 @@ pub(crate) fn redis_url(
 /// A Redis server running as a child process on 127.0.0.1, without persistence
 /// (`--save '' --appendonly no`): a restart loses all data.
 ///
+/// Its address, pid, directory (working directory and log) and fault injection come from
+/// [`LocalServer`]; a [`restart`](LocalServer::restart) keeps the port.
+///
 /// Dropping it kills the server (`SIGKILL` to its process group), reaps it and removes its
 /// directory.
 #[derive(Debug)]
 pub struct RedisServer {
-    node: Instance,
+    process: ServerProcess,
     opts: RedisOptions,
-    dir: TempDir,
 }
 
 impl RedisServer {
@@ -163,10 +164,7 @@ impl RedisServer {
     /// Fails promptly with [`ServerError::NotInstalled`] when the binary is missing.
     pub async fn start(opts: RedisOptions) -> Result<Self, ServerError> {
         let program = require_program("Redis", &opts.binary, "redis-server")?;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let dir = tempfile::Builder::new().prefix("lock-redis-").tempdir()?;
+        let (process, (), took) = ServerProcess::start(SERVER, "lock-redis-", |dir| {
             let port = free_port()?;
             let mut args: Vec<OsString> = [
                 "--port",
@@ -184,58 +182,35 @@ impl RedisServer {
             .into_iter()
             .map(OsString::from)
             .collect();
-            args.push(dir.path().into());
+            args.push(dir.into());
             args.extend(opts.server_args().into_iter().map(OsString::from));
             let launch = Launch {
                 program: program.clone(),
                 args,
-                cwd: dir.path().to_path_buf(),
+                cwd: dir.to_path_buf(),
             };
-            let mut node = Instance::new(
+            let node = Instance::new(
                 SERVER,
                 launch,
-                dir.path().join("server.log"),
+                dir.join("server.log"),
                 loopback(port),
                 Probe::RedisPing {
                     password: opts.password.clone(),
                 },
                 opts.startup_timeout,
             );
-            match node.start().await {
-                Ok(took) => {
-                    info!(port, ?took, "Redis started");
-                    return Ok(Self { node, opts, dir });
-                }
-                Err(err) if attempt < PORT_CLASH_ATTEMPTS && node.port_clash(&err) => {
-                    warn!(
-                        port,
-                        attempt, "Redis's port was taken; retrying on a fresh port"
-                    );
-                }
-                Err(err) => return Err(err),
-            }
-        }
+            Ok((node, ()))
+        })
+        .await?;
+        let server = Self { process, opts };
+        info!(port = server.port(), ?took, "Redis started");
+        Ok(server)
     }
 
     /// [`start`](Self::start) for synchronous code (or from inside a runtime, without
     /// blocking it on a nested runtime): runs on a fresh runtime in a scoped thread.
     pub fn start_blocking(opts: RedisOptions) -> Result<Self, ServerError> {
         super::process::block_on(Self::start(opts)).and_then(|r| r)
-    }
-
-    /// `127.0.0.1:port`.
-    pub fn address(&self) -> String {
-        self.node.addr().to_string()
-    }
-
-    /// The socket address.
-    pub fn socket_addr(&self) -> SocketAddr {
-        self.node.addr()
-    }
-
-    /// The port.
-    pub fn port(&self) -> u16 {
-        self.node.addr().port()
     }
 
     /// `redis://127.0.0.1:port`, with the default user's password when one is set
@@ -266,146 +241,38 @@ impl RedisServer {
     pub fn options(&self) -> &RedisOptions {
         &self.opts
     }
+}
 
-    /// The server's pid (also its process-group id), or `None` after [`kill`](Self::kill).
-    pub fn pid(&self) -> Option<u32> {
-        self.node.pid()
+impl LocalServer for RedisServer {
+    fn process(&self) -> &ServerProcess {
+        &self.process
     }
 
-    /// The server's directory (working directory and log); removed on drop.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// The server's log file (stdout and stderr of every launch).
-    pub fn log_path(&self) -> &Path {
-        self.node.log_path()
-    }
-
-    /// Freezes the server (`SIGSTOP` to its process group). Undo with
-    /// [`resume`](Self::resume).
-    pub fn pause(&self) -> Result<(), ServerError> {
-        self.node.signal(Signal::SIGSTOP)
-    }
-
-    /// Continues a paused server (`SIGCONT`).
-    pub fn resume(&self) -> Result<(), ServerError> {
-        self.node.signal(Signal::SIGCONT)
-    }
-
-    /// Kills the server (`SIGKILL` to its process group) and reaps it; the port is kept for
-    /// [`restart`](Self::restart). No-op when already killed.
-    pub fn kill(&mut self) {
-        self.node.kill();
-    }
-
-    /// Kills the server if running and starts it again on the same port, empty (there is
-    /// no persistence), waiting until it answers `PING`.
-    pub async fn restart(&mut self) -> Result<(), ServerError> {
-        let took = self.node.start().await?;
-        info!(port = self.port(), ?took, "Redis restarted");
-        Ok(())
+    fn process_mut(&mut self) -> &mut ServerProcess {
+        &mut self.process
     }
 }
 
-/// Either an external Redis (from [`REDIS_ENV`]) or one started here.
-#[derive(Debug)]
-pub struct RedisTarget {
-    inner: RedisTargetInner,
-}
+impl TargetServer for RedisServer {
+    const NAME: &'static str = SERVER;
+    const ENV: &'static str = REDIS_ENV;
+    type Options = RedisOptions;
 
-#[derive(Debug)]
-enum RedisTargetInner {
-    External { url: String },
-    Local(Box<RedisServer>),
-}
-
-impl RedisTarget {
-    /// Uses the URL in [`REDIS_ENV`] when it is set and not empty; otherwise starts a
-    /// [`RedisServer`] with `opts`.
-    pub async fn from_env_or_start(opts: RedisOptions) -> Result<Self, ServerError> {
-        match std::env::var(REDIS_ENV) {
-            Ok(url) if !url.trim().is_empty() => {
-                info!("using the external Redis from {REDIS_ENV}");
-                Ok(Self::external(url.trim()))
-            }
-            _ => Ok(Self::from(RedisServer::start(opts).await?)),
-        }
+    fn start_local(opts: RedisOptions) -> impl Future<Output = Result<Self, ServerError>> + Send {
+        Self::start(opts)
     }
 
-    /// An external server; fault injection is unsupported.
-    pub fn external(url: impl Into<String>) -> Self {
-        Self {
-            inner: RedisTargetInner::External { url: url.into() },
-        }
+    fn client_address(&self) -> String {
+        self.url()
     }
+}
 
+/// Either an external Redis (from [`REDIS_ENV`], a URL) or a [`RedisServer`] started here.
+pub type RedisTarget = Target<RedisServer>;
+
+impl Target<RedisServer> {
     /// The URL for clients (with the default user's password, if any).
     pub fn url(&self) -> String {
-        match &self.inner {
-            RedisTargetInner::External { url } => url.clone(),
-            RedisTargetInner::Local(server) => server.url(),
-        }
-    }
-
-    /// True for an external server.
-    pub fn is_external(&self) -> bool {
-        matches!(self.inner, RedisTargetInner::External { .. })
-    }
-
-    /// The started server, `None` for an external one.
-    pub fn server(&self) -> Option<&RedisServer> {
-        match &self.inner {
-            RedisTargetInner::External { .. } => None,
-            RedisTargetInner::Local(server) => Some(server),
-        }
-    }
-
-    /// The started server, mutably; `None` for an external one.
-    pub fn server_mut(&mut self) -> Option<&mut RedisServer> {
-        match &mut self.inner {
-            RedisTargetInner::External { .. } => None,
-            RedisTargetInner::Local(server) => Some(server),
-        }
-    }
-
-    fn local(&self, operation: &str) -> Result<&RedisServer, ServerError> {
-        self.server()
-            .ok_or_else(|| ServerError::unsupported_external(operation, REDIS_ENV))
-    }
-
-    /// [`RedisServer::pause`]; unsupported with an external server.
-    pub fn pause(&self) -> Result<(), ServerError> {
-        self.local("pause")?.pause()
-    }
-
-    /// [`RedisServer::resume`]; unsupported with an external server.
-    pub fn resume(&self) -> Result<(), ServerError> {
-        self.local("resume")?.resume()
-    }
-
-    /// [`RedisServer::kill`]; unsupported with an external server.
-    pub fn kill(&mut self) -> Result<(), ServerError> {
-        let server = self
-            .server_mut()
-            .ok_or_else(|| ServerError::unsupported_external("kill", REDIS_ENV))?;
-        server.kill();
-        Ok(())
-    }
-
-    /// [`RedisServer::restart`]; unsupported with an external server.
-    pub async fn restart(&mut self) -> Result<(), ServerError> {
-        let server = self
-            .server_mut()
-            .ok_or_else(|| ServerError::unsupported_external("restart", REDIS_ENV))?;
-        server.restart().await
-    }
-}
-
-impl From<RedisServer> for RedisTarget {
-    fn from(server: RedisServer) -> Self {
-        Self {
-            inner: RedisTargetInner::Local(Box::new(server)),
-        }
+        self.client_address()
     }
 }

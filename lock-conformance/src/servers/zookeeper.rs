@@ -2,17 +2,18 @@
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use tempfile::TempDir;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::probe::{Probe, four_letter};
-use super::process::{Instance, Launch, PORT_CLASH_ATTEMPTS, free_port, loopback, require_program};
-use super::{DEFAULT_STARTUP_TIMEOUT, ServerError};
+use super::process::{Instance, Launch, free_port, loopback, require_program, retry_port_clash};
+use super::{
+    DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess, Target, TargetServer,
+};
 
 /// The environment variable naming an external ZooKeeper (a connect string such as
 /// `127.0.0.1:2181` or `h1:2181,h2:2181`) to use instead of starting one.
@@ -202,13 +203,16 @@ fn new_instance(name: String, launch: Launch, dir: &Path, port: u16, opts: &ZkOp
 
 /// A standalone ZooKeeper server running as a child process on 127.0.0.1.
 ///
+/// Its address, pid, directory (configuration, data, log) and fault injection come from
+/// [`LocalServer`]; a [`restart`](LocalServer::restart) keeps the port and the data
+/// directory, so sessions and znodes survive it.
+///
 /// Dropping it kills the server (`SIGKILL` to its process group), reaps it and removes its
 /// data directory.
 #[derive(Debug)]
 pub struct ZkServer {
-    node: Instance,
+    process: ServerProcess,
     opts: ZkOptions,
-    dir: TempDir,
 }
 
 impl ZkServer {
@@ -218,27 +222,18 @@ impl ZkServer {
     /// Fails promptly with [`ServerError::NotInstalled`] when the jar or `java` is missing.
     pub async fn start(opts: ZkOptions) -> Result<Self, ServerError> {
         let (java, classpath) = opts.resolve()?;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let dir = tempfile::Builder::new().prefix("lock-zk-").tempdir()?;
+        let (process, (), took) = ServerProcess::start(SERVER, "lock-zk-", |dir| {
             let port = free_port()?;
-            let launch = prepare_node(&opts, &java, &classpath, dir.path(), None, port, &[])?;
-            let mut node = new_instance(SERVER.to_owned(), launch, dir.path(), port, &opts);
-            match node.start().await {
-                Ok(took) => {
-                    info!(port, ?took, dir = %dir.path().display(), "ZooKeeper standalone started");
-                    return Ok(Self { node, opts, dir });
-                }
-                Err(err) if attempt < PORT_CLASH_ATTEMPTS && node.port_clash(&err) => {
-                    warn!(
-                        port,
-                        attempt, "ZooKeeper's port was taken; retrying on fresh ports"
-                    );
-                }
-                Err(err) => return Err(err),
-            }
-        }
+            let launch = prepare_node(&opts, &java, &classpath, dir, None, port, &[])?;
+            Ok((
+                new_instance(SERVER.to_owned(), launch, dir, port, &opts),
+                (),
+            ))
+        })
+        .await?;
+        let server = Self { process, opts };
+        info!(port = server.port(), ?took, dir = %server.dir().display(), "ZooKeeper standalone started");
+        Ok(server)
     }
 
     /// [`start`](Self::start) for synchronous code (or from inside a runtime, without
@@ -247,70 +242,14 @@ impl ZkServer {
         super::process::block_on(Self::start(opts)).and_then(|r| r)
     }
 
-    /// `127.0.0.1:port`.
-    pub fn address(&self) -> String {
-        self.node.addr().to_string()
-    }
-
-    /// The client socket address.
-    pub fn socket_addr(&self) -> SocketAddr {
-        self.node.addr()
-    }
-
     /// The connect string for clients (`127.0.0.1:port`).
     pub fn connect_string(&self) -> String {
         self.address()
     }
 
-    /// The client port.
-    pub fn port(&self) -> u16 {
-        self.node.addr().port()
-    }
-
-    /// The server's pid (also its process-group id), or `None` after [`kill`](Self::kill).
-    pub fn pid(&self) -> Option<u32> {
-        self.node.pid()
-    }
-
     /// The options it was started with.
     pub fn options(&self) -> &ZkOptions {
         &self.opts
-    }
-
-    /// The server's directory (config, data, log); removed on drop.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// The server's log file (stdout and stderr of every launch).
-    pub fn log_path(&self) -> &Path {
-        self.node.log_path()
-    }
-
-    /// Freezes the server (`SIGSTOP` to its process group): connections stay open, nothing
-    /// is answered, sessions age. Undo with [`resume`](Self::resume).
-    pub fn pause(&self) -> Result<(), ServerError> {
-        self.node.signal(Signal::SIGSTOP)
-    }
-
-    /// Continues a paused server (`SIGCONT`).
-    pub fn resume(&self) -> Result<(), ServerError> {
-        self.node.signal(Signal::SIGCONT)
-    }
-
-    /// Kills the server (`SIGKILL` to its process group) and reaps it. The port and data
-    /// directory are kept for [`restart`](Self::restart). No-op when already killed.
-    pub fn kill(&mut self) {
-        self.node.kill();
-    }
-
-    /// Kills the server if running, then starts it again on the same port with the same
-    /// data directory (sessions and znodes survive) and waits until it serves, bounded by
-    /// [`ZkOptions::startup_timeout`].
-    pub async fn restart(&mut self) -> Result<(), ServerError> {
-        let took = self.node.start().await?;
-        info!(port = self.port(), ?took, "ZooKeeper restarted");
-        Ok(())
     }
 
     /// Sends a four-letter word (`ruok`, `srvr`, `mntr`, ...) and returns the whole answer.
@@ -328,6 +267,30 @@ impl ZkServer {
         timeout: Duration,
     ) -> Result<String, ServerError> {
         four_letter(&self.address(), word, timeout).await
+    }
+}
+
+impl LocalServer for ZkServer {
+    fn process(&self) -> &ServerProcess {
+        &self.process
+    }
+
+    fn process_mut(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+}
+
+impl TargetServer for ZkServer {
+    const NAME: &'static str = SERVER;
+    const ENV: &'static str = ZK_ENV;
+    type Options = ZkOptions;
+
+    fn start_local(opts: ZkOptions) -> impl Future<Output = Result<Self, ServerError>> + Send {
+        Self::start(opts)
+    }
+
+    fn client_address(&self) -> String {
+        self.connect_string()
     }
 }
 
@@ -355,17 +318,10 @@ impl ZkEnsemble {
             });
         }
         let (java, classpath) = opts.resolve()?;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match Self::try_start(n, &opts, &java, &classpath).await {
-                Ok(ensemble) => return Ok(ensemble),
-                Err((err, clash)) if clash && attempt < PORT_CLASH_ATTEMPTS => {
-                    warn!(attempt, %err, "a ZooKeeper ensemble port was taken; retrying on fresh ports");
-                }
-                Err((err, _)) => return Err(err),
-            }
-        }
+        retry_port_clash("ZooKeeper ensemble", || {
+            Self::try_start(n, &opts, &java, &classpath)
+        })
+        .await
     }
 
     /// One attempt; on failure also says whether a member reported a port clash.
@@ -558,10 +514,7 @@ impl ZkEnsemble {
     /// waits (bounded by [`ZkOptions::startup_timeout`]) until it serves again, i.e. has
     /// rejoined the ensemble.
     pub async fn restart(&mut self, index: usize) -> Result<(), ServerError> {
-        let node = self.node_mut(index)?;
-        let took = node.start().await?;
-        info!(member = index, ?took, "ZooKeeper ensemble member restarted");
-        Ok(())
+        self.node_mut(index)?.restart().await
     }
 
     /// Freezes member `index` (`SIGSTOP`).
@@ -584,107 +537,23 @@ async fn mode_of(addr: &str, timeout: Duration) -> Option<String> {
         .map(|m| m.trim().to_owned())
 }
 
-/// Either an external ZooKeeper (from [`ZK_ENV`]) or one started here.
-#[derive(Debug)]
-pub struct ZkTarget {
-    inner: ZkTargetInner,
-}
+/// Either an external ZooKeeper (from [`ZK_ENV`], a connect string) or a [`ZkServer`]
+/// started here.
+pub type ZkTarget = Target<ZkServer>;
 
-#[derive(Debug)]
-enum ZkTargetInner {
-    External { connect_string: String },
-    Local(Box<ZkServer>),
-}
-
-impl ZkTarget {
-    /// Uses the connect string in [`ZK_ENV`] when it is set and not empty; otherwise starts
-    /// a standalone [`ZkServer`] with `opts`.
-    pub async fn from_env_or_start(opts: ZkOptions) -> Result<Self, ServerError> {
-        match std::env::var(ZK_ENV) {
-            Ok(connect) if !connect.trim().is_empty() => {
-                info!(%connect, "using the external ZooKeeper from {ZK_ENV}");
-                Ok(Self::external(connect.trim()))
-            }
-            _ => Ok(Self::from(ZkServer::start(opts).await?)),
-        }
-    }
-
-    /// An external server; fault injection is unsupported.
-    pub fn external(connect_string: impl Into<String>) -> Self {
-        Self {
-            inner: ZkTargetInner::External {
-                connect_string: connect_string.into(),
-            },
-        }
-    }
-
+impl Target<ZkServer> {
     /// The connect string for clients.
     pub fn connect_string(&self) -> String {
-        match &self.inner {
-            ZkTargetInner::External { connect_string } => connect_string.clone(),
-            ZkTargetInner::Local(server) => server.connect_string(),
-        }
-    }
-
-    /// True for an external server.
-    pub fn is_external(&self) -> bool {
-        matches!(self.inner, ZkTargetInner::External { .. })
-    }
-
-    /// The started server, `None` for an external one.
-    pub fn server(&self) -> Option<&ZkServer> {
-        match &self.inner {
-            ZkTargetInner::External { .. } => None,
-            ZkTargetInner::Local(server) => Some(server),
-        }
-    }
-
-    /// The started server, mutably; `None` for an external one.
-    pub fn server_mut(&mut self) -> Option<&mut ZkServer> {
-        match &mut self.inner {
-            ZkTargetInner::External { .. } => None,
-            ZkTargetInner::Local(server) => Some(server),
-        }
-    }
-
-    fn local(&self, operation: &str) -> Result<&ZkServer, ServerError> {
-        self.server()
-            .ok_or_else(|| ServerError::unsupported_external(operation, ZK_ENV))
-    }
-
-    /// [`ZkServer::pause`]; unsupported with an external server.
-    pub fn pause(&self) -> Result<(), ServerError> {
-        self.local("pause")?.pause()
-    }
-
-    /// [`ZkServer::resume`]; unsupported with an external server.
-    pub fn resume(&self) -> Result<(), ServerError> {
-        self.local("resume")?.resume()
-    }
-
-    /// [`ZkServer::kill`]; unsupported with an external server.
-    pub fn kill(&mut self) -> Result<(), ServerError> {
-        let server = self
-            .server_mut()
-            .ok_or_else(|| ServerError::unsupported_external("kill", ZK_ENV))?;
-        server.kill();
-        Ok(())
-    }
-
-    /// [`ZkServer::restart`]; unsupported with an external server.
-    pub async fn restart(&mut self) -> Result<(), ServerError> {
-        let server = self
-            .server_mut()
-            .ok_or_else(|| ServerError::unsupported_external("restart", ZK_ENV))?;
-        server.restart().await
+        self.client_address()
     }
 
     /// A four-letter word to the server (for an external one: to the first host of the
     /// connect string, which must allow the word), bounded by 5 s.
     pub async fn four_letter(&self, word: &str) -> Result<String, ServerError> {
-        match &self.inner {
-            ZkTargetInner::Local(server) => server.four_letter(word).await,
-            ZkTargetInner::External { connect_string } => {
+        match self.server() {
+            Some(server) => server.four_letter(word).await,
+            None => {
+                let connect_string = self.client_address();
                 let first = connect_string
                     .split(',')
                     .next()
@@ -695,14 +564,6 @@ impl ZkTarget {
                     .trim();
                 four_letter(first, word, FOUR_LETTER_TIMEOUT).await
             }
-        }
-    }
-}
-
-impl From<ZkServer> for ZkTarget {
-    fn from(server: ZkServer) -> Self {
-        Self {
-            inner: ZkTargetInner::Local(Box::new(server)),
         }
     }
 }

@@ -1,0 +1,130 @@
+//! What every server started here has: one process and one temporary directory, and the
+//! methods over them ([`LocalServer`]).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use tempfile::TempDir;
+
+use super::ServerError;
+use super::process::{Instance, retry_port_clash};
+
+/// The process and the temporary directory of a server started here (a [`ZkServer`],
+/// [`RedisServer`] or [`EtcdServer`]); [`LocalServer`] works on it.
+///
+/// Dropping it kills the process (`SIGKILL` to its process group), reaps it, and then
+/// removes the directory.
+///
+/// [`ZkServer`]: super::ZkServer
+/// [`RedisServer`]: super::RedisServer
+/// [`EtcdServer`]: super::EtcdServer
+#[derive(Debug)]
+pub struct ServerProcess {
+    // Declared (so dropped) before `dir`: the process goes before its directory.
+    node: Instance,
+    dir: TempDir,
+}
+
+impl ServerProcess {
+    /// Starts a server in a fresh temporary directory (named `prefix…`) and waits until it
+    /// serves. `prepare` picks the ports and builds the instance for the directory, plus
+    /// anything the caller wants back (extra ports, say). When the server finds a port
+    /// taken, the start is retried with a new directory and new ports, a bounded number of
+    /// times. Returns the process, `prepare`'s extra and how long the start took.
+    pub(crate) async fn start<T>(
+        server: &str,
+        prefix: &str,
+        prepare: impl Fn(&Path) -> Result<(Instance, T), ServerError>,
+    ) -> Result<(Self, T, Duration), ServerError> {
+        let prepare = &prepare;
+        retry_port_clash(server, || async move {
+            let dir = tempfile::Builder::new()
+                .prefix(prefix)
+                .tempdir()
+                .map_err(|err| (err.into(), false))?;
+            let (mut node, extra) = prepare(dir.path()).map_err(|err| (err, false))?;
+            match node.start().await {
+                Ok(took) => Ok((Self { node, dir }, extra, took)),
+                Err(err) => {
+                    let clash = node.port_clash(&err);
+                    Err((err, clash))
+                }
+            }
+        })
+        .await
+    }
+}
+
+/// A server started here as a child process on 127.0.0.1: [`ZkServer`], [`RedisServer`] or
+/// [`EtcdServer`]. Its address, pid, directory and log, and fault injection (pause, resume,
+/// kill, restart), all provided over its [`ServerProcess`].
+///
+/// [`ZkServer`]: super::ZkServer
+/// [`RedisServer`]: super::RedisServer
+/// [`EtcdServer`]: super::EtcdServer
+pub trait LocalServer {
+    /// The server's process and directory.
+    fn process(&self) -> &ServerProcess;
+
+    /// The server's process and directory, mutably.
+    fn process_mut(&mut self) -> &mut ServerProcess;
+
+    /// The client socket address.
+    fn socket_addr(&self) -> SocketAddr {
+        self.process().node.addr()
+    }
+
+    /// The client address, `127.0.0.1:port`.
+    fn address(&self) -> String {
+        self.socket_addr().to_string()
+    }
+
+    /// The client port.
+    fn port(&self) -> u16 {
+        self.socket_addr().port()
+    }
+
+    /// The server's pid (also its process-group id), or `None` after
+    /// [`kill`](Self::kill).
+    fn pid(&self) -> Option<u32> {
+        self.process().node.pid()
+    }
+
+    /// The server's directory (configuration, data and log); removed on drop.
+    fn dir(&self) -> &Path {
+        self.process().dir.path()
+    }
+
+    /// The server's log file (stdout and stderr of every launch).
+    fn log_path(&self) -> &Path {
+        self.process().node.log_path()
+    }
+
+    /// Freezes the server (`SIGSTOP` to its process group): connections stay open, nothing
+    /// is answered, sessions and leases age. Undo with [`resume`](Self::resume).
+    fn pause(&self) -> Result<(), ServerError> {
+        self.process().node.signal(Signal::SIGSTOP)
+    }
+
+    /// Continues a paused server (`SIGCONT`).
+    fn resume(&self) -> Result<(), ServerError> {
+        self.process().node.signal(Signal::SIGCONT)
+    }
+
+    /// Kills the server (`SIGKILL` to its process group) and reaps it. Its ports and
+    /// directory are kept for [`restart`](Self::restart). No-op when already killed.
+    fn kill(&mut self) {
+        self.process_mut().node.kill();
+    }
+
+    /// Kills the server if running, then starts it again on the same ports with the same
+    /// directory and waits until it serves, bounded by its options' `startup_timeout`.
+    ///
+    /// What survives is the server's: ZooKeeper keeps its sessions and znodes, etcd its
+    /// data; Redis, which runs without persistence, comes back empty.
+    fn restart(&mut self) -> impl Future<Output = Result<(), ServerError>> + Send {
+        self.process_mut().node.restart()
+    }
+}
