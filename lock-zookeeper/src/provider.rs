@@ -58,14 +58,17 @@ struct Owner {
 impl Drop for Owner {
     fn drop(&mut self) {
         self.shared.closed.store(true, Ordering::Release);
-        // Dropping the last client of the session closes it; in-flight calls finish first.
+        // Dropping the last client of the session closes it on the server; in-flight calls
+        // finish first. The guards learn of it here, whether or not the close gets through.
         let session = self
             .shared
             .session
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        drop(session);
+        if let Some(session) = session {
+            session.close();
+        }
     }
 }
 

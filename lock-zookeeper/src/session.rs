@@ -137,6 +137,15 @@ impl Session {
             .remove(&registration);
     }
 
+    /// Ends the session on this side at once: its guards are lost and nothing more is
+    /// done with it, whether or not the server hears of the close.
+    pub(crate) fn close(&self) {
+        self.health.over.store(true, Ordering::Release);
+        self.health.fire_all(&LossReason::Other(
+            "the provider was closed, ending its session".into(),
+        ));
+    }
+
     pub(crate) fn is_suspect(&self) -> bool {
         self.health.suspect.load(Ordering::Acquire)
     }

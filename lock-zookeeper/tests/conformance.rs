@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_conformance::proxy::{FaultProxy, ReplyKind};
 use lock_conformance::servers::{free_port, shared_zk};
 use lock_conformance::{
     Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, Timing,
@@ -44,12 +45,17 @@ impl ZkHarness {
             .with_root(root)
     }
 
+    /// A client that reaches the server through its own fault proxy.
     async fn client_with(&self, config: ZkConfig) -> Result<Client, LockError> {
+        let upstream = self
+            .connect_string
+            .parse()
+            .expect("the shared server's address");
+        let proxy = FaultProxy::start(upstream).expect("a fault proxy");
+        let mut config = config;
+        config.hosts = vec![proxy.address().to_string()];
         let provider = ZkLockProvider::connect(config).await?;
-        let faults = Arc::new(SessionFaults {
-            provider: provider.clone(),
-            connect_string: self.connect_string.clone(),
-        });
+        let faults = Arc::new(ConnectionFaults { proxy });
         Ok(Client::new(Arc::new(provider)).with_faults(faults))
     }
 
@@ -95,26 +101,40 @@ impl ZkHarness {
     }
 }
 
-/// Expires a client's session from outside, as a long partition would: a second client
-/// attaches to the same session and closes it.
-struct SessionFaults {
-    provider: ZkLockProvider,
-    connect_string: String,
+/// Faults on one client's connection, through its proxy.
+struct ConnectionFaults {
+    proxy: FaultProxy,
 }
 
 #[async_trait]
-impl ClientFaults for SessionFaults {
+impl ClientFaults for ConnectionFaults {
+    /// A partition longer than the session: the server expires the session, and the client
+    /// learns it when it reconnects.
     async fn expire_session(&self) -> FaultResult {
-        let Some(client) = self.provider.client() else {
-            return Err(FaultError::Failed("no session to expire".into()));
-        };
-        let session = client.session().clone();
-        let twin = ZkClient::connector()
-            .with_session(session)
-            .connect(&self.connect_string)
-            .await
-            .map_err(|e| FaultError::Failed(format!("attaching to the session: {e}")))?;
-        drop(twin); // closing the twin closes the session on the server
+        self.proxy.cut();
+        // The server expires sessions on tick boundaries (tickTime 500 ms).
+        tokio::time::sleep(SESSION_TIMEOUT + Duration::from_millis(1500)).await;
+        self.proxy.pass();
+        Ok(())
+    }
+
+    async fn cut_connection(&self) -> FaultResult {
+        self.proxy.cut();
+        Ok(())
+    }
+
+    async fn restore(&self) -> FaultResult {
+        self.proxy.pass();
+        Ok(())
+    }
+
+    async fn delay_connection(&self, latency: Duration) -> FaultResult {
+        self.proxy.delay(latency);
+        Ok(())
+    }
+
+    async fn lose_next_create_reply(&self) -> FaultResult {
+        let _armed = self.proxy.swallow_next_reply(ReplyKind::ZkCreate);
         Ok(())
     }
 }
@@ -129,7 +149,7 @@ impl Harness for ZkHarness {
         Timing::default()
             .with_operation_slack(Duration::from_secs(1))
             .with_handoff_bound(Duration::from_secs(2))
-            .with_loss_bound(SESSION_TIMEOUT * 3)
+            .with_loss_bound(SESSION_TIMEOUT * 4)
             .with_crash_release_bound(SESSION_TIMEOUT * 2)
             .with_short_timeout(Duration::from_millis(300))
     }
@@ -183,7 +203,10 @@ impl Faults for ZkHarness {
         let config = ZkConfig::new([format!("127.0.0.1:{port}")])
             .with_strategy(self.strategy)
             .with_connect_timeout(Duration::from_secs(2));
-        Ok(self.client_with(config).await)
+        // Directly: a proxy would make it reachable.
+        Ok(ZkLockProvider::connect(config)
+            .await
+            .map(|provider| Client::new(Arc::new(provider))))
     }
 
     async fn wrong_credentials_client(&self) -> FaultResult<Result<Client, LockError>> {
