@@ -1,0 +1,535 @@
+//! What the ZooKeeper test binaries share: short sessions, fault proxies in front of every
+//! server a client talks to, a raw look at lock directories, and the conformance harness
+//! over the shared standalone server or over a shared ensemble.
+#![allow(dead_code, reason = "each test binary uses a part of this module")]
+#![allow(
+    clippy::expect_used,
+    clippy::unwrap_used,
+    clippy::panic,
+    reason = "test fixtures: a failed set-up must fail the test"
+)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_conformance::proxy::{FaultProxy, ReplyKind, SwallowHandle};
+use lock_conformance::servers::{ServerError, ZkEnsemble, ZkOptions, free_port, shared_zk};
+use lock_conformance::{
+    Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, Timing,
+    async_trait,
+};
+use lock_core::{LockError, LockName};
+use lock_zookeeper::{AclPolicy, DigestAuth, ZkConfig, ZkLockProvider, ZkStrategy};
+use zookeeper_client::{Client as ZkClient, Error as ZkError};
+
+/// Short sessions so that crash and expiry cases finish quickly (with a tickTime of 500 ms,
+/// 1 s is the shortest session a server grants).
+pub(crate) const SESSION_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The tickTime of every server these tests start.
+pub(crate) const TICK_TIME: Duration = Duration::from_millis(500);
+
+/// How the tests run ZooKeeper: tickTime [`TICK_TIME`], everything else at its default.
+pub(crate) fn zk_options() -> ZkOptions {
+    ZkOptions::default().with_tick_time(TICK_TIME)
+}
+
+/// The directory of the lock `name` under `root`, as the provider names it.
+pub(crate) fn lock_dir(root: &str, name: &str) -> String {
+    format!(
+        "{root}/{}",
+        LockName::new(name).expect("a valid lock name").escaped()
+    )
+}
+
+/// The sequence number a contender's name ends with (ten digits or more), if any.
+pub(crate) fn sequence(child: &str) -> Option<i64> {
+    let head = child.trim_end_matches(|c: char| c.is_ascii_digit());
+    let digits = &child[head.len()..];
+    (digits.len() >= 10).then(|| digits.parse().ok())?
+}
+
+/// Runs a read on `admin`, retrying connection losses for a few seconds (the admin client
+/// may be reconnecting after a failover).
+async fn admin_call<T, F, Fut>(mut call: F) -> Result<T, ZkError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, ZkError>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match call().await {
+            Err(ZkError::ConnectionLoss | ZkError::Timeout)
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The children of `dir`; none when it does not exist.
+pub(crate) async fn children(admin: &ZkClient, dir: &str) -> Result<Vec<String>, ZkError> {
+    match admin_call(|| admin.list_children(dir)).await {
+        Ok(children) => Ok(children),
+        Err(ZkError::NoNode) => Ok(Vec::new()),
+        Err(error) => Err(error),
+    }
+}
+
+/// A raw client of `connect_string` for looking at and acting on the server's records.
+pub(crate) async fn admin_client(connect_string: &str) -> ZkClient {
+    ZkClient::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .connect(connect_string)
+        .await
+        .expect("an admin client")
+}
+
+/// One client's fault proxies: one in front of each server of the ensemble (one for a
+/// standalone server). The client is given the proxies' addresses instead of the servers'.
+pub(crate) struct Proxies {
+    proxies: Vec<FaultProxy>,
+}
+
+impl Proxies {
+    /// A proxy in front of each of `servers`.
+    pub(crate) fn start(servers: &[SocketAddr]) -> Self {
+        Proxies {
+            proxies: servers
+                .iter()
+                .map(|server| FaultProxy::start(*server).expect("a fault proxy"))
+                .collect(),
+        }
+    }
+
+    /// The proxies' addresses, for the client's connect string.
+    pub(crate) fn hosts(&self) -> Vec<String> {
+        self.proxies
+            .iter()
+            .map(|proxy| proxy.address().to_string())
+            .collect()
+    }
+
+    /// The proxy in front of the first server.
+    pub(crate) fn first(&self) -> &FaultProxy {
+        &self.proxies[0]
+    }
+
+    /// Closes the client's connections and refuses new ones, on every proxy.
+    pub(crate) fn cut(&self) {
+        self.proxies.iter().for_each(|proxy| proxy.cut());
+    }
+
+    /// Forwards again, on every proxy.
+    pub(crate) fn pass(&self) {
+        self.proxies.iter().for_each(|proxy| proxy.pass());
+    }
+
+    /// Arms the swallow of the next create reply on the proxy the client is connected
+    /// through (the only one with an open connection), waiting a little for the client to
+    /// be connected.
+    pub(crate) async fn swallow_next_create(&self) -> FaultResult<SwallowHandle> {
+        if let [only] = self.proxies.as_slice() {
+            return Ok(only.swallow_next_reply(ReplyKind::ZkCreate));
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let open: Vec<_> = self
+                .proxies
+                .iter()
+                .filter(|proxy| proxy.open_connections() > 0)
+                .collect();
+            if let [proxy] = open.as_slice() {
+                return Ok(proxy.swallow_next_reply(ReplyKind::ZkCreate));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(FaultError::Failed(format!(
+                    "the client has {} open connections; expected one",
+                    open.len()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[async_trait]
+impl ClientFaults for Proxies {
+    /// A partition longer than the session: the server expires the session, and the client
+    /// learns it when it reconnects.
+    async fn expire_session(&self) -> FaultResult {
+        self.cut();
+        // The server expires sessions on tick boundaries (tickTime 500 ms).
+        tokio::time::sleep(SESSION_TIMEOUT + Duration::from_millis(1500)).await;
+        self.pass();
+        Ok(())
+    }
+
+    async fn cut_connection(&self) -> FaultResult {
+        self.cut();
+        Ok(())
+    }
+
+    async fn restore(&self) -> FaultResult {
+        self.pass();
+        Ok(())
+    }
+
+    async fn delay_connection(&self, latency: Duration) -> FaultResult {
+        self.proxies.iter().for_each(|proxy| proxy.delay(latency));
+        Ok(())
+    }
+
+    async fn lose_next_create_reply(&self) -> FaultResult {
+        let _armed = self.swallow_next_create().await?;
+        Ok(())
+    }
+}
+
+/// An ensemble shared by the tests of one binary, and the turn they take on it.
+///
+/// Tests that share it run one at a time (see [`ZkHarness::on_ensemble`]): a leader killed
+/// by one case must not disturb another case's timing.
+pub(crate) struct SharedEnsemble {
+    servers: Vec<SocketAddr>,
+    ensemble: tokio::sync::Mutex<ZkEnsemble>,
+    turn: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl SharedEnsemble {
+    /// Starts an ensemble of `n` members (tickTime [`TICK_TIME`]) on a runtime of its own,
+    /// in a thread of its own, so that it is tied to no test's runtime: the member
+    /// processes are plain child processes, killed when the test binary exits, however it
+    /// exits.
+    pub(crate) fn start_blocking(n: usize) -> Result<Self, ServerError> {
+        let ensemble = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .expect("a runtime to start the ensemble")
+                        .block_on(ZkEnsemble::start(n, zk_options()))
+                })
+                .join()
+                .expect("the thread starting the ensemble")
+        })?;
+        let servers = (0..ensemble.len())
+            .map(|i| {
+                ensemble
+                    .address(i)
+                    .expect("a member's address")
+                    .parse()
+                    .expect("a socket address")
+            })
+            .collect();
+        Ok(SharedEnsemble {
+            servers,
+            ensemble: tokio::sync::Mutex::new(ensemble),
+            turn: Arc::new(tokio::sync::Mutex::new(())),
+        })
+    }
+
+    fn connect_string(&self) -> String {
+        self.servers
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+fn failed(what: &str) -> impl FnOnce(ServerError) -> FaultError + '_ {
+    move |error| FaultError::Failed(format!("{what}: {error}"))
+}
+
+/// The conformance harness: every client reaches the servers through proxies of its own.
+///
+/// Over the shared standalone server ([`ZkHarness::new`]) it offers no server faults (the
+/// server is shared by concurrent tests). Over a [`SharedEnsemble`]
+/// ([`ZkHarness::on_ensemble`]):
+///
+/// - `kill_leader` kills the leader, waits for a new one, then restarts the killed member
+///   and waits until it has rejoined, so that later cases keep a quorum of three;
+/// - `restart_server` is a rolling restart of the whole ensemble: the followers, then the
+///   leader, each killed, started again and waited for until it serves, so the ensemble
+///   keeps a quorum throughout except for one leader election;
+/// - `pause_server` is unsupported: freezing a majority stops the ensemble's clock along with
+///   its service, so what a paused standalone server shows about session expiry cannot be
+///   shown this way (the partition test in `tests/faults.rs` covers expiry).
+pub(crate) struct ZkHarness {
+    strategy: ZkStrategy,
+    servers: Vec<SocketAddr>,
+    connect_string: String,
+    admin: ZkClient,
+    ensemble: Option<&'static SharedEnsemble>,
+    /// Held for the harness's lifetime over an ensemble: one case at a time.
+    _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl ZkHarness {
+    /// A harness over the shared standalone server.
+    pub(crate) async fn new(strategy: ZkStrategy) -> Self {
+        let server = shared_zk().expect("a ZooKeeper server for the tests");
+        let connect_string = server.connect_string();
+        let servers = connect_string
+            .split(',')
+            .map(|host| host.parse().expect("the shared server's address"))
+            .collect();
+        let admin = ZkClient::connect(&connect_string)
+            .await
+            .expect("admin client");
+        ZkHarness {
+            strategy,
+            servers,
+            connect_string,
+            admin,
+            ensemble: None,
+            _turn: None,
+        }
+    }
+
+    /// A harness over `ensemble`, holding the ensemble's turn until it is dropped. A member
+    /// left killed by an earlier case that failed half-way is restarted first.
+    pub(crate) async fn on_ensemble(
+        strategy: ZkStrategy,
+        ensemble: &'static SharedEnsemble,
+    ) -> Self {
+        let turn = Arc::clone(&ensemble.turn).lock_owned().await;
+        {
+            let mut members = ensemble.ensemble.lock().await;
+            for i in 0..members.len() {
+                if members.pid(i).expect("a member").is_none() {
+                    members
+                        .restart(i)
+                        .await
+                        .expect("restarting a killed member");
+                }
+            }
+        }
+        let connect_string = ensemble.connect_string();
+        let admin = admin_client(&connect_string).await;
+        ZkHarness {
+            strategy,
+            servers: ensemble.servers.clone(),
+            connect_string,
+            admin,
+            ensemble: Some(ensemble),
+            _turn: Some(turn),
+        }
+    }
+
+    fn config(&self, root: &str) -> ZkConfig {
+        ZkConfig::new(self.connect_string.split(','))
+            .with_strategy(self.strategy)
+            .with_session_timeout(SESSION_TIMEOUT)
+            .with_root(root)
+    }
+
+    /// A client that reaches the servers through proxies of its own.
+    async fn client_with(&self, config: ZkConfig) -> Result<Client, LockError> {
+        let proxies = Proxies::start(&self.servers);
+        let mut config = config;
+        config.hosts = proxies.hosts();
+        let provider = ZkLockProvider::connect(config).await?;
+        Ok(Client::new(Arc::new(provider)).with_faults(Arc::new(proxies)))
+    }
+
+    /// The contenders of `name`'s directory, in queue order.
+    async fn contenders(&self, name: &str) -> Result<Vec<String>, LockError> {
+        let dir = lock_dir(ZkConfig::DEFAULT_ROOT, name);
+        let children = children(&self.admin, &dir)
+            .await
+            .map_err(|error| LockError::Backend {
+                backend: "test",
+                name: Some(name.into()),
+                message: error.to_string(),
+                retryable: false,
+                source: None,
+            })?;
+        let mut queue: Vec<(i64, String)> = children
+            .into_iter()
+            .filter_map(|child| sequence(&child).map(|seq| (seq, format!("{dir}/{child}"))))
+            .collect();
+        queue.sort();
+        let single = format!("{dir}/lock");
+        if matches!(
+            admin_call(|| self.admin.check_stat(&single)).await,
+            Ok(Some(_))
+        ) {
+            queue.insert(0, (i64::MIN, single));
+        }
+        Ok(queue.into_iter().map(|(_, path)| path).collect())
+    }
+
+    fn ensemble(&self) -> FaultResult<&'static SharedEnsemble> {
+        self.ensemble.ok_or(FaultError::Unsupported)
+    }
+}
+
+#[async_trait]
+impl Harness for ZkHarness {
+    async fn client(&self) -> Result<Client, LockError> {
+        self.client_with(self.config(ZkConfig::DEFAULT_ROOT)).await
+    }
+
+    fn timing(&self) -> Timing {
+        Timing::default()
+            .with_operation_slack(Duration::from_secs(1))
+            .with_handoff_bound(Duration::from_secs(2))
+            .with_loss_bound(SESSION_TIMEOUT * 4)
+            .with_crash_release_bound(SESSION_TIMEOUT * 2)
+            .with_short_timeout(Duration::from_millis(300))
+    }
+
+    fn faults(&self) -> Option<&dyn Faults> {
+        Some(self)
+    }
+
+    fn inspector(&self) -> Option<&dyn Inspector> {
+        Some(self)
+    }
+
+    async fn client_in_other_namespace(&self) -> Option<Result<Client, LockError>> {
+        Some(self.client_with(self.config("/distlock-other")).await)
+    }
+}
+
+#[async_trait]
+impl Faults for ZkHarness {
+    async fn revoke(&self, name: &str) -> FaultResult<bool> {
+        let queue = self
+            .contenders(name)
+            .await
+            .map_err(|e| FaultError::Failed(e.to_string()))?;
+        let Some(holder) = queue.first() else {
+            return Ok(false);
+        };
+        self.admin
+            .delete(holder, None)
+            .await
+            .map_err(|e| FaultError::Failed(format!("deleting {holder}: {e}")))?;
+        Ok(true)
+    }
+
+    async fn delete_first_waiter(&self, name: &str) -> FaultResult {
+        let queue = self
+            .contenders(name)
+            .await
+            .map_err(|e| FaultError::Failed(e.to_string()))?;
+        let Some(waiter) = queue.get(1) else {
+            return Err(FaultError::Unsupported);
+        };
+        self.admin
+            .delete(waiter, None)
+            .await
+            .map_err(|e| FaultError::Failed(format!("deleting {waiter}: {e}")))
+    }
+
+    async fn restart_server(&self) -> FaultResult {
+        let shared = self.ensemble()?;
+        let mut ensemble = shared.ensemble.lock().await;
+        let leader = ensemble
+            .wait_for_leader(Duration::from_secs(30))
+            .await
+            .map_err(failed("the leader before the restart"))?;
+        let order = (0..ensemble.len())
+            .filter(|&i| i != leader)
+            .chain(std::iter::once(leader));
+        for member in order.collect::<Vec<_>>() {
+            ensemble
+                .restart(member)
+                .await
+                .map_err(failed("restarting a member"))?;
+            ensemble
+                .wait_for_leader(Duration::from_secs(30))
+                .await
+                .map_err(failed("a leader during the rolling restart"))?;
+        }
+        Ok(())
+    }
+
+    async fn kill_leader(&self) -> FaultResult {
+        let shared = self.ensemble()?;
+        let mut ensemble = shared.ensemble.lock().await;
+        let leader = ensemble
+            .wait_for_leader(Duration::from_secs(30))
+            .await
+            .map_err(failed("the leader to kill"))?;
+        ensemble
+            .kill(leader)
+            .map_err(failed("killing the leader"))?;
+        let new_leader = ensemble
+            .wait_for_leader(Duration::from_secs(30))
+            .await
+            .map_err(failed("a new leader"))?;
+        if new_leader == leader {
+            return Err(FaultError::Failed(format!(
+                "member {leader} was killed yet reports itself leader"
+            )));
+        }
+        // Back as a follower: the later cases keep a quorum of three.
+        ensemble
+            .restart(leader)
+            .await
+            .map_err(failed("restarting the killed leader"))
+    }
+
+    async fn unreachable_client(&self) -> FaultResult<Result<Client, LockError>> {
+        let port = free_port().map_err(|e| FaultError::Failed(e.to_string()))?;
+        let config = ZkConfig::new([format!("127.0.0.1:{port}")])
+            .with_strategy(self.strategy)
+            .with_connect_timeout(Duration::from_secs(2));
+        // Directly: a proxy would make it reachable.
+        Ok(ZkLockProvider::connect(config)
+            .await
+            .map(|provider| Client::new(Arc::new(provider))))
+    }
+
+    async fn wrong_credentials_client(&self) -> FaultResult<Result<Client, LockError>> {
+        // The root is created by the rightful user with a creator-only ACL.
+        let root = "/distlock-secure";
+        let rightful = self
+            .config(root)
+            .with_auth(DigestAuth::new("locker", "right"))
+            .with_acl(AclPolicy::CreatorAll);
+        let owner = ZkLockProvider::connect(rightful)
+            .await
+            .map_err(|e| FaultError::Failed(e.to_string()))?;
+        let probe = lock_core::LockProvider::lock(&owner, "h2-probe")
+            .map_err(|e| FaultError::Failed(e.to_string()))?;
+        let mut guard = probe
+            .acquire(None)
+            .await
+            .map_err(|e| FaultError::Failed(e.to_string()))?;
+        guard
+            .release()
+            .await
+            .map_err(|e| FaultError::Failed(e.to_string()))?;
+        // The root stays (persistent parent of the container directories).
+        let wrong = self
+            .config(root)
+            .with_auth(DigestAuth::new("locker", "wrong"))
+            .with_acl(AclPolicy::CreatorAll);
+        Ok(self.client_with(wrong).await)
+    }
+}
+
+#[async_trait]
+impl Inspector for ZkHarness {
+    async fn entries(&self, name: &str) -> Result<Entries, LockError> {
+        let queue = self.contenders(name).await?;
+        Ok(Entries::new(
+            queue.len().min(1),
+            queue.len().saturating_sub(1),
+        ))
+    }
+
+    fn records_waiters(&self) -> bool {
+        // The single-node lock's waiters only watch the lock node.
+        self.strategy != ZkStrategy::SingleNode
+    }
+}
