@@ -300,27 +300,17 @@ impl ZkLock {
         let mut unknown = 0;
         loop {
             self.count();
-            match session
+            let ours = match session
                 .client
                 .create(&path, uuid.as_bytes(), &options)
                 .await
             {
-                Ok((stat, _)) => {
-                    pending.disarm();
-                    return Ok(Some(grant(
-                        &self.shared,
-                        session,
-                        &self.name,
-                        path,
-                        stat.czxid,
-                        true,
-                    )));
-                }
+                Ok((stat, _)) => Some(stat.czxid),
                 Err(ZkError::NoNode) => {
                     self.ensure_dir(session).await?;
                     continue;
                 }
-                Err(ZkError::NodeExists) => {}
+                Err(ZkError::NodeExists) => None,
                 Err(error) if outcome_unknown(&error) && unknown < CREATE_ATTEMPTS => {
                     unknown += 1;
                     tokio::time::sleep(RETRY_PAUSE).await;
@@ -330,22 +320,25 @@ impl ZkLock {
                         Ok((data, stat))
                             if stat.ephemeral_owner == session.id && data == uuid.as_bytes() =>
                         {
-                            pending.disarm();
-                            return Ok(Some(grant(
-                                &self.shared,
-                                session,
-                                &self.name,
-                                path,
-                                stat.czxid,
-                                true,
-                            )));
+                            Some(stat.czxid)
                         }
-                        Ok(_) | Err(ZkError::NoNode) => {}
+                        Ok(_) | Err(ZkError::NoNode) => None,
                         Err(error) if outcome_unknown(&error) => continue,
                         Err(error) => return Err(self.error(error)),
                     }
                 }
                 Err(error) => return Err(self.error(error)),
+            };
+            if let Some(czxid) = ours {
+                pending.disarm();
+                return Ok(Some(grant(
+                    &self.shared,
+                    session,
+                    &self.name,
+                    path,
+                    czxid,
+                    true,
+                )));
             }
             if woken {
                 self.shared.metrics.record_futile_wakeup();
