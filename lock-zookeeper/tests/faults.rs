@@ -1,0 +1,974 @@
+//! Fault tests of the ZooKeeper lock provider, each against a server or an ensemble of its
+//! own (tickTime 500 ms, client sessions of 2 s): leader failover under a held lock, a
+//! partition past the session timeout, lost create replies, mass cancellation, ACLs, and an
+//! unreachable server. Every test checks invariants — an occupancy counter, the nodes left
+//! in the lock directory, who owns them, when grants happen — not just return values, and
+//! prints what it measured (`cargo test --test faults -- --nocapture`).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed set-up or check must fail the test"
+)]
+
+mod common;
+
+use std::fmt::Display;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use common::{Proxies, SESSION_TIMEOUT, TICK_TIME, admin_client, children, lock_dir, zk_options};
+use lock_conformance::proxy::ReplyKind;
+use lock_conformance::servers::{LocalServer, ZkEnsemble, ZkServer, free_port};
+use lock_conformance::{Occupancy, unique_name};
+use lock_core::{Guard, LockError, LockProvider};
+use lock_zookeeper::{AclPolicy, DigestAuth, ZkConfig, ZkLockProvider, ZkStrategy};
+use tokio::time::{Instant, sleep, timeout};
+use zookeeper_client::{Acls, Client as ZkClient, CreateMode};
+
+/// Slack for one operation or one reaction on a loaded two-core machine.
+const SLACK: Duration = Duration::from_secs(1);
+
+#[allow(
+    clippy::print_stderr,
+    reason = "the measurements are part of what these tests are for"
+)]
+fn report(test: &str, line: impl Display) {
+    eprintln!("faults::{test}: {line}");
+}
+
+fn config(hosts: Vec<String>, strategy: ZkStrategy) -> ZkConfig {
+    ZkConfig::new(hosts)
+        .with_strategy(strategy)
+        .with_session_timeout(SESSION_TIMEOUT)
+}
+
+async fn connect(hosts: Vec<String>, strategy: ZkStrategy) -> ZkLockProvider {
+    ZkLockProvider::connect(config(hosts, strategy))
+        .await
+        .expect("a provider")
+}
+
+/// A standalone server of the test's own, and a raw client of it.
+async fn standalone() -> (ZkServer, ZkClient) {
+    let server = ZkServer::start(zk_options())
+        .await
+        .expect("a ZooKeeper server");
+    let admin = admin_client(&server.address()).await;
+    (server, admin)
+}
+
+/// Waits until `dir` has exactly `count` children; returns them. Panics after `bound`.
+async fn expect_children(
+    admin: &ZkClient,
+    dir: &str,
+    count: usize,
+    bound: Duration,
+    what: &str,
+) -> Vec<String> {
+    let deadline = Instant::now() + bound;
+    loop {
+        let now = children(admin, dir)
+            .await
+            .expect("listing the lock directory");
+        if now.len() == count {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {dir} has {} children after {bound:?}, expected {count}: {now:?}",
+            now.len()
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Releases `guard`, retrying retryable errors for at most `bound`; returns the attempts.
+async fn release_retrying(guard: &mut Guard, bound: Duration) -> usize {
+    let deadline = Instant::now() + bound;
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match guard.release().await {
+            Ok(()) => return attempts,
+            Err(error) if error.is_retryable() && Instant::now() < deadline => {
+                sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("release after {attempts} attempts: {error}"),
+        }
+    }
+}
+
+fn zxid(guard: &Guard) -> i64 {
+    i64::try_from(guard.fencing_token().0).expect("a zxid")
+}
+
+/// What a guard showed while it was watched.
+#[derive(Debug, Default)]
+struct Observed {
+    /// First and last moment it was seen suspect, from the start of the watch.
+    suspect: Option<(Duration, Duration)>,
+    /// When it was first seen lost.
+    lost: Option<Duration>,
+}
+
+/// Samples `guard` every 10 ms from `from` until at least `min` has passed and it is no longer
+/// suspect, or `max` has passed.
+async fn observe(guard: &Guard, from: Instant, min: Duration, max: Duration) -> Observed {
+    let mut observed = Observed::default();
+    loop {
+        let at = from.elapsed();
+        let suspect = guard.is_suspect();
+        if suspect {
+            let first = observed.suspect.map_or(at, |(first, _)| first);
+            observed.suspect = Some((first, at));
+        }
+        if guard.is_lost() && observed.lost.is_none() {
+            observed.lost = Some(at);
+        }
+        if (at >= min && !suspect) || at >= max {
+            return observed;
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// (a) The leader of a three-member ensemble is killed while a lock is held and three
+/// waiters are queued: the holder keeps its lock (its guard is neither lost nor taken over),
+/// nobody else gets in while it holds, and after its release each waiter is served exactly
+/// once, in queue order, with no node left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_failover_keeps_the_holder_and_serves_each_waiter_once() {
+    const TEST: &str = "leader_failover";
+    const WAITERS: usize = 3;
+    let began = Instant::now();
+    let mut ensemble = ZkEnsemble::start(3, zk_options())
+        .await
+        .expect("a three-member ensemble");
+    let connect_string = ensemble.connect_string();
+    let hosts = || {
+        connect_string
+            .split(',')
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    report(TEST, format_args!("ensemble up in {:?}", began.elapsed()));
+    let admin = admin_client(&connect_string).await;
+    let strategy = ZkStrategy::default();
+    let name = unique_name("failover");
+    let dir = lock_dir(ZkConfig::DEFAULT_ROOT, &name);
+
+    let holder = connect(hosts(), strategy).await;
+    let mut held = holder
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the lock is free");
+    let occupancy = Occupancy::new();
+    let inside = occupancy.enter();
+    let holder_node = expect_children(&admin, &dir, 1, SLACK, "the holder's node").await;
+
+    let served = Arc::new(AtomicUsize::new(0));
+    let mut providers = Vec::new();
+    let mut waiters = Vec::new();
+    for index in 0..WAITERS {
+        let provider = connect(hosts(), strategy).await;
+        let lock = provider.lock(&name).unwrap();
+        providers.push(provider);
+        let occupancy = occupancy.clone();
+        let served = Arc::clone(&served);
+        waiters.push(tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut attempts = 0;
+            let mut guard = loop {
+                attempts += 1;
+                match lock.acquire(None).await {
+                    Ok(guard) => break guard,
+                    Err(error) if error.is_retryable() && Instant::now() < deadline => {
+                        sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(error) => return Err(error),
+                }
+            };
+            served.fetch_add(1, Ordering::SeqCst);
+            let granted = Instant::now();
+            {
+                let _inside = occupancy.enter();
+                sleep(Duration::from_millis(20)).await;
+            }
+            let token = zxid(&guard);
+            guard.release().await?;
+            Ok::<_, LockError>((index, granted, token, attempts))
+        }));
+        // Queued in index order.
+        expect_children(&admin, &dir, index + 2, SLACK * 2, "a waiter's node").await;
+    }
+
+    let leader = ensemble
+        .wait_for_leader(Duration::from_secs(10))
+        .await
+        .expect("a leader");
+    let killed = Instant::now();
+    ensemble.kill(leader).expect("killing the leader");
+    let failover = async {
+        let new_leader = ensemble
+            .wait_for_leader(Duration::from_secs(30))
+            .await
+            .expect("a new leader");
+        (new_leader, killed.elapsed())
+    };
+    // Watch the holder's guard through the election and until it is connected again, for
+    // at least two session timeouts.
+    let watching = observe(&held, killed, SESSION_TIMEOUT * 2, Duration::from_secs(15));
+    let ((new_leader, failover_took), observed) = tokio::join!(failover, watching);
+    report(
+        TEST,
+        format_args!(
+            "killed leader {leader}; member {new_leader} leads after {failover_took:?}; \
+             holder's guard suspect {:?}, lost {:?}",
+            observed.suspect, observed.lost
+        ),
+    );
+    assert_ne!(new_leader, leader, "the killed member cannot lead");
+    assert!(
+        observed.lost.is_none() && !held.is_lost(),
+        "the holder's guard was lost in the failover: {observed:?}"
+    );
+    assert!(!held.is_suspect(), "the holder never reconnected");
+    assert_eq!(
+        served.load(Ordering::SeqCst),
+        0,
+        "a waiter was granted while the holder held"
+    );
+    assert!(
+        waiters.iter().all(|waiter| !waiter.is_finished()),
+        "a waiter finished while the holder held"
+    );
+    // On the server: the holder's node is still first, every waiter still queued.
+    let mut queue = children(&admin, &dir).await.unwrap();
+    queue.sort_by_key(|child| common::sequence(child));
+    assert_eq!(
+        queue.len(),
+        1 + WAITERS,
+        "the queue after the failover: {queue:?}"
+    );
+    assert_eq!(
+        queue[0], holder_node[0],
+        "the holder's node is no longer first"
+    );
+
+    drop(inside);
+    let released = Instant::now();
+    let release_attempts = release_retrying(&mut held, Duration::from_secs(10)).await;
+    let mut grants = Vec::new();
+    for waiter in waiters {
+        let result = timeout(Duration::from_secs(20), waiter)
+            .await
+            .expect("a waiter served within 20 s")
+            .expect("the waiter task");
+        grants.push(result.expect("the waiter's acquire and release"));
+    }
+    assert_eq!(
+        served.load(Ordering::SeqCst),
+        WAITERS,
+        "each waiter is served exactly once"
+    );
+    assert_eq!(
+        occupancy.peak(),
+        1,
+        "two holders at once across the failover"
+    );
+    grants.sort_by_key(|&(_, granted, _, _)| granted);
+    for &(index, granted, token, _) in &grants {
+        assert!(
+            granted >= released,
+            "waiter {index} was granted before the holder released"
+        );
+        assert!(
+            token > zxid(&held),
+            "waiter {index}'s token is not above the holder's"
+        );
+    }
+    assert!(
+        grants.windows(2).all(|pair| pair[0].2 < pair[1].2),
+        "tokens do not increase with the grants: {grants:?}"
+    );
+    let retried = grants.iter().any(|&(_, _, _, attempts)| attempts > 1);
+    if !retried {
+        let order: Vec<_> = grants.iter().map(|&(index, ..)| index).collect();
+        assert_eq!(
+            order,
+            (0..WAITERS).collect::<Vec<_>>(),
+            "waiters served out of queue order"
+        );
+    }
+    expect_children(&admin, &dir, 0, SLACK * 5, "nodes left after the waiters").await;
+    report(
+        TEST,
+        format_args!(
+            "released after {release_attempts} attempt(s); waiters served at {:?} after the \
+             release (attempts {:?}); occupancy peak {}; nodes left 0; test took {:?}",
+            grants
+                .iter()
+                .map(|&(index, granted, ..)| (index, granted - released))
+                .collect::<Vec<_>>(),
+            grants.iter().map(|g| g.3).collect::<Vec<_>>(),
+            occupancy.peak(),
+            began.elapsed()
+        ),
+    );
+    drop(providers);
+}
+
+/// How the holder is cut off in [`partition`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Partition {
+    /// Its connections are closed and new ones refused: the client notices at once.
+    Cut,
+}
+
+/// (b) The holder is cut off for longer than its session: its guard becomes suspect, and
+/// lost within the session timeout (plus slack) and before anyone else holds the lock; a
+/// client that asks during the partition gets the lock only once the server can have
+/// expired the holder's session; when the network comes back, the stale guard's release
+/// returns `Lost` and leaves the new holder alone.
+async fn partition(kind: Partition) {
+    let test = format!("partition_{kind:?}").to_lowercase();
+    let began = Instant::now();
+    let (server, admin) = standalone().await;
+    let proxies = Proxies::start(&[server.socket_addr()]);
+    let strategy = ZkStrategy::default();
+    let a = connect(proxies.hosts(), strategy).await;
+    let b = connect(vec![server.address()], strategy).await;
+    let c = connect(vec![server.address()], strategy).await;
+    let session_timeout = a
+        .capabilities()
+        .crash_release_bound
+        .expect("the negotiated session timeout");
+    assert_eq!(
+        session_timeout, SESSION_TIMEOUT,
+        "the negotiated session timeout"
+    );
+    let name = unique_name("partition");
+    let dir = lock_dir(ZkConfig::DEFAULT_ROOT, &name);
+    let mut stale = a
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the lock is free");
+    let a_session = a.session_id().expect("a session");
+    let lost = stale.lost();
+    let lost_at = tokio::spawn({
+        let lost = lost.clone();
+        async move {
+            let reason = lost.wait().await;
+            (reason, Instant::now())
+        }
+    });
+
+    // A request answered just before the partition: the server heard from the holder's
+    // session at or after `touched`, so it cannot expire the session before
+    // `touched + timeout`.
+    let touched = Instant::now();
+    a.client().unwrap().check_stat("/").await.unwrap();
+    match kind {
+        Partition::Cut => proxies.cut(),
+    }
+    let cut = Instant::now();
+    let b_lock = b.lock(&name).unwrap();
+    let contender = tokio::spawn(async move {
+        let result = b_lock.acquire(Some(Duration::from_secs(15))).await;
+        (result, Instant::now())
+    });
+
+    // Suspect once the client notices (at once for a cut; after its read timeout, 2/5 of
+    // the session, when silent), and not yet lost then.
+    let deadline = cut + session_timeout / 2 + Duration::from_millis(300);
+    while !stale.is_suspect() && Instant::now() < deadline {
+        sleep(Duration::from_millis(10)).await;
+    }
+    let suspect_after = cut.elapsed();
+    assert!(
+        stale.is_suspect(),
+        "the guard is not suspect {suspect_after:?} into the partition"
+    );
+    assert!(
+        !stale.is_lost(),
+        "the guard was lost {suspect_after:?} into the partition"
+    );
+    assert!(
+        !contender.is_finished(),
+        "B got the lock during the partition"
+    );
+
+    let (reason, lost_at) = timeout(session_timeout + SLACK, lost_at)
+        .await
+        .expect("the lost signal within the session timeout and slack")
+        .expect("the lost-signal task");
+    let lost_after = lost_at - cut;
+    assert!(reason.is_some(), "the lost signal ended without a loss");
+
+    let (granted, granted_at) = timeout(session_timeout + TICK_TIME + SLACK * 4, contender)
+        .await
+        .expect("B's grant after the expiry")
+        .expect("B's task");
+    let mut fresh = granted.expect("B's acquire");
+    let granted_after = granted_at - cut;
+    assert!(
+        granted_at >= touched + session_timeout,
+        "B was granted {granted_after:?} after the cut, before the holder's session could \
+         expire ({session_timeout:?} after the last exchange)"
+    );
+    assert!(
+        granted_after <= session_timeout + TICK_TIME * 2 + SLACK * 2,
+        "B waited {granted_after:?} after the cut"
+    );
+    assert!(
+        lost_at <= granted_at,
+        "B was granted {granted_after:?} after the cut while the holder's guard still held \
+         (lost only {lost_after:?} after the cut)"
+    );
+
+    proxies.pass();
+    let release = timeout(SLACK * 5, stale.release())
+        .await
+        .expect("the stale release returns");
+    assert!(
+        matches!(release, Err(LockError::Lost { .. })),
+        "the stale release returned {release:?}"
+    );
+    // B still holds: a third client is refused, and B's node is the only one, B's own.
+    assert!(!fresh.is_lost(), "the stale release hurt the new holder");
+    assert!(
+        c.lock(&name)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "a third client got the lock B holds"
+    );
+    let nodes = children(&admin, &dir).await.unwrap();
+    assert_eq!(nodes.len(), 1, "nodes while B holds: {nodes:?}");
+    let stat = admin
+        .check_stat(&format!("{dir}/{}", nodes[0]))
+        .await
+        .unwrap()
+        .expect("B's node");
+    assert_eq!(stat.czxid, zxid(&fresh), "the node left is not B's grant");
+    assert_eq!(
+        stat.ephemeral_owner,
+        b.session_id().unwrap(),
+        "the node left is not B's"
+    );
+    fresh.release().await.expect("B's release");
+
+    // The holder's provider works again, on a new session (never the expired one).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut again = loop {
+        match a.lock(&name).unwrap().try_acquire().await {
+            Ok(Some(guard)) => break guard,
+            Ok(None) => panic!("the lock is free after B's release"),
+            Err(error) if error.is_retryable() && Instant::now() < deadline => {
+                sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("acquire on A's provider after the partition: {error}"),
+        }
+    };
+    assert_ne!(
+        a.session_id(),
+        Some(a_session),
+        "the expired session was reused"
+    );
+    again.release().await.unwrap();
+    expect_children(&admin, &dir, 0, SLACK, "nodes left").await;
+    report(
+        &test,
+        format_args!(
+            "suspect {suspect_after:?} after the cut; lost {lost_after:?} after the cut \
+             ({reason:?}); B granted {granted_after:?} after the cut, {:?} after the last \
+             exchange (session {session_timeout:?}); stale release Lost; nodes left 0; \
+             took {:?}",
+            granted_at - touched,
+            began.elapsed()
+        ),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_past_the_session_timeout_cut() {
+    partition(Partition::Cut).await;
+}
+
+/// Adoption counts of one run of [`lost_create_replies`].
+#[derive(Debug, Default)]
+struct LostReplies {
+    /// The swallowed create had made the node; the client found and kept it.
+    adopted: usize,
+    /// The client got the lock with another node (the swallowed reply was an error).
+    recreated: usize,
+    /// The acquire failed with a retryable error.
+    failed: usize,
+}
+
+/// (c) Fifty acquires whose create reply is lost (the server acts on the create, the client
+/// sees its connection drop), alternately on a free lock and behind another holder: after
+/// each, the directory holds exactly the holder's own node, nothing once released, and
+/// another client gets the lock at once.
+async fn lost_create_replies(strategy: ZkStrategy) -> LostReplies {
+    const ROUNDS: usize = 50;
+    let (server, admin) = standalone().await;
+    let proxies = Proxies::start(&[server.socket_addr()]);
+    let proxy = proxies.first();
+    let a = connect(proxies.hosts(), strategy).await;
+    let b = connect(vec![server.address()], strategy).await;
+    let name = unique_name("lost-create");
+    let dir = lock_dir(ZkConfig::DEFAULT_ROOT, &name);
+    let (a_lock, b_lock) = (a.lock(&name).unwrap(), b.lock(&name).unwrap());
+    let mut counts = LostReplies::default();
+    for round in 0..ROUNDS {
+        let blocker = if round % 2 == 1 {
+            Some(
+                b_lock
+                    .try_acquire()
+                    .await
+                    .unwrap()
+                    .expect("the lock is free"),
+            )
+        } else {
+            None
+        };
+        let swallow = proxy.swallow_next_reply(ReplyKind::ZkCreate);
+        let acquiring = a_lock.acquire(Some(Duration::from_secs(10)));
+        let result = match blocker {
+            None => acquiring.await,
+            Some(mut blocker) => {
+                // The other holder lets go once the contender's create reply is gone.
+                let letting_go = async {
+                    timeout(SLACK * 5, swallow.wait())
+                        .await
+                        .expect("the contender's create reply swallowed");
+                    sleep(Duration::from_millis(100)).await;
+                    blocker.release().await.expect("the other holder's release");
+                };
+                tokio::join!(acquiring, letting_go).0
+            }
+        };
+        let event = swallow
+            .event()
+            .unwrap_or_else(|| panic!("round {round}: no reply swallowed"));
+        match result {
+            Ok(mut guard) => {
+                let token = zxid(&guard);
+                if event.err == Some(0) && event.zxid == Some(token) {
+                    counts.adopted += 1;
+                } else {
+                    counts.recreated += 1;
+                }
+                let nodes = expect_children(
+                    &admin,
+                    &dir,
+                    1,
+                    SLACK,
+                    &format!("round {round}: the holder's node"),
+                )
+                .await;
+                let stat = admin
+                    .check_stat(&format!("{dir}/{}", nodes[0]))
+                    .await
+                    .unwrap()
+                    .expect("the holder's node");
+                assert_eq!(
+                    stat.czxid, token,
+                    "round {round}: the only node is not the grant's"
+                );
+                assert_eq!(
+                    stat.ephemeral_owner,
+                    a.session_id().unwrap(),
+                    "round {round}: the only node is not the holder's"
+                );
+                guard.release().await.expect("the holder's release");
+            }
+            Err(error) if error.is_retryable() => counts.failed += 1,
+            Err(error) => panic!("round {round}: {error}"),
+        }
+        expect_children(
+            &admin,
+            &dir,
+            0,
+            SLACK * 3,
+            &format!("round {round}: an orphan node"),
+        )
+        .await;
+        let mut next = timeout(SLACK * 2, b_lock.acquire(Some(SLACK * 2)))
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: another client's acquire hangs"))
+            .unwrap_or_else(|error| panic!("round {round}: another client's acquire: {error}"));
+        next.release().await.unwrap();
+        expect_children(
+            &admin,
+            &dir,
+            0,
+            SLACK,
+            &format!("round {round}: nodes left"),
+        )
+        .await;
+    }
+    assert_eq!(
+        usize::try_from(proxy.swallowed_count()).unwrap(),
+        ROUNDS,
+        "one reply swallowed per round"
+    );
+    assert_eq!(counts.adopted + counts.recreated + counts.failed, ROUNDS);
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_create_replies_leave_no_orphan_sequential() {
+    let began = Instant::now();
+    let counts = lost_create_replies(ZkStrategy::SequentialPredecessor).await;
+    report(
+        "lost_create_replies_sequential",
+        format_args!(
+            "{counts:?} of 50; nodes left 0 after each round; took {:?}",
+            began.elapsed()
+        ),
+    );
+    assert!(counts.adopted > 0, "no swallowed create was adopted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_create_replies_leave_no_orphan_single_node() {
+    let began = Instant::now();
+    let counts = lost_create_replies(ZkStrategy::SingleNode).await;
+    report(
+        "lost_create_replies_single_node",
+        format_args!(
+            "{counts:?} of 50; nodes left 0 after each round; took {:?}",
+            began.elapsed()
+        ),
+    );
+    assert!(counts.adopted > 0, "no swallowed create was adopted");
+}
+
+/// A small deterministic generator (SplitMix64), seeded per contender.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, bound: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) % bound
+    }
+}
+
+/// Polls the inner future at most `polls` times, then gives up (dropping it is the cancel).
+struct PollBudget<F> {
+    inner: Pin<Box<F>>,
+    polls: usize,
+}
+
+impl<F: Future> Future for PollBudget<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.polls == 0 {
+            return Poll::Ready(None);
+        }
+        self.polls -= 1;
+        self.inner.as_mut().poll(cx).map(Some)
+    }
+}
+
+/// What the contenders of [`cancelled_acquires_leave_no_nodes`] did.
+#[derive(Debug, Default)]
+struct Cancels {
+    dropped_after_delay: AtomicUsize,
+    dropped_after_polls: AtomicUsize,
+    granted: AtomicUsize,
+}
+
+/// (d) Twenty contenders, each its own provider, make 200 acquires between them; most are
+/// cancelled at a random point (dropped after 0–50 ms, or after a random number of polls),
+/// the others run until they hold, and those that get the lock hold it briefly and release.
+/// Exclusion holds throughout, and once they settle no node is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquires_leave_no_nodes() {
+    const TEST: &str = "cancelled_acquires";
+    const CONTENDERS: u64 = 20;
+    const ATTEMPTS: usize = 10;
+    let began = Instant::now();
+    let (server, admin) = standalone().await;
+    let name = unique_name("cancels");
+    let dir = lock_dir(ZkConfig::DEFAULT_ROOT, &name);
+    let occupancy = Occupancy::new();
+    let cancels = Arc::new(Cancels::default());
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    let mut providers = Vec::new();
+    let mut contenders = Vec::new();
+    for index in 0..CONTENDERS {
+        let provider = connect(vec![server.address()], ZkStrategy::default()).await;
+        let lock = provider.lock(&name).unwrap();
+        providers.push(provider);
+        let (occupancy, cancels) = (occupancy.clone(), Arc::clone(&cancels));
+        let mut rng = Rng(seed.wrapping_mul(31).wrapping_add(index));
+        contenders.push(tokio::spawn(async move {
+            for _ in 0..ATTEMPTS {
+                let granted = match rng.below(10) {
+                    0..=3 => {
+                        let delay = Duration::from_millis(rng.below(51));
+                        match timeout(delay, lock.acquire(None)).await {
+                            Ok(result) => Some(result),
+                            Err(_) => {
+                                cancels.dropped_after_delay.fetch_add(1, Ordering::SeqCst);
+                                None
+                            }
+                        }
+                    }
+                    4..=7 => {
+                        let polls = 1 + usize::try_from(rng.below(12)).unwrap();
+                        let budget = PollBudget {
+                            inner: Box::pin(lock.acquire(None)),
+                            polls,
+                        };
+                        match timeout(Duration::from_millis(50), budget).await {
+                            Ok(Some(result)) => Some(result),
+                            Ok(None) | Err(_) => {
+                                cancels.dropped_after_polls.fetch_add(1, Ordering::SeqCst);
+                                None
+                            }
+                        }
+                    }
+                    _ => Some(lock.acquire(Some(Duration::from_secs(30))).await),
+                };
+                if let Some(result) = granted {
+                    let mut guard = result.expect("an acquire that ran to its end");
+                    {
+                        let _inside = occupancy.enter();
+                        sleep(Duration::from_millis(rng.below(4))).await;
+                        assert!(!guard.is_lost(), "a holder lost its lock");
+                    }
+                    guard.release().await.expect("a holder's release");
+                    cancels.granted.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for contender in contenders {
+        timeout(Duration::from_secs(60), contender)
+            .await
+            .expect("a contender settles within 60 s")
+            .expect("the contender task");
+    }
+    let settled = began.elapsed();
+    expect_children(&admin, &dir, 0, SLACK * 5, "nodes left after the cancels").await;
+    assert!(
+        occupancy.peak() <= 1,
+        "{} holders at once",
+        occupancy.peak()
+    );
+    let granted = cancels.granted.load(Ordering::SeqCst);
+    assert!(granted > 0, "no acquire ran to a grant");
+    // Nothing is held on a cancelled caller's behalf: a newcomer gets the lock at once.
+    let newcomer = connect(vec![server.address()], ZkStrategy::default()).await;
+    let mut probe = newcomer
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the lock is free once the contenders settled");
+    probe.release().await.unwrap();
+    report(
+        TEST,
+        format_args!(
+            "seed {seed}: {} dropped after a delay, {} dropped after some polls, {granted} \
+             granted and released (200 in all); occupancy peak {}; settled in {settled:?}; \
+             nodes left 0; took {:?}",
+            cancels.dropped_after_delay.load(Ordering::SeqCst),
+            cancels.dropped_after_polls.load(Ordering::SeqCst),
+            occupancy.peak(),
+            began.elapsed()
+        ),
+    );
+    assert_eq!(
+        cancels.dropped_after_delay.load(Ordering::SeqCst)
+            + cancels.dropped_after_polls.load(Ordering::SeqCst)
+            + granted,
+        200
+    );
+    drop(providers);
+}
+
+/// (e) A root created by a digest user with a creator-only ACL: a client with the wrong
+/// password (or none) is refused with an auth error, on a fresh name and on a held one, and
+/// creates nothing under the root; the rightful holder is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_are_refused_and_create_nothing() {
+    const TEST: &str = "wrong_credentials";
+    let began = Instant::now();
+    let (server, _admin) = standalone().await;
+    let root = "/secured";
+    let owner = ZkClient::connector()
+        .with_auth("digest", b"owner:right")
+        .connect(&server.address())
+        .await
+        .expect("the owner's raw client");
+    owner
+        .create(
+            root,
+            &[],
+            &CreateMode::Persistent.with_acls(Acls::creator_all()),
+        )
+        .await
+        .expect("the secured root");
+    let secured = |auth: Option<DigestAuth>| {
+        let config = config(vec![server.address()], ZkStrategy::default()).with_root(root);
+        match auth {
+            Some(auth) => config.with_auth(auth).with_acl(AclPolicy::CreatorAll),
+            None => config,
+        }
+    };
+    let rightful = ZkLockProvider::connect(secured(Some(DigestAuth::new("owner", "right"))))
+        .await
+        .unwrap();
+    let mut held = rightful
+        .lock("held")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the rightful user locks under the root");
+    let intruders = [
+        (
+            "wrong password",
+            secured(Some(DigestAuth::new("owner", "wrong"))),
+        ),
+        (
+            "other user",
+            secured(Some(DigestAuth::new("intruder", "right"))),
+        ),
+        ("no credentials", secured(None)),
+    ];
+    let mut refusals = Vec::new();
+    for (who, config) in intruders {
+        let intruder = ZkLockProvider::connect(config).await.unwrap();
+        for name in ["fresh", "held"] {
+            let lock = intruder.lock(name).unwrap();
+            let acquired = timeout(SLACK * 5, lock.acquire(Some(SLACK)))
+                .await
+                .expect("a refusal within the bound");
+            let tried = timeout(SLACK * 5, lock.try_acquire())
+                .await
+                .expect("a refusal within the bound");
+            for error in [acquired.err(), tried.err()] {
+                let error = error.unwrap_or_else(|| panic!("{who} locked {name}"));
+                assert!(
+                    matches!(
+                        error,
+                        LockError::PermissionDenied { .. } | LockError::Auth { .. }
+                    ),
+                    "{who} on {name}: expected an auth error, got {error}"
+                );
+                assert!(
+                    !error.is_retryable(),
+                    "{who}: an auth error is not retryable"
+                );
+                refusals.push(format!("{who}/{name}: {}", error_kind(&error)));
+            }
+        }
+    }
+    // Nothing under the root but the rightful holder's directory and node.
+    let under_root = children(&owner, root).await.unwrap();
+    assert_eq!(under_root, ["held"], "nodes under the root");
+    let held_dir = lock_dir(root, "held");
+    let nodes = children(&owner, &held_dir).await.unwrap();
+    assert_eq!(nodes.len(), 1, "nodes of the held lock: {nodes:?}");
+    let stat = owner
+        .check_stat(&format!("{held_dir}/{}", nodes[0]))
+        .await
+        .unwrap()
+        .expect("the holder's node");
+    assert_eq!(stat.ephemeral_owner, rightful.session_id().unwrap());
+    assert!(!held.is_lost(), "the intruders hurt the rightful holder");
+    held.release().await.unwrap();
+    report(
+        TEST,
+        format_args!(
+            "{} refusals ({}); nodes created by intruders 0; took {:?}",
+            refusals.len(),
+            refusals.join(", "),
+            began.elapsed()
+        ),
+    );
+}
+
+fn error_kind(error: &LockError) -> &'static str {
+    match error {
+        LockError::PermissionDenied { .. } => "PermissionDenied",
+        LockError::Auth { .. } => "Auth",
+        _ => "other",
+    }
+}
+
+/// (f) No server at the address: connecting fails with a retryable `Connection` error within
+/// the connect timeout (1 s) and some slack — whether the port refuses connections or a
+/// listener accepts them and never answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_server_is_a_retryable_connection_error() {
+    const TEST: &str = "unreachable";
+    let connect_timeout = Duration::from_secs(1);
+    let bound = Duration::from_secs(3);
+    let refused = format!("127.0.0.1:{}", free_port().unwrap());
+    // A listener that accepts and then says nothing.
+    let silent = lock_conformance::proxy::FaultProxy::start(
+        format!("127.0.0.1:{}", free_port().unwrap())
+            .parse()
+            .unwrap(),
+    )
+    .unwrap();
+    silent.black_hole();
+    let mut took = Vec::new();
+    for (what, host) in [
+        ("refused", refused),
+        ("silent", silent.address().to_string()),
+    ] {
+        let config =
+            config(vec![host], ZkStrategy::default()).with_connect_timeout(connect_timeout);
+        let began = Instant::now();
+        let result = timeout(Duration::from_secs(10), ZkLockProvider::connect(config))
+            .await
+            .expect("connect returns");
+        let elapsed = began.elapsed();
+        match result {
+            Err(error @ LockError::Connection { .. }) => {
+                assert!(
+                    error.is_retryable(),
+                    "{what}: the connection error is not retryable"
+                );
+            }
+            Err(other) => panic!("{what}: expected a Connection error, got {other}"),
+            Ok(provider) => panic!("{what}: connected to nothing: {provider:?}"),
+        }
+        assert!(elapsed <= bound, "{what}: the error took {elapsed:?}");
+        took.push(format!("{what} {elapsed:?}"));
+    }
+    report(
+        TEST,
+        format_args!(
+            "Connection (retryable) after {}; bound {bound:?}",
+            took.join(", ")
+        ),
+    );
+}
