@@ -257,68 +257,36 @@ pub async fn i5_timeouts_and_cancels_leave_nothing(h: &dyn Harness) -> CaseResul
         .try_write()
         .await?
         .ok_or_else(|| CaseFailure::new("write hold refused"))?;
+    let short = Some(timing.short_timeout);
     ensure!(
-        matches!(
-            lock.read(Some(timing.short_timeout)).await,
-            Err(LockError::Timeout { .. })
-        ),
+        matches!(lock.read(short).await, Err(LockError::Timeout { .. })),
         "read did not time out under a writer"
     );
     ensure!(
-        matches!(
-            lock.write(Some(timing.short_timeout)).await,
-            Err(LockError::Timeout { .. })
-        ),
+        matches!(lock.write(short).await, Err(LockError::Timeout { .. })),
         "write did not time out under a writer"
     );
-    let cancelled = {
-        let lock = Arc::clone(&lock);
-        tokio::spawn(async move { lock.read(None).await })
-    };
-    expect_entries(
+    cancel_queued(
         h,
         &name,
-        Entries::new(1, 1),
-        "the cancelled reader was queued",
-    )
-    .await?;
-    cancelled.abort();
-    let _ = cancelled.await;
-    expect_entries(
-        h,
-        &name,
-        Entries::new(1, 0),
-        "after read and write timeouts and a cancelled read",
+        &lock,
+        Side::Read,
+        "a cancelled read under a writer",
     )
     .await?;
     writer.release().await?;
     // A reader holds: a write times out, and a cancelled write leaves nothing.
     let mut reader = try_read(&a, &name, "reader").await?;
     ensure!(
-        matches!(
-            lock.write(Some(timing.short_timeout)).await,
-            Err(LockError::Timeout { .. })
-        ),
+        matches!(lock.write(short).await, Err(LockError::Timeout { .. })),
         "write did not time out under a reader"
     );
-    let cancelled = {
-        let lock = Arc::clone(&lock);
-        tokio::spawn(async move { lock.write(None).await })
-    };
-    expect_entries(
+    cancel_queued(
         h,
         &name,
-        Entries::new(1, 1),
-        "the cancelled writer was queued",
-    )
-    .await?;
-    cancelled.abort();
-    let _ = cancelled.await;
-    expect_entries(
-        h,
-        &name,
-        Entries::new(1, 0),
-        "after a write timeout and a cancelled write",
+        &lock,
+        Side::Write,
+        "a cancelled write under a reader",
     )
     .await?;
     // Nothing left blocks a newcomer reader.
@@ -332,4 +300,32 @@ pub async fn i5_timeouts_and_cancels_leave_nothing(h: &dyn Harness) -> CaseResul
     reader.release().await?;
     no_residue(h, &name, "after release").await?;
     Ok(Outcome::Passed)
+}
+
+#[derive(Clone, Copy)]
+enum Side {
+    Read,
+    Write,
+}
+
+/// Queues a read or write behind the one holder, cancels it, and checks that only the
+/// holder is left on the server.
+async fn cancel_queued(
+    h: &dyn Harness,
+    name: &str,
+    lock: &Arc<dyn DistributedRwLock>,
+    side: Side,
+    what: &str,
+) -> Result<(), CaseFailure> {
+    let lock = Arc::clone(lock);
+    let queued = tokio::spawn(async move {
+        match side {
+            Side::Read => lock.read(None).await,
+            Side::Write => lock.write(None).await,
+        }
+    });
+    expect_entries(h, name, Entries::new(1, 1), &format!("{what}: queued")).await?;
+    queued.abort();
+    let _ = queued.await;
+    expect_entries(h, name, Entries::new(1, 0), &format!("{what}: removed")).await
 }
