@@ -182,6 +182,7 @@ pub(crate) fn grant(
     let releasing = Arc::new(AtomicBool::new(false));
     tokio::spawn(watch_own_node(
         Arc::downgrade(session),
+        Arc::clone(&shared.metrics),
         path.clone(),
         notifier,
         Arc::clone(&releasing),
@@ -203,6 +204,7 @@ pub(crate) fn grant(
 /// Fires the lost signal if the node goes away while nobody is releasing it.
 async fn watch_own_node(
     session: Weak<Session>,
+    metrics: Arc<Metrics>,
     path: String,
     notifier: LostNotifier,
     releasing: Arc<AtomicBool>,
@@ -212,6 +214,7 @@ async fn watch_own_node(
             let Some(session) = session.upgrade() else {
                 return;
             };
+            metrics.record_server_requests(1);
             session.client.get_and_watch_data(&path).await
         };
         let event = match watched {
