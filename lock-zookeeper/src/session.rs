@@ -2,10 +2,11 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use lock_core::{LockError, LossReason, LostNotifier};
+use tokio::time::{Instant, MissedTickBehavior};
 use zookeeper_client::{Acls, Client, SessionState};
 
 use crate::config::{AclPolicy, ZkConfig};
@@ -20,8 +21,10 @@ pub(crate) struct Session {
     pub(crate) acls: Acls<'static>,
 }
 
+/// How many heartbeats [`keep_alive`] sends per session timeout.
+const HEARTBEATS_PER_TIMEOUT: u32 = 10;
+
 /// What the monitor task and the guards share.
-#[derive(Default)]
 struct Health {
     /// Disconnected, not yet expired: guards cannot be vouched for.
     suspect: AtomicBool,
@@ -29,9 +32,33 @@ struct Health {
     over: AtomicBool,
     guards: Mutex<HashMap<u64, LostNotifier>>,
     next_guard: AtomicU64,
+    /// When the latest request that the server answered was sent. The server heard from
+    /// the session at that moment or later, so it cannot expire the session before this
+    /// plus the session timeout.
+    heard: Mutex<Instant>,
 }
 
 impl Health {
+    fn new(heard: Instant) -> Self {
+        Health {
+            suspect: AtomicBool::new(false),
+            over: AtomicBool::new(false),
+            guards: Mutex::new(HashMap::new()),
+            next_guard: AtomicU64::new(0),
+            heard: Mutex::new(heard),
+        }
+    }
+
+    fn heard(&self) -> Instant {
+        *self.heard.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records that a request sent at `sent` was answered.
+    fn heard_at(&self, sent: Instant) {
+        let mut heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
+        *heard = (*heard).max(sent);
+    }
+
     fn fire_all(&self, reason: &LossReason) {
         let guards: Vec<_> = self
             .guards
@@ -62,6 +89,8 @@ impl Session {
             );
         }
         let connect_string = config.connect_string();
+        // The server creates the session after this moment.
+        let connecting = Instant::now();
         let client =
             match tokio::time::timeout(config.connect_timeout, connector.connect(&connect_string))
                 .await
@@ -93,7 +122,7 @@ impl Session {
                     });
                 }
             };
-        let health = Arc::new(Health::default());
+        let health = Arc::new(Health::new(connecting));
         let timeout = client.session_timeout();
         tokio::spawn(monitor(
             client.state_watcher(),
@@ -106,12 +135,17 @@ impl Session {
             AclPolicy::CreatorAll => Acls::creator_all(),
             _ => Acls::anyone_all(),
         };
-        Ok(Arc::new(Session {
+        let session = Arc::new(Session {
             client,
             id,
             health,
             acls,
-        }))
+        });
+        tokio::spawn(keep_alive(
+            Arc::downgrade(&session),
+            (timeout / HEARTBEATS_PER_TIMEOUT).max(Duration::from_millis(10)),
+        ));
+        Ok(session)
     }
 
     /// Registers a grant's lost notifier; it fires when the session is lost.
@@ -160,8 +194,42 @@ impl Session {
     }
 }
 
+/// Asks the server a trivial question (`exists /`) every `interval` while the session lives,
+/// and records when each answered one was sent: [`monitor`] measures a disconnection from
+/// the last moment the server surely heard from the session. (The client's own pings would
+/// do, but their replies are not visible here.) Heartbeats are not lock operations and are
+/// not counted in the metrics.
+async fn keep_alive(session: Weak<Session>, interval: Duration) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let (request, health, sent) = {
+            let Some(session) = session.upgrade() else {
+                return;
+            };
+            if session.is_over() {
+                return;
+            }
+            // Taken before the request is handed to the client, so it is no later than the
+            // moment the server receives it.
+            let sent = Instant::now();
+            (
+                session.client.check_stat("/"),
+                Arc::clone(&session.health),
+                sent,
+            )
+        };
+        // Awaited without holding the session, so that dropping the provider closes it at once.
+        if request.await.is_ok() {
+            health.heard_at(sent);
+        }
+    }
+}
+
 /// Follows the session's states: suspect while disconnected, every guard lost once the
-/// disconnection outlasts the session timeout or the session ends.
+/// session timeout has passed since the server last surely heard from the session, or once
+/// the session ends.
 async fn monitor(
     mut states: zookeeper_client::StateWatcher,
     health: Arc<Health>,
@@ -173,7 +241,7 @@ async fn monitor(
             Some(at) => tokio::select! {
                 state = states.changed() => state,
                 () = tokio::time::sleep_until(at) => {
-                    // The server has surely expired the session by now, whatever the client
+                    // The server may have expired the session by now, whatever the client
                     // hears later: the guards cannot be vouched for.
                     health.fire_all(&LossReason::Disconnected);
                     lost_at = None;
@@ -185,7 +253,13 @@ async fn monitor(
         match state {
             SessionState::Disconnected => {
                 health.suspect.store(true, Ordering::Release);
-                lost_at.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
+                // The server may expire the session once the timeout has passed since it
+                // last heard from it, which can be well before the client notices the
+                // disconnection: a silent network is noticed only when the client's read
+                // timeout (2/5 of the session) runs out, and the last exchange may be a
+                // heartbeat interval older still. Counting from the notice would let another
+                // client hold the lock while this one's guards still vouch for it.
+                lost_at.get_or_insert_with(|| health.heard() + timeout);
                 tracing::debug!("zookeeper: disconnected; guards are suspect");
             }
             SessionState::SyncConnected | SessionState::ConnectedReadOnly => {

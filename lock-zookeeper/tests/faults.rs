@@ -330,6 +330,9 @@ async fn leader_failover_keeps_the_holder_and_serves_each_waiter_once() {
 enum Partition {
     /// Its connections are closed and new ones refused: the client notices at once.
     Cut,
+    /// Its connections stay open and carry nothing: the client notices only when its read
+    /// timeout runs out.
+    Silent,
 }
 
 /// (b) The holder is cut off for longer than its session: its guard becomes suspect, and
@@ -380,6 +383,7 @@ async fn partition(kind: Partition) {
     a.client().unwrap().check_stat("/").await.unwrap();
     match kind {
         Partition::Cut => proxies.cut(),
+        Partition::Silent => proxies.first().black_hole(),
     }
     let cut = Instant::now();
     let b_lock = b.lock(&name).unwrap();
@@ -505,6 +509,11 @@ async fn partition(kind: Partition) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition_past_the_session_timeout_cut() {
     partition(Partition::Cut).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_past_the_session_timeout_silent() {
+    partition(Partition::Silent).await;
 }
 
 /// Adoption counts of one run of [`lost_create_replies`].
