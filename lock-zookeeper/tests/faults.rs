@@ -698,7 +698,7 @@ impl<F: Future> Future for PollBudget<F> {
     }
 }
 
-/// What the contenders of [`cancelled_acquires_leave_no_nodes`] did.
+/// What the contenders of [`cancelled_acquires`] did.
 #[derive(Debug, Default)]
 struct Cancels {
     dropped_after_delay: AtomicUsize,
@@ -710,9 +710,8 @@ struct Cancels {
 /// cancelled at a random point (dropped after 0–50 ms, or after a random number of polls),
 /// the others run until they hold, and those that get the lock hold it briefly and release.
 /// Exclusion holds throughout, and once they settle no node is left.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_acquires_leave_no_nodes() {
-    const TEST: &str = "cancelled_acquires";
+async fn cancelled_acquires(strategy: ZkStrategy) {
+    let test = format!("cancelled_acquires_{strategy}");
     const CONTENDERS: u64 = 20;
     const ATTEMPTS: usize = 10;
     let began = Instant::now();
@@ -727,7 +726,7 @@ async fn cancelled_acquires_leave_no_nodes() {
     let mut providers = Vec::new();
     let mut contenders = Vec::new();
     for index in 0..CONTENDERS {
-        let provider = connect(vec![server.address()], ZkStrategy::default()).await;
+        let provider = connect(vec![server.address()], strategy).await;
         let lock = provider.lock(&name).unwrap();
         providers.push(provider);
         let (occupancy, cancels) = (occupancy.clone(), Arc::clone(&cancels));
@@ -790,7 +789,7 @@ async fn cancelled_acquires_leave_no_nodes() {
     let granted = cancels.granted.load(Ordering::SeqCst);
     assert!(granted > 0, "no acquire ran to a grant");
     // Nothing is held on a cancelled caller's behalf: a newcomer gets the lock at once.
-    let newcomer = connect(vec![server.address()], ZkStrategy::default()).await;
+    let newcomer = connect(vec![server.address()], strategy).await;
     let mut probe = newcomer
         .lock(&name)
         .unwrap()
@@ -800,7 +799,7 @@ async fn cancelled_acquires_leave_no_nodes() {
         .expect("the lock is free once the contenders settled");
     probe.release().await.unwrap();
     report(
-        TEST,
+        &test,
         format_args!(
             "seed {seed}: {} dropped after a delay, {} dropped after some polls, {granted} \
              granted and released (200 in all); occupancy peak {}; settled in {settled:?}; \
@@ -818,6 +817,21 @@ async fn cancelled_acquires_leave_no_nodes() {
         200
     );
     drop(providers);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquires_leave_no_nodes_predecessor() {
+    cancelled_acquires(ZkStrategy::SequentialPredecessor).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquires_leave_no_nodes_children() {
+    cancelled_acquires(ZkStrategy::SequentialChildren).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquires_leave_no_nodes_single_node() {
+    cancelled_acquires(ZkStrategy::SingleNode).await;
 }
 
 /// (e) A root created by a digest user with a creator-only ACL: a client with the wrong
