@@ -96,16 +96,32 @@ impl ZkLock {
         self.shared.metrics.record_server_requests(1);
     }
 
-    /// Creates the lock directory (a container, removed by the server once empty) and its
-    /// parents.
+    /// Creates the lock directory, a container that the server removes once it is empty,
+    /// and if need be the root and its parents, as persistent nodes.
+    ///
+    /// The root must not be a container: the server would remove it (and then its parents)
+    /// along with its last lock directory, and its creator-only ACL with it, so that any
+    /// client could create the root again as its own and lock under it.
     async fn ensure_dir(&self, session: &Session) -> Result<(), LockError> {
+        let client = &session.client;
+        let container = CreateMode::Container.with_acls(session.acls);
         self.count();
-        let options = CreateMode::Container.with_acls(session.acls);
-        session
-            .client
-            .mkdir(&self.dir, &options)
+        match client.create(&self.dir, &[], &container).await {
+            Ok(_) | Err(ZkError::NodeExists) => return Ok(()),
+            Err(ZkError::NoNode) => {}
+            Err(error) => return Err(self.error(error)),
+        }
+        self.count();
+        let persistent = CreateMode::Persistent.with_acls(session.acls);
+        client
+            .mkdir(&self.shared.config.root, &persistent)
             .await
-            .map_err(|e| self.error(e))
+            .map_err(|e| self.error(e))?;
+        self.count();
+        match client.create(&self.dir, &[], &container).await {
+            Ok(_) | Err(ZkError::NodeExists) => Ok(()),
+            Err(error) => Err(self.error(error)),
+        }
     }
 
     /// The sequential recipes: queue with an ephemeral sequential node, hold when first.

@@ -937,6 +937,83 @@ async fn wrong_credentials_are_refused_and_create_nothing() {
     );
 }
 
+/// A root that the provider creates itself, with the creator-only ACL, outlives its lock
+/// directories: the server removes emptied lock directories (containers) but never the root
+/// or its parents, so the root's ACL keeps other users out after every lock under it has come
+/// and gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secured_root_outlives_its_lock_directories() {
+    const TEST: &str = "secured_root";
+    let began = Instant::now();
+    let mut options = zk_options();
+    // The server looks for empty containers every 100 ms instead of every minute.
+    options
+        .jvm_args
+        .push("-Dznode.container.checkIntervalMs=100".to_owned());
+    let server = ZkServer::start(options).await.expect("a ZooKeeper server");
+    let owner = ZkClient::connector()
+        .with_auth("digest", b"owner:right")
+        .connect(&server.address())
+        .await
+        .expect("the owner's raw client");
+    let root = "/secured/apps";
+    let secured = |auth: DigestAuth| {
+        config(vec![server.address()], ZkStrategy::default())
+            .with_root(root)
+            .with_auth(auth)
+            .with_acl(AclPolicy::CreatorAll)
+    };
+    let rightful = ZkLockProvider::connect(secured(DigestAuth::new("owner", "right")))
+        .await
+        .unwrap();
+    let lock = rightful.lock("job").unwrap();
+    let mut guard = lock.try_acquire().await.unwrap().expect("a free lock");
+    guard.release().await.unwrap();
+    let dir = lock_dir(root, "job");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while owner.check_stat(&dir).await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the emptied lock directory was never removed"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    let reaped = began.elapsed();
+    // Several more passes of the server's container sweep.
+    sleep(Duration::from_secs(1)).await;
+    for path in ["/secured", root] {
+        assert!(
+            owner.check_stat(path).await.unwrap().is_some(),
+            "{path} was removed with the last lock directory under it"
+        );
+    }
+    let intruder = ZkLockProvider::connect(secured(DigestAuth::new("owner", "wrong")))
+        .await
+        .unwrap();
+    let refused = intruder.lock("job").unwrap().try_acquire().await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::PermissionDenied { .. } | LockError::Auth { .. })
+        ),
+        "an intruder under the emptied root: {refused:?}"
+    );
+    assert!(
+        children(&owner, root).await.unwrap().is_empty(),
+        "the intruder created nodes under the root"
+    );
+    let mut again = lock.try_acquire().await.unwrap().expect("a free lock");
+    again.release().await.unwrap();
+    report(
+        TEST,
+        format_args!(
+            "lock directory swept {reaped:?} in; root and its parent kept; intruder refused; \
+             took {:?}",
+            began.elapsed()
+        ),
+    );
+}
+
 fn error_kind(error: &LockError) -> &'static str {
     match error {
         LockError::PermissionDenied { .. } => "PermissionDenied",
