@@ -167,7 +167,12 @@ fn clean_up_in_background(session: Weak<Session>, dir: String, claim: Claim) {
 }
 
 /// Turns a granted node into a guard: lost signal registered with the session, and a
-/// watch on the node so that a deletion by someone else is noticed.
+/// watch on the node so that a deletion by someone else is noticed. `asked` is when the
+/// request that confirmed the grant was sent.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one internal call site per strategy"
+)]
 pub(crate) fn grant(
     shared: &Shared,
     session: &Arc<Session>,
@@ -175,10 +180,11 @@ pub(crate) fn grant(
     path: String,
     czxid: i64,
     checked: bool,
+    asked: tokio::time::Instant,
 ) -> Guard {
     shared.metrics.record_grant();
     let (notifier, lost) = lost_signal();
-    let registration = session.register(notifier.clone());
+    let registration = session.register(notifier.clone(), asked);
     let releasing = Arc::new(AtomicBool::new(false));
     tokio::spawn(watch_own_node(
         Arc::downgrade(session),

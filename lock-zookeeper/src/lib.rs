@@ -30,10 +30,10 @@
 //!   the background if need be, retried until it succeeds or the session ends.
 //! - While the connection is down, guards are [suspect](lock_core::Guard::is_suspect); once
 //!   the negotiated session timeout has passed since the server last surely heard from the
-//!   session (a light heartbeat, ten per session timeout, keeps that moment recent), or the
-//!   session expires, or the guard's node is deleted by someone else, the guard's lost
-//!   signal fires — never after the server could have expired the session and granted the
-//!   lock to another client.
+//!   session (while the session holds guards, a light heartbeat, ten per session timeout,
+//!   keeps that moment recent; waiters send none), or the session expires, or the guard's
+//!   node is deleted by someone else, the guard's lost signal fires — never after the
+//!   server could have expired the session and granted the lock to another client.
 //! - A held guard never moves to a new session; the provider opens a new session only for
 //!   new acquisitions.
 //!

@@ -140,6 +140,9 @@ impl ZkLock {
         let mut woken = false;
         loop {
             self.count();
+            // The server answered a request sent no earlier than this: it has heard from the
+            // session at this moment or later (see `Session::register`).
+            let asked = tokio::time::Instant::now();
             let (children, children_watch) = match waiting {
                 Waiting::Children => {
                     let (children, watcher) = session
@@ -182,6 +185,7 @@ impl ZkLock {
                     path,
                     czxid,
                     false,
+                    asked,
                 )));
             }
             if woken {
@@ -316,6 +320,7 @@ impl ZkLock {
         let mut unknown = 0;
         loop {
             self.count();
+            let mut asked = tokio::time::Instant::now();
             let ours = match session
                 .client
                 .create(&path, uuid.as_bytes(), &options)
@@ -332,6 +337,7 @@ impl ZkLock {
                     tokio::time::sleep(RETRY_PAUSE).await;
                     // Decided by the node's owner and content, never by assumption.
                     self.count();
+                    asked = tokio::time::Instant::now();
                     match session.client.get_data(&path).await {
                         Ok((data, stat))
                             if stat.ephemeral_owner == session.id && data == uuid.as_bytes() =>
@@ -354,6 +360,7 @@ impl ZkLock {
                     path,
                     czxid,
                     true,
+                    asked,
                 )));
             }
             if woken {

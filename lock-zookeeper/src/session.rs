@@ -149,7 +149,12 @@ impl Session {
     }
 
     /// Registers a grant's lost notifier; it fires when the session is lost.
-    pub(crate) fn register(&self, notifier: LostNotifier) -> u64 {
+    ///
+    /// `asked` is when the request that confirmed the grant was sent: the server heard from
+    /// the session then, which matters when no heartbeat ran before (none runs while the
+    /// session holds no guard).
+    pub(crate) fn register(&self, notifier: LostNotifier, asked: Instant) -> u64 {
+        self.health.heard_at(asked);
         let id = self.health.next_guard.fetch_add(1, Ordering::Relaxed);
         self.health
             .guards
@@ -161,6 +166,14 @@ impl Session {
             self.health.fire_all(&LossReason::SessionExpired);
         }
         id
+    }
+
+    fn holds_nothing(&self) -> bool {
+        self.health
+            .guards
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
     }
 
     pub(crate) fn unregister(&self, registration: u64) {
@@ -210,6 +223,11 @@ async fn keep_alive(session: Weak<Session>, interval: Duration) {
             };
             if session.is_over() {
                 return;
+            }
+            // Only held guards depend on how recently the server heard from the session;
+            // a session of waiters stays quiet (its client pings keep it alive).
+            if session.holds_nothing() {
+                continue;
             }
             // Taken before the request is handed to the client, so it is no later than the
             // moment the server receives it.
