@@ -1,0 +1,149 @@
+//! Foreign clients on the same path: zookeeper-client's own Curator-compatible lock recipe,
+//! and a kazoo-format node, exclude distlock and are excluded by it.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+
+use std::time::Duration;
+
+use lock_conformance::servers::shared_zk;
+use lock_conformance::unique_name;
+use lock_core::{LockName, LockProvider};
+use lock_zookeeper::{ZkConfig, ZkLockProvider, ZkStrategy};
+use zookeeper_client::{Acls, Client, CreateMode, LockOptions, LockPrefix};
+
+const BOUND: Duration = Duration::from_secs(5);
+
+async fn provider(strategy: ZkStrategy) -> ZkLockProvider {
+    let server = shared_zk().expect("a ZooKeeper server for the tests");
+    let config = ZkConfig::new(server.connect_string().split(','))
+        .with_strategy(strategy)
+        .with_session_timeout(Duration::from_secs(2));
+    ZkLockProvider::connect(config).await.unwrap()
+}
+
+async fn peer() -> Client {
+    Client::connect(&shared_zk().unwrap().connect_string())
+        .await
+        .unwrap()
+}
+
+fn dir_of(name: &str) -> String {
+    format!(
+        "{}/{}",
+        ZkConfig::DEFAULT_ROOT,
+        LockName::new(name).unwrap().escaped()
+    )
+}
+
+fn peer_options() -> LockOptions<'static> {
+    LockOptions::new(Acls::anyone_all())
+        .with_ancestor_options(CreateMode::Persistent.with_acls(Acls::anyone_all()))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peer_recipe_and_distlock_exclude_each_other() {
+    for strategy in [
+        ZkStrategy::SequentialPredecessor,
+        ZkStrategy::SequentialChildren,
+    ] {
+        let name = unique_name("interop");
+        let dir = dir_of(&name);
+        let ours = provider(strategy).await;
+        let lock = ours.lock(&name).unwrap();
+        let peer = peer().await;
+
+        // The peer holds: distlock waits behind it, and gets the lock when the peer lets go.
+        let held = peer
+            .lock(
+                LockPrefix::new_curator(&dir, "lock-").unwrap(),
+                b"",
+                peer_options(),
+            )
+            .await
+            .unwrap();
+        assert!(
+            lock.try_acquire().await.unwrap().is_none(),
+            "{strategy}: distlock jumped the peer"
+        );
+        let waiting = {
+            let lock = lock.clone();
+            tokio::spawn(async move { lock.acquire(Some(BOUND)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !waiting.is_finished(),
+            "{strategy}: distlock got the lock while the peer held it"
+        );
+        drop(held); // the recipe deletes its node in the background
+        let mut guard = tokio::time::timeout(BOUND, waiting)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+
+        // distlock holds: the peer waits behind it, and gets the lock after the release.
+        let contending = tokio::time::timeout(
+            Duration::from_millis(500),
+            peer.lock(
+                LockPrefix::new_curator(&dir, "lock-").unwrap(),
+                b"",
+                peer_options(),
+            ),
+        )
+        .await;
+        assert!(
+            contending.is_err(),
+            "{strategy}: the peer got the lock while distlock held it"
+        );
+        guard.release().await.unwrap();
+        let peer_guard = tokio::time::timeout(
+            BOUND,
+            peer.lock(
+                LockPrefix::new_curator(&dir, "lock-").unwrap(),
+                b"",
+                peer_options(),
+            ),
+        )
+        .await
+        .expect("the peer gets the lock after distlock's release")
+        .unwrap();
+        drop(peer_guard);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kazoo_format_node_is_a_contender() {
+    let name = unique_name("kazoo");
+    let dir = dir_of(&name);
+    let raw = peer().await;
+    raw.mkdir(&dir, &CreateMode::Persistent.with_acls(Acls::anyone_all()))
+        .await
+        .unwrap();
+    // kazoo's Lock names its nodes `<hex32>__lock__<sequence>`.
+    let (_, sequence) = raw
+        .create(
+            &format!("{dir}/0123456789abcdef0123456789abcdef__lock__"),
+            b"",
+            &CreateMode::EphemeralSequential.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let ours = provider(ZkStrategy::SequentialPredecessor).await;
+    let lock = ours.lock(&name).unwrap();
+    assert!(
+        lock.try_acquire().await.unwrap().is_none(),
+        "the kazoo node holds the lock"
+    );
+    raw.delete(
+        &format!("{dir}/0123456789abcdef0123456789abcdef__lock__{sequence}"),
+        None,
+    )
+    .await
+    .unwrap();
+    let mut guard = lock
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free once the kazoo node is gone");
+    guard.release().await.unwrap();
+}
