@@ -77,6 +77,6 @@ pub use harness::{
 };
 pub use outcome::{CaseFailure, CaseResult, Context, Outcome, Skip};
 pub use support::{
-    FencedStore, Occupancy, Occupant, StaleToken, eventually, expect_entries, no_residue, take,
-    unique_name, within,
+    FencedStore, Occupancy, Occupant, PollBudget, StaleToken, eventually, expect_entries,
+    no_residue, take, unique_name, within,
 };

@@ -1,8 +1,10 @@
 //! Tools the cases use, public so that a backend's own tests can use them too.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lock_core::{DistributedLock, FencingToken, Guard};
@@ -236,5 +238,44 @@ pub async fn expect_entries(
             )));
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Polls a future at most `polls` times, then completes with `None` at its next wake:
+/// dropping it there cancels the inner future at exactly that await point.
+///
+/// ```
+/// # lock_conformance::runner::block_on(async {
+/// use lock_conformance::PollBudget;
+/// let never = PollBudget::new(std::future::pending::<()>(), 0);
+/// assert_eq!(never.await, None);
+/// let ready = PollBudget::new(async { 7 }, 1);
+/// assert_eq!(ready.await, Some(7));
+/// # });
+/// ```
+pub struct PollBudget<F> {
+    inner: Pin<Box<F>>,
+    polls: usize,
+}
+
+impl<F: Future> PollBudget<F> {
+    /// Wraps `future`, allowing it `polls` polls.
+    pub fn new(future: F, polls: usize) -> Self {
+        PollBudget {
+            inner: Box::pin(future),
+            polls,
+        }
+    }
+}
+
+impl<F: Future> Future for PollBudget<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.polls == 0 {
+            return Poll::Ready(None);
+        }
+        self.polls -= 1;
+        self.inner.as_mut().poll(cx).map(Some)
     }
 }

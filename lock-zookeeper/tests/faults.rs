@@ -14,16 +14,14 @@
 mod common;
 
 use std::fmt::Display;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use common::{Proxies, SESSION_TIMEOUT, TICK_TIME, admin_client, children, lock_dir, zk_options};
 use lock_conformance::proxy::ReplyKind;
 use lock_conformance::servers::{LocalServer, ZkEnsemble, ZkServer, free_port};
-use lock_conformance::{Occupancy, unique_name};
+use lock_conformance::{Occupancy, PollBudget, unique_name};
 use lock_core::{Guard, LockError, LockProvider};
 use lock_zookeeper::{AclPolicy, DigestAuth, ZkConfig, ZkLockProvider, ZkStrategy};
 use tokio::time::{Instant, sleep, timeout};
@@ -686,24 +684,6 @@ impl Rng {
     }
 }
 
-/// Polls the inner future at most `polls` times, then gives up (dropping it is the cancel).
-struct PollBudget<F> {
-    inner: Pin<Box<F>>,
-    polls: usize,
-}
-
-impl<F: Future> Future for PollBudget<F> {
-    type Output = Option<F::Output>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if self.polls == 0 {
-            return Poll::Ready(None);
-        }
-        self.polls -= 1;
-        self.inner.as_mut().poll(cx).map(Some)
-    }
-}
-
 /// What the contenders of [`cancelled_acquires`] did.
 #[derive(Debug, Default)]
 struct Cancels {
@@ -752,10 +732,7 @@ async fn cancelled_acquires(strategy: ZkStrategy) {
                     }
                     4..=7 => {
                         let polls = 1 + usize::try_from(rng.below(12)).unwrap();
-                        let budget = PollBudget {
-                            inner: Box::pin(lock.acquire(None)),
-                            polls,
-                        };
+                        let budget = PollBudget::new(lock.acquire(None), polls);
                         match timeout(Duration::from_millis(50), budget).await {
                             Ok(Some(result)) => Some(result),
                             Ok(None) | Err(_) => {

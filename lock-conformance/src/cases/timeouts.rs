@@ -1,10 +1,7 @@
 //! B. Timeouts and cancellation: bounded waits, and nothing left behind by a waiter that
 //! gives up.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use lock_core::{DistributedLock, Guard, LockError};
@@ -13,7 +10,7 @@ use tokio::time::Instant;
 use crate::ensure;
 use crate::harness::{Entries, FaultError, Harness};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
-use crate::support::{expect_entries, no_residue, take, unique_name, within};
+use crate::support::{PollBudget, expect_entries, no_residue, take, unique_name, within};
 
 /// B1: acquire(Some(t)) while held fails with Timeout after at least t and at most t + slack.
 pub async fn b1_timeout_bounds(h: &dyn Harness) -> CaseResult {
@@ -200,27 +197,6 @@ pub async fn b5_dropped_acquire_leaves_nothing(h: &dyn Harness) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// Polls the inner future at most `polls` times, then reports `None` at its next wake.
-struct PollBudget<F> {
-    inner: Pin<Box<F>>,
-    polls: usize,
-}
-
-impl<F: Future> Future for PollBudget<F> {
-    type Output = Option<F::Output>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if self.polls == 0 {
-            return Poll::Ready(None);
-        }
-        self.polls -= 1;
-        match self.inner.as_mut().poll(cx) {
-            Poll::Ready(output) => Poll::Ready(Some(output)),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
 /// The result of driving an acquire future for a limited number of polls.
 enum Driven {
     /// It completed within the budget.
@@ -233,10 +209,7 @@ enum Driven {
 /// Polls `lock.acquire(None)` up to `polls` times (letting the runtime wake it between
 /// polls), then drops it.
 async fn drive_then_drop(lock: &Arc<dyn DistributedLock>, polls: usize, slack: Duration) -> Driven {
-    let future = PollBudget {
-        inner: Box::pin(lock.acquire(None)),
-        polls,
-    };
+    let future = PollBudget::new(lock.acquire(None), polls);
     match tokio::time::timeout(slack, future).await {
         Ok(Some(result)) => Driven::Completed(result),
         Ok(None) => Driven::Dropped { parked: false },
