@@ -166,22 +166,31 @@ fn clean_up_in_background(session: Weak<Session>, dir: String, claim: Claim) {
     });
 }
 
+/// A node the server granted the lock to, as a strategy found it.
+pub(crate) struct Granted {
+    pub(crate) path: String,
+    /// The node's creation zxid: the fencing token.
+    pub(crate) czxid: i64,
+    /// The single-node lock's path is shared: release only after checking owner and czxid.
+    pub(crate) checked: bool,
+    /// When the request that confirmed the grant was sent.
+    pub(crate) asked: tokio::time::Instant,
+}
+
 /// Turns a granted node into a guard: lost signal registered with the session, and a
-/// watch on the node so that a deletion by someone else is noticed. `asked` is when the
-/// request that confirmed the grant was sent.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "one internal call site per strategy"
-)]
+/// watch on the node so that a deletion by someone else is noticed.
 pub(crate) fn grant(
     shared: &Shared,
     session: &Arc<Session>,
     name: &LockName,
-    path: String,
-    czxid: i64,
-    checked: bool,
-    asked: tokio::time::Instant,
+    granted: Granted,
 ) -> Guard {
+    let Granted {
+        path,
+        czxid,
+        checked,
+        asked,
+    } = granted;
     shared.metrics.record_grant();
     let (notifier, lost) = lost_signal();
     let registration = session.register(notifier.clone(), asked);

@@ -11,7 +11,7 @@ use zookeeper_client::{CreateMode, Error as ZkError, EventType, OneshotWatcher};
 
 use crate::config::ZkStrategy;
 use crate::error::{BACKEND, lock_error, outcome_unknown};
-use crate::guard::{Claim, Pending, grant};
+use crate::guard::{Claim, Granted, Pending, grant};
 use crate::node::{contenders, has_uuid, node_prefix};
 use crate::provider::Shared;
 use crate::session::Session;
@@ -76,7 +76,7 @@ impl ZkLock {
     /// Takes the lock, or gives up at the deadline with `Ok(None)`, leaving nothing behind.
     async fn run(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
         let session = self.shared.session(&self.name).await?;
-        match self.shared.config.strategy {
+        let granted = match self.shared.config.strategy {
             ZkStrategy::SingleNode => self.single_node(&session, deadline).await,
             ZkStrategy::SequentialChildren => {
                 self.sequential(&session, deadline, Waiting::Children).await
@@ -85,7 +85,8 @@ impl ZkLock {
                 self.sequential(&session, deadline, Waiting::Predecessor)
                     .await
             }
-        }
+        }?;
+        Ok(granted.map(|granted| grant(&self.shared, &session, &self.name, granted)))
     }
 
     fn error(&self, error: ZkError) -> LockError {
@@ -130,7 +131,7 @@ impl ZkLock {
         session: &Arc<Session>,
         deadline: Deadline,
         waiting: Waiting,
-    ) -> Result<Option<Guard>, LockError> {
+    ) -> Result<Option<Granted>, LockError> {
         let uuid = Uuid::new_v4();
         // Armed from before the create is sent: dropping this future at any point removes
         // whatever the server made of it.
@@ -177,16 +178,12 @@ impl ZkLock {
                     tracing::trace!(lock = %self.name, "zookeeper: woken and granted");
                 }
                 pending.disarm();
-                let path = format!("{}/{node}", self.dir);
-                return Ok(Some(grant(
-                    &self.shared,
-                    session,
-                    &self.name,
-                    path,
+                return Ok(Some(Granted {
+                    path: format!("{}/{node}", self.dir),
                     czxid,
-                    false,
+                    checked: false,
                     asked,
-                )));
+                }));
             }
             if woken {
                 self.shared.metrics.record_futile_wakeup();
@@ -311,7 +308,7 @@ impl ZkLock {
         &self,
         session: &Arc<Session>,
         deadline: Deadline,
-    ) -> Result<Option<Guard>, LockError> {
+    ) -> Result<Option<Granted>, LockError> {
         let uuid = Uuid::new_v4();
         let path = format!("{}/lock", self.dir);
         let options = CreateMode::Ephemeral.with_acls(session.acls);
@@ -353,15 +350,12 @@ impl ZkLock {
             };
             if let Some(czxid) = ours {
                 pending.disarm();
-                return Ok(Some(grant(
-                    &self.shared,
-                    session,
-                    &self.name,
+                return Ok(Some(Granted {
                     path,
                     czxid,
-                    true,
+                    checked: true,
                     asked,
-                )));
+                }));
             }
             if woken {
                 self.shared.metrics.record_futile_wakeup();
