@@ -3,7 +3,7 @@
 
 use lock_core::{Fencing, FencingToken, LockError};
 
-use crate::cases::release::take_away;
+use crate::cases::release::take_over;
 use crate::ensure;
 use crate::harness::{FaultError, Harness};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
@@ -50,21 +50,14 @@ pub async fn e2_token_after_takeover_is_larger(h: &dyn Harness) -> CaseResult {
         return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));
     }
     let name = unique_name("e2");
-    let timing = h.timing();
     let (a, b) = (h.client().await?, h.client().await?);
     let stale = take(a.provider.lock(&name)?.as_ref(), "first holder").await?;
-    if take_away(h, &a, &name).await?.is_none() {
+    let Some(mut fresh) = take_over(h, &a, &b, &name).await? else {
         return Ok(Outcome::Skipped(Skip::missing_hook(
             "revoke or expire_session",
             Some(CAPABILITY),
         )));
-    }
-    let mut fresh = within(
-        timing.crash_release_bound + timing.handoff_bound,
-        "the next holder's acquire",
-        b.provider.lock(&name)?.acquire(None),
-    )
-    .await??;
+    };
     ensure!(
         fresh.fencing_token() > stale.fencing_token(),
         "the new holder's token {} is not above the stale holder's {}",
@@ -83,25 +76,18 @@ pub async fn e3_fenced_store_rejects_stale(h: &dyn Harness) -> CaseResult {
         return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));
     }
     let name = unique_name("e3");
-    let timing = h.timing();
     let store = FencedStore::new();
     let (a, b) = (h.client().await?, h.client().await?);
     let stale = take(a.provider.lock(&name)?.as_ref(), "first holder").await?;
     store
         .write(stale.fencing_token(), "stale holder, while it held")
         .context_stale()?;
-    if take_away(h, &a, &name).await?.is_none() {
+    let Some(mut fresh) = take_over(h, &a, &b, &name).await? else {
         return Ok(Outcome::Skipped(Skip::missing_hook(
             "revoke or expire_session",
             Some(CAPABILITY),
         )));
-    }
-    let mut fresh = within(
-        timing.crash_release_bound + timing.handoff_bound,
-        "the next holder's acquire",
-        b.provider.lock(&name)?.acquire(None),
-    )
-    .await??;
+    };
     store
         .write(fresh.fencing_token(), "new holder")
         .context_stale()?;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::LockError;
+use lock_core::{Guard, LockError};
 
 use crate::ensure;
 use crate::harness::{Client, FaultError, Harness};
@@ -82,6 +82,27 @@ pub(crate) async fn take_away(
     Ok(None)
 }
 
+/// Takes the lock away from `holder` (see [`take_away`]) and returns `next`'s grant once
+/// the lock is free again; `None` when the harness offers no way to take it away.
+pub(crate) async fn take_over(
+    h: &dyn Harness,
+    holder: &Client,
+    next: &Client,
+    name: &str,
+) -> Result<Option<Guard>, CaseFailure> {
+    if take_away(h, holder, name).await?.is_none() {
+        return Ok(None);
+    }
+    let timing = h.timing();
+    let grant = within(
+        timing.crash_release_bound + timing.handoff_bound,
+        "another client's acquire after the take-over",
+        next.provider.lock(name)?.acquire(None),
+    )
+    .await??;
+    Ok(Some(grant))
+}
+
 /// C3 (fault): stale guard — after its lock was revoked and another client acquired,
 /// release returns Err(Lost) and the new holder still holds.
 pub async fn c3_stale_release_is_lost(h: &dyn Harness) -> CaseResult {
@@ -89,18 +110,12 @@ pub async fn c3_stale_release_is_lost(h: &dyn Harness) -> CaseResult {
     let timing = h.timing();
     let (a, b, c) = (h.client().await?, h.client().await?, h.client().await?);
     let mut stale = take(a.provider.lock(&name)?.as_ref(), "first holder").await?;
-    if take_away(h, &a, &name).await?.is_none() {
+    let Some(mut fresh) = take_over(h, &a, &b, &name).await? else {
         return Ok(Outcome::Skipped(Skip::missing_hook(
             "revoke or expire_session",
             None,
         )));
-    }
-    let mut fresh = within(
-        timing.crash_release_bound + timing.handoff_bound,
-        "another client's acquire after the take-over",
-        b.provider.lock(&name)?.acquire(None),
-    )
-    .await??;
+    };
     match stale.release().await {
         Err(LockError::Lost { .. }) => {}
         Ok(()) => return Err(CaseFailure::new("the stale guard's release returned Ok")),
