@@ -573,6 +573,9 @@ fn helper_start_shared_servers_then_die() {
     .unwrap();
     out.flush().unwrap();
     drop(out);
+    // Wait for the parent to have seen the servers alive; exiting at once would race it.
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go).unwrap();
     match mode.as_str() {
         "exit" => std::process::exit(0),
         _ => loop {
@@ -588,7 +591,7 @@ fn helper(mode: &str, env: &[(&str, &str)]) -> (std::process::Child, String) {
         .env(HELPER_ENV, mode)
         .env_remove(ZK_ENV)
         .env_remove(REDIS_ENV)
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     for (k, v) in env {
@@ -630,6 +633,8 @@ fn assert_no_leftovers(mode: &str) {
         panic!("bad helper line {line:?}");
     };
     assert!(!process_gone(zk_pid) && !process_gone(redis_pid));
+    // The go-ahead: `exit` ends now; `hang` keeps waiting and is killed.
+    writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
     if mode == "hang" {
         child.kill().unwrap(); // SIGKILL: no destructor, no atexit.
     }
