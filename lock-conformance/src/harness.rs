@@ -257,6 +257,18 @@ impl Entries {
     }
 }
 
+/// The kinds of lock a backend may offer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockKind {
+    /// [`LockProvider::lock`](lock_core::LockProvider::lock).
+    Mutex,
+    /// [`LockProvider::rw_lock`](lock_core::LockProvider::rw_lock).
+    ReadWrite,
+    /// [`LockProvider::semaphore`](lock_core::LockProvider::semaphore).
+    Semaphore,
+}
+
 /// Looks at the server's records, for residue checks.
 #[async_trait]
 pub trait Inspector: Send + Sync {
@@ -264,11 +276,12 @@ pub trait Inspector: Send + Sync {
     /// lock directory; Redis: owner key and queue; memory: the lock's state).
     async fn entries(&self, name: &str) -> Result<Entries, LockError>;
 
-    /// Whether waiters leave entries on the server. A backend whose waiters only watch
-    /// (ZooKeeper's single-node lock) or poll keeps none: its [`entries`](Inspector::entries)
-    /// report zero waiters, and the cases wait the operation slack where they would wait for
-    /// a waiter to be queued.
-    fn records_waiters(&self) -> bool {
+    /// Whether waiters of `kind` leave entries on the server. A backend whose waiters only
+    /// watch (ZooKeeper's single-node mutex) or poll keeps none: its
+    /// [`entries`](Inspector::entries) report zero waiters, and the cases wait the operation
+    /// slack where they would wait for a waiter to be queued.
+    fn records_waiters(&self, kind: LockKind) -> bool {
+        let _ = kind;
         true
     }
 }

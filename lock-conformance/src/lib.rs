@@ -73,10 +73,11 @@ mod support;
 
 pub use async_trait::async_trait;
 pub use harness::{
-    Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, Timing,
+    Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind,
+    Timing,
 };
 pub use outcome::{CaseFailure, CaseResult, Context, Outcome, Skip};
 pub use support::{
     FencedStore, Occupancy, Occupant, PollBudget, StaleToken, eventually, expect_entries,
-    no_residue, take, unique_name, within,
+    expect_entries_of, no_residue, take, unique_name, within,
 };

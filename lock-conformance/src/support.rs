@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lock_core::{DistributedLock, FencingToken, Guard};
 
-use crate::harness::{Entries, Harness};
+use crate::harness::{Entries, Harness, LockKind};
 use crate::outcome::CaseFailure;
 
 /// A lock name no other case or run uses: `{case}-{process}-{time}-{counter}`.
@@ -203,7 +203,8 @@ pub async fn no_residue(harness: &dyn Harness, name: &str, what: &str) -> Result
     expect_entries(harness, name, Entries::new(0, 0), what).await
 }
 
-/// Waits until the server records exactly `expected` for `name`, when the harness can look.
+/// Waits until the server records exactly `expected` for the mutex `name`, when the
+/// harness can look.
 ///
 /// # Errors
 ///
@@ -214,10 +215,26 @@ pub async fn expect_entries(
     expected: Entries,
     what: &str,
 ) -> Result<(), CaseFailure> {
+    expect_entries_of(harness, LockKind::Mutex, name, expected, what).await
+}
+
+/// Waits until the server records exactly `expected` for the lock of `kind` called `name`,
+/// when the harness can look.
+///
+/// # Errors
+///
+/// A [`CaseFailure`] naming what the server still records.
+pub async fn expect_entries_of(
+    harness: &dyn Harness,
+    kind: LockKind,
+    name: &str,
+    expected: Entries,
+    what: &str,
+) -> Result<(), CaseFailure> {
     let Some(inspector) = harness.inspector() else {
         return Ok(());
     };
-    let expected = if inspector.records_waiters() {
+    let expected = if inspector.records_waiters(kind) {
         expected
     } else {
         if expected.waiters > 0 {

@@ -50,8 +50,13 @@ mod guard;
 mod lock;
 mod node;
 mod provider;
+mod queue;
+mod rwlock;
+mod semaphore;
 mod session;
 
 pub use config::{AclPolicy, DigestAuth, NodeNameFormat, ZkConfig, ZkStrategy};
 pub use lock::ZkLock;
 pub use provider::ZkLockProvider;
+pub use rwlock::ZkRwLock;
+pub use semaphore::ZkSemaphore;

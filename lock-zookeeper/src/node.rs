@@ -5,18 +5,66 @@ use uuid::Uuid;
 
 use crate::config::NodeNameFormat;
 
-/// Where the lock called `name` lives: `{root}/{escaped name}`.
+/// Where the mutex called `name` lives: `{root}/{escaped name}`.
 pub(crate) fn lock_dir(root: &str, name: &LockName) -> String {
     format!("{root}/{}", name.escaped())
 }
 
+/// Where the read-write lock called `name` lives: `{root}/{escaped name}.rwlock`. Escaped
+/// names never contain a dot, so no mutex directory can be called that.
+pub(crate) fn rw_lock_dir(root: &str, name: &LockName) -> String {
+    format!("{root}/{}.rwlock", name.escaped())
+}
+
+/// Where the semaphore called `name` lives: `{root}/{escaped name}.semaphore`, with
+/// Curator's `locks` and `leases` directories under it.
+pub(crate) fn semaphore_dir(root: &str, name: &LockName) -> String {
+    format!("{root}/{}.semaphore", name.escaped())
+}
+
+/// What a sequential node stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NodeKind {
+    /// A mutex contender.
+    Lock,
+    /// A reader of a read-write lock.
+    Read,
+    /// A writer of a read-write lock.
+    Write,
+    /// A semaphore lease.
+    Lease,
+}
+
 /// The prefix of the sequential node a contender creates; the server appends the sequence.
-/// The uuid lets a retry find a node whose create reply was lost.
-pub(crate) fn node_prefix(format: NodeNameFormat, uuid: Uuid) -> String {
+/// The uuid lets a retry find a node whose create reply was lost. Curator's recipes
+/// (`InterProcessMutex`, `InterProcessReadWriteLock`, `InterProcessSemaphoreV2`) and
+/// kazoo's (`Lock`, `ReadLock`, `WriteLock`) use these names.
+pub(crate) fn node_prefix(format: NodeNameFormat, uuid: Uuid, kind: NodeKind) -> String {
     match format {
-        NodeNameFormat::Curator => format!("_c_{uuid}-lock-"),
-        NodeNameFormat::Kazoo => format!("{}__lock__", uuid.simple()),
+        NodeNameFormat::Curator => {
+            let base = match kind {
+                NodeKind::Lock => "lock-",
+                NodeKind::Read => "__READ__",
+                NodeKind::Write => "__WRIT__",
+                NodeKind::Lease => "lease-",
+            };
+            format!("_c_{uuid}-{base}")
+        }
+        NodeNameFormat::Kazoo => {
+            let base = match kind {
+                NodeKind::Lock | NodeKind::Write => "__lock__",
+                NodeKind::Read => "__rlock__",
+                NodeKind::Lease => "__lease__",
+            };
+            format!("{}{base}", uuid.simple())
+        }
     }
+}
+
+/// Whether a contender in a read-write lock's directory is a reader (Curator's `__READ__`,
+/// kazoo's `__rlock__`). Every other contender excludes everyone, as a writer does.
+pub(crate) fn is_reader(child: &str) -> bool {
+    child.contains("__READ__") || child.contains("__rlock__")
 }
 
 /// Whether `child` was created with `uuid` (in either format).
@@ -87,9 +135,43 @@ mod tests {
     fn prefixes_carry_the_uuid() {
         let uuid = Uuid::new_v4();
         for format in [NodeNameFormat::Curator, NodeNameFormat::Kazoo] {
-            let child = format!("{}0000000001", node_prefix(format, uuid));
-            assert!(has_uuid(&child, uuid), "{child}");
-            assert_eq!(sequence(&child), Some(1));
+            for kind in [
+                NodeKind::Lock,
+                NodeKind::Read,
+                NodeKind::Write,
+                NodeKind::Lease,
+            ] {
+                let child = format!("{}0000000001", node_prefix(format, uuid, kind));
+                assert!(has_uuid(&child, uuid), "{child}");
+                assert_eq!(sequence(&child), Some(1));
+                assert_eq!(is_reader(&child), kind == NodeKind::Read, "{child}");
+            }
         }
+    }
+
+    #[test]
+    fn peers_names_for_readers_and_writers() {
+        let curator = "_c_0b6e2d1c-8d7a-4d1e-9a55-3f1f2c3d4e5f-";
+        assert!(is_reader(&format!("{curator}__READ__0000000003")));
+        assert!(!is_reader(&format!("{curator}__WRIT__0000000004")));
+        assert!(is_reader("4f1c9e__rlock__0000000001"));
+        assert!(!is_reader("4f1c9e__lock__0000000002"));
+        assert!(!is_reader("lock-0000000002"), "a plain mutex node excludes");
+    }
+
+    #[test]
+    fn kinds_live_apart() {
+        let name = LockName::new("a/b").unwrap();
+        let dirs = [
+            lock_dir("/distlock", &name),
+            rw_lock_dir("/distlock", &name),
+            semaphore_dir("/distlock", &name),
+        ];
+        assert_eq!(dirs[0], "/distlock/a%2Fb");
+        assert_eq!(dirs[1], "/distlock/a%2Fb.rwlock");
+        assert_eq!(dirs[2], "/distlock/a%2Fb.semaphore");
+        // No mutex name escapes to a directory with a dot in it.
+        let dotted = LockName::new("a%2Fb.rwlock").unwrap();
+        assert_ne!(lock_dir("/distlock", &dotted), dirs[1]);
     }
 }

@@ -5,14 +5,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use lock_core::{
-    Capabilities, DistributedLock, Fencing, LockError, LockName, LockProvider, Metrics,
-    MetricsSnapshot, WaitKind,
+    Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Fencing, LockError,
+    LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
 };
 
 use crate::config::{ZkConfig, ZkStrategy};
 use crate::error::BACKEND;
 use crate::lock::ZkLock;
-use crate::node::lock_dir;
+use crate::node::{lock_dir, rw_lock_dir, semaphore_dir};
+use crate::queue::Place;
+use crate::rwlock::ZkRwLock;
+use crate::semaphore::ZkSemaphore;
 use crate::session::Session;
 
 /// A distlock provider on a ZooKeeper ensemble: one ZooKeeper session, shared by every
@@ -161,6 +164,18 @@ impl Shared {
     }
 }
 
+impl ZkLockProvider {
+    /// Where the lock kind whose directory `dir_of` names keeps `name`.
+    fn place(&self, name: &str, dir_of: fn(&str, &LockName) -> String) -> Result<Place, LockError> {
+        let name = LockName::new(name)?;
+        Ok(Place {
+            dir: dir_of(&self.shared.config.root, &name),
+            shared: Arc::clone(&self.shared),
+            name,
+        })
+    }
+}
+
 impl fmt::Debug for ZkLockProvider {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkLockProvider")
@@ -195,12 +210,33 @@ impl LockProvider for ZkLockProvider {
             .with_lost_detection(true)
             .with_fifo(fifo)
             .with_crash_release_bound(Some(session_timeout))
+            .with_reader_writer(true)
+            .with_semaphore(true)
     }
 
     fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
-        let name = LockName::new(name)?;
-        let dir = lock_dir(&self.shared.config.root, &name);
-        Ok(Arc::new(ZkLock::new(Arc::clone(&self.shared), name, dir)))
+        Ok(Arc::new(ZkLock::new(self.place(name, lock_dir)?)))
+    }
+
+    /// A read-write lock in `{root}/{name}.rwlock`; see [`ZkRwLock`].
+    fn rw_lock(&self, name: &str) -> Result<Arc<dyn DistributedRwLock>, LockError> {
+        Ok(Arc::new(ZkRwLock::new(self.place(name, rw_lock_dir)?)))
+    }
+
+    /// A semaphore in `{root}/{name}.semaphore`; see [`ZkSemaphore`].
+    fn semaphore(
+        &self,
+        name: &str,
+        permits: u32,
+    ) -> Result<Arc<dyn DistributedSemaphore>, LockError> {
+        let place = self.place(name, semaphore_dir)?;
+        if permits == 0 {
+            return Err(LockError::InvalidArgument {
+                backend: BACKEND,
+                message: format!("semaphore {name:?} needs at least one permit"),
+            });
+        }
+        Ok(Arc::new(ZkSemaphore::new(place, permits)))
     }
 
     fn metrics(&self) -> MetricsSnapshot {

@@ -8,7 +8,7 @@ use lock_core::{
 };
 
 use crate::ensure;
-use crate::harness::{Client, Entries, Harness, Inspector, Timing};
+use crate::harness::{Client, Entries, Harness, Inspector, LockKind, Timing};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
 use crate::support::{expect_entries, no_residue, take, unique_name, within};
 
@@ -159,9 +159,52 @@ impl LockProvider for AdaptedProvider {
     }
 }
 
+impl Adapter {
+    fn kind(self) -> LockKind {
+        match self {
+            Adapter::OnePermit => LockKind::Semaphore,
+            Adapter::WriteSide => LockKind::ReadWrite,
+        }
+    }
+}
+
 struct AdaptedHarness<'h> {
     inner: &'h dyn Harness,
+    inspector: Option<AdaptedInspector<'h>>,
     adapter: Adapter,
+}
+
+impl<'h> AdaptedHarness<'h> {
+    fn new(inner: &'h dyn Harness, adapter: Adapter) -> Self {
+        AdaptedHarness {
+            inner,
+            inspector: inner
+                .inspector()
+                .map(|inner| AdaptedInspector { inner, adapter }),
+            adapter,
+        }
+    }
+}
+
+/// The inner inspector, answering for the adapted kind where a case asks about mutexes.
+struct AdaptedInspector<'h> {
+    inner: &'h dyn Inspector,
+    adapter: Adapter,
+}
+
+#[async_trait]
+impl Inspector for AdaptedInspector<'_> {
+    async fn entries(&self, name: &str) -> Result<Entries, LockError> {
+        self.inner.entries(name).await
+    }
+
+    fn records_waiters(&self, kind: LockKind) -> bool {
+        let kind = match kind {
+            LockKind::Mutex => self.adapter.kind(),
+            other => other,
+        };
+        self.inner.records_waiters(kind)
+    }
 }
 
 #[async_trait]
@@ -182,7 +225,9 @@ impl Harness for AdaptedHarness<'_> {
     }
 
     fn inspector(&self) -> Option<&dyn Inspector> {
-        self.inner.inspector()
+        self.inspector
+            .as_ref()
+            .map(|inspector| inspector as &dyn Inspector)
     }
 }
 
@@ -208,7 +253,7 @@ pub async fn k1_adapters_pass_mutex_cases(h: &dyn Harness) -> CaseResult {
         )));
     }
     for adapter in adapters {
-        let adapted = AdaptedHarness { inner: h, adapter };
+        let adapted = AdaptedHarness::new(h, adapter);
         for id in ADAPTED_CASES {
             let case =
                 crate::cases::find(id).ok_or_else(|| CaseFailure::new(format!("no case {id}")))?;

@@ -7,9 +7,9 @@ use std::time::Duration;
 use lock_core::{DistributedRwLock, Guard, LockError};
 
 use crate::ensure;
-use crate::harness::{Client, Entries, Harness};
+use crate::harness::{Client, Entries, Harness, LockKind};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
-use crate::support::{expect_entries, no_residue, unique_name, within};
+use crate::support::{expect_entries_of, no_residue, unique_name, within};
 
 const CAPABILITY: &str = "reader_writer";
 
@@ -42,7 +42,14 @@ pub async fn i1_readers_share(h: &dyn Harness) -> CaseResult {
         guards.push(try_read(&client, &name, &format!("reader {index}")).await?);
         clients.push(client);
     }
-    expect_entries(h, &name, Entries::new(4, 0), "four readers hold").await?;
+    expect_entries_of(
+        h,
+        LockKind::ReadWrite,
+        &name,
+        Entries::new(4, 0),
+        "four readers hold",
+    )
+    .await?;
     for mut guard in guards {
         guard.release().await?;
     }
@@ -98,7 +105,14 @@ pub async fn i3_fair_queue(h: &dyn Harness) -> CaseResult {
     let mut first_reader = try_read(&first, &name, "first reader").await?;
     let writer_lock = rw(&writer_client, &name).await?;
     let writer = tokio::spawn(async move { writer_lock.write(None).await });
-    expect_entries(h, &name, Entries::new(1, 1), "the writer waits").await?;
+    expect_entries_of(
+        h,
+        LockKind::ReadWrite,
+        &name,
+        Entries::new(1, 1),
+        "the writer waits",
+    )
+    .await?;
     tokio::time::sleep(timing.operation_slack / 4).await;
     // Readers arriving after the waiting writer; each records when it got in and holds until
     // all of them are in (or the bound passes).
@@ -125,8 +139,9 @@ pub async fn i3_fair_queue(h: &dyn Harness) -> CaseResult {
         }));
         late_clients.push(client);
     }
-    expect_entries(
+    expect_entries_of(
         h,
+        LockKind::ReadWrite,
         &name,
         Entries::new(1, 1 + LATE_READERS),
         "the late readers queue behind the writer",
@@ -324,8 +339,22 @@ async fn cancel_queued(
             Side::Write => lock.write(None).await,
         }
     });
-    expect_entries(h, name, Entries::new(1, 1), &format!("{what}: queued")).await?;
+    expect_entries_of(
+        h,
+        LockKind::ReadWrite,
+        name,
+        Entries::new(1, 1),
+        &format!("{what}: queued"),
+    )
+    .await?;
     queued.abort();
     let _ = queued.await;
-    expect_entries(h, name, Entries::new(1, 0), &format!("{what}: removed")).await
+    expect_entries_of(
+        h,
+        LockKind::ReadWrite,
+        name,
+        Entries::new(1, 0),
+        &format!("{what}: removed"),
+    )
+    .await
 }

@@ -7,9 +7,9 @@ use std::time::Duration;
 use lock_core::{FencingToken, LockError};
 
 use crate::ensure;
-use crate::harness::{Entries, FaultError, Harness};
+use crate::harness::{Entries, FaultError, Harness, LockKind};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
-use crate::support::{expect_entries, no_residue, unique_name, within};
+use crate::support::{expect_entries_of, no_residue, unique_name, within};
 
 const CAPABILITY: &str = "semaphore";
 
@@ -53,8 +53,9 @@ pub async fn j1_n_permits(h: &dyn Harness) -> CaseResult {
         let semaphore = Arc::clone(&semaphore);
         async move { semaphore.acquire(None).await }
     });
-    expect_entries(
+    expect_entries_of(
         h,
+        LockKind::Semaphore,
         &name,
         Entries::new(N as usize, 1),
         "the extra client waits",
@@ -95,11 +96,21 @@ pub async fn j2_stress(h: &dyn Harness) -> CaseResult {
         let client = h.client().await?;
         let semaphore = client.provider.semaphore(&name, N)?;
         let (current, peak) = (current.clone(), peak.clone());
+        let rendezvous_bound = timing.handoff_bound;
         tasks.push(tokio::spawn(async move {
             for _ in 0..ROUNDS {
                 let mut permit = semaphore.acquire(None).await?;
                 let now = current.fetch_add(1, Ordering::SeqCst) + 1;
                 peak.fetch_max(now, Ordering::SeqCst);
+                // Until N holders have been seen at once, each holder waits for the others
+                // (up to the handoff bound): whether the semaphore can reach N must not
+                // depend on how its grant latency compares with the short holds below.
+                let rendezvous = tokio::time::Instant::now() + rendezvous_bound;
+                while peak.load(Ordering::SeqCst) < N as usize
+                    && tokio::time::Instant::now() < rendezvous
+                {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
                 tokio::time::sleep(Duration::from_millis(fastrand::u64(5..15))).await;
                 current.fetch_sub(1, Ordering::SeqCst);
                 permit.release().await?;

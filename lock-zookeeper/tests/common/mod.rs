@@ -16,8 +16,8 @@ use std::time::Duration;
 use lock_conformance::proxy::{FaultProxy, ReplyKind, SwallowHandle};
 use lock_conformance::servers::{ServerError, ZkEnsemble, ZkOptions, free_port, shared_zk};
 use lock_conformance::{
-    Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, Timing,
-    async_trait,
+    Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind,
+    Timing, async_trait,
 };
 use lock_core::{LockError, LockName};
 use lock_zookeeper::{AclPolicy, DigestAuth, ZkConfig, ZkLockProvider, ZkStrategy};
@@ -338,14 +338,13 @@ impl ZkHarness {
         Ok(Client::new(Arc::new(provider)).with_faults(Arc::new(proxies)))
     }
 
-    /// The contenders of `name`'s directory, in queue order.
-    async fn contenders(&self, name: &str) -> Result<Vec<String>, LockError> {
-        let dir = lock_dir(ZkConfig::DEFAULT_ROOT, name);
-        let children = children(&self.admin, &dir)
+    /// The sequential children of `dir`, in queue order.
+    async fn queue(&self, dir: &str) -> Result<Vec<String>, LockError> {
+        let children = children(&self.admin, dir)
             .await
             .map_err(|error| LockError::Backend {
                 backend: "test",
-                name: Some(name.into()),
+                name: Some(dir.into()),
                 message: error.to_string(),
                 retryable: false,
                 source: None,
@@ -355,6 +354,19 @@ impl ZkHarness {
             .filter_map(|child| sequence(&child).map(|seq| (seq, format!("{dir}/{child}"))))
             .collect();
         queue.sort();
+        Ok(queue.into_iter().map(|(_, path)| path).collect())
+    }
+
+    /// The contenders of the mutex `name`, in queue order.
+    async fn contenders(&self, name: &str) -> Result<Vec<String>, LockError> {
+        let dir = lock_dir(ZkConfig::DEFAULT_ROOT, name);
+        let mut queue: Vec<(i64, String)> = self
+            .queue(&dir)
+            .await?
+            .into_iter()
+            .enumerate()
+            .map(|(i, path)| (i as i64, path))
+            .collect();
         let single = format!("{dir}/lock");
         if matches!(
             admin_call(|| self.admin.check_stat(&single)).await,
@@ -518,18 +530,61 @@ impl Faults for ZkHarness {
     }
 }
 
+/// The uuid part of a protected node's name or path (Curator's `_c_<uuid>-…`, kazoo's
+/// `<hex>__…`).
+pub(crate) fn uuid_of(path: &str) -> &str {
+    let child = path.rsplit('/').next().unwrap_or(path);
+    match child.strip_prefix("_c_") {
+        Some(rest) => rest.get(..36).unwrap_or(rest),
+        None => child.split("__").next().unwrap_or(child),
+    }
+}
+
+/// The holders and waiters among a read-write lock's contenders, in queue order: the
+/// leading readers hold together, or the leading writer alone.
+pub(crate) fn rw_entries(queue: &[String]) -> Entries {
+    let reader = |node: &String| node.contains("__READ__") || node.contains("__rlock__");
+    let holders = match queue.first() {
+        None => 0,
+        Some(first) if !reader(first) => 1,
+        Some(_) => queue.iter().take_while(|node| reader(node)).count(),
+    };
+    Entries::new(holders, queue.len() - holders)
+}
+
+/// The holders and waiters of a semaphore: every lease is held but the one of the
+/// contender holding the semaphore's mutex (same uuid), which waits; every mutex contender
+/// waits.
+pub(crate) fn semaphore_entries(leases: &[String], locks: &[String]) -> Entries {
+    let waiting: Vec<&str> = locks.iter().map(|node| uuid_of(node)).collect();
+    let holders = leases
+        .iter()
+        .filter(|lease| !waiting.contains(&uuid_of(lease)))
+        .count();
+    Entries::new(holders, locks.len())
+}
+
 #[async_trait]
 impl Inspector for ZkHarness {
+    /// The entries of the mutex, the read-write lock and the semaphore called `name`
+    /// together: a case uses one kind per name.
     async fn entries(&self, name: &str) -> Result<Entries, LockError> {
-        let queue = self.contenders(name).await?;
+        let mutex = self.contenders(name).await?;
+        let dir = lock_dir(ZkConfig::DEFAULT_ROOT, name);
+        let rw = rw_entries(&self.queue(&format!("{dir}.rwlock")).await?);
+        let semaphore = semaphore_entries(
+            &self.queue(&format!("{dir}.semaphore/leases")).await?,
+            &self.queue(&format!("{dir}.semaphore/locks")).await?,
+        );
         Ok(Entries::new(
-            queue.len().min(1),
-            queue.len().saturating_sub(1),
+            mutex.len().min(1) + rw.holders + semaphore.holders,
+            mutex.len().saturating_sub(1) + rw.waiters + semaphore.waiters,
         ))
     }
 
-    fn records_waiters(&self) -> bool {
-        // The single-node lock's waiters only watch the lock node.
-        self.strategy != ZkStrategy::SingleNode
+    fn records_waiters(&self, kind: LockKind) -> bool {
+        // The single-node mutex's waiters only watch the lock node; read-write locks and
+        // semaphores always queue with sequential nodes.
+        kind != LockKind::Mutex || self.strategy != ZkStrategy::SingleNode
     }
 }

@@ -1,0 +1,351 @@
+//! The sequential-node queue that the mutex, the read-write lock and the semaphore share:
+//! a place on the server, connection-safe creation, and waiting for one's turn.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{Deadline, LockError, LockName};
+use uuid::Uuid;
+use zookeeper_client::{CreateMode, Error as ZkError, EventType, OneshotWatcher};
+
+use crate::config::ZkStrategy;
+use crate::error::{BACKEND, lock_error, outcome_unknown};
+use crate::guard::{Claim, Granted, Pending};
+use crate::node::{NodeKind, contenders, has_uuid, is_reader, node_prefix};
+use crate::provider::Shared;
+use crate::session::Session;
+
+/// How many times a create is retried when the directory vanished or the reply was lost.
+const CREATE_ATTEMPTS: usize = 10;
+/// Pause before retrying a request whose outcome was unknown (the client reconnects).
+pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// How a waiter learns that it may have become the holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waiting {
+    /// A watch on the whole directory (herd).
+    Children,
+    /// A data watch on the one node whose departure can let this waiter in (herd-free).
+    Predecessor,
+}
+
+impl Waiting {
+    /// The waiting of the sequential recipes under `strategy`: the naive strategy has no
+    /// sequential form of its own and waits as the herd recipe does.
+    pub(crate) fn of(strategy: ZkStrategy) -> Self {
+        match strategy {
+            ZkStrategy::SingleNode | ZkStrategy::SequentialChildren => Waiting::Children,
+            _ => Waiting::Predecessor,
+        }
+    }
+}
+
+/// Which earlier contenders keep a contender out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Every earlier contender (a mutex contender, a writer).
+    Exclusive,
+    /// Only earlier writers (a reader).
+    Shared,
+}
+
+impl Role {
+    /// `None` when the contender at `position` holds; otherwise the index of the contender
+    /// it waits for: the immediate predecessor (exclusive), or the nearest earlier writer
+    /// (shared), whose departure is the only one that can let it in.
+    fn blocker(self, queue: &[(i64, String)], position: usize) -> Option<usize> {
+        match self {
+            Role::Exclusive => position.checked_sub(1),
+            Role::Shared => queue[..position]
+                .iter()
+                .rposition(|(_, child)| !is_reader(child)),
+        }
+    }
+}
+
+/// One directory on the server where contenders queue, on behalf of one named lock.
+#[derive(Clone)]
+pub(crate) struct Place {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) name: LockName,
+    pub(crate) dir: String,
+}
+
+impl Place {
+    pub(crate) fn error(&self, error: ZkError) -> LockError {
+        lock_error(error, Some(self.name.as_str()))
+    }
+
+    pub(crate) fn count(&self) {
+        self.shared.metrics.record_server_requests(1);
+    }
+
+    /// Creates the directory, a container that the server removes once it is empty, and if
+    /// need be its container parents below the root, and the root and its parents as
+    /// persistent nodes.
+    ///
+    /// The root must not be a container: the server would remove it (and then its parents)
+    /// along with its last lock directory, and its creator-only ACL with it, so that any
+    /// client could create the root again as its own and lock under it.
+    pub(crate) async fn ensure_dir(&self, session: &Session) -> Result<(), LockError> {
+        let client = &session.client;
+        let container = CreateMode::Container.with_acls(session.acls);
+        self.count();
+        match client.create(&self.dir, &[], &container).await {
+            Ok(_) | Err(ZkError::NodeExists) => return Ok(()),
+            Err(ZkError::NoNode) => {}
+            Err(error) => return Err(self.error(error)),
+        }
+        let root = &self.shared.config.root;
+        self.count();
+        let persistent = CreateMode::Persistent.with_acls(session.acls);
+        client
+            .mkdir(root, &persistent)
+            .await
+            .map_err(|e| self.error(e))?;
+        // The containers between the root and the directory, outermost first.
+        let below_root = self.dir.strip_prefix(root.as_str()).unwrap_or(&self.dir);
+        let mut path = root.clone();
+        for part in below_root.split('/').filter(|part| !part.is_empty()) {
+            path.push('/');
+            path.push_str(part);
+            self.count();
+            match client.create(&path, &[], &container).await {
+                Ok(_) | Err(ZkError::NodeExists) => {}
+                Err(error) => return Err(self.error(error)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues a contender of `kind` and waits until `role` lets it hold, or until the
+    /// deadline (`Ok(None)`, nothing left behind).
+    pub(crate) async fn wait_turn(
+        &self,
+        session: &Arc<Session>,
+        kind: NodeKind,
+        role: Role,
+        uuid: Uuid,
+        deadline: Deadline,
+        waiting: Waiting,
+    ) -> Result<Option<Granted>, LockError> {
+        // Armed from before the create is sent: dropping this future at any point removes
+        // whatever the server made of it.
+        let mut pending = Pending::new(session, &self.dir, Claim::Sequential { uuid, node: None });
+        let (node, czxid) = self.create_sequential(session, uuid, kind).await?;
+        pending.set_node(node.clone());
+        let mut woken = false;
+        loop {
+            self.count();
+            // The server answered a request sent no earlier than this: it has heard from the
+            // session at this moment or later (see `Session::register`).
+            let asked = tokio::time::Instant::now();
+            let (children, children_watch) = match waiting {
+                Waiting::Children => {
+                    let (children, watcher) = session
+                        .client
+                        .list_and_watch_children(&self.dir)
+                        .await
+                        .map_err(|e| self.error(e))?;
+                    (children, Some(watcher))
+                }
+                Waiting::Predecessor => (
+                    session
+                        .client
+                        .list_children(&self.dir)
+                        .await
+                        .map_err(|e| self.error(e))?,
+                    None,
+                ),
+            };
+            let queue = contenders(children);
+            let Some(position) = queue.iter().position(|(_, child)| *child == node) else {
+                pending.disarm();
+                return Err(self.node_deleted(&node));
+            };
+            let Some(blocker) = role.blocker(&queue, position) else {
+                if woken {
+                    tracing::trace!(lock = %self.name, "zookeeper: woken and granted");
+                }
+                pending.disarm();
+                return Ok(Some(Granted {
+                    path: format!("{}/{node}", self.dir),
+                    czxid,
+                    checked: false,
+                    asked,
+                }));
+            };
+            if woken {
+                self.shared.metrics.record_futile_wakeup();
+                woken = false;
+            }
+            if deadline.is_immediate() || deadline.has_passed() {
+                pending.remove_now(&self.shared.metrics).await;
+                return Ok(None);
+            }
+            let watcher = match children_watch {
+                Some(watcher) => watcher,
+                None => {
+                    let blocker = format!("{}/{}", self.dir, queue[blocker].1);
+                    self.count();
+                    match session.client.get_and_watch_data(&blocker).await {
+                        Ok((_, _, watcher)) => watcher,
+                        // Gone already: look again (no watch was left behind).
+                        Err(ZkError::NoNode) => continue,
+                        Err(error) => return Err(self.error(error)),
+                    }
+                }
+            };
+            if !self.wait_for(watcher, &deadline).await? {
+                pending.remove_now(&self.shared.metrics).await;
+                return Ok(None);
+            }
+            self.shared.metrics.record_wakeup();
+            woken = true;
+        }
+    }
+
+    /// The error of a waiter or holder whose node another client deleted.
+    pub(crate) fn node_deleted(&self, node: &str) -> LockError {
+        LockError::Backend {
+            backend: BACKEND,
+            name: Some(self.name.to_string()),
+            message: format!("this waiter's node {node} was deleted by another client"),
+            retryable: true,
+            source: None,
+        }
+    }
+
+    /// Waits for the watch to fire (`true`) or the deadline (`false`).
+    pub(crate) async fn wait_for(
+        &self,
+        watcher: OneshotWatcher,
+        deadline: &Deadline,
+    ) -> Result<bool, LockError> {
+        tokio::select! {
+            event = watcher.changed() => {
+                if event.event_type == EventType::Session && event.session_state.is_terminated() {
+                    return Err(LockError::SessionExpired {
+                        backend: BACKEND,
+                        name: Some(self.name.to_string()),
+                    });
+                }
+                Ok(true)
+            }
+            () = deadline.sleep() => Ok(false),
+        }
+    }
+
+    /// Creates a sequential node of `kind`, protected against lost replies: after a
+    /// connection loss the node is looked up by its uuid and adopted only if this session
+    /// owns it. Returns the node's name and creation zxid.
+    pub(crate) async fn create_sequential(
+        &self,
+        session: &Session,
+        uuid: Uuid,
+        kind: NodeKind,
+    ) -> Result<(String, i64), LockError> {
+        let prefix = node_prefix(self.shared.config.node_format, uuid, kind);
+        let path = format!("{}/{prefix}", self.dir);
+        let options = CreateMode::EphemeralSequential.with_acls(session.acls);
+        let mut last = None;
+        for _ in 0..CREATE_ATTEMPTS {
+            self.count();
+            match session.client.create(&path, &[], &options).await {
+                Ok((stat, sequence)) => return Ok((format!("{prefix}{sequence}"), stat.czxid)),
+                Err(ZkError::NoNode) => self.ensure_dir(session).await?,
+                Err(error) if outcome_unknown(&error) => {
+                    tracing::debug!(lock = %self.name, %error, "zookeeper: create reply lost; looking for the node");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    if let Some(found) = self.find_own(session, uuid).await? {
+                        return Ok(found);
+                    }
+                    last = Some(error);
+                }
+                Err(error) => return Err(self.error(error)),
+            }
+        }
+        Err(self.error(last.unwrap_or(ZkError::ConnectionLoss)))
+    }
+
+    /// This session's node with `uuid`, if the server created it.
+    async fn find_own(
+        &self,
+        session: &Session,
+        uuid: Uuid,
+    ) -> Result<Option<(String, i64)>, LockError> {
+        for _ in 0..CREATE_ATTEMPTS {
+            self.count();
+            let children = match session.client.list_children(&self.dir).await {
+                Ok(children) => children,
+                Err(ZkError::NoNode) => return Ok(None),
+                Err(error) if outcome_unknown(&error) => {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    continue;
+                }
+                Err(error) => return Err(self.error(error)),
+            };
+            let Some(child) = children.into_iter().find(|child| has_uuid(child, uuid)) else {
+                return Ok(None);
+            };
+            self.count();
+            match session
+                .client
+                .check_stat(&format!("{}/{child}", self.dir))
+                .await
+            {
+                Ok(Some(stat)) if stat.ephemeral_owner == session.id => {
+                    return Ok(Some((child, stat.czxid)));
+                }
+                // Not ours (cannot normally happen: the uuid is fresh) or already gone.
+                Ok(_) => return Ok(None),
+                Err(error) if outcome_unknown(&error) => tokio::time::sleep(RETRY_PAUSE).await,
+                Err(error) => return Err(self.error(error)),
+            }
+        }
+        Err(self.error(ZkError::ConnectionLoss))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ordered(children: &[&str]) -> Vec<(i64, String)> {
+        contenders(children.iter().map(|child| (*child).to_owned()).collect())
+    }
+
+    #[test]
+    fn exclusive_contenders_wait_for_their_predecessor() {
+        let queue = ordered(&["r__READ__0000000001", "w__WRIT__0000000002"]);
+        assert_eq!(Role::Exclusive.blocker(&queue, 0), None);
+        assert_eq!(Role::Exclusive.blocker(&queue, 1), Some(0));
+    }
+
+    #[test]
+    fn readers_wait_for_the_nearest_earlier_writer_only() {
+        let queue = ordered(&[
+            "a__READ__0000000001",
+            "b__WRIT__0000000002",
+            "c__READ__0000000003",
+            "d__WRIT__0000000004",
+            "e__READ__0000000005",
+            "f__READ__0000000006",
+        ]);
+        assert_eq!(Role::Shared.blocker(&queue, 0), None, "first reader holds");
+        assert_eq!(Role::Shared.blocker(&queue, 2), Some(1));
+        assert_eq!(
+            Role::Shared.blocker(&queue, 5),
+            Some(3),
+            "the nearest writer, not the first"
+        );
+        let readers = ordered(&["a__READ__0000000001", "b__rlock__0000000002"]);
+        assert_eq!(Role::Shared.blocker(&readers, 1), None, "readers share");
+        let foreign = ordered(&["x-lock-0000000001", "b__READ__0000000002"]);
+        assert_eq!(
+            Role::Shared.blocker(&foreign, 1),
+            Some(0),
+            "an unknown contender excludes readers"
+        );
+    }
+}

@@ -1,0 +1,111 @@
+//! The read-write lock: ZooKeeper's shared-lock recipe, with Curator's node names.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{Deadline, DistributedRwLock, Guard, LockError, LockName};
+use uuid::Uuid;
+
+use crate::guard::grant;
+use crate::lock::timed_out;
+use crate::node::NodeKind;
+use crate::queue::{Place, Role, Waiting};
+
+/// A read-write lock handle from a [`ZkLockProvider`](crate::ZkLockProvider).
+///
+/// Readers create `__READ__` nodes and writers `__WRIT__` nodes (Curator's
+/// `InterProcessReadWriteLock`; kazoo's `__rlock__` / `__lock__` with the kazoo node format)
+/// in the directory `{root}/{name}.rwlock`, all in one sequence. A reader holds when no
+/// writer precedes it, a writer when it is first; so a waiting writer keeps out the readers
+/// that come after it, and the readers queued behind one writer all enter when it leaves.
+///
+/// Under [`SequentialPredecessor`](crate::ZkStrategy::SequentialPredecessor) a waiting
+/// reader watches the nearest earlier writer and a waiting writer its immediate
+/// predecessor, so that a departure wakes only those it can let in; under the other
+/// strategies every waiter watches the directory (the herd variant).
+///
+/// ```no_run
+/// use lock_core::LockProvider;
+/// use lock_zookeeper::ZkLockProvider;
+///
+/// # async fn demo() -> Result<(), lock_core::LockError> {
+/// let locks = ZkLockProvider::connect_url("zk://127.0.0.1:2181").await?;
+/// let catalogue = locks.rw_lock("catalogue")?;
+/// let mut reading = catalogue.read(None).await?;
+/// // ... read, alongside other readers ...
+/// reading.release().await?;
+/// # Ok(()) }
+/// ```
+pub struct ZkRwLock {
+    place: Place,
+}
+
+impl fmt::Debug for ZkRwLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkRwLock")
+            .field("name", &self.place.name)
+            .field("dir", &self.place.dir)
+            .field("strategy", &self.place.shared.config.strategy)
+            .finish()
+    }
+}
+
+impl ZkRwLock {
+    pub(crate) fn new(place: Place) -> Self {
+        ZkRwLock { place }
+    }
+
+    /// Takes a read (`Role::Shared`) or write hold, or gives up at the deadline with
+    /// `Ok(None)`, leaving nothing behind.
+    async fn run(
+        &self,
+        kind: NodeKind,
+        role: Role,
+        deadline: Deadline,
+    ) -> Result<Option<Guard>, LockError> {
+        let place = &self.place;
+        let session = place.shared.session(&place.name).await?;
+        let waiting = Waiting::of(place.shared.config.strategy);
+        let granted = place
+            .wait_turn(&session, kind, role, Uuid::new_v4(), deadline, waiting)
+            .await?;
+        Ok(granted.map(|granted| grant(&place.shared, &session, &place.name, granted)))
+    }
+
+    async fn wait(
+        &self,
+        kind: NodeKind,
+        role: Role,
+        timeout: Option<Duration>,
+    ) -> Result<Guard, LockError> {
+        self.run(kind, role, Deadline::after(timeout))
+            .await?
+            .ok_or_else(|| timed_out(&self.place.name, timeout))
+    }
+}
+
+#[async_trait]
+impl DistributedRwLock for ZkRwLock {
+    fn name(&self) -> &LockName {
+        &self.place.name
+    }
+
+    async fn try_read(&self) -> Result<Option<Guard>, LockError> {
+        let once = Deadline::after(Some(Duration::ZERO));
+        self.run(NodeKind::Read, Role::Shared, once).await
+    }
+
+    async fn read(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
+        self.wait(NodeKind::Read, Role::Shared, timeout).await
+    }
+
+    async fn try_write(&self) -> Result<Option<Guard>, LockError> {
+        let once = Deadline::after(Some(Duration::ZERO));
+        self.run(NodeKind::Write, Role::Exclusive, once).await
+    }
+
+    async fn write(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
+        self.wait(NodeKind::Write, Role::Exclusive, timeout).await
+    }
+}
