@@ -10,6 +10,13 @@
 //! each other on one path: every child of a lock directory whose name ends in a sequence
 //! number counts as a contender, ordered by that number.
 //!
+//! Besides the mutex, the provider hands out [read-write locks](ZkRwLock) (ZooKeeper's
+//! shared-lock recipe, with Curator's `__READ__` / `__WRIT__` nodes) and
+//! [semaphores](ZkSemaphore) (Curator's lease recipe). All three kinds share the session,
+//! the protected create, the clean-up after cancels and timeouts, the lost signals and the
+//! metrics; the mutex, the read-write lock and the semaphore called `N` are different
+//! locks, in `{root}/N`, `{root}/N.rwlock` and `{root}/N.semaphore`.
+//!
 //! ```no_run
 //! use lock_core::LockProvider;
 //! use lock_zookeeper::ZkLockProvider;

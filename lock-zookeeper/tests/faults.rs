@@ -22,7 +22,7 @@ use common::{Proxies, SESSION_TIMEOUT, TICK_TIME, admin_client, children, lock_d
 use lock_conformance::proxy::ReplyKind;
 use lock_conformance::servers::{LocalServer, ZkEnsemble, ZkServer, free_port};
 use lock_conformance::{Occupancy, PollBudget, unique_name};
-use lock_core::{Guard, LockError, LockProvider};
+use lock_core::{DistributedLock, Guard, LockError, LockProvider};
 use lock_zookeeper::{AclPolicy, DigestAuth, ZkConfig, ZkLockProvider, ZkStrategy};
 use tokio::time::{Instant, sleep, timeout};
 use zookeeper_client::{Acls, Client as ZkClient, CreateMode};
@@ -531,11 +531,44 @@ struct LostReplies {
     failed: usize,
 }
 
+/// Which lock a lost-create test takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Mutex,
+    /// The write side of a read-write lock.
+    Writer,
+    /// A one-permit semaphore; the lost reply is that of its internal mutex's node.
+    OnePermit,
+}
+
+impl Kind {
+    fn lock(self, provider: &ZkLockProvider, name: &str) -> Arc<dyn DistributedLock> {
+        match self {
+            Kind::Mutex => provider.lock(name).unwrap(),
+            Kind::Writer => provider.rw_lock(name).unwrap().write_lock(),
+            Kind::OnePermit => provider.semaphore(name, 1).unwrap().as_lock().unwrap(),
+        }
+    }
+
+    /// The directory of the holder's node, and the other directories the lock uses.
+    fn dirs(self, name: &str) -> (String, Vec<String>) {
+        let dir = lock_dir(ZkConfig::DEFAULT_ROOT, name);
+        match self {
+            Kind::Mutex => (dir, Vec::new()),
+            Kind::Writer => (format!("{dir}.rwlock"), Vec::new()),
+            Kind::OnePermit => (
+                format!("{dir}.semaphore/leases"),
+                vec![format!("{dir}.semaphore/locks")],
+            ),
+        }
+    }
+}
+
 /// (c) Fifty acquires whose create reply is lost (the server acts on the create, the client
 /// sees its connection drop), alternately on a free lock and behind another holder: after
 /// each, the directory holds exactly the holder's own node, nothing once released, and
 /// another client gets the lock at once.
-async fn lost_create_replies(strategy: ZkStrategy) -> LostReplies {
+async fn lost_create_replies(strategy: ZkStrategy, kind: Kind) -> LostReplies {
     const ROUNDS: usize = 50;
     let (server, admin) = standalone().await;
     let proxies = Proxies::start(&[server.socket_addr()]);
@@ -543,8 +576,8 @@ async fn lost_create_replies(strategy: ZkStrategy) -> LostReplies {
     let a = connect(proxies.hosts(), strategy).await;
     let b = connect(vec![server.address()], strategy).await;
     let name = unique_name("lost-create");
-    let dir = lock_dir(ZkConfig::DEFAULT_ROOT, &name);
-    let (a_lock, b_lock) = (a.lock(&name).unwrap(), b.lock(&name).unwrap());
+    let (dir, others) = kind.dirs(&name);
+    let (a_lock, b_lock) = (kind.lock(&a, &name), kind.lock(&b, &name));
     let mut counts = LostReplies::default();
     for round in 0..ROUNDS {
         let blocker = if round % 2 == 1 {
@@ -607,19 +640,25 @@ async fn lost_create_replies(strategy: ZkStrategy) -> LostReplies {
                     a.session_id().unwrap(),
                     "round {round}: the only node is not the holder's"
                 );
+                for other in &others {
+                    expect_children(&admin, other, 0, SLACK, &format!("round {round}: {other}"))
+                        .await;
+                }
                 guard.release().await.expect("the holder's release");
             }
             Err(error) if error.is_retryable() => counts.failed += 1,
             Err(error) => panic!("round {round}: {error}"),
         }
-        expect_children(
-            &admin,
-            &dir,
-            0,
-            SLACK * 3,
-            &format!("round {round}: an orphan node"),
-        )
-        .await;
+        for dir in std::iter::once(&dir).chain(&others) {
+            expect_children(
+                &admin,
+                dir,
+                0,
+                SLACK * 3,
+                &format!("round {round}: an orphan node"),
+            )
+            .await;
+        }
         let mut next = timeout(SLACK * 2, b_lock.acquire(Some(SLACK * 2)))
             .await
             .unwrap_or_else(|_| panic!("round {round}: another client's acquire hangs"))
@@ -646,7 +685,7 @@ async fn lost_create_replies(strategy: ZkStrategy) -> LostReplies {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_create_replies_leave_no_orphan_sequential() {
     let began = Instant::now();
-    let counts = lost_create_replies(ZkStrategy::SequentialPredecessor).await;
+    let counts = lost_create_replies(ZkStrategy::SequentialPredecessor, Kind::Mutex).await;
     report(
         "lost_create_replies_sequential",
         format_args!(
@@ -660,7 +699,7 @@ async fn lost_create_replies_leave_no_orphan_sequential() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_create_replies_leave_no_orphan_single_node() {
     let began = Instant::now();
-    let counts = lost_create_replies(ZkStrategy::SingleNode).await;
+    let counts = lost_create_replies(ZkStrategy::SingleNode, Kind::Mutex).await;
     report(
         "lost_create_replies_single_node",
         format_args!(
@@ -669,6 +708,24 @@ async fn lost_create_replies_leave_no_orphan_single_node() {
         ),
     );
     assert!(counts.adopted > 0, "no swallowed create was adopted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_create_replies_leave_no_orphan_rw_and_semaphore() {
+    for kind in [Kind::Writer, Kind::OnePermit] {
+        let began = Instant::now();
+        let counts = lost_create_replies(ZkStrategy::SequentialPredecessor, kind).await;
+        report(
+            "lost_create_replies_rw_and_semaphore",
+            format_args!(
+                "{kind:?}: {counts:?} of 50; nodes left 0 after each round; took {:?}",
+                began.elapsed()
+            ),
+        );
+        if kind == Kind::Writer {
+            assert!(counts.adopted > 0, "no swallowed create was adopted");
+        }
+    }
 }
 
 /// A small deterministic generator (SplitMix64), seeded per contender.

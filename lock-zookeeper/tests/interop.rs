@@ -147,3 +147,117 @@ async fn a_kazoo_format_node_is_a_contender() {
         .expect("free once the kazoo node is gone");
     guard.release().await.unwrap();
 }
+
+/// A foreign reader's node, as Curator's `InterProcessReadWriteLock` or kazoo's `ReadLock`
+/// names it, created by a raw client in `dir`; returns its path.
+async fn foreign_reader(raw: &Client, dir: &str, prefix: &str) -> String {
+    raw.mkdir(dir, &CreateMode::Persistent.with_acls(Acls::anyone_all()))
+        .await
+        .unwrap();
+    let (_, sequence) = raw
+        .create(
+            &format!("{dir}/{prefix}"),
+            b"",
+            &CreateMode::EphemeralSequential.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    format!("{dir}/{prefix}{sequence}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_readers_share_and_keep_writers_out() {
+    for (strategy, prefix) in [
+        (
+            ZkStrategy::SequentialPredecessor,
+            "_c_0b6e2d1c-8d7a-4d1e-9a55-3f1f2c3d4e5f-__READ__",
+        ),
+        (
+            ZkStrategy::SequentialChildren,
+            "0123456789abcdef0123456789abcdef__rlock__",
+        ),
+    ] {
+        let name = unique_name("rw-interop");
+        let dir = format!("{}.rwlock", dir_of(&name));
+        let raw = peer().await;
+        let reader = foreign_reader(&raw, &dir, prefix).await;
+        let ours = provider(strategy).await;
+        let lock = ours.rw_lock(&name).unwrap();
+        let mut shared = lock
+            .try_read()
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{prefix}: our reader shares with the foreign one"));
+        shared.release().await.unwrap();
+        assert!(
+            lock.try_write().await.unwrap().is_none(),
+            "{prefix}: our writer jumped the foreign reader"
+        );
+        let writing = {
+            let lock = lock.clone();
+            tokio::spawn(async move { lock.write(Some(BOUND)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!writing.is_finished(), "{prefix}: wrote beside a reader");
+        raw.delete(&reader, None).await.unwrap();
+        let mut guard = tokio::time::timeout(BOUND, writing)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        guard.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_curator_named_writer_and_distlock_readers_exclude_each_other() {
+    let name = unique_name("rw-interop");
+    let dir = format!("{}.rwlock", dir_of(&name));
+    let ours = provider(ZkStrategy::SequentialPredecessor).await;
+    let lock = ours.rw_lock(&name).unwrap();
+    let peer = peer().await;
+    // zookeeper-client's recipe with a Curator write node's name, every child a contender:
+    // the write side of Curator's InterProcessReadWriteLock.
+    let writer_prefix = format!("{dir}/_c_9f0c3a52-1d4e-4b8e-8a57-0c2d1e3f4a5b-__WRIT__");
+    let held = peer
+        .lock(
+            LockPrefix::new_custom(writer_prefix.clone(), "").unwrap(),
+            b"",
+            peer_options(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        lock.try_read().await.unwrap().is_none(),
+        "our reader got in under the Curator-named writer"
+    );
+    let reading = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.read(Some(BOUND)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!reading.is_finished(), "read beside the writer");
+    drop(held);
+    let mut reader = tokio::time::timeout(BOUND, reading)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    // Now our reader holds: the peer writer waits for it.
+    let peer_writing = tokio::spawn(async move {
+        let prefix = LockPrefix::new_custom(writer_prefix, "").unwrap();
+        let held = peer.lock(prefix, b"", peer_options()).await;
+        held.map(drop)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !peer_writing.is_finished(),
+        "the peer writer got in beside our reader"
+    );
+    reader.release().await.unwrap();
+    tokio::time::timeout(BOUND, peer_writing)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}

@@ -83,22 +83,39 @@ pub async fn j2_stress(h: &dyn Harness) -> CaseResult {
     if !declared(h).await? {
         return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));
     }
-    const N: u32 = 3;
-    const CLIENTS: usize = 6;
-    const ROUNDS: usize = 10;
+    semaphore_stress(h, 3, 6, 10).await?;
+    Ok(Outcome::Passed)
+}
+
+/// A stress run: `clients` clients each take a permit of a `permits`-permit semaphore
+/// `rounds` times, holding for a few milliseconds. Checks that the holders never exceed
+/// `permits`, that they do reach it, and that nothing is left behind. Returns the most
+/// holders seen at once.
+///
+/// J2 runs it with three permits and six clients; a backend's own tests can run it bigger.
+///
+/// # Errors
+///
+/// A [`CaseFailure`] naming the broken invariant, or the error a client met.
+pub async fn semaphore_stress(
+    h: &dyn Harness,
+    permits: u32,
+    clients: usize,
+    rounds: usize,
+) -> Result<usize, CaseFailure> {
     let timing = h.timing();
-    let name = unique_name("j2");
+    let name = unique_name("semaphore-stress");
     let current = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
-    let mut clients = Vec::new();
+    let mut connected = Vec::new();
     let mut tasks = Vec::new();
-    for _ in 0..CLIENTS {
+    for _ in 0..clients {
         let client = h.client().await?;
-        let semaphore = client.provider.semaphore(&name, N)?;
+        let semaphore = client.provider.semaphore(&name, permits)?;
         let (current, peak) = (current.clone(), peak.clone());
         let rendezvous_bound = timing.handoff_bound;
         tasks.push(tokio::spawn(async move {
-            for _ in 0..ROUNDS {
+            for _ in 0..rounds {
                 let mut permit = semaphore.acquire(None).await?;
                 let now = current.fetch_add(1, Ordering::SeqCst) + 1;
                 peak.fetch_max(now, Ordering::SeqCst);
@@ -106,7 +123,7 @@ pub async fn j2_stress(h: &dyn Harness) -> CaseResult {
                 // (up to the handoff bound): whether the semaphore can reach N must not
                 // depend on how its grant latency compares with the short holds below.
                 let rendezvous = tokio::time::Instant::now() + rendezvous_bound;
-                while peak.load(Ordering::SeqCst) < N as usize
+                while peak.load(Ordering::SeqCst) < permits as usize
                     && tokio::time::Instant::now() < rendezvous
                 {
                     tokio::time::sleep(Duration::from_millis(2)).await;
@@ -117,9 +134,9 @@ pub async fn j2_stress(h: &dyn Harness) -> CaseResult {
             }
             Ok::<(), LockError>(())
         }));
-        clients.push(client);
+        connected.push(client);
     }
-    let bound = timing.handoff_bound * (CLIENTS * ROUNDS) as u32;
+    let bound = timing.handoff_bound * (clients * rounds) as u32;
     within(bound, "the semaphore stress run", async {
         for task in tasks {
             task.await
@@ -130,15 +147,15 @@ pub async fn j2_stress(h: &dyn Harness) -> CaseResult {
     .await??;
     let peak = peak.load(Ordering::SeqCst);
     ensure!(
-        peak <= N as usize,
-        "{peak} holders at once; the semaphore has {N} permits"
+        peak <= permits as usize,
+        "{peak} holders at once; the semaphore has {permits} permits"
     );
     ensure!(
-        peak == N as usize,
-        "never more than {peak} of {N} permits in use at once"
+        peak == permits as usize,
+        "never more than {peak} of {permits} permits in use at once"
     );
     no_residue(h, &name, "after the stress run").await?;
-    Ok(Outcome::Passed)
+    Ok(peak)
 }
 
 /// J3: permits carry fencing tokens and lost signals like mutex guards.
