@@ -8,7 +8,7 @@ use lock_core::LockError;
 use lock_core::url::LockUrl;
 
 /// The parameters `redis://` and `rediss://` understand.
-const REDIS_PARAMS: &[&str] = &["prefix", "ttl", "strategy"];
+const REDIS_PARAMS: &[&str] = &["prefix", "ttl", "strategy", "timeout"];
 /// The parameters `redlock://` understands.
 const REDLOCK_PARAMS: &[&str] = &[
     "prefix",
@@ -17,6 +17,7 @@ const REDLOCK_PARAMS: &[&str] = &[
     "retry_delay",
     "drift_factor",
     "tls",
+    "timeout",
 ];
 /// Longest accepted key prefix, in bytes.
 const MAX_PREFIX_LEN: usize = 128;
@@ -25,6 +26,11 @@ const MAX_PREFIX_LEN: usize = 128;
 const MIN_TTL: Duration = Duration::from_millis(100);
 /// Longest accepted lease.
 const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// Shortest and longest accepted request timeout.
+const MIN_TIMEOUT: Duration = Duration::from_millis(10);
+const MAX_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+/// The default request timeout.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest accepted Redlock retry delay.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
 /// Largest accepted Redlock clock drift factor.
@@ -272,6 +278,9 @@ pub struct RedisConfig {
     pub ttl: Duration,
     /// How waiters wait. Default [`RedisStrategy::Queue`].
     pub strategy: RedisStrategy,
+    /// How long connecting, or one request, may take before it fails with a retryable
+    /// [`LockError::Connection`]; from 10 ms to 10 minutes. Default 5 s.
+    pub timeout: Duration,
 }
 
 impl RedisConfig {
@@ -287,7 +296,15 @@ impl RedisConfig {
             key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
             ttl: Self::DEFAULT_TTL,
             strategy: RedisStrategy::default(),
+            timeout: DEFAULT_TIMEOUT,
         }
+    }
+
+    /// Sets the request timeout.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// Sets the key prefix.
@@ -391,6 +408,9 @@ impl RedisConfig {
         if let Some(strategy) = url.param("strategy") {
             config.strategy = strategy.parse()?;
         }
+        if let Some(timeout) = url.duration_param("timeout")? {
+            config.timeout = timeout;
+        }
         config.validate()?;
         Ok(config)
     }
@@ -404,7 +424,8 @@ impl RedisConfig {
     pub fn validate(&self) -> Result<(), LockError> {
         self.server.validate()?;
         check_prefix("redis", &self.key_prefix)?;
-        check_ttl("redis", self.ttl)
+        check_ttl("redis", self.ttl)?;
+        check_timeout("redis", self.timeout)
     }
 }
 
@@ -441,6 +462,8 @@ pub struct RedlockConfig {
     /// The delay before such a retry (randomised by the provider); more than 0 and at most
     /// 1 minute. Default 200 ms.
     pub retry_delay: Duration,
+    /// The request timeout, as for [`RedisConfig::timeout`]. Default 5 s.
+    pub timeout: Duration,
 }
 
 impl RedlockConfig {
@@ -460,7 +483,15 @@ impl RedlockConfig {
             clock_drift_factor: Self::DEFAULT_CLOCK_DRIFT_FACTOR,
             retry_count: Self::DEFAULT_RETRY_COUNT,
             retry_delay: Self::DEFAULT_RETRY_DELAY,
+            timeout: DEFAULT_TIMEOUT,
         }
+    }
+
+    /// Sets the request timeout.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// Sets the key prefix.
@@ -578,6 +609,9 @@ impl RedlockConfig {
         if let Some(factor) = url.parsed_param("drift_factor", "a number from 0 to 0.5")? {
             config.clock_drift_factor = factor;
         }
+        if let Some(timeout) = url.duration_param("timeout")? {
+            config.timeout = timeout;
+        }
         config.validate()?;
         if let Some(warning) = config.quorum_warning() {
             tracing::warn!(servers = config.servers.len(), "redlock: {warning}");
@@ -619,7 +653,7 @@ impl RedlockConfig {
                 ),
             ));
         }
-        Ok(())
+        check_timeout("redlock", self.timeout)
     }
 
     /// Why the number of servers is a poor choice, if it is.
@@ -703,6 +737,16 @@ fn check_prefix(backend: &str, prefix: &str) -> Result<(), LockError> {
     };
     let shown: String = prefix.chars().take(40).collect();
     Err(config_error(backend, format!("prefix {shown:?} {problem}")))
+}
+
+fn check_timeout(backend: &str, timeout: Duration) -> Result<(), LockError> {
+    if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&timeout) {
+        return Err(config_error(
+            backend,
+            format!("timeout is {timeout:?}; it must be from 10ms to 10 minutes"),
+        ));
+    }
+    Ok(())
 }
 
 fn check_ttl(backend: &str, ttl: Duration) -> Result<(), LockError> {

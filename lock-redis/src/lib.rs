@@ -36,5 +36,14 @@
 //! 4, "Redis backend") and are not part of this release yet.
 
 mod config;
+mod error;
+mod guard;
+mod keys;
+mod lock;
+mod node;
+mod provider;
+mod scripts;
 
 pub use config::{RedisConfig, RedisServer, RedisStrategy, RedlockConfig};
+pub use lock::RedisLock;
+pub use provider::RedisLockProvider;

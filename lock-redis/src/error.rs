@@ -1,0 +1,74 @@
+//! Redis client errors as lock errors.
+
+use lock_core::LockError;
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+pub(crate) const BACKEND: &str = "redis";
+
+/// Maps a client error, naming the lock when there is one.
+pub(crate) fn lock_error(
+    backend: &'static str,
+    error: RedisError,
+    name: Option<&str>,
+) -> LockError {
+    let name = name.map(str::to_owned);
+    let code = error.code().unwrap_or_default().to_owned();
+    if error.kind() == ErrorKind::AuthenticationFailed
+        || matches!(code.as_str(), "WRONGPASS" | "NOAUTH")
+    {
+        return LockError::Auth {
+            backend,
+            message: error.to_string(),
+        };
+    }
+    if error.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) || code == "NOPERM" {
+        return LockError::PermissionDenied {
+            backend,
+            name,
+            message: error.to_string(),
+        };
+    }
+    if is_connection(&error) {
+        return LockError::Connection {
+            backend,
+            name,
+            message: error.to_string(),
+            source: Some(Box::new(error)),
+        };
+    }
+    let retryable = matches!(
+        error.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly
+        )
+    );
+    LockError::Backend {
+        backend,
+        name,
+        message: error.to_string(),
+        retryable,
+        source: Some(Box::new(error)),
+    }
+}
+
+/// Whether the request failed on the way: it may or may not have reached the server.
+pub(crate) fn is_connection(error: &RedisError) -> bool {
+    error.is_io_error()
+        || error.is_timeout()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+}
+
+/// The error of a request that got no answer within the configured timeout.
+pub(crate) fn timed_out_request(backend: &'static str, name: Option<&str>) -> LockError {
+    LockError::Connection {
+        backend,
+        name: name.map(str::to_owned),
+        message: "the server did not answer within the request timeout".to_owned(),
+        source: None,
+    }
+}

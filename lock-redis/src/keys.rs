@@ -1,0 +1,63 @@
+//! The keys of one lock. They share the hash tag `{prefix:name}`, so that one script may
+//! touch them all, on Redis Cluster too.
+
+use lock_core::LockName;
+
+/// The keys and channel of the lock called `name` under `prefix`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LockKeys {
+    /// `{prefix:name}:owner`: the holder's owner id, with the lease as its expiry.
+    pub(crate) owner: String,
+    /// `{prefix:name}:fence`: the fencing counter; it outlives the holders on purpose.
+    pub(crate) fence: String,
+    /// `{prefix:name}:queue`: the waiters' owner ids, first come first.
+    pub(crate) queue: String,
+    /// `{prefix:name}:deadlines`: owner id → server time (ms) after which a waiter that has
+    /// not refreshed it counts as dead.
+    pub(crate) deadlines: String,
+    /// `{prefix:name}:w:`: the prefix of each waiter's own list, `…:w:<owner id>`.
+    pub(crate) waiter_prefix: String,
+    /// `{prefix:name}:released`: the channel a release is broadcast on (pub/sub strategy).
+    pub(crate) channel: String,
+}
+
+impl LockKeys {
+    pub(crate) fn new(prefix: &str, name: &LockName) -> Self {
+        let tag = format!("{{{prefix}:{}}}", name.escaped());
+        LockKeys {
+            owner: format!("{tag}:owner"),
+            fence: format!("{tag}:fence"),
+            queue: format!("{tag}:queue"),
+            deadlines: format!("{tag}:deadlines"),
+            waiter_prefix: format!("{tag}:w:"),
+            channel: format!("{tag}:released"),
+        }
+    }
+
+    /// The keys in the order every script expects them.
+    pub(crate) fn script_keys(&self) -> [&str; 4] {
+        [&self.owner, &self.fence, &self.queue, &self.deadlines]
+    }
+
+    /// A waiter's own list.
+    pub(crate) fn waiter_list(&self, id: &str) -> String {
+        format!("{}{id}", self.waiter_prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_carries_one_hash_tag() {
+        let keys = LockKeys::new("lock", &LockName::new("jobs/nightly {x}").unwrap());
+        let tag = "{lock:jobs%2Fnightly%20%7Bx%7D}";
+        for key in keys.script_keys() {
+            assert!(key.starts_with(tag), "{key}");
+            assert_eq!(key.matches('{').count(), 1, "one tag in {key}");
+        }
+        assert!(keys.waiter_list("ab").starts_with(tag));
+        assert!(keys.channel.starts_with(tag));
+    }
+}

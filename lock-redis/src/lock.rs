@@ -1,0 +1,478 @@
+//! The single-server Redis lock: grant, the three ways of waiting, and clean-up after
+//! cancels and timeouts.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use lock_core::{Deadline, DistributedLock, Guard, LockError, LockName};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::config::RedisStrategy;
+use crate::error::BACKEND;
+use crate::guard::{Lease, grant as make_guard};
+use crate::keys::LockKeys;
+use crate::provider::Shared;
+use crate::scripts::{ATTEMPT, CANCEL, EXTEND, GRANT, RELEASE};
+
+/// How many times a request whose reply was lost is sent again (with the same owner id, so
+/// that a grant the server made is found, not made twice).
+const ATTEMPTS: usize = 3;
+/// Pause before sending a request again after a connection error.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// First and longest pause between two tries of the polling strategy.
+const POLL_MIN: Duration = Duration::from_millis(10);
+const POLL_MAX: Duration = Duration::from_millis(500);
+
+/// How long a waiter blocks before it refreshes its place (and checks for a lease that ran
+/// out): ttl/3, at most 2 s.
+pub(crate) fn refresh_period(ttl: Duration) -> Duration {
+    (ttl / 3).clamp(Duration::from_millis(10), Duration::from_secs(2))
+}
+
+/// How long a waiter that stopped refreshing keeps its place: three refresh periods and a
+/// second.
+pub(crate) fn liveness(ttl: Duration) -> Duration {
+    refresh_period(ttl) * 3 + Duration::from_secs(1)
+}
+
+/// The clock-drift margin taken off every validity: 1% of the ttl and 2 ms.
+pub(crate) fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A lock handle from a [`RedisLockProvider`](crate::RedisLockProvider).
+pub struct RedisLock {
+    shared: Arc<Shared>,
+    name: LockName,
+    keys: Arc<LockKeys>,
+}
+
+impl fmt::Debug for RedisLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLock")
+            .field("name", &self.name)
+            .field("owner_key", &self.keys.owner)
+            .field("strategy", &self.shared.config.strategy)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl DistributedLock for RedisLock {
+    fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
+        self.run(Deadline::after(Some(Duration::ZERO))).await
+    }
+
+    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
+        self.run(Deadline::after(timeout))
+            .await?
+            .ok_or_else(|| LockError::Timeout {
+                backend: BACKEND,
+                name: self.name.to_string(),
+                waited: timeout.unwrap_or_default(),
+            })
+    }
+}
+
+/// One acquisition: its owner id, and the clean-up armed until it is granted or gives up.
+struct Attempt {
+    grant: Arc<Grant>,
+    armed: bool,
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if self.armed {
+            // Cancelled, or failed: leave the queue, and pass on a grant that raced us.
+            cancel_in_background(Arc::clone(&self.grant));
+        }
+    }
+}
+
+/// Runs [`Grant::cancel`] in the background, retrying failures until the waiter's place and
+/// any grant to it would have expired anyway.
+fn cancel_in_background(grant: Arc<Grant>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::debug!(lock = %grant.name, "redis: no runtime for the clean-up; the entries will expire");
+        return;
+    };
+    runtime.spawn(async move {
+        let ttl = grant.shared.config.ttl;
+        let give_up = Instant::now() + ttl.max(liveness(ttl));
+        loop {
+            match grant.cancel().await {
+                Ok(_) => return,
+                Err(error) if error.is_retryable() && Instant::now() < give_up && !grant.shared.is_closed() => {
+                    tracing::debug!(lock = %grant.name, %error, "redis: clean-up failed; retrying");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Err(error) => {
+                    tracing::debug!(lock = %grant.name, %error, "redis: clean-up abandoned; the entries will expire");
+                    return;
+                }
+            }
+        }
+    });
+}
+
+impl RedisLock {
+    pub(crate) fn new(shared: Arc<Shared>, name: LockName) -> Self {
+        let keys = Arc::new(LockKeys::new(&shared.config.key_prefix, &name));
+        RedisLock { shared, name, keys }
+    }
+
+    async fn run(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
+        if self.shared.is_closed() {
+            return Err(LockError::SessionExpired {
+                backend: BACKEND,
+                name: Some(self.name.to_string()),
+            });
+        }
+        let grant = Arc::new(Grant {
+            shared: Arc::clone(&self.shared),
+            keys: Arc::clone(&self.keys),
+            name: self.name.clone(),
+            id: Uuid::new_v4().simple().to_string(),
+        });
+        // Armed from before the first request is sent.
+        let mut attempt = Attempt {
+            grant: Arc::clone(&grant),
+            armed: true,
+        };
+        let granted = match self.shared.config.strategy {
+            RedisStrategy::Polling => self.poll(&grant, deadline).await,
+            RedisStrategy::PubSub => self.subscribe_and_wait(&grant, deadline).await,
+            _ => self.queue(&grant, deadline).await,
+        };
+        match granted {
+            Ok(Some((token, sent))) => {
+                attempt.armed = false;
+                self.shared.metrics.record_grant();
+                make_guard(grant, &self.name, token, sent).map(Some)
+            }
+            Ok(None) => {
+                // Gave up: clean up now, so that the next contender is not delayed.
+                if grant.cancel().await.is_ok() {
+                    attempt.armed = false;
+                }
+                Ok(None)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// `GRANT` until granted or the deadline; jittered exponential back-off.
+    async fn poll(
+        &self,
+        grant: &Grant,
+        deadline: Deadline,
+    ) -> Result<Option<(u64, Instant)>, LockError> {
+        let mut pause = POLL_MIN;
+        let mut woken = false;
+        loop {
+            let sent = Instant::now();
+            let token: u64 = grant
+                .retrying(|| {
+                    let mut invocation = GRANT.prepare_invoke();
+                    invocation
+                        .key(&grant.keys.owner)
+                        .key(&grant.keys.fence)
+                        .arg(&grant.id)
+                        .arg(millis(grant.shared.config.ttl));
+                    invocation
+                })
+                .await?;
+            if token > 0 {
+                return Ok(Some((token, sent)));
+            }
+            if woken {
+                self.shared.metrics.record_futile_wakeup();
+            }
+            if deadline.is_immediate() || deadline.has_passed() {
+                return Ok(None);
+            }
+            let jittered = pause.mul_f64(0.5 + fastrand::f64());
+            let nap = deadline
+                .remaining()
+                .map_or(jittered, |left| left.min(jittered));
+            tokio::time::sleep(nap).await;
+            pause = (pause * 2).min(POLL_MAX);
+            self.shared.metrics.record_wakeup();
+            woken = true;
+        }
+    }
+
+    /// `GRANT`; on failure subscribe to the release channel, then `GRANT` again on every
+    /// broadcast (and every refresh period, for leases that run out unannounced).
+    async fn subscribe_and_wait(
+        &self,
+        grant: &Grant,
+        deadline: Deadline,
+    ) -> Result<Option<(u64, Instant)>, LockError> {
+        let mut pubsub = None;
+        let mut woken = false;
+        let period = refresh_period(self.shared.config.ttl);
+        loop {
+            let sent = Instant::now();
+            let token: u64 = grant
+                .retrying(|| {
+                    let mut invocation = GRANT.prepare_invoke();
+                    invocation
+                        .key(&grant.keys.owner)
+                        .key(&grant.keys.fence)
+                        .arg(&grant.id)
+                        .arg(millis(grant.shared.config.ttl));
+                    invocation
+                })
+                .await?;
+            if token > 0 {
+                return Ok(Some((token, sent)));
+            }
+            if woken {
+                self.shared.metrics.record_futile_wakeup();
+                woken = false;
+            }
+            if deadline.is_immediate() || deadline.has_passed() {
+                return Ok(None);
+            }
+            let Some(subscription) = pubsub.as_mut() else {
+                // Subscribe, then try once more: a release between the first try and the
+                // subscription would otherwise go unheard.
+                pubsub = Some(
+                    self.shared
+                        .node
+                        .subscribe(&self.keys.channel, self.name.as_str())
+                        .await?,
+                );
+                continue;
+            };
+            let nap = deadline.remaining().map_or(period, |left| left.min(period));
+            let mut messages = subscription.on_message();
+            tokio::select! {
+                message = messages.next() => {
+                    if message.is_none() {
+                        // The subscription connection ended: subscribe again.
+                        drop(messages);
+                        pubsub = None;
+                        continue;
+                    }
+                    self.shared.metrics.record_wakeup();
+                    woken = true;
+                }
+                () = tokio::time::sleep(nap) => {}
+            }
+        }
+    }
+
+    /// `ATTEMPT`, queueing; then block on this waiter's own list, refreshing the place in
+    /// the queue every refresh period.
+    async fn queue(
+        &self,
+        grant: &Grant,
+        deadline: Deadline,
+    ) -> Result<Option<(u64, Instant)>, LockError> {
+        let ttl = self.shared.config.ttl;
+        let period = refresh_period(ttl);
+        let queue = !deadline.is_immediate();
+        let mut mode = if queue { Queueing::Join } else { Queueing::No };
+        let mut connection = None;
+        loop {
+            // Grants pushed to our list come after this request was handled: the lease
+            // runs from no earlier than its sending.
+            let sent = Instant::now();
+            let token = grant.attempt(mode).await?;
+            if token > 0 {
+                return Ok(Some((token.unsigned_abs(), sent)));
+            }
+            if token < 0 {
+                return Err(LockError::Backend {
+                    backend: BACKEND,
+                    name: Some(self.name.to_string()),
+                    message: "this waiter's place in the queue is gone (deleted by another \
+                              client, or dropped after the waiter fell silent)"
+                        .to_owned(),
+                    retryable: true,
+                    source: None,
+                });
+            }
+            if !queue || deadline.has_passed() {
+                return Ok(None);
+            }
+            mode = Queueing::Refresh;
+            if connection.is_none() {
+                connection = Some(self.shared.node.dedicated(self.name.as_str()).await?);
+            }
+            let Some(blocking) = connection.as_mut() else {
+                continue;
+            };
+            let wait = deadline.remaining().map_or(period, |left| left.min(period));
+            let list = self.keys.waiter_list(&grant.id);
+            let mut blpop = redis::cmd("BLPOP");
+            blpop
+                .arg(&list)
+                .arg(format!("{:.3}", wait.as_secs_f64().max(0.001)));
+            self.shared.metrics.record_server_requests(1);
+            let budget = wait + self.shared.node.timeout();
+            let popped: Option<(String, u64)> = match tokio::time::timeout(
+                budget,
+                blpop.query_async(blocking),
+            )
+            .await
+            {
+                Ok(Ok(popped)) => popped,
+                Ok(Err(error)) => {
+                    tracing::debug!(lock = %self.name, %error, "redis: blocking wait failed; reconnecting");
+                    connection = None;
+                    None
+                }
+                Err(_) => {
+                    // The reply may still come on this connection: drop it, and let the
+                    // next `ATTEMPT` pick up a grant it carried.
+                    connection = None;
+                    None
+                }
+            };
+            if let Some((_, token)) = popped {
+                self.shared.metrics.record_wakeup();
+                return Ok(Some((token, sent)));
+            }
+        }
+    }
+}
+
+/// What an `ATTEMPT` does when the lock is busy.
+#[derive(Debug, Clone, Copy)]
+enum Queueing {
+    /// Nothing (a try).
+    No,
+    /// Join the queue.
+    Join,
+    /// Stay in the queue; fail if one's place is gone.
+    Refresh,
+}
+
+/// One acquisition's owner id and keys: the lease once granted, and what a cancel removes.
+#[derive(Debug)]
+pub(crate) struct Grant {
+    shared: Arc<Shared>,
+    keys: Arc<LockKeys>,
+    name: LockName,
+    id: String,
+}
+
+impl Grant {
+    /// Runs the script `invocation` builds, sending it again (same owner id) after a
+    /// connection error.
+    async fn retrying<T, F>(&self, invocation: F) -> Result<T, LockError>
+    where
+        T: redis::FromRedisValue,
+        F: Fn() -> redis::ScriptInvocation<'static>,
+    {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.shared.node.run(invocation(), self.name.as_str()).await {
+                Err(error @ LockError::Connection { .. }) if tries < ATTEMPTS => {
+                    tracing::debug!(lock = %self.name, %error, "redis: no reply; sending again");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// The arguments every queue script takes after the owner id.
+    fn queue_args(&self, invocation: &mut redis::ScriptInvocation<'static>) {
+        let ttl = self.shared.config.ttl;
+        let mode = match self.shared.config.strategy {
+            RedisStrategy::Polling => "polling",
+            RedisStrategy::PubSub => "pubsub",
+            _ => "queue",
+        };
+        for key in self.keys.script_keys() {
+            invocation.key(key);
+        }
+        invocation
+            .arg(&self.id)
+            .arg(millis(ttl))
+            .arg(millis(liveness(ttl)))
+            .arg(&self.keys.waiter_prefix)
+            .arg(mode)
+            .arg(&self.keys.channel);
+    }
+
+    /// `ATTEMPT`: a token, 0, or -1 when a refreshing waiter's place is gone.
+    async fn attempt(&self, mode: Queueing) -> Result<i64, LockError> {
+        self.retrying(|| {
+            let mut invocation = ATTEMPT.prepare_invoke();
+            self.queue_args(&mut invocation);
+            invocation.arg(match mode {
+                Queueing::No => "0",
+                Queueing::Join => "1",
+                Queueing::Refresh => "2",
+            });
+            invocation
+        })
+        .await
+    }
+
+    /// Leaves the queue and passes on a grant that raced the cancel.
+    async fn cancel(&self) -> Result<bool, LockError> {
+        let mut invocation = CANCEL.prepare_invoke();
+        self.queue_args(&mut invocation);
+        let passed_on: u64 = self.shared.node.run(invocation, self.name.as_str()).await?;
+        Ok(passed_on == 1)
+    }
+}
+
+#[async_trait]
+impl Lease for Grant {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn ttl(&self) -> Duration {
+        self.shared.config.ttl
+    }
+
+    fn drift(&self) -> Duration {
+        drift(self.shared.config.ttl)
+    }
+
+    fn is_closed(&self) -> bool {
+        self.shared.is_closed()
+    }
+
+    async fn closed(&self) {
+        self.shared.closed().await;
+    }
+
+    async fn extend(&self) -> Result<bool, LockError> {
+        let mut invocation = EXTEND.prepare_invoke();
+        invocation
+            .key(&self.keys.owner)
+            .arg(&self.id)
+            .arg(millis(self.shared.config.ttl));
+        let renewed: u64 = self.shared.node.run(invocation, self.name.as_str()).await?;
+        Ok(renewed == 1)
+    }
+
+    async fn release(&self) -> Result<bool, LockError> {
+        let mut invocation = RELEASE.prepare_invoke();
+        self.queue_args(&mut invocation);
+        let released: u64 = self.shared.node.run(invocation, self.name.as_str()).await?;
+        Ok(released == 1)
+    }
+}

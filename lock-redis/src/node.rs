@@ -1,0 +1,157 @@
+//! One Redis server as the locks see it: a shared, reconnecting connection for short
+//! requests, and dedicated connections for the requests that block.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{LockError, Metrics};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection, PubSub};
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, FromRedisValue,
+    IntoConnectionInfo, RedisConnectionInfo, ScriptInvocation,
+};
+
+use crate::config::RedisServer;
+use crate::error::{lock_error, timed_out_request};
+
+/// A connection to one server, counting its requests.
+#[derive(Clone)]
+pub(crate) struct Node {
+    client: Client,
+    manager: ConnectionManager,
+    timeout: Duration,
+    backend: &'static str,
+    address: String,
+    metrics: Arc<Metrics>,
+}
+
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Node")
+            .field("address", &self.address)
+            .finish()
+    }
+}
+
+/// The client's view of `server`: address, database, credentials.
+fn connection_info(
+    server: &RedisServer,
+    backend: &'static str,
+) -> Result<ConnectionInfo, LockError> {
+    if server.tls {
+        return Err(LockError::Unsupported {
+            backend,
+            what: "TLS (rediss://) in this build".to_owned(),
+        });
+    }
+    let mut redis = RedisConnectionInfo::default().set_db(server.db);
+    if let Some(user) = &server.username {
+        redis = redis.set_username(user);
+    }
+    if let Some(password) = &server.password {
+        redis = redis.set_password(password);
+    }
+    let info = ConnectionAddr::Tcp(server.host.clone(), server.port)
+        .into_connection_info()
+        .map_err(|error| lock_error(backend, error, None))?;
+    Ok(info.set_redis_settings(redis))
+}
+
+impl Node {
+    /// Connects to `server`, giving up after `timeout`.
+    pub(crate) async fn connect(
+        server: &RedisServer,
+        timeout: Duration,
+        backend: &'static str,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, LockError> {
+        let client = Client::open(connection_info(server, backend)?)
+            .map_err(|error| lock_error(backend, error, None))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(timeout);
+        let connecting = ConnectionManager::new_with_config(client.clone(), config);
+        let manager = match tokio::time::timeout(timeout, connecting).await {
+            Ok(Ok(manager)) => manager,
+            Ok(Err(error)) => return Err(lock_error(backend, error, None)),
+            Err(_) => {
+                return Err(LockError::Connection {
+                    backend,
+                    name: None,
+                    message: format!("no connection to {} within {timeout:?}", server.address()),
+                    source: None,
+                });
+            }
+        };
+        Ok(Node {
+            client,
+            manager,
+            timeout,
+            backend,
+            address: server.address(),
+            metrics,
+        })
+    }
+
+    /// The server's `host:port`.
+    pub(crate) fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// The request timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Runs a script on the shared connection, within the request timeout.
+    pub(crate) async fn run<T: FromRedisValue>(
+        &self,
+        invocation: ScriptInvocation<'_>,
+        name: &str,
+    ) -> Result<T, LockError> {
+        self.metrics.record_server_requests(1);
+        let mut connection = self.manager.clone();
+        match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(lock_error(self.backend, error, Some(name))),
+            Err(_) => Err(timed_out_request(self.backend, Some(name))),
+        }
+    }
+
+    /// A connection of its own, for a request that blocks on the server (`BLPOP`).
+    pub(crate) async fn dedicated(&self, name: &str) -> Result<MultiplexedConnection, LockError> {
+        self.metrics.record_server_requests(1);
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(None);
+        match tokio::time::timeout(
+            self.timeout,
+            self.client
+                .get_multiplexed_async_connection_with_config(&config),
+        )
+        .await
+        {
+            Ok(Ok(connection)) => Ok(connection),
+            Ok(Err(error)) => Err(lock_error(self.backend, error, Some(name))),
+            Err(_) => Err(timed_out_request(self.backend, Some(name))),
+        }
+    }
+
+    /// A subscription connection on `channel`.
+    pub(crate) async fn subscribe(&self, channel: &str, name: &str) -> Result<PubSub, LockError> {
+        self.metrics.record_server_requests(2);
+        let subscribing = async {
+            let mut pubsub = self.client.get_async_pubsub().await?;
+            pubsub.subscribe(channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        match tokio::time::timeout(self.timeout, subscribing).await {
+            Ok(Ok(pubsub)) => Ok(pubsub),
+            Ok(Err(error)) => Err(lock_error(self.backend, error, Some(name))),
+            Err(_) => Err(timed_out_request(self.backend, Some(name))),
+        }
+    }
+}

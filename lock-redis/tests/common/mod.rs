@@ -1,0 +1,255 @@
+//! What the Redis test binaries share: a server of the case's own (password, and an ACL
+//! user limited to the lock keys), fault proxies in front of every client, a raw look at
+//! the keys, and the conformance harness.
+#![allow(dead_code, reason = "each test binary uses a part of this module")]
+#![allow(
+    clippy::expect_used,
+    clippy::unwrap_used,
+    clippy::panic,
+    reason = "test fixtures: a failed set-up must fail the test"
+)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_conformance::proxy::{FaultProxy, ReplyKind};
+use lock_conformance::servers::{LocalServer, RedisOptions, RedisServer, free_port};
+use lock_conformance::{
+    Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind,
+    Timing, async_trait,
+};
+use lock_core::{LockError, LockName};
+use lock_redis::{RedisConfig, RedisLockProvider, RedisServer as ServerConfig, RedisStrategy};
+use redis::AsyncCommands;
+
+/// The lease of the test clients: short, so that expiry cases finish quickly.
+pub(crate) const TTL: Duration = Duration::from_millis(1000);
+/// The admin password of every test server.
+pub(crate) const ADMIN_PASSWORD: &str = "admin-secret";
+/// The ACL user the clients use: every command, but only the keys of the `lock…` prefixes.
+pub(crate) const LOCK_USER: &str = "locker";
+pub(crate) const LOCK_PASSWORD: &str = "locker-secret";
+
+/// A test server: an admin password, and the ACL user limited to the lock keys.
+pub(crate) async fn start_server() -> RedisServer {
+    RedisServer::start(
+        RedisOptions::default()
+            .with_password(ADMIN_PASSWORD)
+            .with_acl_user(LOCK_USER, LOCK_PASSWORD, "{lock*"),
+    )
+    .await
+    .expect("a Redis server")
+}
+
+/// A raw connection to `server` as the admin; it reconnects after a restart.
+pub(crate) async fn admin(server: &RedisServer) -> redis::aio::ConnectionManager {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .expect("an admin connection")
+}
+
+/// The client configuration for a server (or proxy) at `port`, as the ACL user.
+pub(crate) fn config(port: u16, strategy: RedisStrategy) -> RedisConfig {
+    RedisConfig::new(
+        ServerConfig::new("127.0.0.1")
+            .with_port(port)
+            .with_username(LOCK_USER)
+            .with_password(LOCK_PASSWORD),
+    )
+    .with_ttl(TTL)
+    .with_strategy(strategy)
+    .with_timeout(Duration::from_secs(2))
+}
+
+/// The hash tag of the lock `name`: `{lock:escaped}`.
+pub(crate) fn tag(name: &str) -> String {
+    format!("{{lock:{}}}", LockName::new(name).unwrap().escaped())
+}
+
+/// Every key of the lock `name` on the server, sorted.
+pub(crate) async fn keys_of(admin: &mut redis::aio::ConnectionManager, name: &str) -> Vec<String> {
+    let pattern = format!("{}*", tag(name).replace('[', "\\[").replace('?', "\\?"));
+    let mut keys: Vec<String> = admin.keys(pattern).await.unwrap();
+    keys.sort();
+    keys
+}
+
+/// One client's fault proxy.
+pub(crate) struct Proxy(pub(crate) FaultProxy);
+
+#[async_trait]
+impl ClientFaults for Proxy {
+    /// A partition longer than the lease: the key expires on the server.
+    async fn expire_session(&self) -> FaultResult {
+        self.0.cut();
+        tokio::time::sleep(TTL * 2).await;
+        self.0.pass();
+        Ok(())
+    }
+
+    async fn cut_connection(&self) -> FaultResult {
+        self.0.cut();
+        Ok(())
+    }
+
+    async fn restore(&self) -> FaultResult {
+        self.0.pass();
+        Ok(())
+    }
+
+    async fn delay_connection(&self, latency: Duration) -> FaultResult {
+        self.0.delay(latency);
+        Ok(())
+    }
+
+    async fn lose_next_create_reply(&self) -> FaultResult {
+        let _armed = self.0.swallow_next_reply(ReplyKind::AnyNextReply);
+        Ok(())
+    }
+}
+
+/// The conformance harness: a server of its own, so that pausing or restarting it disturbs
+/// no other case; every client reaches it through a proxy of its own.
+pub(crate) struct RedisHarness {
+    strategy: RedisStrategy,
+    server: tokio::sync::Mutex<RedisServer>,
+    port: u16,
+    admin: redis::aio::ConnectionManager,
+}
+
+impl RedisHarness {
+    pub(crate) async fn new(strategy: RedisStrategy) -> Self {
+        let server = start_server().await;
+        let admin = admin(&server).await;
+        RedisHarness {
+            strategy,
+            port: server.port(),
+            server: tokio::sync::Mutex::new(server),
+            admin,
+        }
+    }
+
+    async fn client_with(&self, prefix: &str) -> Result<Client, LockError> {
+        let proxy = FaultProxy::start(([127, 0, 0, 1], self.port).into()).expect("a fault proxy");
+        let config = config(proxy.address().port(), self.strategy).with_key_prefix(prefix);
+        let provider = RedisLockProvider::connect(config).await?;
+        Ok(Client::new(Arc::new(provider)).with_faults(Arc::new(Proxy(proxy))))
+    }
+
+    fn admin(&self) -> redis::aio::ConnectionManager {
+        self.admin.clone()
+    }
+}
+
+fn failed(error: impl std::fmt::Display) -> FaultError {
+    FaultError::Failed(error.to_string())
+}
+
+#[async_trait]
+impl Harness for RedisHarness {
+    async fn client(&self) -> Result<Client, LockError> {
+        self.client_with("lock").await
+    }
+
+    fn timing(&self) -> Timing {
+        Timing::default()
+            .with_operation_slack(Duration::from_secs(1))
+            .with_handoff_bound(Duration::from_secs(2))
+            .with_loss_bound(TTL * 3)
+            .with_crash_release_bound(TTL * 2)
+            .with_short_timeout(Duration::from_millis(300))
+    }
+
+    fn faults(&self) -> Option<&dyn Faults> {
+        Some(self)
+    }
+
+    fn inspector(&self) -> Option<&dyn Inspector> {
+        Some(self)
+    }
+
+    async fn client_in_other_namespace(&self) -> Option<Result<Client, LockError>> {
+        // The ACL user may use `{lock*` keys only: `lock-other` matches.
+        Some(self.client_with("lock-other").await)
+    }
+}
+
+#[async_trait]
+impl Faults for RedisHarness {
+    async fn revoke(&self, name: &str) -> FaultResult<bool> {
+        let removed: u64 = self
+            .admin()
+            .del(format!("{}:owner", tag(name)))
+            .await
+            .map_err(failed)?;
+        Ok(removed == 1)
+    }
+
+    async fn delete_first_waiter(&self, name: &str) -> FaultResult {
+        if self.strategy != RedisStrategy::Queue {
+            return Err(FaultError::Unsupported);
+        }
+        let waiter: Option<String> = self
+            .admin()
+            .lpop(format!("{}:queue", tag(name)), None)
+            .await
+            .map_err(failed)?;
+        match waiter {
+            Some(_) => Ok(()),
+            None => Err(FaultError::Failed("no waiter queued".into())),
+        }
+    }
+
+    async fn pause_server(&self, duration: Duration) -> FaultResult {
+        let server = self.server.lock().await;
+        server.pause().map_err(failed)?;
+        tokio::time::sleep(duration).await;
+        server.resume().map_err(failed)
+    }
+
+    async fn restart_server(&self) -> FaultResult {
+        self.server.lock().await.restart().await.map_err(failed)
+    }
+
+    async fn unreachable_client(&self) -> FaultResult<Result<Client, LockError>> {
+        let port = free_port().map_err(failed)?;
+        Ok(RedisLockProvider::connect(config(port, self.strategy))
+            .await
+            .map(|provider| Client::new(Arc::new(provider))))
+    }
+
+    async fn wrong_credentials_client(&self) -> FaultResult<Result<Client, LockError>> {
+        let mut config = config(self.port, self.strategy);
+        config.server.password = Some("wrong".into());
+        Ok(RedisLockProvider::connect(config)
+            .await
+            .map(|provider| Client::new(Arc::new(provider))))
+    }
+}
+
+#[async_trait]
+impl Inspector for RedisHarness {
+    async fn entries(&self, name: &str) -> Result<Entries, LockError> {
+        let tag = tag(name);
+        let mut admin = self.admin();
+        let fetched: redis::RedisResult<(u64, u64)> = redis::pipe()
+            .exists(format!("{tag}:owner"))
+            .llen(format!("{tag}:queue"))
+            .query_async(&mut admin)
+            .await;
+        let (holders, waiters) = fetched.map_err(|error| LockError::Backend {
+            backend: "test",
+            name: Some(name.into()),
+            message: error.to_string(),
+            retryable: false,
+            source: None,
+        })?;
+        Ok(Entries::new(holders as usize, waiters as usize))
+    }
+
+    fn records_waiters(&self, kind: LockKind) -> bool {
+        kind == LockKind::Mutex && self.strategy == RedisStrategy::Queue
+    }
+}
