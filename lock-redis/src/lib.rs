@@ -42,8 +42,10 @@ mod keys;
 mod lock;
 mod node;
 mod provider;
+mod redlock;
 mod scripts;
 
 pub use config::{RedisConfig, RedisServer, RedisStrategy, RedlockConfig};
 pub use lock::RedisLock;
 pub use provider::RedisLockProvider;
+pub use redlock::{RedlockLock, RedlockProvider};

@@ -58,6 +58,15 @@ fn connection_info(
     Ok(info.set_redis_settings(redis))
 }
 
+/// The shared connection's settings: every wait bounded by `timeout`.
+fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
+        .set_number_of_retries(1)
+        .set_max_delay(timeout)
+}
+
 impl Node {
     /// Connects to `server`, giving up after `timeout`.
     pub(crate) async fn connect(
@@ -68,12 +77,8 @@ impl Node {
     ) -> Result<Self, LockError> {
         let client = Client::open(connection_info(server, backend)?)
             .map_err(|error| lock_error(backend, error, None))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(timeout);
-        let connecting = ConnectionManager::new_with_config(client.clone(), config);
+        let connecting =
+            ConnectionManager::new_with_config(client.clone(), manager_config(timeout));
         let manager = match tokio::time::timeout(timeout, connecting).await {
             Ok(Ok(manager)) => manager,
             Ok(Err(error)) => return Err(lock_error(backend, error, None)),
@@ -86,6 +91,29 @@ impl Node {
                 });
             }
         };
+        Ok(Node {
+            client,
+            manager,
+            timeout,
+            backend,
+            address: server.address(),
+            metrics,
+        })
+    }
+
+    /// A node that connects on its first request (Redlock: a server that is down at start
+    /// must not keep the others from being used).
+    pub(crate) fn lazy(
+        server: &RedisServer,
+        timeout: Duration,
+        backend: &'static str,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, LockError> {
+        let client = Client::open(connection_info(server, backend)?)
+            .map_err(|error| lock_error(backend, error, None))?;
+        let manager =
+            ConnectionManager::new_lazy_with_config(client.clone(), manager_config(timeout))
+                .map_err(|error| lock_error(backend, error, None))?;
         Ok(Node {
             client,
             manager,
@@ -118,6 +146,22 @@ impl Node {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => Err(lock_error(self.backend, error, Some(name))),
             Err(_) => Err(timed_out_request(self.backend, Some(name))),
+        }
+    }
+
+    /// `PING`, within the request timeout.
+    pub(crate) async fn ping(&self) -> Result<(), LockError> {
+        self.metrics.record_server_requests(1);
+        let mut connection = self.manager.clone();
+        match tokio::time::timeout(
+            self.timeout,
+            redis::cmd("PING").query_async::<String>(&mut connection),
+        )
+        .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(error)) => Err(lock_error(self.backend, error, None)),
+            Err(_) => Err(timed_out_request(self.backend, None)),
         }
     }
 

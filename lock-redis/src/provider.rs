@@ -46,17 +46,39 @@ pub(crate) struct Shared {
     pub(crate) config: RedisConfig,
     pub(crate) node: Node,
     pub(crate) metrics: Arc<Metrics>,
-    closed: watch::Sender<bool>,
+    closed: Closed,
 }
 
 impl Shared {
     pub(crate) fn is_closed(&self) -> bool {
-        *self.closed.borrow()
+        self.closed.is_closed()
     }
 
     /// Resolves once the provider's last handle is gone.
     pub(crate) async fn closed(&self) {
-        let mut closed = self.closed.subscribe();
+        self.closed.wait().await;
+    }
+}
+
+/// Whether a provider's last handle is gone: the end of its "session".
+#[derive(Debug)]
+pub(crate) struct Closed(watch::Sender<bool>);
+
+impl Closed {
+    pub(crate) fn new() -> Self {
+        Closed(watch::channel(false).0)
+    }
+
+    pub(crate) fn close(&self) {
+        self.0.send_replace(true);
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    pub(crate) async fn wait(&self) {
+        let mut closed = self.0.subscribe();
         let _ = closed.wait_for(|closed| *closed).await;
     }
 }
@@ -76,7 +98,7 @@ struct Owner {
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        self.shared.closed.send_replace(true);
+        self.shared.closed.close();
     }
 }
 
@@ -98,12 +120,11 @@ impl RedisLockProvider {
             Arc::clone(&metrics),
         )
         .await?;
-        let (closed, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             config,
             node,
             metrics,
-            closed,
+            closed: Closed::new(),
         });
         Ok(RedisLockProvider {
             _owner: Arc::new(Owner {

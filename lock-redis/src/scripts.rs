@@ -53,6 +53,21 @@ return redis.call('INCR', KEYS[2])
     )
 });
 
+/// `VOTE(id, ttl)` → `{token, ""}` when the key is (now) ours, `{0, holder}` when someone
+/// else's: Redlock's grant on one server, telling who holds it so that split votes can be
+/// settled.
+pub(crate) static VOTE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local owner = redis.call('GET', KEYS[1])
+if owner == ARGV[1] then return {tonumber(redis.call('GET', KEYS[2])), ''} end
+if owner then return {0, owner} end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {redis.call('INCR', KEYS[2]), ''}
+"#,
+    )
+});
+
 /// `ATTEMPT(id, ttl, liveness, prefix, mode, channel, queue)` → token, or 0. The queue strategy's grant
 /// and the waiter's periodic refresh in one:
 ///

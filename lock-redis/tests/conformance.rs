@@ -20,3 +20,8 @@ mod queue {
     use super::*;
     lock_conformance::conformance_tests!(RedisHarness::new(RedisStrategy::Queue).await);
 }
+
+mod redlock {
+    use super::*;
+    lock_conformance::conformance_tests!(common::RedlockHarness::new().await);
+}

@@ -253,3 +253,212 @@ impl Inspector for RedisHarness {
         kind == LockKind::Mutex && self.strategy == RedisStrategy::Queue
     }
 }
+
+/// The client configuration for Redlock over servers (or proxies) at `ports`.
+pub(crate) fn redlock_config(ports: &[u16]) -> lock_redis::RedlockConfig {
+    lock_redis::RedlockConfig::new(ports.iter().map(|port| {
+        ServerConfig::new("127.0.0.1")
+            .with_port(*port)
+            .with_username(LOCK_USER)
+            .with_password(LOCK_PASSWORD)
+    }))
+    .with_ttl(TTL)
+    .with_retry_delay(Duration::from_millis(50))
+    .with_timeout(Duration::from_secs(2))
+}
+
+/// One Redlock client's fault proxies, one in front of each server.
+pub(crate) struct Proxies(pub(crate) Vec<FaultProxy>);
+
+impl Proxies {
+    pub(crate) fn start(ports: &[u16]) -> Self {
+        Proxies(
+            ports
+                .iter()
+                .map(|port| {
+                    FaultProxy::start(([127, 0, 0, 1], *port).into()).expect("a fault proxy")
+                })
+                .collect(),
+        )
+    }
+
+    pub(crate) fn ports(&self) -> Vec<u16> {
+        self.0.iter().map(|proxy| proxy.address().port()).collect()
+    }
+}
+
+#[async_trait]
+impl ClientFaults for Proxies {
+    async fn expire_session(&self) -> FaultResult {
+        self.0.iter().for_each(|proxy| proxy.cut());
+        tokio::time::sleep(TTL * 2).await;
+        self.0.iter().for_each(|proxy| proxy.pass());
+        Ok(())
+    }
+
+    async fn cut_connection(&self) -> FaultResult {
+        self.0.iter().for_each(|proxy| proxy.cut());
+        Ok(())
+    }
+
+    async fn restore(&self) -> FaultResult {
+        self.0.iter().for_each(|proxy| proxy.pass());
+        Ok(())
+    }
+
+    async fn delay_connection(&self, latency: Duration) -> FaultResult {
+        self.0.iter().for_each(|proxy| proxy.delay(latency));
+        Ok(())
+    }
+
+    async fn lose_next_create_reply(&self) -> FaultResult {
+        for proxy in &self.0 {
+            let _armed = proxy.swallow_next_reply(ReplyKind::AnyNextReply);
+        }
+        Ok(())
+    }
+}
+
+/// The conformance harness for Redlock: three servers of the case's own.
+pub(crate) struct RedlockHarness {
+    servers: tokio::sync::Mutex<Vec<RedisServer>>,
+    ports: Vec<u16>,
+    admins: Vec<redis::aio::ConnectionManager>,
+}
+
+impl RedlockHarness {
+    pub(crate) async fn new() -> Self {
+        let mut servers = Vec::new();
+        let mut admins = Vec::new();
+        for _ in 0..3 {
+            let server = start_server().await;
+            admins.push(admin(&server).await);
+            servers.push(server);
+        }
+        RedlockHarness {
+            ports: servers.iter().map(LocalServer::port).collect(),
+            servers: tokio::sync::Mutex::new(servers),
+            admins,
+        }
+    }
+
+    async fn client_with(&self, prefix: &str) -> Result<Client, LockError> {
+        let proxies = Proxies::start(&self.ports);
+        let config = redlock_config(&proxies.ports()).with_key_prefix(prefix);
+        let provider = lock_redis::RedlockProvider::connect(config).await?;
+        Ok(Client::new(Arc::new(provider)).with_faults(Arc::new(proxies)))
+    }
+}
+
+#[async_trait]
+impl Harness for RedlockHarness {
+    async fn client(&self) -> Result<Client, LockError> {
+        self.client_with("lock").await
+    }
+
+    fn timing(&self) -> Timing {
+        Timing::default()
+            .with_operation_slack(Duration::from_secs(1))
+            .with_handoff_bound(Duration::from_secs(2))
+            .with_loss_bound(TTL * 3)
+            .with_crash_release_bound(TTL * 2)
+            .with_short_timeout(Duration::from_millis(300))
+    }
+
+    fn faults(&self) -> Option<&dyn Faults> {
+        Some(self)
+    }
+
+    fn inspector(&self) -> Option<&dyn Inspector> {
+        Some(self)
+    }
+
+    async fn client_in_other_namespace(&self) -> Option<Result<Client, LockError>> {
+        Some(self.client_with("lock-other").await)
+    }
+}
+
+#[async_trait]
+impl Faults for RedlockHarness {
+    /// Deletes the owner key on every server.
+    async fn revoke(&self, name: &str) -> FaultResult<bool> {
+        let mut removed = 0;
+        for admin in &self.admins {
+            let count: u64 = admin
+                .clone()
+                .del(format!("{}:owner", tag(name)))
+                .await
+                .map_err(failed)?;
+            removed += count;
+        }
+        Ok(removed > 0)
+    }
+
+    /// Pauses every server.
+    async fn pause_server(&self, duration: Duration) -> FaultResult {
+        let servers = self.servers.lock().await;
+        for server in servers.iter() {
+            server.pause().map_err(failed)?;
+        }
+        tokio::time::sleep(duration).await;
+        for server in servers.iter() {
+            server.resume().map_err(failed)?;
+        }
+        Ok(())
+    }
+
+    /// Restarts every server (their data is lost).
+    async fn restart_server(&self) -> FaultResult {
+        let mut servers = self.servers.lock().await;
+        for server in servers.iter_mut() {
+            server.restart().await.map_err(failed)?;
+        }
+        Ok(())
+    }
+
+    async fn unreachable_client(&self) -> FaultResult<Result<Client, LockError>> {
+        let ports = (0..3)
+            .map(|_| free_port().map_err(failed))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(lock_redis::RedlockProvider::connect(redlock_config(&ports))
+            .await
+            .map(|provider| Client::new(Arc::new(provider))))
+    }
+
+    async fn wrong_credentials_client(&self) -> FaultResult<Result<Client, LockError>> {
+        let mut config = redlock_config(&self.ports);
+        for server in &mut config.servers {
+            server.password = Some("wrong".into());
+        }
+        Ok(lock_redis::RedlockProvider::connect(config)
+            .await
+            .map(|provider| Client::new(Arc::new(provider))))
+    }
+}
+
+#[async_trait]
+impl Inspector for RedlockHarness {
+    /// A holder when any server has the owner key; Redlock's waiters leave no entries.
+    async fn entries(&self, name: &str) -> Result<Entries, LockError> {
+        let mut holders = 0;
+        for admin in &self.admins {
+            let exists: u64 = admin
+                .clone()
+                .exists(format!("{}:owner", tag(name)))
+                .await
+                .map_err(|error| LockError::Backend {
+                    backend: "test",
+                    name: Some(name.into()),
+                    message: error.to_string(),
+                    retryable: false,
+                    source: None,
+                })?;
+            holders = holders.max(exists as usize);
+        }
+        Ok(Entries::new(holders, 0))
+    }
+
+    fn records_waiters(&self, _kind: LockKind) -> bool {
+        false
+    }
+}

@@ -1,0 +1,622 @@
+//! Redlock: one lock over several independent Redis servers, held while a majority grants it.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{
+    Capabilities, Deadline, DistributedLock, Fencing, Guard, LockError, LockName, LockProvider,
+    Metrics, MetricsSnapshot, WaitKind,
+};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::config::RedlockConfig;
+use crate::guard::{Lease, grant as make_guard};
+use crate::keys::LockKeys;
+use crate::node::Node;
+use crate::provider::Closed;
+use crate::scripts::{EXTEND, RELEASE, VOTE};
+
+pub(crate) const REDLOCK: &str = "redlock";
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A distlock provider running Redlock over several independent Redis servers.
+///
+/// A grant asks every server at once (the same Lua script as the single-server lock) and
+/// holds when a majority ([`RedlockConfig::quorum`]) granted within the validity
+/// `ttl − elapsed − drift`, drift being `clock_drift_factor × ttl + 2 ms`; otherwise it
+/// releases on every server, so that no partial grant is left, and retries after a random
+/// delay. Release and renewal go to every server; the watchdog renews at ttl/3 and a
+/// renewal counts when a majority confirms it.
+///
+/// **Fencing tokens are not monotonic.** Each server keeps its own counter and a grant
+/// reports the largest counter among the servers that granted it; a later majority that
+/// lacks the server with the largest counter reports a smaller token. Waiters poll (with
+/// jittered delays): no FIFO order.
+///
+/// ```no_run
+/// use lock_core::LockProvider;
+/// use lock_redis::RedlockProvider;
+///
+/// # async fn demo() -> Result<(), lock_core::LockError> {
+/// let locks = RedlockProvider::connect_url("redlock://10.0.0.1,10.0.0.2,10.0.0.3?ttl=10s").await?;
+/// let mut guard = locks.lock("reports/nightly")?.acquire(None).await?;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedlockProvider {
+    shared: Arc<Shared>,
+    _owner: Arc<Owner>,
+}
+
+struct Shared {
+    config: RedlockConfig,
+    nodes: Vec<Node>,
+    metrics: Arc<Metrics>,
+    closed: Closed,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let servers: Vec<_> = self.nodes.iter().map(Node::address).collect();
+        f.debug_struct("Shared").field("servers", &servers).finish()
+    }
+}
+
+impl Shared {
+    fn quorum(&self) -> usize {
+        self.config.quorum()
+    }
+
+    fn drift(&self) -> Duration {
+        self.config
+            .ttl
+            .mul_f64(self.config.clock_drift_factor)
+            .saturating_add(Duration::from_millis(2))
+    }
+
+    /// How long one round waits for the servers: short against the ttl, so that a dead
+    /// server does not eat the validity.
+    fn round_budget(&self) -> Duration {
+        self.config.timeout.min(self.config.ttl / 3)
+    }
+
+    /// Runs `request` on every server at once, each bounded by the round budget.
+    async fn on_all<'a, T, F, Fut>(&'a self, request: F) -> Vec<Result<T, LockError>>
+    where
+        F: Fn(&'a Node) -> Fut,
+        Fut: Future<Output = Result<T, LockError>> + 'a,
+    {
+        let budget = self.round_budget();
+        let calls = self.nodes.iter().map(|node| {
+            let call = request(node);
+            async move {
+                match tokio::time::timeout(budget, call).await {
+                    Ok(result) => result,
+                    Err(_) => Err(LockError::Connection {
+                        backend: REDLOCK,
+                        name: None,
+                        message: format!("{} did not answer within {budget:?}", node.address()),
+                        source: None,
+                    }),
+                }
+            }
+        });
+        join_all(calls).await
+    }
+}
+
+/// Awaits every future, concurrently, keeping their order.
+async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let handles: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = handles.iter().map(|_| None).collect();
+    let mut handles: Vec<_> = handles.into_iter().map(Some).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (slot, output) in handles.iter_mut().zip(outputs.iter_mut()) {
+            if let Some(future) = slot {
+                match future.as_mut().poll(cx) {
+                    std::task::Poll::Ready(value) => {
+                        *output = Some(value);
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
+/// The most telling of several servers' errors: credentials first, then permissions, then
+/// the rest.
+fn worst(errors: Vec<LockError>, name: &LockName, what: &str) -> LockError {
+    let rank = |error: &LockError| match error {
+        LockError::Auth { .. } => 0,
+        LockError::PermissionDenied { .. } => 1,
+        LockError::Backend {
+            retryable: false, ..
+        } => 2,
+        _ => 3,
+    };
+    let count = errors.len();
+    let first = errors.into_iter().min_by_key(rank);
+    match first {
+        Some(error @ (LockError::Auth { .. } | LockError::PermissionDenied { .. })) => error,
+        Some(error) => LockError::Connection {
+            backend: REDLOCK,
+            name: Some(name.to_string()),
+            message: format!("{what}: no majority of the servers answered ({count} failed)"),
+            source: Some(Box::new(error)),
+        },
+        None => LockError::Connection {
+            backend: REDLOCK,
+            name: Some(name.to_string()),
+            message: format!("{what}: no majority of the servers answered"),
+            source: None,
+        },
+    }
+}
+
+struct Owner {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.shared.closed.close();
+    }
+}
+
+impl RedlockProvider {
+    /// Prepares a connection to every server and checks that a majority answers.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] for an invalid configuration; [`LockError::Auth`] when a
+    /// server refuses the credentials; [`LockError::Connection`] when fewer than a majority
+    /// answer within the request timeout; [`LockError::Unsupported`] for TLS, which this
+    /// build lacks.
+    pub async fn connect(config: RedlockConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let metrics = Arc::new(Metrics::new());
+        let nodes = config
+            .servers
+            .iter()
+            .map(|server| Node::lazy(server, config.timeout, REDLOCK, Arc::clone(&metrics)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let shared = Arc::new(Shared {
+            config,
+            nodes,
+            metrics,
+            closed: Closed::new(),
+        });
+        let answers = join_all(shared.nodes.iter().map(Node::ping)).await;
+        let answered = answers.iter().filter(|answer| answer.is_ok()).count();
+        let errors: Vec<_> = answers.into_iter().filter_map(Result::err).collect();
+        if let Some(error) = errors
+            .iter()
+            .find(|error| matches!(error, LockError::Auth { .. }))
+        {
+            return Err(LockError::Auth {
+                backend: REDLOCK,
+                message: error.to_string(),
+            });
+        }
+        if answered < shared.quorum() {
+            return Err(LockError::Connection {
+                backend: REDLOCK,
+                name: None,
+                message: format!(
+                    "{answered} of {} servers answered; a majority ({}) is needed",
+                    shared.nodes.len(),
+                    shared.quorum()
+                ),
+                source: errors.into_iter().next().map(|e| Box::new(e) as _),
+            });
+        }
+        Ok(RedlockProvider {
+            _owner: Arc::new(Owner {
+                shared: Arc::clone(&shared),
+            }),
+            shared,
+        })
+    }
+
+    /// Parses a `redlock://` URL (see [`RedlockConfig::from_url`]) and connects.
+    ///
+    /// # Errors
+    ///
+    /// As for [`RedlockConfig::from_url`] and [`connect`](Self::connect).
+    pub async fn connect_url(url: &str) -> Result<Self, LockError> {
+        Self::connect(RedlockConfig::from_url(url)?).await
+    }
+
+    /// The configuration the provider was made with.
+    pub fn config(&self) -> &RedlockConfig {
+        &self.shared.config
+    }
+}
+
+impl fmt::Debug for RedlockProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let servers: Vec<_> = self.shared.nodes.iter().map(Node::address).collect();
+        f.debug_struct("RedlockProvider")
+            .field("servers", &servers)
+            .field("quorum", &self.shared.quorum())
+            .field("key_prefix", &self.shared.config.key_prefix)
+            .field("ttl", &self.shared.config.ttl)
+            .finish()
+    }
+}
+
+impl LockProvider for RedlockProvider {
+    fn backend(&self) -> &'static str {
+        REDLOCK
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let config = &self.shared.config;
+        Capabilities::new(WaitKind::Poll)
+            .with_fencing(Fencing::BestEffort)
+            .with_lost_detection(true)
+            .with_fifo(false)
+            .with_leases(true)
+            .with_crash_release_bound(Some(config.ttl + config.retry_delay))
+    }
+
+    fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
+        let name = LockName::new(name)?;
+        let keys = Arc::new(LockKeys::new(&self.shared.config.key_prefix, &name));
+        Ok(Arc::new(RedlockLock {
+            shared: Arc::clone(&self.shared),
+            name,
+            keys,
+        }))
+    }
+
+    fn metrics(&self) -> MetricsSnapshot {
+        self.shared.metrics.snapshot()
+    }
+}
+
+/// A lock handle from a [`RedlockProvider`].
+pub struct RedlockLock {
+    shared: Arc<Shared>,
+    name: LockName,
+    keys: Arc<LockKeys>,
+}
+
+impl fmt::Debug for RedlockLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockLock")
+            .field("name", &self.name)
+            .field("owner_key", &self.keys.owner)
+            .finish()
+    }
+}
+
+/// What one round of votes came to.
+enum Round {
+    /// A majority granted in time: the token and when the earliest vote was asked for.
+    Held(u64, Instant),
+    /// Someone else holds a majority (or enough to deny ours): busy.
+    Busy,
+    /// The votes split, or servers failed: try again. `kept` when this contender keeps its
+    /// votes (it has the smallest owner id among the holders, so the others give theirs up).
+    Split { errors: Vec<LockError>, kept: bool },
+}
+
+#[async_trait]
+impl DistributedLock for RedlockLock {
+    fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
+        self.run(Deadline::after(Some(Duration::ZERO))).await
+    }
+
+    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
+        self.run(Deadline::after(timeout))
+            .await?
+            .ok_or_else(|| LockError::Timeout {
+                backend: REDLOCK,
+                name: self.name.to_string(),
+                waited: timeout.unwrap_or_default(),
+            })
+    }
+}
+
+/// Gives a grant up on every server if it is dropped before it is held: a cancelled round
+/// leaves no partial grant.
+struct Pending {
+    grant: Arc<RedlockGrant>,
+    armed: bool,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if self.armed {
+            crate::guard::release_in_background(Arc::clone(&self.grant) as Arc<dyn Lease>);
+        }
+    }
+}
+
+impl RedlockLock {
+    async fn run(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
+        if self.shared.closed.is_closed() {
+            return Err(LockError::SessionExpired {
+                backend: REDLOCK,
+                name: Some(self.name.to_string()),
+            });
+        }
+        let grant = Arc::new(RedlockGrant {
+            shared: Arc::clone(&self.shared),
+            keys: Arc::clone(&self.keys),
+            name: self.name.clone(),
+            id: Uuid::new_v4().simple().to_string(),
+            released: Mutex::new(vec![false; self.shared.nodes.len()]),
+        });
+        let mut pending = Pending {
+            grant: Arc::clone(&grant),
+            armed: true,
+        };
+        let mut split_rounds = 0;
+        let mut woken = false;
+        let mut first_vote = None;
+        loop {
+            let (round, asked) = grant.round(first_vote).await;
+            let mut kept_votes = false;
+            match round {
+                Round::Held(token, asked) => {
+                    pending.armed = false;
+                    self.shared.metrics.record_grant();
+                    return make_guard(grant, &self.name, token, asked).map(Some);
+                }
+                Round::Busy => split_rounds = 0,
+                Round::Split { errors, kept } => {
+                    if errors.len() > self.shared.nodes.len() - self.shared.quorum() {
+                        // No majority can answer: a bounded, retryable error, not a wait.
+                        return Err(worst(errors, &self.name, "grant"));
+                    }
+                    split_rounds += 1;
+                    kept_votes = kept;
+                }
+            }
+            first_vote = kept_votes.then_some(asked);
+            if woken {
+                self.shared.metrics.record_futile_wakeup();
+            }
+            // A try retries split votes `retry_count` times; a wait goes on to its deadline.
+            let retrying = split_rounds > 0 && split_rounds <= self.shared.config.retry_count;
+            if (deadline.is_immediate() && !retrying) || deadline.has_passed() {
+                if kept_votes {
+                    grant.release_all().await.ok();
+                }
+                return Ok(None);
+            }
+            // The contender that kept its votes comes back first, for the servers the others
+            // gave up.
+            let delay = if kept_votes {
+                self.shared.config.retry_delay / 4
+            } else {
+                self.shared
+                    .config
+                    .retry_delay
+                    .mul_f64(0.5 + fastrand::f64())
+            };
+            let nap = deadline.remaining().map_or(delay, |left| left.min(delay));
+            tokio::time::sleep(nap).await;
+            self.shared.metrics.record_wakeup();
+            woken = true;
+        }
+    }
+}
+
+/// One acquisition's owner id on every server: the lease once held.
+#[derive(Debug)]
+struct RedlockGrant {
+    shared: Arc<Shared>,
+    keys: Arc<LockKeys>,
+    name: LockName,
+    id: String,
+    /// Which servers have confirmed a release, so that a retried release converges.
+    released: Mutex<Vec<bool>>,
+}
+
+impl RedlockGrant {
+    /// One round: `VOTE` on every server at once; held with a majority inside the validity
+    /// (counted from `first_vote`, when votes kept from an earlier round were asked for).
+    /// Otherwise the votes are taken back, unless this contender has the smallest owner id
+    /// among the holders: then it keeps them and the others give theirs up, so that split
+    /// votes settle. Returns the outcome and when the earliest vote was asked for.
+    async fn round(&self, first_vote: Option<Instant>) -> (Round, Instant) {
+        let asked = Instant::now();
+        let began = first_vote.unwrap_or(asked);
+        let ttl = millis(self.shared.config.ttl);
+        let answers = self
+            .shared
+            .on_all(|node| {
+                let mut invocation = VOTE.prepare_invoke();
+                invocation
+                    .key(&self.keys.owner)
+                    .key(&self.keys.fence)
+                    .arg(&self.id)
+                    .arg(ttl);
+                node.run::<(u64, String)>(invocation, self.name.as_str())
+            })
+            .await;
+        let tokens: Vec<u64> = answers
+            .iter()
+            .filter_map(|answer| answer.as_ref().ok().map(|(token, _)| *token))
+            .filter(|token| *token > 0)
+            .collect();
+        let holders: Vec<String> = answers
+            .iter()
+            .filter_map(|answer| answer.as_ref().ok())
+            .filter(|(token, _)| *token == 0)
+            .map(|(_, holder)| holder.clone())
+            .collect();
+        let valid = self
+            .shared
+            .config
+            .ttl
+            .checked_sub(began.elapsed())
+            .and_then(|left| left.checked_sub(self.shared.drift()))
+            .is_some_and(|left| !left.is_zero());
+        let quorum = self.shared.quorum();
+        if tokens.len() >= quorum && valid {
+            let token = tokens.into_iter().max().unwrap_or_default();
+            return (Round::Held(token, began), began);
+        }
+        let errors: Vec<LockError> = answers.into_iter().filter_map(Result::err).collect();
+        let busy = holders.len() > self.shared.nodes.len() - quorum;
+        let kept = !busy
+            && valid
+            && errors.is_empty()
+            && !tokens.is_empty()
+            && holders.iter().all(|holder| self.id < *holder);
+        if kept {
+            return (Round::Split { errors, kept }, began);
+        }
+        // Take back whatever was granted; a release that fails now is retried in the
+        // background, and the ttl is the backstop.
+        if (!tokens.is_empty() || !errors.is_empty())
+            && let Err(error) = self.release_all().await
+        {
+            tracing::debug!(lock = %self.name, %error, "redlock: a vote was not taken back; it will expire");
+        }
+        self.released
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter_mut()
+            .for_each(|released| *released = false);
+        if busy {
+            return (Round::Busy, asked);
+        }
+        (Round::Split { errors, kept }, asked)
+    }
+
+    /// `RELEASE` on every server not yet confirmed: how many confirmed in all, and how
+    /// many answered that the key was not ours.
+    async fn release_all(&self) -> Result<(usize, usize), LockError> {
+        let before = self
+            .released
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let ttl = millis(self.shared.config.ttl);
+        let answers = self
+            .shared
+            .on_all(|node| {
+                let mut invocation = RELEASE.prepare_invoke();
+                for key in self.keys.script_keys() {
+                    invocation.key(key);
+                }
+                invocation
+                    .arg(&self.id)
+                    .arg(ttl)
+                    .arg(ttl)
+                    .arg(&self.keys.waiter_prefix)
+                    .arg("none")
+                    .arg(&self.keys.channel);
+                node.run::<u64>(invocation, self.name.as_str())
+            })
+            .await;
+        let mut released = self.released.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut not_ours = 0;
+        let mut errors = Vec::new();
+        for ((answer, done), was) in answers.into_iter().zip(released.iter_mut()).zip(before) {
+            match answer {
+                Ok(1) => *done = true,
+                Ok(_) if !was => not_ours += 1,
+                Ok(_) => {}
+                Err(error) => errors.push(error),
+            }
+        }
+        let confirmed = released.iter().filter(|done| **done).count();
+        if errors.is_empty() || confirmed >= self.shared.quorum() {
+            Ok((confirmed, not_ours))
+        } else {
+            Err(worst(errors, &self.name, "release"))
+        }
+    }
+}
+
+#[async_trait]
+impl Lease for RedlockGrant {
+    fn backend(&self) -> &'static str {
+        REDLOCK
+    }
+
+    fn ttl(&self) -> Duration {
+        self.shared.config.ttl
+    }
+
+    fn drift(&self) -> Duration {
+        self.shared.drift()
+    }
+
+    fn is_closed(&self) -> bool {
+        self.shared.closed.is_closed()
+    }
+
+    async fn closed(&self) {
+        self.shared.closed.wait().await;
+    }
+
+    async fn extend(&self) -> Result<bool, LockError> {
+        let ttl = millis(self.shared.config.ttl);
+        let answers = self
+            .shared
+            .on_all(|node| {
+                let mut invocation = EXTEND.prepare_invoke();
+                invocation.key(&self.keys.owner).arg(&self.id).arg(ttl);
+                node.run::<u64>(invocation, self.name.as_str())
+            })
+            .await;
+        let renewed = answers.iter().filter(|a| matches!(a, Ok(1))).count();
+        let refused = answers.iter().filter(|a| matches!(a, Ok(0))).count();
+        if renewed >= self.shared.quorum() {
+            Ok(true)
+        } else if refused > self.shared.nodes.len() - self.shared.quorum() {
+            Ok(false)
+        } else {
+            Err(worst(
+                answers.into_iter().filter_map(Result::err).collect(),
+                &self.name,
+                "renewal",
+            ))
+        }
+    }
+
+    async fn release(&self) -> Result<bool, LockError> {
+        let (confirmed, not_ours) = self.release_all().await?;
+        if confirmed >= self.shared.quorum() {
+            Ok(true)
+        } else if not_ours > self.shared.nodes.len() - self.shared.quorum() {
+            Ok(false)
+        } else {
+            Err(LockError::Connection {
+                backend: REDLOCK,
+                name: Some(self.name.to_string()),
+                message: "release: no majority of the servers confirmed".to_owned(),
+                source: None,
+            })
+        }
+    }
+}
