@@ -92,9 +92,8 @@ impl BackendConfig {
     /// # Errors
     ///
     /// [`LockError::Connection`] (retryable) when the servers cannot be reached,
-    /// authentication errors from the backend, and [`LockError::Unsupported`] for the Redis
-    /// and Redlock backends, whose providers are not available in this release (their
-    /// configuration is parsed and validated).
+    /// authentication errors from the backend, and [`LockError::Unsupported`] for
+    /// `rediss://` (TLS is not built into this release).
     pub async fn connect(self) -> Result<Arc<dyn LockProvider>, LockError> {
         match self {
             #[cfg(feature = "memory")]
@@ -104,21 +103,14 @@ impl BackendConfig {
                 lock_zookeeper::ZkLockProvider::connect(config).await?,
             )),
             #[cfg(feature = "redis")]
-            BackendConfig::Redis(_config) => Err(provider_unavailable("redis", "Redis")),
+            BackendConfig::Redis(config) => Ok(Arc::new(
+                lock_redis::RedisLockProvider::connect(config).await?,
+            )),
             #[cfg(feature = "redis")]
-            BackendConfig::Redlock(_config) => Err(provider_unavailable("redlock", "Redlock")),
+            BackendConfig::Redlock(config) => Ok(Arc::new(
+                lock_redis::RedlockProvider::connect(config).await?,
+            )),
         }
-    }
-}
-
-#[cfg(feature = "redis")]
-fn provider_unavailable(backend: &'static str, display: &str) -> LockError {
-    LockError::Unsupported {
-        backend,
-        what: format!(
-            "the {display} lock provider is not available in this release; the URL was parsed \
-             and validated"
-        ),
     }
 }
 

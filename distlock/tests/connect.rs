@@ -422,18 +422,70 @@ mod redis {
     }
 
     #[tokio::test]
-    async fn providers_are_not_available_yet() {
-        for (url, expected) in [
-            ("redis://localhost", "redis"),
-            ("rediss://localhost", "redis"),
-            ("redlock://r1,r2,r3", "redlock"),
+    async fn tls_is_refused_plainly() {
+        let e = distlock::connect("rediss://localhost").await.unwrap_err();
+        let LockError::Unsupported { backend, what } = &e else {
+            panic!("expected Unsupported for rediss://, got {e:?}");
+        };
+        assert_eq!(*backend, "redis");
+        assert!(what.contains("TLS"), "{what}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn real_servers_serve_locks_through_the_facade() {
+        use lock_conformance::servers::{LocalServer, RedisOptions, RedisServer};
+
+        let mut servers = Vec::new();
+        for _ in 0..3 {
+            servers.push(RedisServer::start(RedisOptions::default()).await.unwrap());
+        }
+        let port = |i: usize| servers[i].port();
+        let single = format!("redis://127.0.0.1:{}?ttl=2s", port(0));
+        let redlock = format!(
+            "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}?ttl=2s",
+            port(0),
+            port(1),
+            port(2)
+        );
+        for (url, backend) in [(single, "redis"), (redlock, "redlock")] {
+            let (a, b) = (
+                distlock::connect(&url).await.unwrap(),
+                distlock::connect(&url).await.unwrap(),
+            );
+            assert_eq!(a.backend(), backend);
+            let name = lock_conformance::unique_name("facade");
+            let mut held = a.lock(&name).unwrap().try_acquire().await.unwrap().unwrap();
+            assert!(
+                b.lock(&name)
+                    .unwrap()
+                    .try_acquire()
+                    .await
+                    .unwrap()
+                    .is_none(),
+                "{backend}: a second holder"
+            );
+            held.release().await.unwrap();
+            let mut next = b.lock(&name).unwrap().try_acquire().await.unwrap().unwrap();
+            next.release().await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_server_is_a_bounded_retryable_connection_error() {
+        let port = lock_conformance::servers::free_port().unwrap();
+        for url in [
+            format!("redis://127.0.0.1:{port}?timeout=1s"),
+            format!("redlock://127.0.0.1:{port}?timeout=1s"),
         ] {
-            let e = distlock::connect(url).await.unwrap_err();
-            let LockError::Unsupported { backend, what } = &e else {
-                panic!("expected Unsupported for {url}, got {e:?}");
-            };
-            assert_eq!(*backend, expected, "{url}");
-            assert!(what.contains("parsed and validated"), "{what}");
+            let started = std::time::Instant::now();
+            let e = distlock::connect(&url).await.unwrap_err();
+            assert!(matches!(e, LockError::Connection { .. }), "{url}: {e}");
+            assert!(e.is_retryable(), "{url}");
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(5),
+                "{url}: took {:?}",
+                started.elapsed()
+            );
         }
     }
 }

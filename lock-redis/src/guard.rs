@@ -268,8 +268,9 @@ impl GuardBackend for RedisGuard {
                 Err(self.lost(LossReason::EntryRemoved))
             }
             Err(error) => {
-                // Still ours as far as we know: the watchdog keeps renewing.
-                self.state.releasing.store(false, Ordering::Release);
+                // The release may have happened with its reply lost: the watchdog keeps
+                // renewing while the key is ours, but a key found gone is no loss now
+                // (a release sent again tells which it was, from the receipt).
                 Err(error)
             }
         }

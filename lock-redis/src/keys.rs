@@ -15,6 +15,9 @@ pub(crate) struct LockKeys {
     /// `{prefix:name}:deadlines`: owner id → server time (ms) after which a waiter that has
     /// not refreshed it counts as dead.
     pub(crate) deadlines: String,
+    /// `{prefix:name}:released`: the owner id of the last release, for a lease's length, so
+    /// that a release sent again after its reply was lost learns that it had succeeded.
+    pub(crate) released: String,
     /// `{prefix:name}:w:`: the prefix of each waiter's own list, `…:w:<owner id>`.
     pub(crate) waiter_prefix: String,
     /// `{prefix:name}:released`: the channel a release is broadcast on (pub/sub strategy).
@@ -29,14 +32,21 @@ impl LockKeys {
             fence: format!("{tag}:fence"),
             queue: format!("{tag}:queue"),
             deadlines: format!("{tag}:deadlines"),
+            released: format!("{tag}:released"),
             waiter_prefix: format!("{tag}:w:"),
             channel: format!("{tag}:released"),
         }
     }
 
     /// The keys in the order every script expects them.
-    pub(crate) fn script_keys(&self) -> [&str; 4] {
-        [&self.owner, &self.fence, &self.queue, &self.deadlines]
+    pub(crate) fn script_keys(&self) -> [&str; 5] {
+        [
+            &self.owner,
+            &self.fence,
+            &self.queue,
+            &self.deadlines,
+            &self.released,
+        ]
     }
 
     /// A waiter's own list.

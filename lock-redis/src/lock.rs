@@ -294,6 +294,11 @@ impl RedisLock {
             let sent = Instant::now();
             let token = grant.attempt(mode).await?;
             if token > 0 {
+                if matches!(mode, Queueing::Refresh) {
+                    // A hand-off that came while this waiter was between two waits: it
+                    // learns of it now, as it would have on its list.
+                    self.shared.metrics.record_wakeup();
+                }
                 return Ok(Some((token.unsigned_abs(), sent)));
             }
             if token < 0 {

@@ -3,7 +3,8 @@
 //!
 //! Keys, always in this order (all share the lock's hash tag): `KEYS[1]` owner,
 //! `KEYS[2]` fencing counter, `KEYS[3]` waiter queue (a list of owner ids), `KEYS[4]`
-//! waiter deadlines (a hash: owner id → server-TIME milliseconds). A waiter's own list,
+//! waiter deadlines (a hash: owner id → server-TIME milliseconds), `KEYS[5]` the receipt
+//! of the last release (its owner id, for a lease's length). A waiter's own list,
 //! where a handoff pushes its token, is `ARGV[waiter prefix] .. id`.
 
 use std::sync::LazyLock;
@@ -129,13 +130,18 @@ return 0
 });
 
 /// `RELEASE(id, ttl, liveness, prefix, mode, channel)` → 1 released, 0 not the owner.
-/// Compare-and-delete; then `mode` `queue` hands the lock to the first live waiter, `pubsub`
-/// broadcasts on `channel`.
+/// Compare-and-delete, leaving a receipt so that the same release sent again (its reply
+/// was lost) answers 1 too; then `mode` `queue` hands the lock to the first live waiter,
+/// `pubsub` broadcasts on `channel`.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r#"{HANDOFF}
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  if redis.call('GET', KEYS[5]) == ARGV[1] then return 1 end
+  return 0
+end
 redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[5], ARGV[1], 'PX', ARGV[2])
 if ARGV[5] == 'queue' then
   handoff(ARGV[2], ARGV[3], ARGV[4], now_ms())
 elseif ARGV[5] == 'pubsub' then

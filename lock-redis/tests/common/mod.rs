@@ -68,10 +68,12 @@ pub(crate) fn tag(name: &str) -> String {
     format!("{{lock:{}}}", LockName::new(name).unwrap().escaped())
 }
 
-/// Every key of the lock `name` on the server, sorted.
+/// Every key of the lock `name` on the server, sorted, but the receipt of the last release
+/// (`:released`, which expires a lease's length after it).
 pub(crate) async fn keys_of(admin: &mut redis::aio::ConnectionManager, name: &str) -> Vec<String> {
     let pattern = format!("{}*", tag(name).replace('[', "\\[").replace('?', "\\?"));
     let mut keys: Vec<String> = admin.keys(pattern).await.unwrap();
+    keys.retain(|key| !key.ends_with(":released"));
     keys.sort();
     keys
 }

@@ -1,0 +1,137 @@
+//! Redlock against three real servers of the test's own, some of them killed: a majority
+//! keeps granting and renewing; without one, acquisitions fail fast, within the validity
+//! window, and leave no partial grant.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stderr,
+    reason = "test code: a failed set-up or check must fail the test; the figures are printed"
+)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TTL, admin, redlock_config, start_server, tag};
+use lock_conformance::servers::LocalServer;
+use lock_conformance::unique_name;
+use lock_core::{LockError, LockProvider};
+use lock_redis::RedlockProvider;
+use redis::AsyncCommands;
+use tokio::time::{Instant, sleep};
+
+/// Whether each live server (by index) has the owner key of `name`.
+async fn owners(admins: &mut [Option<redis::aio::ConnectionManager>], name: &str) -> Vec<bool> {
+    let mut found = Vec::new();
+    for admin in admins.iter_mut() {
+        found.push(match admin {
+            Some(admin) => admin
+                .exists::<_, bool>(format!("{}:owner", tag(name)))
+                .await
+                .unwrap(),
+            None => false,
+        });
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_majority_grants_and_a_minority_fails_fast_without_partial_grants() {
+    let mut servers = Vec::new();
+    let mut admins = Vec::new();
+    for _ in 0..3 {
+        let server = start_server().await;
+        admins.push(Some(admin(&server).await));
+        servers.push(server);
+    }
+    let ports: Vec<u16> = servers.iter().map(LocalServer::port).collect();
+    let provider = RedlockProvider::connect(redlock_config(&ports))
+        .await
+        .unwrap();
+    let other = RedlockProvider::connect(redlock_config(&ports))
+        .await
+        .unwrap();
+    let name = unique_name("redlock-kill");
+    let lock = provider.lock(&name).unwrap();
+
+    // All three up: a grant holds the key everywhere.
+    let mut guard = lock.try_acquire().await.unwrap().expect("a free lock");
+    assert_eq!(owners(&mut admins, &name).await, [true, true, true]);
+    guard.release().await.unwrap();
+
+    // One killed while held: the holder keeps renewing on the other two.
+    let mut guard = lock.try_acquire().await.unwrap().expect("a free lock");
+    servers[0].kill();
+    admins[0] = None;
+    sleep(TTL * 3).await;
+    assert!(
+        !guard.is_lost(),
+        "a holder lost its lock with two of three servers alive"
+    );
+    assert_eq!(owners(&mut admins, &name).await, [false, true, true]);
+    assert!(
+        other
+            .lock(&name)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "a second holder with two of three servers alive"
+    );
+    guard.release().await.unwrap();
+    assert_eq!(owners(&mut admins, &name).await, [false, false, false]);
+
+    // One of three down: new grants still succeed.
+    let asked = Instant::now();
+    let mut guard = lock
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("a grant from two of three");
+    let granted_in = asked.elapsed();
+    assert_eq!(owners(&mut admins, &name).await, [false, true, true]);
+    guard.release().await.unwrap();
+
+    // Two of three down: a bounded, retryable error within the validity window, and no
+    // vote left on the survivor.
+    servers[1].kill();
+    admins[1] = None;
+    for (what, timeout) in [
+        ("try", Some(Duration::ZERO)),
+        ("acquire", Some(Duration::from_secs(10))),
+    ] {
+        let asked = Instant::now();
+        let result = lock.acquire(timeout).await;
+        let took = asked.elapsed();
+        match result {
+            Err(error @ LockError::Connection { .. }) => {
+                assert!(error.is_retryable(), "{what}: {error}");
+            }
+            Err(other) if what == "try" && matches!(other, LockError::Timeout { .. }) => {
+                panic!("{what}: a minority reported busy, not unreachable")
+            }
+            other => panic!("{what}: expected a connection error, got {other:?}"),
+        }
+        assert!(
+            took < TTL,
+            "{what}: failing took {took:?}, longer than the validity window {TTL:?}"
+        );
+        assert_eq!(
+            owners(&mut admins, &name).await,
+            [false, false, false],
+            "{what}: a partial grant was left"
+        );
+        eprintln!("redlock: two of three servers down: {what} failed in {took:?}");
+    }
+
+    // Back to a majority: grants work again.
+    servers[1].restart().await.unwrap();
+    let mut guard = lock
+        .acquire(Some(Duration::from_secs(5)))
+        .await
+        .expect("a grant once a majority is back");
+    guard.release().await.unwrap();
+    eprintln!("redlock: one of three servers down: granted in {granted_in:?}");
+}
