@@ -7,21 +7,18 @@
 //! roll the counter back; under Redlock they are not monotonic at all). Where correctness
 //! matters, use the ZooKeeper backend and pass the fencing token to the protected resource.
 //!
-//! # Status
+//! # Providers
 //!
-//! This release provides the configuration and its connection-URL syntax:
-//!
-//! - [`RedisConfig`] for one server — `redis://[user[:password]@]host[:port][/db]?prefix=lock&ttl=30s&strategy=queue`,
-//!   or `rediss://` for TLS;
-//! - [`RedlockConfig`] for Redlock over independent servers —
-//!   `redlock://[user:password@]host1[:port],host2,host3[/db]?prefix=&ttl=&retry_count=&retry_delay=&drift_factor=&tls=true`.
+//! - [`RedisLockProvider`] on one server: `redis://[user[:password]@]host[:port][/db]?prefix=lock&ttl=30s&strategy=queue&timeout=5s`
+//!   ([`RedisConfig::from_url`]);
+//! - [`RedlockProvider`] over independent servers: `redlock://[user:password@]host1[:port],host2,host3[/db]?ttl=&retry_count=&retry_delay=&drift_factor=&timeout=`
+//!   ([`RedlockConfig::from_url`]).
 //!
 //! ```
 //! use std::time::Duration;
 //! use lock_redis::{RedisConfig, RedisStrategy, RedlockConfig};
 //!
-//! let config = RedisConfig::from_url("rediss://cache.internal:6380/2?ttl=10s&strategy=pubsub")?;
-//! assert!(config.server.tls);
+//! let config = RedisConfig::from_url("redis://cache.internal:6380/2?ttl=10s&strategy=pubsub")?;
 //! assert_eq!(config.server.db, 2);
 //! assert_eq!(config.ttl, Duration::from_secs(10));
 //! assert_eq!(config.strategy, RedisStrategy::PubSub);
@@ -31,9 +28,66 @@
 //! # Ok::<(), lock_core::LockError>(())
 //! ```
 //!
-//! The lock providers themselves (the grant/release/extend scripts, the watchdog, the three
-//! waiting strategies and Redlock) are specified in the project's design document (section
-//! 4, "Redis backend") and are not part of this release yet.
+//! # How a lock works
+//!
+//! Every key of the lock called `N` carries the hash tag `{prefix:N}`, so that one Lua script
+//! touches them all (on Redis Cluster too; a waiter's own list is named inside the scripts,
+//! in the same slot): `:owner` (the holder's random 128-bit owner id, with the lease as its
+//! expiry), `:fence` (the fencing counter, bumped by the grant in the same script; it stays
+//! after the lock is free), `:queue` and `:deadlines` (the queue strategy's waiters),
+//! `:released` (the last release's receipt, for a lease's length) and `:w:<owner id>`.
+//!
+//! - A grant sets the owner key only if it is absent; a release deletes it only if it is
+//!   ours (compare-and-delete), a renewal extends it only if it is ours
+//!   (compare-and-pexpire). A watchdog renews at ttl/3 while the guard lives.
+//! - A guard's [`valid_until`](lock_core::Guard::valid_until) is counted from the sending of
+//!   the request that granted or last renewed it, less a drift margin (1% of the ttl and
+//!   2 ms). When it passes without a confirmed renewal, or a renewal finds the key gone or
+//!   someone else's, the guard's lost signal fires.
+//! - Waiting, by [`RedisStrategy`]: `Polling` retries with jittered exponential back-off;
+//!   `PubSub` retries on every release broadcast (every waiter wakes: the herd); `Queue`
+//!   (the default) is FIFO and herd-free: a release hands the lock straight to the first
+//!   waiter's own list, which that waiter alone is blocked on. Queue waiters refresh a
+//!   server-TIME deadline every ttl/3 (at most 2 s) and are dropped once it passes, so a
+//!   crashed waiter does not block the queue; a cancelled waiter leaves the queue, and
+//!   passes on a grant that raced its cancel.
+//! - A crashed holder's lock is free when its key expires (the ttl); waiters notice within
+//!   one refresh period.
+//!
+//! # Failover, restarts and tokens
+//!
+//! Redis replicates asynchronously. When a primary fails over, the replica may not have
+//! seen the last grants: the new primary can grant a lock that is still held (two holders
+//! until the old holder's next renewal finds the key someone else's and fires its lost
+//! signal), and its fencing counter can be lower than tokens already handed out. A restart
+//! without persistence loses the keys and the counters alike: holders learn it at their
+//! next renewal, and tokens start again from 1. Tokens increase only while the server keeps
+//! its data: [`Fencing::BestEffort`](lock_core::Fencing::BestEffort).
+//!
+//! Redlock does not depend on one server, but its tokens are **not monotonic**: each server
+//! keeps its own counter, a grant reports the largest among the servers that granted it,
+//! and a later majority without that server reports a smaller one. Its safety also rests
+//! on bounded clock drift and process pauses shorter than the validity.
+//!
+//! # An ACL user for the locks
+//!
+//! The locks need the scripting commands, the commands their scripts call (Redis checks
+//! those too), `BLPOP` (queue waiters), `SUBSCRIBE` (pub/sub waiters), `PING`, and the keys
+//! and channels of their prefix. A user limited to them (the test suite checks this rule
+//! with every strategy; add `+select` for a database other than 0):
+//!
+//! ```text
+//! ACL SETUSER locker on >s3cret ~{lock* &{lock* +@scripting +get +set +del +exists +incr
+//!     +pexpire +time +lpop +rpush +lrem +lindex +lpos +blpop +hget +hset +hdel +publish
+//!     +subscribe +unsubscribe +ping
+//! ```
+//!
+//! then `redis://locker:s3cret@host?prefix=lock`. A lock outside the user's key pattern
+//! fails with [`LockError::PermissionDenied`](lock_core::LockError::PermissionDenied); a
+//! wrong password with [`LockError::Auth`](lock_core::LockError::Auth).
+//!
+//! TLS (`rediss://`) is parsed but not built into this release: connecting returns
+//! [`LockError::Unsupported`](lock_core::LockError::Unsupported).
 
 mod config;
 mod error;

@@ -1006,3 +1006,48 @@ async fn a_release_whose_reply_is_lost_is_no_loss() {
         );
     }
 }
+
+/// The ACL rule the crate docs give for a user limited to the locks is enough for every
+/// strategy: grant, wait, hand-off, broadcast, renew, release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_acl_rule_is_enough() {
+    const RULE: &str = "on >s3cret ~{lock* &{lock* +@scripting +get +set +del +exists +incr \
+                        +pexpire +time +lpop +rpush +lrem +lindex +lpos +blpop +hget +hset \
+                        +hdel +publish +subscribe +unsubscribe +ping";
+    let server = start_server().await;
+    let mut admin = admin(&server).await;
+    let mut command = redis::cmd("ACL");
+    command.arg("SETUSER").arg("documented");
+    for rule in RULE.split_whitespace() {
+        command.arg(rule);
+    }
+    let () = command.query_async(&mut admin).await.unwrap();
+    for strategy in [
+        RedisStrategy::Polling,
+        RedisStrategy::PubSub,
+        RedisStrategy::Queue,
+    ] {
+        let mut config = config(server.port(), strategy);
+        config.server.username = Some("documented".into());
+        config.server.password = Some("s3cret".into());
+        let (a, b) = (
+            RedisLockProvider::connect(config.clone()).await.unwrap(),
+            RedisLockProvider::connect(config).await.unwrap(),
+        );
+        let name = unique_name("acl-doc");
+        let mut held = a.lock(&name).unwrap().try_acquire().await.unwrap().unwrap();
+        let waiter = b.lock(&name).unwrap();
+        let waiting = tokio::spawn(async move { waiter.acquire(Some(SLACK * 5)).await });
+        // Long enough for a renewal, a queue refresh and a subscription.
+        sleep(PERIOD * 2).await;
+        assert!(!held.is_lost(), "{strategy}: the holder's renewals failed");
+        held.release().await.unwrap();
+        let mut next = timeout(SLACK * 5, waiting)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap_or_else(|error| panic!("{strategy}: the waiter: {error}"));
+        next.release().await.unwrap();
+        expect_only_fence(&mut admin, &name, SLACK, "after the documented user").await;
+    }
+}
