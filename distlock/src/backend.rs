@@ -91,9 +91,8 @@ impl BackendConfig {
     ///
     /// # Errors
     ///
-    /// [`LockError::Connection`] (retryable) when the servers cannot be reached,
-    /// authentication errors from the backend, and [`LockError::Unsupported`] for
-    /// `rediss://` (TLS is not built into this release).
+    /// [`LockError::Connection`] (retryable) when the servers cannot be reached, and
+    /// authentication errors from the backend.
     pub async fn connect(self) -> Result<Arc<dyn LockProvider>, LockError> {
         match self {
             #[cfg(feature = "memory")]

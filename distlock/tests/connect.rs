@@ -422,13 +422,12 @@ mod redis {
     }
 
     #[tokio::test]
-    async fn tls_is_refused_plainly() {
-        let e = distlock::connect("rediss://localhost").await.unwrap_err();
-        let LockError::Unsupported { backend, what } = &e else {
-            panic!("expected Unsupported for rediss://, got {e:?}");
-        };
-        assert_eq!(*backend, "redis");
-        assert!(what.contains("TLS"), "{what}");
+    async fn an_unreadable_tls_authority_is_a_config_error() {
+        let e = distlock::connect("rediss://localhost?tls_ca=/nonexistent/ca.pem")
+            .await
+            .unwrap_err();
+        assert!(matches!(e, LockError::Config { .. }), "{e}");
+        assert!(e.to_string().contains("/nonexistent/ca.pem"), "{e}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ use lock_core::LockError;
 use lock_core::url::LockUrl;
 
 /// The parameters `redis://` and `rediss://` understand.
-const REDIS_PARAMS: &[&str] = &["prefix", "ttl", "strategy", "timeout"];
+const REDIS_PARAMS: &[&str] = &["prefix", "ttl", "strategy", "timeout", "tls_ca"];
 /// The parameters `redlock://` understands.
 const REDLOCK_PARAMS: &[&str] = &[
     "prefix",
@@ -17,6 +17,7 @@ const REDLOCK_PARAMS: &[&str] = &[
     "retry_delay",
     "drift_factor",
     "tls",
+    "tls_ca",
     "timeout",
 ];
 /// Longest accepted key prefix, in bytes.
@@ -125,6 +126,9 @@ pub struct RedisServer {
     pub port: u16,
     /// Whether to connect with TLS (`rediss://`).
     pub tls: bool,
+    /// With TLS, a PEM file of the certificate authorities to trust instead of the
+    /// system's (URL: `tls_ca=/path/ca.pem`).
+    pub tls_ca: Option<std::path::PathBuf>,
     /// The ACL user name, if any (Redis 6+); with only a password, the `default` user.
     pub username: Option<String>,
     /// The password, if any.
@@ -143,10 +147,19 @@ impl RedisServer {
             host: host.into(),
             port: Self::DEFAULT_PORT,
             tls: false,
+            tls_ca: None,
             username: None,
             password: None,
             db: 0,
         }
+    }
+
+    /// Trusts the certificate authorities in the PEM file at `path` (implies nothing
+    /// without [`with_tls`](Self::with_tls)).
+    #[must_use]
+    pub fn with_tls_ca(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tls_ca = Some(path.into());
+        self
     }
 
     /// Sets the port.
@@ -198,7 +211,7 @@ impl RedisServer {
     /// # Errors
     ///
     /// [`LockError::Config`] for an empty host or one with white space, port 0, a negative
-    /// database, or a user name without a password.
+    /// database, a user name without a password, or a `tls_ca` without TLS.
     pub fn validate(&self) -> Result<(), LockError> {
         self.validate_for("redis")
     }
@@ -231,6 +244,12 @@ impl RedisServer {
         if self.username.is_some() && self.password.is_none() {
             return Err(user_without_password(backend));
         }
+        if self.tls_ca.is_some() && !self.tls {
+            return Err(config_error(
+                backend,
+                "tls_ca is set but TLS is off (use rediss://, or tls=true for redlock://)",
+            ));
+        }
         Ok(())
     }
 }
@@ -241,6 +260,7 @@ impl fmt::Debug for RedisServer {
             .field("host", &self.host)
             .field("port", &self.port)
             .field("tls", &self.tls)
+            .field("tls_ca", &self.tls_ca)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("db", &self.db)
@@ -344,6 +364,8 @@ impl RedisConfig {
     /// | `prefix` | key prefix: non-empty, ≤ 128 bytes, no `{`, `}` or control characters | `lock` |
     /// | `ttl` | lease, from 100ms to 1 day | `30s` |
     /// | `strategy` | `polling`, `pubsub` or `queue` ([`RedisStrategy`]) | `queue` |
+    /// | `timeout` | connecting, or one request, from 10ms to 10 minutes | `5s` |
+    /// | `tls_ca` | with `rediss://`, a PEM file of the authorities to trust | the system's |
     ///
     /// User, password and parameter values are percent-decoded.
     ///
@@ -552,6 +574,8 @@ impl RedlockConfig {
     /// | `retry_delay` | delay before such a retry, more than 0 and at most 1m | `200ms` |
     /// | `drift_factor` | clock drift share of the ttl, from 0 to 0.5 | `0.01` |
     /// | `tls` | `true` to connect to every server with TLS | `false` |
+    /// | `tls_ca` | with `tls=true`, a PEM file of the authorities to trust | the system's |
+    /// | `timeout` | connecting, or one request to one server, from 10ms to 10 minutes | `5s` |
     ///
     /// Fewer than three servers, or an even number, is accepted with a `tracing` warning.
     ///
@@ -690,6 +714,7 @@ fn server_from_url(
         host: host.host.clone(),
         port: host.port.unwrap_or(RedisServer::DEFAULT_PORT),
         tls,
+        tls_ca: url.param("tls_ca").map(std::path::PathBuf::from),
         username: url.username.clone(),
         password: url.password.clone(),
         db: parse_db(&url.path, backend)?,

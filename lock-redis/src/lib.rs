@@ -10,6 +10,7 @@
 //! # Providers
 //!
 //! - [`RedisLockProvider`] on one server: `redis://[user[:password]@]host[:port][/db]?prefix=lock&ttl=30s&strategy=queue&timeout=5s`
+//!   (`rediss://` for TLS, with `tls_ca=/path/ca.pem`)
 //!   ([`RedisConfig::from_url`]);
 //! - [`RedlockProvider`] over independent servers: `redlock://[user:password@]host1[:port],host2,host3[/db]?ttl=&retry_count=&retry_delay=&drift_factor=&timeout=`
 //!   ([`RedlockConfig::from_url`]).
@@ -86,8 +87,10 @@
 //! fails with [`LockError::PermissionDenied`](lock_core::LockError::PermissionDenied); a
 //! wrong password with [`LockError::Auth`](lock_core::LockError::Auth).
 //!
-//! TLS (`rediss://`) is parsed but not built into this release: connecting returns
-//! [`LockError::Unsupported`](lock_core::LockError::Unsupported).
+//! # TLS
+//!
+//! `rediss://` (or `tls=true` for `redlock://`) connects with TLS (rustls), trusting the
+//! system's certificate authorities, or those of the PEM file `tls_ca=/path/ca.pem`.
 
 mod config;
 mod error;

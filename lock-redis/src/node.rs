@@ -8,8 +8,8 @@ use std::time::Duration;
 use lock_core::{LockError, Metrics};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection, PubSub};
 use redis::{
-    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, FromRedisValue,
-    IntoConnectionInfo, RedisConnectionInfo, ScriptInvocation,
+    AsyncConnectionConfig, Client, ConnectionAddr, FromRedisValue, IntoConnectionInfo,
+    RedisConnectionInfo, ScriptInvocation, TlsCertificates,
 };
 
 use crate::config::RedisServer;
@@ -34,17 +34,8 @@ impl fmt::Debug for Node {
     }
 }
 
-/// The client's view of `server`: address, database, credentials.
-fn connection_info(
-    server: &RedisServer,
-    backend: &'static str,
-) -> Result<ConnectionInfo, LockError> {
-    if server.tls {
-        return Err(LockError::Unsupported {
-            backend,
-            what: "TLS (rediss://) in this build".to_owned(),
-        });
-    }
+/// A client for `server`: address (TLS or not), database, credentials, trusted authorities.
+fn client(server: &RedisServer, backend: &'static str) -> Result<Client, LockError> {
     let mut redis = RedisConnectionInfo::default().set_db(server.db);
     if let Some(user) = &server.username {
         redis = redis.set_username(user);
@@ -52,10 +43,41 @@ fn connection_info(
     if let Some(password) = &server.password {
         redis = redis.set_password(password);
     }
-    let info = ConnectionAddr::Tcp(server.host.clone(), server.port)
+    let addr = if server.tls {
+        // rustls needs a process-wide crypto provider; keep one the application chose.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        ConnectionAddr::TcpTls {
+            host: server.host.clone(),
+            port: server.port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(server.host.clone(), server.port)
+    };
+    let info = addr
         .into_connection_info()
-        .map_err(|error| lock_error(backend, error, None))?;
-    Ok(info.set_redis_settings(redis))
+        .map_err(|error| lock_error(backend, error, None))?
+        .set_redis_settings(redis);
+    let built = match &server.tls_ca {
+        Some(path) if server.tls => {
+            let root_cert = std::fs::read(path).map_err(|error| {
+                LockError::config(format!(
+                    "{backend}: cannot read tls_ca {}: {error}",
+                    path.display()
+                ))
+            })?;
+            Client::build_with_tls(
+                info,
+                TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                },
+            )
+        }
+        _ => Client::open(info),
+    };
+    built.map_err(|error| lock_error(backend, error, None))
 }
 
 /// The shared connection's settings: every wait bounded by `timeout`.
@@ -75,8 +97,7 @@ impl Node {
         backend: &'static str,
         metrics: Arc<Metrics>,
     ) -> Result<Self, LockError> {
-        let client = Client::open(connection_info(server, backend)?)
-            .map_err(|error| lock_error(backend, error, None))?;
+        let client = client(server, backend)?;
         let connecting =
             ConnectionManager::new_with_config(client.clone(), manager_config(timeout));
         let manager = match tokio::time::timeout(timeout, connecting).await {
@@ -109,8 +130,7 @@ impl Node {
         backend: &'static str,
         metrics: Arc<Metrics>,
     ) -> Result<Self, LockError> {
-        let client = Client::open(connection_info(server, backend)?)
-            .map_err(|error| lock_error(backend, error, None))?;
+        let client = client(server, backend)?;
         let manager =
             ConnectionManager::new_lazy_with_config(client.clone(), manager_config(timeout))
                 .map_err(|error| lock_error(backend, error, None))?;

@@ -108,8 +108,8 @@ impl RedisLockProvider {
     /// # Errors
     ///
     /// [`LockError::Config`] for an invalid configuration; [`LockError::Connection`] when
-    /// the server cannot be reached within the request timeout; [`LockError::Auth`] for
-    /// wrong credentials; [`LockError::Unsupported`] for TLS, which this build lacks.
+    /// the server cannot be reached within the request timeout (or its TLS certificate is
+    /// not trusted); [`LockError::Auth`] for wrong credentials.
     pub async fn connect(config: RedisConfig) -> Result<Self, LockError> {
         config.validate()?;
         let metrics = Arc::new(Metrics::new());

@@ -188,8 +188,7 @@ impl RedlockProvider {
     ///
     /// [`LockError::Config`] for an invalid configuration; [`LockError::Auth`] when a
     /// server refuses the credentials; [`LockError::Connection`] when fewer than a majority
-    /// answer within the request timeout; [`LockError::Unsupported`] for TLS, which this
-    /// build lacks.
+    /// answer within the request timeout.
     pub async fn connect(config: RedlockConfig) -> Result<Self, LockError> {
         config.validate()?;
         let metrics = Arc::new(Metrics::new());
