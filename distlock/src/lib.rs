@@ -56,8 +56,8 @@
 //! |---|---|---|
 //! | `memory` | `memory://` — a new private server; `memory://NAME` — the process-wide server called `NAME`, shared by every `connect` with that name | `namespace` (`""`): locks in different namespaces never meet |
 //! | `zk`, `zookeeper` | `zk://[user:password@]h1:p1,h2:p2[/chroot]` (port 2181); credentials add digest auth | `session_timeout` (`10s`), `connect_timeout` (`5s`), `strategy` = `single`\|`children`\|`predecessor` (`predecessor`), `root` (`/distlock`), `node_format` = `curator`\|`kazoo` (`curator`), `acl` = `open`\|`creator` (`open`; `creator` needs credentials) |
-//! | `redis`, `rediss` | `redis://[user[:password]@]host[:port][/db]` (port 6379, db 0); `rediss` uses TLS | `prefix` (`lock`), `ttl` (`30s`, 100ms–1 day), `strategy` = `polling`\|`pubsub`\|`queue` (`queue`) |
-//! | `redlock` | `redlock://[user:password@]h1[:p],h2,h3[/db]` — independent servers, quorum N/2+1 | `prefix` (`lock`), `ttl` (`30s`), `retry_count` (`3`), `retry_delay` (`200ms`), `drift_factor` (`0.01`), `tls` (`false`) |
+//! | `redis`, `rediss` | `redis://[user[:password]@]host[:port][/db]` (port 6379, db 0); `rediss` uses TLS | `prefix` (`lock`), `ttl` (`30s`, 100ms–1 day), `strategy` = `polling`\|`pubsub`\|`queue` (`queue`), `timeout` (`5s`), `tls_ca` (the system's authorities) |
+//! | `redlock` | `redlock://[user:password@]h1[:p],h2,h3[/db]` — independent servers, quorum N/2+1 | `prefix` (`lock`), `ttl` (`30s`), `retry_count` (`3`), `retry_delay` (`200ms`), `drift_factor` (`0.01`), `tls` (`false`), `tls_ca`, `timeout` (`5s`) |
 //!
 //! The Redis and Redlock URLs are parsed and validated in this release, but their lock
 //! providers are not available yet: [`connect`] returns [`LockError::Unsupported`] for them.
