@@ -63,6 +63,13 @@ impl Role {
     }
 }
 
+/// A listing of the lock directory made along with the create.
+struct Listing {
+    children: Vec<String>,
+    watcher: Option<OneshotWatcher>,
+    asked: tokio::time::Instant,
+}
+
 /// One directory on the server where contenders queue, on behalf of one named lock.
 #[derive(Clone)]
 pub(crate) struct Place {
@@ -132,16 +139,19 @@ impl Place {
         // Armed from before the create is sent: dropping this future at any point removes
         // whatever the server made of it.
         let mut pending = Pending::new(session, &self.dir, Claim::Sequential { uuid, node: None });
-        let (node, czxid) = self.create_sequential(session, uuid, kind).await?;
+        let (node, czxid, mut first) = self.create_and_list(session, uuid, kind, waiting).await?;
         pending.set_node(node.clone());
         let mut woken = false;
         loop {
-            self.count();
             // The server answered a request sent no earlier than this: it has heard from the
             // session at this moment or later (see `Session::register`).
-            let asked = tokio::time::Instant::now();
-            let (children, children_watch) = match waiting {
-                Waiting::Children => {
+            let asked = first
+                .as_ref()
+                .map_or_else(tokio::time::Instant::now, |listing| listing.asked);
+            let (children, children_watch) = match (first.take(), waiting) {
+                (Some(listing), _) => (listing.children, listing.watcher),
+                (None, Waiting::Children) => {
+                    self.count();
                     let (children, watcher) = session
                         .client
                         .list_and_watch_children(&self.dir)
@@ -149,14 +159,17 @@ impl Place {
                         .map_err(|e| self.error(e))?;
                     (children, Some(watcher))
                 }
-                Waiting::Predecessor => (
-                    session
-                        .client
-                        .list_children(&self.dir)
-                        .await
-                        .map_err(|e| self.error(e))?,
-                    None,
-                ),
+                (None, Waiting::Predecessor) => {
+                    self.count();
+                    (
+                        session
+                            .client
+                            .list_children(&self.dir)
+                            .await
+                            .map_err(|e| self.error(e))?,
+                        None,
+                    )
+                }
             };
             let queue = contenders(children);
             let Some(position) = queue.iter().position(|(_, child)| *child == node) else {
@@ -233,6 +246,68 @@ impl Place {
                 Ok(true)
             }
             () = deadline.sleep() => Ok(false),
+        }
+    }
+
+    /// Creates a sequential node of `kind` and lists the directory in one round trip: the
+    /// list is sent right behind the create on the same session, and the server answers a
+    /// session's requests in order, so the list already holds the new node. Falls back to
+    /// [`create_sequential`](Self::create_sequential) (and no listing) when the create fails.
+    async fn create_and_list(
+        &self,
+        session: &Session,
+        uuid: Uuid,
+        kind: NodeKind,
+        waiting: Waiting,
+    ) -> Result<(String, i64, Option<Listing>), LockError> {
+        let prefix = node_prefix(self.shared.config.node_format, uuid, kind);
+        let path = format!("{}/{prefix}", self.dir);
+        let options = CreateMode::EphemeralSequential.with_acls(session.acls);
+        self.shared.metrics.record_server_requests(2);
+        let asked = tokio::time::Instant::now();
+        // Both requests are sent here, in this order, before either is awaited.
+        let creating = session.client.create(&path, &[], &options);
+        let (created, listed) = match waiting {
+            Waiting::Children => {
+                let listing = session.client.list_and_watch_children(&self.dir);
+                let (created, listed) = tokio::join!(creating, listing);
+                (
+                    created,
+                    listed.map(|(children, watcher)| (children, Some(watcher))),
+                )
+            }
+            Waiting::Predecessor => {
+                let listing = session.client.list_children(&self.dir);
+                let (created, listed) = tokio::join!(creating, listing);
+                (created, listed.map(|children| (children, None)))
+            }
+        };
+        match created {
+            Ok((stat, sequence)) => {
+                let node = format!("{prefix}{sequence}");
+                let listing = match listed {
+                    Ok((children, watcher)) if children.contains(&node) => Some(Listing {
+                        children,
+                        watcher,
+                        asked,
+                    }),
+                    _ => None,
+                };
+                Ok((node, stat.czxid, listing))
+            }
+            Err(ZkError::NoNode) => {
+                let (node, czxid) = self.create_sequential(session, uuid, kind).await?;
+                Ok((node, czxid, None))
+            }
+            Err(error) if outcome_unknown(&error) => {
+                tokio::time::sleep(RETRY_PAUSE).await;
+                let found = match self.find_own(session, uuid).await? {
+                    Some(found) => found,
+                    None => self.create_sequential(session, uuid, kind).await?,
+                };
+                Ok((found.0, found.1, None))
+            }
+            Err(error) => Err(self.error(error)),
         }
     }
 
