@@ -104,5 +104,5 @@ mod scripts;
 
 pub use config::{RedisConfig, RedisServer, RedisStrategy, RedlockConfig};
 pub use lock::RedisLock;
-pub use provider::RedisLockProvider;
+pub use provider::{RedisHolders, RedisLockProvider};
 pub use redlock::{RedlockLock, RedlockProvider};

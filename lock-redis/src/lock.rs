@@ -293,6 +293,12 @@ impl RedisLock {
             // runs from no earlier than its sending.
             let sent = Instant::now();
             let token = grant.attempt(mode).await?;
+            // Done waiting, one way or another: keep the blocking connection for the next.
+            if (token != 0 || !queue || deadline.has_passed())
+                && let Some(done) = connection.take()
+            {
+                self.shared.node.give_back(done);
+            }
             if token > 0 {
                 if matches!(mode, Queueing::Refresh) {
                     // A hand-off that came while this waiter was between two waits: it
@@ -350,6 +356,9 @@ impl RedisLock {
                 }
             };
             if let Some((_, token)) = popped {
+                if let Some(done) = connection.take() {
+                    self.shared.node.give_back(done);
+                }
                 self.shared.metrics.record_wakeup();
                 return Ok(Some((token, sent)));
             }

@@ -2,7 +2,7 @@
 //! requests, and dedicated connections for the requests that block.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use lock_core::{LockError, Metrics};
@@ -24,7 +24,12 @@ pub(crate) struct Node {
     backend: &'static str,
     address: String,
     metrics: Arc<Metrics>,
+    /// Idle connections for blocking requests, kept for the next waiter.
+    idle: Arc<Mutex<Vec<MultiplexedConnection>>>,
 }
+
+/// How many idle blocking connections a node keeps.
+const MAX_IDLE: usize = 64;
 
 impl fmt::Debug for Node {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -119,6 +124,7 @@ impl Node {
             backend,
             address: server.address(),
             metrics,
+            idle: Arc::default(),
         })
     }
 
@@ -141,6 +147,7 @@ impl Node {
             backend,
             address: server.address(),
             metrics,
+            idle: Arc::default(),
         })
     }
 
@@ -169,6 +176,21 @@ impl Node {
         }
     }
 
+    /// Runs `pipeline` on the shared connection, within the request timeout, for read-only
+    /// inspection: not counted in the metrics, which are for lock operations.
+    pub(crate) async fn query<T: FromRedisValue>(
+        &self,
+        pipeline: &redis::Pipeline,
+        name: &str,
+    ) -> Result<T, LockError> {
+        let mut connection = self.manager.clone();
+        match tokio::time::timeout(self.timeout, pipeline.query_async(&mut connection)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(lock_error(self.backend, error, Some(name))),
+            Err(_) => Err(timed_out_request(self.backend, Some(name))),
+        }
+    }
+
     /// `PING`, within the request timeout.
     pub(crate) async fn ping(&self) -> Result<(), LockError> {
         self.metrics.record_server_requests(1);
@@ -185,8 +207,18 @@ impl Node {
         }
     }
 
-    /// A connection of its own, for a request that blocks on the server (`BLPOP`).
+    /// A connection of its own, for a request that blocks on the server (`BLPOP`): an idle
+    /// one if there is one, else a new one. Hand it back with [`Node::give_back`] once its
+    /// request has completed.
     pub(crate) async fn dedicated(&self, name: &str) -> Result<MultiplexedConnection, LockError> {
+        if let Some(idle) = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+        {
+            return Ok(idle);
+        }
         self.metrics.record_server_requests(1);
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeout))
@@ -201,6 +233,15 @@ impl Node {
             Ok(Ok(connection)) => Ok(connection),
             Ok(Err(error)) => Err(lock_error(self.backend, error, Some(name))),
             Err(_) => Err(timed_out_request(self.backend, Some(name))),
+        }
+    }
+
+    /// Keeps a blocking connection whose last request completed (never one whose request
+    /// was abandoned: the server may still be blocked on it).
+    pub(crate) fn give_back(&self, connection: MultiplexedConnection) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < MAX_IDLE {
+            idle.push(connection);
         }
     }
 

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use lock_core::{
     Capabilities, DistributedLock, Fencing, LockError, LockName, LockProvider, Metrics,
@@ -11,6 +12,7 @@ use tokio::sync::watch;
 
 use crate::config::{RedisConfig, RedisStrategy};
 use crate::error::BACKEND;
+use crate::keys::LockKeys;
 use crate::lock::{RedisLock, refresh_period};
 use crate::node::Node;
 
@@ -147,6 +149,76 @@ impl RedisLockProvider {
     pub fn config(&self) -> &RedisConfig {
         &self.shared.config
     }
+
+    /// Who holds the lock called `name` and who waits for it, as the server records it now.
+    ///
+    /// One atomic read (`MULTI` with `GET`, `PTTL`, `LRANGE` and `GET`) of the lock's owner
+    /// key, its waiter queue and its fencing counter: the holder's owner id (a random id
+    /// per acquisition) and the lease left on it, the waiters' owner ids in the order the
+    /// queue strategy will grant them, and the last token handed out. Only the
+    /// [`Queue`](RedisStrategy::Queue) strategy queues its waiters on the server; under the
+    /// other strategies the waiters are not visible and the queue is empty. Not counted in
+    /// the provider's [metrics](LockProvider::metrics).
+    ///
+    /// An ACL user limited to the lock commands (see the [crate docs](crate)) also needs
+    /// `+pttl +lrange +multi +exec` for this.
+    ///
+    /// ```no_run
+    /// use lock_redis::RedisLockProvider;
+    ///
+    /// # async fn demo() -> Result<(), lock_core::LockError> {
+    /// let locks = RedisLockProvider::connect_url("redis://127.0.0.1:6379").await?;
+    /// let holders = locks.holders("reports/nightly").await?;
+    /// match &holders.owner {
+    ///     Some(owner) => println!("held by {owner} (token {}), {} waiting", holders.fence, holders.queue.len()),
+    ///     None => println!("free"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidName`] for a bad name; [`LockError::Connection`] when the server
+    /// does not answer within the request timeout; [`LockError::PermissionDenied`] when the
+    /// user may not run these commands on the lock's keys.
+    pub async fn holders(&self, name: &str) -> Result<RedisHolders, LockError> {
+        let name = LockName::new(name)?;
+        let keys = LockKeys::new(&self.shared.config.key_prefix, &name);
+        let mut pipeline = redis::pipe();
+        pipeline
+            .atomic()
+            .get(&keys.owner)
+            .pttl(&keys.owner)
+            .lrange(&keys.queue, 0, -1)
+            .get(&keys.fence);
+        let (owner, pttl, queue, fence): (Option<String>, i64, Vec<String>, Option<u64>) =
+            self.shared.node.query(&pipeline, name.as_str()).await?;
+        Ok(RedisHolders {
+            owner_ttl: owner
+                .as_ref()
+                .and_then(|_| u64::try_from(pttl).ok())
+                .map(Duration::from_millis),
+            owner,
+            queue,
+            fence: fence.unwrap_or_default(),
+        })
+    }
+}
+
+/// Who holds a Redis lock and who waits for it: [`RedisLockProvider::holders`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisHolders {
+    /// The holder's owner id, or `None` when the lock is free.
+    pub owner: Option<String>,
+    /// The lease left on the holder's key, when the server reports one.
+    pub owner_ttl: Option<Duration>,
+    /// The waiters' owner ids, first in line first (queue strategy only). Waiters whose
+    /// deadline has passed stay listed until a grant or a release drops them.
+    pub queue: Vec<String>,
+    /// The last fencing token handed out for this name (the holder's, while it is held);
+    /// 0 when none ever was.
+    pub fence: u64,
 }
 
 impl fmt::Debug for RedisLockProvider {

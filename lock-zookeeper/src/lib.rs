@@ -64,6 +64,6 @@ mod session;
 
 pub use config::{AclPolicy, DigestAuth, NodeNameFormat, ZkConfig, ZkStrategy};
 pub use lock::ZkLock;
-pub use provider::ZkLockProvider;
+pub use provider::{Contender, ZkLockProvider};
 pub use rwlock::ZkRwLock;
 pub use semaphore::ZkSemaphore;

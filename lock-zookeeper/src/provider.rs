@@ -5,14 +5,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use lock_core::{
-    Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Fencing, LockError,
-    LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
+    Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Fencing, FencingToken,
+    LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
 };
+use zookeeper_client::Error as ZkError;
 
 use crate::config::{ZkConfig, ZkStrategy};
-use crate::error::BACKEND;
-use crate::lock::ZkLock;
-use crate::node::{lock_dir, rw_lock_dir, semaphore_dir};
+use crate::error::{BACKEND, lock_error};
+use crate::lock::{ZkLock, token};
+use crate::node::{contenders, lock_dir, rw_lock_dir, semaphore_dir};
 use crate::queue::Place;
 use crate::rwlock::ZkRwLock;
 use crate::semaphore::ZkSemaphore;
@@ -123,6 +124,117 @@ impl ZkLockProvider {
     /// the session (for example to make it expire from outside).
     pub fn client(&self) -> Option<zookeeper_client::Client> {
         self.shared.current().map(|session| session.client.clone())
+    }
+
+    /// The contenders for the mutex called `name`, as the server records them now: the
+    /// holder first, then the waiters in the order they will get the lock.
+    ///
+    /// These are the children of the lock directory `{root}/{name}` whose names end in a
+    /// sequence number, ordered by that number, whoever created them (distlock, Curator,
+    /// kazoo), each with the session that owns it and its creation zxid (the fencing token
+    /// of the grant it stands for). Under the [`SingleNode`](ZkStrategy::SingleNode)
+    /// strategy the holder is the directory's `lock` node, listed first with no sequence
+    /// number; its waiters leave no node behind and are not listed.
+    ///
+    /// An empty list means that nobody holds or waits for the lock. The view is a snapshot:
+    /// the directory is listed, then each child is looked at, so a contender that leaves in
+    /// between is left out. It is read with this provider's session and is not counted in
+    /// its [metrics](LockProvider::metrics).
+    ///
+    /// ```no_run
+    /// use lock_zookeeper::ZkLockProvider;
+    ///
+    /// # async fn demo() -> Result<(), lock_core::LockError> {
+    /// let locks = ZkLockProvider::connect_url("zk://127.0.0.1:2181").await?;
+    /// let contenders = locks.contenders("reports/nightly").await?;
+    /// if let Some((holder, waiters)) = contenders.split_first() {
+    ///     println!(
+    ///         "held by session {:#x} (token {}), {} waiting",
+    ///         holder.session_id,
+    ///         holder.fencing_token(),
+    ///         waiters.len()
+    ///     );
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidName`] for a bad name; [`LockError::Connection`] and the
+    /// provider's other errors when the server cannot be asked;
+    /// [`LockError::PermissionDenied`] when the directory's ACL does not let this client
+    /// read it.
+    pub async fn contenders(&self, name: &str) -> Result<Vec<Contender>, LockError> {
+        let name = LockName::new(name)?;
+        let dir = lock_dir(&self.shared.config.root, &name);
+        let session = self.shared.session(&name).await?;
+        let error = |error| lock_error(error, Some(name.as_str()));
+        let children = match session.client.list_children(&dir).await {
+            Ok(children) => children,
+            Err(ZkError::NoNode) => return Ok(Vec::new()),
+            Err(other) => return Err(error(other)),
+        };
+        let single = children
+            .iter()
+            .any(|child| child == SINGLE_NODE)
+            .then(|| (None, SINGLE_NODE.to_owned()));
+        let ordered = single.into_iter().chain(
+            contenders(children)
+                .into_iter()
+                .map(|(sequence, node)| (Some(sequence), node)),
+        );
+        // Every request is sent before the first reply is awaited: one round trip in all.
+        let requests: Vec<_> = ordered
+            .map(|(sequence, node)| {
+                let stat = session.client.check_stat(&format!("{dir}/{node}"));
+                (sequence, node, stat)
+            })
+            .collect();
+        let mut found = Vec::with_capacity(requests.len());
+        for (sequence, node, stat) in requests {
+            match stat.await {
+                Ok(Some(stat)) => found.push(Contender {
+                    node,
+                    sequence,
+                    session_id: stat.ephemeral_owner,
+                    czxid: stat.czxid,
+                }),
+                // Left since the listing.
+                Ok(None) | Err(ZkError::NoNode) => {}
+                Err(other) => return Err(error(other)),
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// The node of the [`SingleNode`](ZkStrategy::SingleNode) strategy's holder.
+const SINGLE_NODE: &str = "lock";
+
+/// One contender for a ZooKeeper mutex, from [`ZkLockProvider::contenders`]: a node in the
+/// lock's directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Contender {
+    /// The node's name in the lock directory, such as `_c_<uuid>-lock-0000000007`
+    /// (distlock and Curator), `<hex>__lock__0000000007` (kazoo), or `lock` (the holder
+    /// under the `SingleNode` strategy).
+    pub node: String,
+    /// The sequence number the node's name ends with, which orders the contenders; `None`
+    /// for the `SingleNode` strategy's `lock` node.
+    pub sequence: Option<i64>,
+    /// The session that owns the node (its `ephemeralOwner`); 0 for a node that is not
+    /// ephemeral.
+    pub session_id: i64,
+    /// The zxid of the node's creation.
+    pub czxid: i64,
+}
+
+impl Contender {
+    /// The fencing token of the grant this node stands for, as the lock hands it out to
+    /// its holder: the node's creation zxid.
+    pub fn fencing_token(&self) -> FencingToken {
+        token(self.czxid)
     }
 }
 
