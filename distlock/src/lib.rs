@@ -38,6 +38,7 @@
 //! | `memory` | yes | the in-memory backend (`memory://`) and the `memory` module |
 //! | `zookeeper` | no | the ZooKeeper backend (`zk://`, `zookeeper://`) as the `zookeeper` module |
 //! | `redis` | no | the Redis backend (`redis://`, `rediss://`, `redlock://`) as the `redis` module |
+//! | `cli` | no | the `distlock` command-line tool, with every backend |
 //!
 //! A URL whose backend is not compiled in fails with a [`LockError::Config`] that names the
 //! feature to enable.
@@ -59,8 +60,11 @@
 //! | `redis`, `rediss` | `redis://[user[:password]@]host[:port][/db]` (port 6379, db 0); `rediss` uses TLS | `prefix` (`lock`), `ttl` (`30s`, 100ms–1 day), `strategy` = `polling`\|`pubsub`\|`queue` (`queue`), `timeout` (`5s`), `tls_ca` (the system's authorities) |
 //! | `redlock` | `redlock://[user:password@]h1[:p],h2,h3[/db]` — independent servers, quorum N/2+1 | `prefix` (`lock`), `ttl` (`30s`), `retry_count` (`3`), `retry_delay` (`200ms`), `drift_factor` (`0.01`), `tls` (`false`), `tls_ca`, `timeout` (`5s`) |
 //!
-//! The Redis and Redlock URLs are parsed and validated in this release, but their lock
-//! providers are not available yet: [`connect`] returns [`LockError::Unsupported`] for them.
+//! # Command line
+//!
+//! With the `cli` feature the package also builds the `distlock` binary, flock(1) for a
+//! cluster: `distlock run --url URL --name NAME -- CMD…` runs a command under the lock
+//! (`try` gives up at once, `holders` shows the holder and the queue). See the README.
 //!
 //! # Not re-entrant
 //!
@@ -133,8 +137,7 @@ pub use lock_redis as redis;
 /// # Errors
 ///
 /// [`LockError::Config`] for a malformed or invalid URL, an unknown scheme, or a scheme
-/// whose feature is not enabled; [`LockError::Unsupported`] for a backend whose provider is
-/// not available in this release; connection and authentication errors from the backend.
+/// whose feature is not enabled; connection and authentication errors from the backend.
 pub async fn connect(url: &str) -> Result<Arc<dyn LockProvider>, LockError> {
     BackendConfig::from_url(url)?.connect().await
 }

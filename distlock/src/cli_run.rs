@@ -1,0 +1,473 @@
+//! `distlock run` and `distlock try`: hold a lock while a command runs.
+
+use std::ffi::OsString;
+use std::future::Future;
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::pin::Pin;
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock::{BackendConfig, Guard, LockError, LockName, LockProvider, LossReason};
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::Instant;
+
+use crate::{failure_status, report, status};
+
+/// How long the release after the command may take before distlock gives up on it (the
+/// session or the lease frees the lock then).
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long distlock waits, before it exits, for its clean-up on the server to finish: a
+/// cancelled waiter's entry removed, the ZooKeeper session closed.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// What `run` and `try` were asked to do.
+#[derive(Debug)]
+pub(crate) struct RunOptions {
+    pub(crate) url: String,
+    pub(crate) name: String,
+    /// `None`: one attempt (`try`); `Some(timeout)`: wait up to `timeout` (`run`).
+    pub(crate) wait: Option<Option<Duration>>,
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) grace: Duration,
+    pub(crate) foreground: bool,
+    pub(crate) command: Vec<OsString>,
+}
+
+pub(crate) async fn run(options: RunOptions) -> u8 {
+    let mut signals = match Signals::new() {
+        Ok(signals) => signals,
+        Err(error) => {
+            report(format_args!("cannot handle signals: {error}"));
+            return status::SOFTWARE;
+        }
+    };
+    // Everything that can be checked without a server is checked first.
+    let config = match LockName::new(&options.name)
+        .and_then(|_| with_ttl(&options.url, options.ttl))
+        .and_then(|url| BackendConfig::from_url(&url))
+    {
+        Ok(config) => config,
+        Err(error) => {
+            report(&error);
+            return failure_status(&error);
+        }
+    };
+    let connected = tokio::select! {
+        connected = Connection::open(config) => connected,
+        signal = signals.recv() => return interrupted(signal, &options.name, "connecting"),
+    };
+    let connection = match connected {
+        Ok(connection) => connection,
+        Err(error) => {
+            report(format_args!(
+                "{error} (connecting to {})",
+                hosts(&options.url)
+            ));
+            return failure_status(&error);
+        }
+    };
+    let code = hold_and_run(&connection.provider, &options, &mut signals).await;
+    if code == status::LOST {
+        // The server could not be reached for the session's or the lease's length: there
+        // is nothing to wait for there.
+        drop(connection);
+    } else {
+        connection.close().await;
+    }
+    code
+}
+
+/// Acquires the lock, runs the command, releases the lock; the exit status.
+async fn hold_and_run(
+    provider: &Arc<dyn LockProvider>,
+    options: &RunOptions,
+    signals: &mut Signals,
+) -> u8 {
+    let name = &options.name;
+    let lock = match provider.lock(name) {
+        Ok(lock) => lock,
+        Err(error) => {
+            report(&error);
+            return failure_status(&error);
+        }
+    };
+    match options.wait {
+        None => tracing::info!(lock = %name, "trying the lock once"),
+        Some(timeout) => tracing::info!(lock = %name, ?timeout, "waiting for the lock"),
+    }
+    let acquired = tokio::select! {
+        acquired = acquire(&*lock, options.wait) => acquired,
+        // Dropping the acquisition removes the waiter's entry (in the background, which
+        // `Connection::close` waits for).
+        signal = signals.recv() => return interrupted(signal, name, "waiting for the lock"),
+    };
+    let guard = match acquired {
+        Ok(Some(guard)) => guard,
+        Ok(None) => {
+            report(format_args!(
+                "lock {name:?} is held by another client; not running the command"
+            ));
+            return status::BUSY;
+        }
+        Err(LockError::Timeout { waited, .. }) => {
+            report(format_args!(
+                "lock {name:?} is still held by another client after waiting {}; not running the command",
+                humantime::format_duration(waited)
+            ));
+            return status::BUSY;
+        }
+        Err(error) => {
+            report(&error);
+            return failure_status(&error);
+        }
+    };
+    tracing::info!(lock = %name, token = %guard.fencing_token(), "lock acquired; running the command");
+    supervise(guard, options, signals).await
+}
+
+async fn acquire(
+    lock: &dyn distlock::DistributedLock,
+    wait: Option<Option<Duration>>,
+) -> Result<Option<Guard>, LockError> {
+    match wait {
+        None => lock.try_acquire().await,
+        Some(timeout) => lock.acquire(timeout).await.map(Some),
+    }
+}
+
+/// The status for a signal that ended distlock before the command ran.
+fn interrupted(signal: Signal, name: &str, doing: &str) -> u8 {
+    report(format_args!(
+        "{signal} while {doing} (lock {name:?}); not running the command"
+    ));
+    signal_status(signal as i32)
+}
+
+/// Runs the command while `guard` holds the lock, then releases it.
+async fn supervise(mut guard: Guard, options: &RunOptions, signals: &mut Signals) -> u8 {
+    let name = &options.name;
+    let mut child = match spawn(&guard, options) {
+        Ok(child) => child,
+        Err(error) => {
+            let program = options
+                .command
+                .first()
+                .map(|program| program.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            report(format_args!("cannot run {program:?}: {error}"));
+            release(&mut guard, name).await;
+            return match error.kind() {
+                io::ErrorKind::NotFound => status::NOT_FOUND,
+                _ => status::CANNOT_EXECUTE,
+            };
+        }
+    };
+    // The child's pid, and while it runs in a group of its own, the group's id too.
+    let target = child
+        .id()
+        .and_then(|pid| i32::try_from(pid).ok())
+        .map(|pid| Target {
+            pid: Pid::from_raw(pid),
+            group: !options.foreground,
+        });
+    let lost = guard.lost();
+    let mut lost_wait: Pin<Box<dyn Future<Output = Option<LossReason>> + Send>> =
+        Box::pin(async move { lost.wait().await });
+    let mut watching = true;
+    let mut loss: Option<LossReason> = None;
+    let mut kill_at: Option<Instant> = None;
+    let waited = loop {
+        tokio::select! {
+            waited = child.wait() => break waited,
+            reason = &mut lost_wait, if watching => {
+                watching = false;
+                if let Some(reason) = reason {
+                    report(format_args!(
+                        "lock {name:?} was lost while the command ran ({reason}); stopping it: SIGTERM, then SIGKILL after {}",
+                        humantime::format_duration(options.grace)
+                    ));
+                    send(target, Signal::SIGTERM);
+                    kill_at = Some(Instant::now() + options.grace);
+                    loss = Some(reason);
+                }
+            }
+            () = sleep_until(kill_at), if kill_at.is_some() => {
+                kill_at = None;
+                report(format_args!(
+                    "the command is still running {} after SIGTERM; sending SIGKILL",
+                    humantime::format_duration(options.grace)
+                ));
+                send(target, Signal::SIGKILL);
+            }
+            signal = signals.recv() => {
+                tracing::info!(%signal, "passing the signal on to the command");
+                send(target, signal);
+            }
+        }
+    };
+    let code = match &waited {
+        Ok(exit) => exit_status(*exit),
+        Err(error) => {
+            report(format_args!("cannot wait for the command: {error}"));
+            status::SOFTWARE
+        }
+    };
+    if loss.is_some() {
+        // What is left of the command's group (its children) goes too: it no longer holds
+        // the lock.
+        if let Some(target) = target.filter(|target| target.group) {
+            let _ = killpg(target.pid, Signal::SIGKILL);
+        }
+        drop(guard);
+        return status::LOST;
+    }
+    tracing::info!(lock = %name, status = code, "the command exited; releasing the lock");
+    match tokio::time::timeout(RELEASE_TIMEOUT, guard.release()).await {
+        Ok(Ok(())) => code,
+        Ok(Err(LockError::Lost { reason, .. })) => {
+            report(format_args!(
+                "lock {name:?} turned out to be lost when it was released ({reason}); the command exited with {code}"
+            ));
+            status::LOST
+        }
+        Ok(Err(error)) => {
+            report(format_args!(
+                "cannot release lock {name:?} ({error}); it is freed when the session or lease ends"
+            ));
+            code
+        }
+        Err(_) => {
+            report(format_args!(
+                "releasing lock {name:?} took longer than {}; it is freed when the session or lease ends",
+                humantime::format_duration(RELEASE_TIMEOUT)
+            ));
+            code
+        }
+    }
+}
+
+async fn release(guard: &mut Guard, name: &str) {
+    match tokio::time::timeout(RELEASE_TIMEOUT, guard.release()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => report(format_args!("cannot release lock {name:?}: {error}")),
+        Err(_) => report(format_args!(
+            "releasing lock {name:?} took too long; it is freed when the session or lease ends"
+        )),
+    }
+}
+
+fn spawn(guard: &Guard, options: &RunOptions) -> io::Result<Child> {
+    let Some((program, args)) = options.command.split_first() else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "no command"));
+    };
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .env(
+            "DISTLOCK_FENCING_TOKEN",
+            guard.fencing_token().0.to_string(),
+        )
+        .env("DISTLOCK_LOCK_NAME", &options.name);
+    if !options.foreground {
+        command.process_group(0);
+    }
+    command.spawn()
+}
+
+/// Where signals for the command go.
+#[derive(Debug, Clone, Copy)]
+struct Target {
+    pid: Pid,
+    /// Whether the command leads a process group of its own (signal the whole group).
+    group: bool,
+}
+
+fn send(target: Option<Target>, signal: Signal) {
+    let Some(target) = target else {
+        return;
+    };
+    let sent = if target.group {
+        killpg(target.pid, signal)
+    } else {
+        kill(target.pid, signal)
+    };
+    if let Err(error) = sent {
+        tracing::debug!(%signal, %error, "the command could not be signalled (it may have exited)");
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The shell's convention: the exit code, or 128 + the signal that killed the process.
+fn exit_status(exit: ExitStatus) -> u8 {
+    match (exit.code(), exit.signal()) {
+        (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(status::SOFTWARE),
+        (None, Some(signal)) => signal_status(signal),
+        (None, None) => status::SOFTWARE,
+    }
+}
+
+fn signal_status(signal: i32) -> u8 {
+    u8::try_from(128 + signal).unwrap_or(status::SOFTWARE)
+}
+
+/// The signals distlock passes on to the command (or that end a wait for the lock).
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> io::Result<Self> {
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// The next signal received. Cancel-safe.
+    async fn recv(&mut self) -> Signal {
+        tokio::select! {
+            Some(()) = self.interrupt.recv() => Signal::SIGINT,
+            Some(()) = self.terminate.recv() => Signal::SIGTERM,
+            Some(()) = self.hangup.recv() => Signal::SIGHUP,
+            else => std::future::pending().await,
+        }
+    }
+}
+
+/// `url` with `--ttl` applied: `ttl=` for the Redis schemes, `session_timeout=` for
+/// ZooKeeper, replacing the URL's own value.
+pub(crate) fn with_ttl(url: &str, ttl: Option<Duration>) -> Result<String, LockError> {
+    let Some(ttl) = ttl else {
+        return Ok(url.to_owned());
+    };
+    // The scheme as the URL parser reads it (lower-cased, validated).
+    let scheme = lock_core::url::LockUrl::parse(url)?.scheme;
+    let key = match scheme.as_str() {
+        "redis" | "rediss" | "redlock" => "ttl",
+        "zk" | "zookeeper" => "session_timeout",
+        other => {
+            return Err(LockError::config(format!(
+                "--ttl has no meaning for {other}:// (it sets the lease of redis://, rediss:// \
+                 and redlock:// locks and the session timeout of zk:// locks)"
+            )));
+        }
+    };
+    let value = format!("{}ms", ttl.as_millis());
+    let url = url.trim();
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut params: Vec<&str> = query
+        .split('&')
+        .filter(|param| !param.is_empty() && param.split('=').next() != Some(key))
+        .collect();
+    let setting = format!("{key}={value}");
+    params.push(&setting);
+    Ok(format!("{base}?{}", params.join("&")))
+}
+
+/// The servers a URL names, for messages (never its credentials).
+pub(crate) fn hosts(url: &str) -> String {
+    match lock_core::url::LockUrl::parse(url) {
+        Ok(url) if !url.hosts.is_empty() => url
+            .hosts
+            .iter()
+            .map(|host| match host.port {
+                Some(port) => format!("{}:{port}", host.host),
+                None => host.host.clone(),
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+        Ok(url) => format!("{}://", url.scheme),
+        Err(_) => "the server".to_owned(),
+    }
+}
+
+/// A connected provider, and what to wait for before exiting so that its clean-up on the
+/// server is done.
+pub(crate) struct Connection {
+    pub(crate) provider: Arc<dyn LockProvider>,
+    closed: Closed,
+}
+
+/// How to tell that a provider's clean-up has finished once it is dropped.
+enum Closed {
+    /// The ZooKeeper session has ended: its close request was answered, which comes after
+    /// every request of its own clean-up (nodes of cancelled waiters) and removes its
+    /// ephemeral nodes in any case.
+    Session(Pin<Box<dyn Future<Output = ()> + Send>>),
+    /// No task of the runtime is left: the background clean-up tasks have finished.
+    Tasks,
+}
+
+impl Connection {
+    pub(crate) async fn open(config: BackendConfig) -> Result<Self, LockError> {
+        match config {
+            BackendConfig::ZooKeeper(config) => Ok(Self::from_zookeeper(
+                distlock::zookeeper::ZkLockProvider::connect(config).await?,
+            )),
+            other => Ok(Connection {
+                provider: other.connect().await?,
+                closed: Closed::Tasks,
+            }),
+        }
+    }
+
+    pub(crate) fn from_zookeeper(provider: distlock::zookeeper::ZkLockProvider) -> Self {
+        let closed = match provider.client() {
+            Some(client) => {
+                let mut states = client.state_watcher();
+                Closed::Session(Box::pin(async move {
+                    while !states.peek_state().is_terminated() {
+                        states.changed().await;
+                    }
+                }))
+            }
+            None => Closed::Tasks,
+        };
+        Connection {
+            provider: Arc::new(provider),
+            closed,
+        }
+    }
+
+    pub(crate) fn from_provider(provider: impl LockProvider + 'static) -> Self {
+        Connection {
+            provider: Arc::new(provider),
+            closed: Closed::Tasks,
+        }
+    }
+
+    /// Drops the provider and waits, a bounded time, for its clean-up to finish.
+    pub(crate) async fn close(self) {
+        let Connection { provider, closed } = self;
+        drop(provider);
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        match closed {
+            Closed::Session(ended) => {
+                if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                    tracing::debug!("the ZooKeeper session did not close in time");
+                }
+            }
+            Closed::Tasks => {
+                let runtime = tokio::runtime::Handle::current();
+                while runtime.metrics().num_alive_tasks() > 0 && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! `distlock`: flock(1) for a cluster.
+//!
+//! Runs a command while holding a distributed lock (ZooKeeper, Redis, Redlock or the
+//! in-memory backend, chosen by URL), and shows who holds a lock and who waits for it.
+//! Built with the `cli` feature: `cargo install distlock --features cli`.
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a command-line tool reports on its standard streams"
+)]
+
+use std::ffi::OsString;
+use std::fmt;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{ArgAction, Args, Parser, Subcommand};
+
+mod cli_holders;
+mod cli_run;
+
+/// Exit statuses besides the command's own.
+mod status {
+    /// A usage or configuration error: bad arguments, a bad URL, an unknown scheme or a
+    /// backend not compiled in, an invalid lock name.
+    pub(crate) const USAGE: u8 = 2;
+    /// The backend cannot be reached, refused the credentials, or failed (`EX_UNAVAILABLE`).
+    pub(crate) const UNAVAILABLE: u8 = 69;
+    /// distlock itself failed (`EX_SOFTWARE`): a signal handler, waiting for the command.
+    pub(crate) const SOFTWARE: u8 = 70;
+    /// The lock is held by someone else: `try`, or `run --timeout` ran out (`EX_TEMPFAIL`,
+    /// as `flock -w`).
+    pub(crate) const BUSY: u8 = 75;
+    /// The lock was lost while the command ran; the command was stopped.
+    pub(crate) const LOST: u8 = 76;
+    /// The command was found but could not be run.
+    pub(crate) const CANNOT_EXECUTE: u8 = 126;
+    /// The command was not found.
+    pub(crate) const NOT_FOUND: u8 = 127;
+}
+
+const EXAMPLES: &str = "\
+Examples:
+  # One machine of the cluster at a time runs the nightly report
+  distlock run --url zk://zk1:2181,zk2:2181,zk3:2181 --name nightly-report -- ./report.sh
+
+  # Give up (exit 75) if the lock is still held after 30 seconds
+  distlock run --timeout 30s --url redis://cache:6379 --name deploy -- make deploy
+
+  # Skip the backup when another machine is already making one
+  export DISTLOCK_URL=zk://zk1:2181/ops
+  distlock try --name backup -- sh -c 'pg_dump app > /backups/app.sql'
+
+  # Who holds the lock, who waits for it
+  distlock holders --url zk://zk1:2181/ops --name backup --json
+
+Exit status:
+  the command's own (128+N when a signal N killed it), or
+  2    usage or configuration error: bad URL, unknown scheme, invalid lock name
+  69   the backend cannot be reached, or refused the credentials
+  75   the lock is held: `try`, or `run --timeout` ran out
+  76   the lock was lost while the command ran; the command was stopped
+  126  the command cannot be run; 127 it was not found
+
+URLs (see the distlock crate docs for every parameter):
+  zk://[user:password@]host:2181[,host...][/chroot]?session_timeout=10s
+  redis://[user[:password]@]host:6379[/db]?ttl=30s   (rediss:// for TLS)
+  redlock://host1,host2,host3?ttl=30s
+  memory://   (one process only: for trying things out)";
+
+const RUN_HELP: &str = "\
+The command runs with these variables in its environment:
+  DISTLOCK_FENCING_TOKEN  the grant's fencing token: a number that grows with every
+                          holder of the lock; pass it with every write to the protected
+                          resource so that it can reject a stale holder
+  DISTLOCK_LOCK_NAME      the lock's name
+
+The command runs in a process group of its own (unless --foreground). SIGINT, SIGTERM and
+SIGHUP sent to distlock are passed on to that group; the lock is released once the command
+has exited, and distlock exits with the command's status. If the lock is lost while the
+command runs (its ZooKeeper session expired, its Redis lease ran out unrenewed), distlock
+says so, sends the group SIGTERM, then SIGKILL after --grace, and exits 76.
+
+--ttl sets how long the lock outlives a distlock that died or lost its network: the lease
+(`ttl=` in redis://, rediss:// and redlock:// URLs; the watchdog renews it at a third) or
+the session timeout (`session_timeout=` in zk:// URLs). It replaces the URL's value.
+
+Examples:
+  distlock run --url zk://zk1:2181 --name nightly -- ./nightly.sh --full
+  distlock run --url redis://cache:6379 --ttl 10s --timeout 1m --name deploy -- make deploy
+  distlock run --name import -- sh -c 'importer --token \"$DISTLOCK_FENCING_TOKEN\"'
+
+Exit status: the command's own (128+N for signal N); 75 timed out; 76 lock lost; 2 usage or
+configuration error; 69 backend unreachable or credentials refused; 126/127 command not runnable.";
+
+const TRY_HELP: &str = "\
+The same as `run` without waiting: exits 75 at once, without running the command, when
+the lock is held (also by a waiter ahead in the queue). See `distlock run --help` for the
+environment, signals and --ttl.
+
+Examples:
+  distlock try --url zk://zk1:2181 --name backup -- ./backup.sh || echo \"skipped: $?\"
+  DISTLOCK_URL=redis://cache:6379 distlock try --name cache-warmup -- ./warm.sh";
+
+const HOLDERS_HELP: &str = "\
+What the backend records for the lock now, holder first, then the waiters in the order
+they will get it:
+  zk://     the contenders in the lock directory {root}/{name}, ordered by sequence
+            number (distlock's, Curator's and kazoo's alike), each with the session
+            that owns it and its creation zxid, which is the holder's fencing token
+  redis://  the holder's owner id, its lease and fencing token, and the waiter queue
+            (queue strategy only; the other strategies keep no queue on the server)
+  memory:// only this process's own view, which is always empty: the in-memory
+            backend does not reach across processes
+redlock:// is not supported: ask each server with a redis:// URL.
+
+Examples:
+  distlock holders --url zk://zk1:2181 --name nightly
+  distlock holders --url redis://cache:6379 --name deploy --json | jq .waiters";
+
+const BENCH_HELP: &str = "\
+The herd benchmark is not built into this tool: it is the `herd` binary of the
+`distlock-benches` package in the distlock workspace, which starts its own ZooKeeper and
+Redis servers and compares the herd and herd-free strategies. From a checkout:
+
+  cargo run --release -p distlock-benches --bin herd -- --help
+
+`distlock bench` only prints this and exits 2.";
+
+/// flock(1) for a cluster: run a command while holding a distributed lock.
+#[derive(Debug, Parser)]
+#[command(name = "distlock", version, after_help = EXAMPLES)]
+struct Cli {
+    /// Log to stderr what distlock and its backend do; repeat for more detail
+    /// (-v info, -vv debug, -vvv trace). RUST_LOG, when set, replaces the filter.
+    #[arg(short, long, action = ArgAction::Count, global = true)]
+    verbose: u8,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Wait for the lock, run the command while holding it, release it when the command
+    /// exits.
+    #[command(
+        after_help = RUN_HELP,
+        override_usage = "distlock run [OPTIONS] --url <URL> --name <NAME> -- <COMMAND> [ARGS]..."
+    )]
+    Run(RunArgs),
+    /// Like `run`, but exit 75 at once when the lock is held.
+    #[command(
+        after_help = TRY_HELP,
+        override_usage = "distlock try [OPTIONS] --url <URL> --name <NAME> -- <COMMAND> [ARGS]..."
+    )]
+    Try(CommandArgs),
+    /// Show who holds the lock and who waits for it, in order.
+    #[command(after_help = HOLDERS_HELP)]
+    Holders(HoldersArgs),
+    /// Where the herd benchmark is (the `herd` binary of `distlock-benches`).
+    #[command(after_help = BENCH_HELP)]
+    Bench {
+        /// Ignored.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        args: Vec<OsString>,
+    },
+}
+
+/// Which lock, on which backend.
+#[derive(Debug, Args)]
+struct Target {
+    /// The backend: zk://, redis://, rediss://, redlock:// or memory:// URL.
+    #[arg(long, env = "DISTLOCK_URL", hide_env_values = true, value_name = "URL")]
+    url: String,
+
+    /// The lock's name: any non-empty UTF-8 string; processes using the same name on
+    /// the same backend exclude each other.
+    #[arg(long, value_name = "NAME")]
+    name: String,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Give up waiting after this long and exit 75, e.g. 500ms, 30s, 2m (default: wait
+    /// as long as it takes; 0 makes one attempt).
+    #[arg(long, short = 'w', visible_alias = "wait", value_name = "DURATION", value_parser = parse_duration)]
+    timeout: Option<Duration>,
+
+    #[command(flatten)]
+    common: CommandArgs,
+}
+
+#[derive(Debug, Args)]
+struct CommandArgs {
+    #[command(flatten)]
+    target: Target,
+
+    /// How long the lock outlives a distlock that died or was cut off: the Redis lease
+    /// (`ttl=`) or the ZooKeeper session timeout (`session_timeout=`), replacing the URL's.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    ttl: Option<Duration>,
+
+    /// After a lost lock, how long the command has between SIGTERM and SIGKILL.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    grace: Duration,
+
+    /// Run the command in distlock's process group, so that it can read the terminal. The
+    /// terminal's signals (Ctrl-C) then reach it directly as well as through distlock, and
+    /// only the command's own process, not its children, is signalled.
+    #[arg(long)]
+    foreground: bool,
+
+    /// The command to run and its arguments (after `--`).
+    #[arg(
+        required = true,
+        num_args = 1..,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+struct HoldersArgs {
+    #[command(flatten)]
+    target: Target,
+
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim())
+        .map_err(|error| format!("{error} (write it like 500ms, 10s or 2m)"))
+}
+
+/// Reports an error on one line of stderr.
+pub(crate) fn report(message: impl fmt::Display) {
+    let message = message.to_string();
+    let one_line: Vec<&str> = message.split_whitespace().collect();
+    eprintln!("distlock: {}", one_line.join(" "));
+}
+
+/// The exit status for a failure of the backend or of the configuration.
+pub(crate) fn failure_status(error: &distlock::LockError) -> u8 {
+    use distlock::LockError;
+    match error {
+        LockError::Config { .. }
+        | LockError::InvalidName { .. }
+        | LockError::InvalidArgument { .. }
+        | LockError::Unsupported { .. } => status::USAGE,
+        LockError::Timeout { .. } => status::BUSY,
+        LockError::Lost { .. } => status::LOST,
+        _ => status::UNAVAILABLE,
+    }
+}
+
+/// Turns on logging to stderr at the level `-v` asked for.
+fn init_logging(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    if verbose == 0 {
+        return;
+    }
+    let ours = ["distlock", "lock_core", "lock_zookeeper", "lock_redis"];
+    let default = match verbose {
+        1 => format!("warn,{}", ours.map(|c| format!("{c}=info")).join(",")),
+        2 => format!("info,{}", ours.map(|c| format!("{c}=debug")).join(",")),
+        _ => "trace".to_owned(),
+    };
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|value| !value.trim().is_empty())
+        .and_then(|value| EnvFilter::try_new(value).ok())
+        .unwrap_or_else(|| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            return ExitCode::from(if error.use_stderr() { status::USAGE } else { 0 });
+        }
+    };
+    init_logging(cli.verbose);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            report(format_args!("cannot start the async runtime: {error}"));
+            return ExitCode::from(status::SOFTWARE);
+        }
+    };
+    let code = runtime.block_on(dispatch(cli.command));
+    // Whatever is still running (a connection's housekeeping) must not hold up the exit.
+    runtime.shutdown_background();
+    ExitCode::from(code)
+}
+
+async fn dispatch(command: Command) -> u8 {
+    match command {
+        Command::Run(args) => cli_run::run(args.common.into_options(Some(args.timeout))).await,
+        Command::Try(args) => cli_run::run(args.into_options(None)).await,
+        Command::Holders(args) => {
+            cli_holders::holders(&args.target.url, &args.target.name, args.json).await
+        }
+        Command::Bench { .. } => {
+            eprintln!("{BENCH_HELP}");
+            status::USAGE
+        }
+    }
+}
+
+impl CommandArgs {
+    /// `wait`: `None` for `try`, `Some(timeout)` for `run`.
+    fn into_options(self, wait: Option<Option<Duration>>) -> cli_run::RunOptions {
+        cli_run::RunOptions {
+            url: self.target.url,
+            name: self.target.name,
+            wait,
+            ttl: self.ttl,
+            grace: self.grace,
+            foreground: self.foreground,
+            command: self.command,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_command_follows_the_double_dash() {
+        let cli = Cli::try_parse_from([
+            "distlock",
+            "run",
+            "--url",
+            "memory://",
+            "--name",
+            "x",
+            "--timeout",
+            "500ms",
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+        ]);
+        let Ok(Cli {
+            command: Command::Run(args),
+            ..
+        }) = cli
+        else {
+            unreachable!("parses: {cli:?}");
+        };
+        assert_eq!(args.timeout, Some(Duration::from_millis(500)));
+        assert_eq!(args.common.command, ["sh", "-c", "exit 3"]);
+        assert_eq!(args.common.grace, Duration::from_secs(10));
+    }
+}

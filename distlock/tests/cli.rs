@@ -1,0 +1,1113 @@
+//! The `distlock` command line, process against process, on real ZooKeeper and Redis
+//! servers (the test binary's shared ones, or servers of a test's own): exclusion between
+//! `distlock run` processes, timeouts and `try`, exit statuses, a holder cut off past its
+//! session or lease, signals, `holders`, configuration and connection errors, and
+//! exclusion with kazoo's lock recipe.
+#![allow(
+    clippy::expect_used,
+    clippy::unwrap_used,
+    clippy::panic,
+    clippy::print_stderr,
+    reason = "test fixtures: a failed set-up must fail the test, and skips say why"
+)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use lock_conformance::proxy::FaultProxy;
+use lock_conformance::servers::{
+    LocalServer, RedisOptions, RedisServer, free_port, shared_redis, shared_zk,
+};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+use tempfile::TempDir;
+use tokio::process::{Child, Command};
+use tokio::time::sleep;
+
+const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+
+/// Exit statuses of the tool.
+const USAGE: i32 = 2;
+const UNAVAILABLE: i32 = 69;
+const BUSY: i32 = 75;
+const LOST: i32 = 76;
+
+/// The longest any single distlock process may take in these tests.
+const BOUND: Duration = Duration::from_secs(60);
+
+/// The command of the exclusion tests: a critical section of 300 ms, logged.
+const SECTION: &str =
+    "echo start $DISTLOCK_FENCING_TOKEN >> \"$LOG\"; sleep 0.3; echo end >> \"$LOG\"";
+
+// ---------------------------------------------------------------------------------------
+// Fixtures
+// ---------------------------------------------------------------------------------------
+
+/// A lock name no other test (nor an earlier run against the same server) uses.
+fn unique_name(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!(
+        "cli-{prefix}-{}-{nanos}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn zk_url() -> String {
+    let server = shared_zk().expect("a ZooKeeper server for the tests");
+    format!("zk://{}", server.connect_string())
+}
+
+fn zk_addr() -> SocketAddr {
+    let server = shared_zk().expect("a ZooKeeper server for the tests");
+    let connect_string = server.connect_string();
+    let first = connect_string.split(',').next().unwrap();
+    first
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .expect("the shared ZooKeeper listens on an IP address")
+}
+
+fn redis_url() -> String {
+    shared_redis().expect("a Redis server for the tests").url()
+}
+
+fn redis_addr() -> SocketAddr {
+    let url = redis_url();
+    let rest = url.split_once("://").unwrap().1;
+    let authority = rest.split(['/', '?']).next().unwrap();
+    let host_port = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    host_port
+        .parse()
+        .expect("the shared Redis listens on an IP address")
+}
+
+/// `url` with one more query parameter.
+fn with_param(url: &str, param: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}{param}")
+}
+
+/// A temporary directory for one test's files.
+struct Scratch {
+    dir: TempDir,
+    next: AtomicU32,
+}
+
+impl Scratch {
+    fn new() -> Self {
+        Scratch {
+            dir: tempfile::tempdir().expect("a temporary directory"),
+            next: AtomicU32::new(0),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// A command line that waits (at most 20 s) for `file` to exist.
+    fn wait_for(&self, file: &str) -> String {
+        let file = self.path(file);
+        format!(
+            "i=0; while [ ! -e '{}' ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done",
+            file.display()
+        )
+    }
+
+    fn touch(&self, file: &str) {
+        std::fs::write(self.path(file), b"").unwrap();
+    }
+
+    /// Starts `distlock ARGS`, its stdout and stderr going to files of their own; `log`
+    /// is the `$LOG` of its command.
+    fn spawn(&self, args: &[&str]) -> Proc {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let stdout = self.path(&format!("stdout-{n}"));
+        let stderr = self.path(&format!("stderr-{n}"));
+        let child = Command::new(BIN)
+            .args(args)
+            .env_remove("DISTLOCK_URL")
+            .env_remove("RUST_LOG")
+            .env("LOG", self.path("log"))
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout).unwrap())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the distlock binary runs");
+        Proc {
+            child,
+            started: Instant::now(),
+            stdout,
+            stderr,
+            args: args.join(" "),
+        }
+    }
+
+    /// Runs `distlock ARGS` to the end.
+    async fn run(&self, args: &[&str]) -> Finished {
+        self.spawn(args).finish(BOUND).await
+    }
+
+    /// The lines of `$LOG`.
+    fn log(&self) -> Vec<String> {
+        read_lines(&self.path("log"))
+    }
+
+    /// Waits (bounded) until `$LOG` has a line starting with `prefix`.
+    async fn wait_for_log(&self, prefix: &str) {
+        self.wait_for_lines(prefix, 1).await;
+    }
+
+    /// Waits (bounded) until `$LOG` has `count` lines starting with `prefix`.
+    async fn wait_for_lines(&self, prefix: &str, count: usize) {
+        wait_until(&format!("{count} lines {prefix:?} in the log"), || {
+            self.log().iter().filter(|l| l.starts_with(prefix)).count() >= count
+        })
+        .await;
+    }
+}
+
+fn read_lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A running distlock process.
+struct Proc {
+    child: Child,
+    started: Instant,
+    stdout: PathBuf,
+    stderr: PathBuf,
+    args: String,
+}
+
+/// How a distlock process ended.
+#[derive(Debug)]
+struct Finished {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    /// From its start to its exit.
+    took: Duration,
+    /// When it exited.
+    at: Instant,
+}
+
+impl Proc {
+    fn pid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.child.id().expect("running")).unwrap())
+    }
+
+    async fn finish(mut self, bound: Duration) -> Finished {
+        let status = match tokio::time::timeout(bound, self.child.wait()).await {
+            Ok(status) => status.expect("waiting for distlock"),
+            Err(_) => {
+                let _ = self.child.kill().await;
+                panic!(
+                    "`distlock {}` did not exit within {bound:?}; stderr: {}",
+                    self.args,
+                    std::fs::read_to_string(&self.stderr).unwrap_or_default()
+                );
+            }
+        };
+        let at = Instant::now();
+        Finished {
+            code: status.code(),
+            stdout: std::fs::read_to_string(&self.stdout).unwrap_or_default(),
+            stderr: std::fs::read_to_string(&self.stderr).unwrap_or_default(),
+            took: at - self.started,
+            at,
+        }
+    }
+}
+
+impl Finished {
+    /// Asserts the exit status and that stderr is exactly one line starting `distlock:`.
+    fn expect_error(&self, code: i32) -> &str {
+        assert_eq!(
+            self.code,
+            Some(code),
+            "exit status; stderr: {}",
+            self.stderr
+        );
+        let lines: Vec<_> = self.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "one line on stderr: {:?}", self.stderr);
+        assert!(lines[0].starts_with("distlock: "), "{:?}", lines[0]);
+        lines[0]
+    }
+}
+
+/// `distlock holders --json` for `name`.
+async fn holders(scratch: &Scratch, url: &str, name: &str) -> Value {
+    let done = scratch
+        .run(&["holders", "--url", url, "--name", name, "--json"])
+        .await;
+    assert_eq!(done.code, Some(0), "holders: {}", done.stderr);
+    serde_json::from_str(&done.stdout).expect("holders --json prints JSON")
+}
+
+/// Waits (bounded) until `holders` shows `waiters` waiters behind a holder.
+async fn wait_for_waiters(scratch: &Scratch, url: &str, name: &str, waiters: usize) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let view = holders(scratch, url, name).await;
+        let queued = view["waiters"].as_array().map_or(0, Vec::len);
+        if !view["holder"].is_null() && queued == waiters {
+            return view;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {waiters} waiters: {view}"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Checks that the log of [`SECTION`]s shows `sections` critical sections that never
+/// overlapped (strictly alternating start and end) with strictly increasing tokens.
+fn assert_sections(log: &[String], sections: usize) -> Vec<u64> {
+    assert_eq!(
+        log.len(),
+        sections * 2,
+        "every section logged twice: {log:?}"
+    );
+    let mut tokens = Vec::new();
+    for pair in log.chunks(2) {
+        let token = pair[0]
+            .strip_prefix("start ")
+            .unwrap_or_else(|| panic!("a section starts after the last ended: {log:?}"));
+        assert_eq!(
+            pair[1], "end",
+            "a section ends before the next starts: {log:?}"
+        );
+        tokens.push(token.parse::<u64>().expect("a numeric token"));
+    }
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "fencing tokens increase from holder to holder: {tokens:?}"
+    );
+    tokens
+}
+
+// ---------------------------------------------------------------------------------------
+// Exclusion
+// ---------------------------------------------------------------------------------------
+
+async fn runs_never_overlap(url: &str) {
+    let scratch = Scratch::new();
+    let name = unique_name("overlap");
+    let processes: Vec<_> = (0..3)
+        .map(|_| {
+            scratch.spawn(&[
+                "run",
+                "--url",
+                url,
+                "--name",
+                &name,
+                "--timeout",
+                "30s",
+                "--",
+                "sh",
+                "-c",
+                SECTION,
+            ])
+        })
+        .collect();
+    for process in processes {
+        let done = process.finish(BOUND).await;
+        assert_eq!(done.code, Some(0), "stderr: {}", done.stderr);
+        assert!(done.stderr.is_empty(), "quiet on success: {}", done.stderr);
+    }
+    let tokens = assert_sections(&scratch.log(), 3);
+    eprintln!("{url}: three runs, tokens {tokens:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_runs_never_overlap() {
+    runs_never_overlap(&zk_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_runs_never_overlap() {
+    runs_never_overlap(&redis_url()).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Timeouts and try
+// ---------------------------------------------------------------------------------------
+
+async fn busy_lock_exits_75(url: &str) {
+    let scratch = Scratch::new();
+    let name = unique_name("busy");
+    let hold = format!("echo held >> \"$LOG\"; {}", scratch.wait_for("stop"));
+    let holder = scratch.spawn(&[
+        "run", "--url", url, "--name", &name, "--", "sh", "-c", &hold,
+    ]);
+    scratch.wait_for_log("held").await;
+
+    let timed_out = scratch
+        .run(&[
+            "run",
+            "--url",
+            url,
+            "--name",
+            &name,
+            "--timeout",
+            "500ms",
+            "--",
+            "sh",
+            "-c",
+            "echo ran >> \"$LOG\"",
+        ])
+        .await;
+    let line = timed_out.expect_error(BUSY);
+    assert!(
+        line.contains(&format!("{name:?}")),
+        "names the lock: {line}"
+    );
+    assert!(line.contains("500ms"), "names the wait: {line}");
+    assert!(
+        timed_out.took >= Duration::from_millis(500),
+        "no earlier than the timeout: {:?}",
+        timed_out.took
+    );
+    assert!(
+        timed_out.took < Duration::from_secs(5),
+        "soon after the timeout: {:?}",
+        timed_out.took
+    );
+
+    let tried = scratch
+        .run(&[
+            "try",
+            "--url",
+            url,
+            "--name",
+            &name,
+            "--",
+            "sh",
+            "-c",
+            "echo ran >> \"$LOG\"",
+        ])
+        .await;
+    let line = tried.expect_error(BUSY);
+    assert!(
+        line.contains(&format!("{name:?}")),
+        "names the lock: {line}"
+    );
+    assert!(
+        tried.took < Duration::from_secs(1),
+        "try gives up at once: {:?}",
+        tried.took
+    );
+
+    scratch.touch("stop");
+    let held = holder.finish(BOUND).await;
+    assert_eq!(held.code, Some(0), "stderr: {}", held.stderr);
+    assert_eq!(
+        scratch.log(),
+        ["held"],
+        "the busy runs never ran their command"
+    );
+    // Nothing was left behind by the two that gave up: the lock is free.
+    let view = holders(&scratch, url, &name).await;
+    assert!(view["holder"].is_null(), "free: {view}");
+    assert_eq!(view["waiters"].as_array().map(Vec::len), Some(0), "{view}");
+    eprintln!(
+        "{url}: --timeout 500ms exited 75 after {:?}; try exited 75 after {:?}",
+        timed_out.took, tried.took
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_busy_lock_exits_75() {
+    busy_lock_exits_75(&zk_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_busy_lock_exits_75() {
+    busy_lock_exits_75(&redis_url()).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Exit statuses and the command's environment
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_status_and_environment_pass_through() {
+    let scratch = Scratch::new();
+    let memory = ["run", "--url", "memory://", "--name", "jobs/nightly", "--"];
+    let with = |command: &[&'static str]| -> Vec<&str> {
+        memory.iter().chain(command).copied().collect::<Vec<_>>()
+    };
+
+    let done = scratch.run(&with(&["sh", "-c", "exit 7"])).await;
+    assert_eq!(done.code, Some(7), "the command's status: {}", done.stderr);
+    assert!(done.stderr.is_empty(), "{}", done.stderr);
+
+    let done = scratch.run(&with(&["sh", "-c", "kill -TERM $$"])).await;
+    assert_eq!(
+        done.code,
+        Some(128 + 15),
+        "128 + the signal: {}",
+        done.stderr
+    );
+
+    let done = scratch
+        .run(&with(&[
+            "sh",
+            "-c",
+            "test \"$DISTLOCK_LOCK_NAME\" = jobs/nightly && test \"$DISTLOCK_FENCING_TOKEN\" -ge 1",
+        ]))
+        .await;
+    assert_eq!(done.code, Some(0), "the environment: {}", done.stderr);
+
+    let done = scratch
+        .run(&with(&["distlock-test-no-such-command", "--flag"]))
+        .await;
+    let line = done.expect_error(127);
+    assert!(line.contains("distlock-test-no-such-command"), "{line}");
+
+    // The URL from the environment.
+    let child = Command::new(BIN)
+        .args(["try", "--name", "x", "--", "sh", "-c", "exit 4"])
+        .env("DISTLOCK_URL", "memory://")
+        .stdin(Stdio::null())
+        .output();
+    let output = tokio::time::timeout(BOUND, child).await.unwrap().unwrap();
+    assert_eq!(output.status.code(), Some(4), "DISTLOCK_URL is read");
+}
+
+// ---------------------------------------------------------------------------------------
+// A holder cut off past its session or lease
+// ---------------------------------------------------------------------------------------
+
+/// The holder talks to the server through `proxy` (`holder` is its `--url` and any other
+/// options) with a short session or lease; the proxy cuts it off; its command must get
+/// SIGTERM, distlock must exit 76, and a waiter with a direct connection must get the lock.
+async fn cut_holder_stops_its_command(proxy: &FaultProxy, options: &[&str], waiter_url: &str) {
+    let scratch = Scratch::new();
+    let name = unique_name("cut");
+    let hold = format!(
+        "exec 2>/dev/null; trap 'echo term $(date +%s.%N) >> \"$LOG\"; exit 143' TERM; echo start $DISTLOCK_FENCING_TOKEN >> \"$LOG\"; {}",
+        scratch.wait_for("never")
+    );
+    let mut args = vec!["run", "--name", &name, "--grace", "5s"];
+    args.extend(options);
+    args.extend(["--", "sh", "-c", &hold]);
+    let holder = scratch.spawn(&args);
+    scratch.wait_for_log("start").await;
+    let waiter = scratch.spawn(&[
+        "run",
+        "--url",
+        waiter_url,
+        "--name",
+        &name,
+        "--timeout",
+        "30s",
+        "--",
+        "sh",
+        "-c",
+        "echo got $DISTLOCK_FENCING_TOKEN $(date +%s.%N) >> \"$LOG\"",
+    ]);
+    wait_for_waiters(&scratch, waiter_url, &name, 1).await;
+
+    let cut = Instant::now();
+    let cut_clock = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    proxy.cut();
+    let held = holder.finish(Duration::from_secs(20)).await;
+    let line = held.expect_error(LOST);
+    assert!(line.contains("lost"), "says the lock was lost: {line}");
+    assert!(
+        line.contains(&format!("{name:?}")),
+        "names the lock: {line}"
+    );
+    let waited = waiter.finish(Duration::from_secs(30)).await;
+    assert_eq!(waited.code, Some(0), "the waiter ran: {}", waited.stderr);
+
+    let log = scratch.log();
+    let fields = |tag: &str| -> Vec<&str> {
+        log.iter()
+            .find_map(|line| line.strip_prefix(tag))
+            .unwrap_or_else(|| panic!("{tag:?} in {log:?}"))
+            .split(' ')
+            .collect()
+    };
+    // When a line's `date +%s.%N` was, after the cut.
+    let since_cut = |stamp: &str| {
+        let (seconds, nanos) = stamp.split_once('.').unwrap();
+        let at = Duration::new(seconds.parse().unwrap(), nanos.parse().unwrap());
+        at.saturating_sub(cut_clock)
+    };
+    let holder_token: u64 = fields("start ")[0].parse().unwrap();
+    let termed = since_cut(fields("term ")[0]);
+    let got = fields("got ");
+    let waiter_token: u64 = got[0].parse().unwrap();
+    let granted = since_cut(got[1]);
+    assert!(
+        waiter_token > holder_token,
+        "the next holder's token is larger: {log:?}"
+    );
+    let stopped = held.at - cut;
+    assert!(
+        stopped >= Duration::from_millis(500),
+        "not before the session or lease could have ended: {stopped:?}"
+    );
+    assert!(
+        stopped < Duration::from_secs(6),
+        "soon after the session (2 s) or lease (1 s) ended: {stopped:?}"
+    );
+    eprintln!(
+        "{}: after the cut, the command got SIGTERM at {termed:?}, distlock exited 76 at \
+         {stopped:?}, the waiter's command ran at {granted:?}",
+        options.join(" ")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_holder_cut_past_its_session_exits_76() {
+    let proxy = FaultProxy::start(zk_addr()).expect("a fault proxy");
+    // `--ttl 2s` replaces the URL's `session_timeout=10s`: were it ignored, the holder would
+    // keep its session for 10 s and the bounds would fail.
+    let holder_url = format!("zk://{}?session_timeout=10s", proxy.address());
+    cut_holder_stops_its_command(&proxy, &["--url", &holder_url, "--ttl", "2s"], &zk_url()).await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_holder_cut_past_its_lease_exits_76() {
+    let proxy = FaultProxy::start(redis_addr()).expect("a fault proxy");
+    // `--ttl 1s` replaces the URL's `ttl=30s`: were it ignored, the holder would keep its
+    // lease for 30 s and the bounds would fail.
+    let holder_url = format!("redis://{}?ttl=30s", proxy.address());
+    let waiter_url = with_param(&redis_url(), "ttl=1s");
+    cut_holder_stops_its_command(&proxy, &["--url", &holder_url, "--ttl", "1s"], &waiter_url).await;
+    proxy.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Signals
+// ---------------------------------------------------------------------------------------
+
+/// SIGTERM to a waiting distlock ends it without leaving a waiter behind; SIGTERM to the
+/// holding distlock reaches the command, whose status distlock exits with, and the lock is
+/// released at once (long before the session or lease would end).
+async fn sigterm_is_passed_on_and_the_lock_released(url: &str) {
+    let scratch = Scratch::new();
+    let name = unique_name("sigterm");
+    let hold = format!(
+        "exec 2>/dev/null; trap 'echo term >> \"$LOG\"; exit 3' TERM; echo start >> \"$LOG\"; {}",
+        scratch.wait_for("never")
+    );
+    let holder = scratch.spawn(&[
+        "run", "--url", url, "--name", &name, "--", "sh", "-c", &hold,
+    ]);
+    scratch.wait_for_log("start").await;
+    let first = scratch.spawn(&[
+        "run",
+        "--url",
+        url,
+        "--name",
+        &name,
+        "--timeout",
+        "30s",
+        "--",
+        "sh",
+        "-c",
+        "echo first >> \"$LOG\"",
+    ]);
+    wait_for_waiters(&scratch, url, &name, 1).await;
+    let second = scratch.spawn(&[
+        "run",
+        "--url",
+        url,
+        "--name",
+        &name,
+        "--timeout",
+        "30s",
+        "--",
+        "sh",
+        "-c",
+        "echo second >> \"$LOG\"",
+    ]);
+    wait_for_waiters(&scratch, url, &name, 2).await;
+
+    // A waiter stopped by SIGTERM: status 128 + 15, one line, and its place is gone.
+    kill(second.pid(), Signal::SIGTERM).unwrap();
+    let stopped = second.finish(Duration::from_secs(10)).await;
+    let line = stopped.expect_error(128 + 15);
+    assert!(
+        line.contains(&format!("{name:?}")),
+        "names the lock: {line}"
+    );
+    let view = holders(&scratch, url, &name).await;
+    assert_eq!(
+        view["waiters"].as_array().map(Vec::len),
+        Some(1),
+        "the stopped waiter left the queue: {view}"
+    );
+
+    let signalled = Instant::now();
+    kill(holder.pid(), Signal::SIGTERM).unwrap();
+    let held = holder.finish(Duration::from_secs(10)).await;
+    assert_eq!(held.code, Some(3), "the command's status: {}", held.stderr);
+    assert!(held.stderr.is_empty(), "{}", held.stderr);
+    let next = first.finish(Duration::from_secs(10)).await;
+    assert_eq!(next.code, Some(0), "{}", next.stderr);
+    let handed_on = next.at - signalled;
+    assert!(
+        handed_on < Duration::from_secs(3),
+        "released at once, not when the session or lease ran out: {handed_on:?}"
+    );
+    assert_eq!(scratch.log(), ["start", "term", "first"]);
+    eprintln!("{url}: SIGTERM to the holder; the next waiter ran {handed_on:?} later");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_sigterm_is_passed_on_and_the_lock_released() {
+    sigterm_is_passed_on_and_the_lock_released(&zk_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_sigterm_is_passed_on_and_the_lock_released() {
+    sigterm_is_passed_on_and_the_lock_released(&redis_url()).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// holders
+// ---------------------------------------------------------------------------------------
+
+/// A holder and two waiters that queued one after the other; `holders` lists them in that
+/// order, and when the holder leaves, the first waiter listed is the next holder.
+async fn holders_lists_the_queue(url: &str, backend: &str) -> (Value, Value) {
+    let scratch = Scratch::new();
+    let name = unique_name("holders");
+    let free = holders(&scratch, url, &name).await;
+    assert_eq!(free["backend"], backend, "{free}");
+    assert_eq!(free["name"], name.as_str(), "{free}");
+    assert!(free["holder"].is_null(), "{free}");
+
+    let section = |tag: &str, stop: &str| {
+        format!(
+            "echo {tag} $DISTLOCK_FENCING_TOKEN >> \"$LOG\"; {}",
+            scratch.wait_for(stop)
+        )
+    };
+    let (a, b, c) = (
+        section("a", "stop-a"),
+        section("b", "stop-b"),
+        section("c", "stop-c"),
+    );
+    let first = scratch.spawn(&["run", "--url", url, "--name", &name, "--", "sh", "-c", &a]);
+    scratch.wait_for_log("a ").await;
+    let second = scratch.spawn(&["run", "--url", url, "--name", &name, "--", "sh", "-c", &b]);
+    wait_for_waiters(&scratch, url, &name, 1).await;
+    let third = scratch.spawn(&["run", "--url", url, "--name", &name, "--", "sh", "-c", &c]);
+    let before = wait_for_waiters(&scratch, url, &name, 2).await;
+
+    let text = scratch
+        .run(&["holders", "--url", url, "--name", &name])
+        .await;
+    assert_eq!(text.code, Some(0), "{}", text.stderr);
+    let lines: Vec<_> = text.stdout.lines().collect();
+    assert!(lines[0].contains(&format!("{name:?}")), "{lines:?}");
+    assert!(lines[1].starts_with("holder"), "{lines:?}");
+    assert!(lines[2].starts_with("waiter 1"), "{lines:?}");
+    assert!(lines[3].starts_with("waiter 2"), "{lines:?}");
+
+    scratch.touch("stop-a");
+    scratch.wait_for_log("b ").await;
+    let after = wait_for_waiters(&scratch, url, &name, 1).await;
+    scratch.touch("stop-b");
+    scratch.wait_for_log("c ").await;
+    scratch.touch("stop-c");
+    for process in [first, second, third] {
+        let done = process.finish(BOUND).await;
+        assert_eq!(done.code, Some(0), "{}", done.stderr);
+    }
+    let log = scratch.log();
+    assert_eq!(
+        log.iter().map(|line| &line[..1]).collect::<Vec<_>>(),
+        ["a", "b", "c"],
+        "first come, first served: {log:?}"
+    );
+    (before, after)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_holders_lists_the_holder_and_the_queue_in_order() {
+    let (before, after) = holders_lists_the_queue(&zk_url(), "zookeeper").await;
+    let waiters = before["waiters"].as_array().unwrap();
+    let sequence = |entry: &Value| entry["sequence"].as_i64().unwrap();
+    assert!(
+        sequence(&before["holder"]) < sequence(&waiters[0])
+            && sequence(&waiters[0]) < sequence(&waiters[1]),
+        "ordered by sequence: {before}"
+    );
+    assert!(
+        before["path"].as_str().unwrap().starts_with("/distlock/"),
+        "{before}"
+    );
+    // The first waiter listed is the next holder: its node, its czxid as the token.
+    assert_eq!(
+        after["holder"]["node"], waiters[0]["node"],
+        "{before} {after}"
+    );
+    assert_eq!(
+        after["holder"]["fencing_token"], waiters[0]["czxid"],
+        "{before} {after}"
+    );
+    assert_eq!(
+        after["waiters"][0]["node"], waiters[1]["node"],
+        "{before} {after}"
+    );
+    for entry in [&before["holder"], &waiters[0], &waiters[1]] {
+        let node = entry["node"].as_str().unwrap();
+        assert!(node.starts_with("_c_") && node.contains("-lock-"), "{node}");
+        assert!(
+            entry["session"].as_str().unwrap().starts_with("0x"),
+            "{entry}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_holders_lists_the_holder_and_the_queue_in_order() {
+    let (before, after) = holders_lists_the_queue(&redis_url(), "redis").await;
+    let waiters = before["waiters"].as_array().unwrap();
+    assert_eq!(before["strategy"], "queue", "{before}");
+    assert!(before["holder"]["ttl_ms"].as_u64().unwrap() > 0, "{before}");
+    // The first waiter listed is the next holder, the second is next in line.
+    assert_eq!(
+        after["holder"]["owner"], waiters[0]["owner"],
+        "{before} {after}"
+    );
+    assert_eq!(
+        after["waiters"][0]["owner"], waiters[1]["owner"],
+        "{before} {after}"
+    );
+    assert!(
+        after["holder"]["fencing_token"].as_u64() > before["holder"]["fencing_token"].as_u64(),
+        "{before} {after}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_holders_says_it_sees_one_process() {
+    let scratch = Scratch::new();
+    let done = scratch
+        .run(&["holders", "--url", "memory://", "--name", "x", "--json"])
+        .await;
+    assert_eq!(done.code, Some(0), "{}", done.stderr);
+    let view: Value = serde_json::from_str(&done.stdout).unwrap();
+    assert!(view["holder"].is_null(), "{view}");
+    assert!(view["note"].as_str().unwrap().contains("process"), "{view}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Configuration and connection errors
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_configuration_exits_2_with_one_line() {
+    let scratch = Scratch::new();
+    let cases: [(&str, &[&str], &str); 6] = [
+        ("not a url", &[], "scheme"),
+        ("ftp://127.0.0.1", &[], "ftp"),
+        ("zk://127.0.0.1:2181?bogus=1", &[], "bogus"),
+        ("redis://127.0.0.1:6379?ttl=soon", &[], "ttl"),
+        ("redis://127.0.0.1:6379", &["--ttl", "1ms"], "ttl"),
+        ("memory://", &["--ttl", "1s"], "--ttl"),
+    ];
+    for (url, extra, mentions) in cases {
+        let mut args = vec!["run", "--url", url, "--name", "x"];
+        args.extend(extra);
+        args.extend(["--", "sh", "-c", "echo ran >> \"$LOG\""]);
+        let done = scratch.run(&args).await;
+        let line = done.expect_error(USAGE);
+        assert!(line.contains(mentions), "{url}: {line}");
+        assert!(done.took < Duration::from_secs(3), "{url}: {:?}", done.took);
+    }
+    for command in ["run", "holders"] {
+        // Checked before any server is asked: this one does not exist.
+        let mut args = vec![command, "--url", "zk://127.0.0.1:1", "--name", ""];
+        if command == "run" {
+            args.extend(["--", "true"]);
+        }
+        let done = scratch.run(&args).await;
+        let line = done.expect_error(USAGE);
+        assert!(line.contains("name"), "{line}");
+    }
+    let done = scratch
+        .run(&[
+            "holders",
+            "--url",
+            "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+            "--name",
+            "x",
+        ])
+        .await;
+    done.expect_error(USAGE);
+    // Usage errors are clap's, also exit 2.
+    let done = scratch.run(&["run", "--name", "x", "--", "true"]).await;
+    assert_eq!(done.code, Some(USAGE), "{}", done.stderr);
+    assert!(done.stderr.contains("--url"), "{}", done.stderr);
+    assert!(scratch.log().is_empty(), "no command ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn help_has_examples_and_bench_points_to_the_herd_binary() {
+    let scratch = Scratch::new();
+    let done = scratch.run(&["--help"]).await;
+    assert_eq!(done.code, Some(0));
+    assert!(done.stdout.contains("Examples:"), "{}", done.stdout);
+    let done = scratch.run(&["run", "--help"]).await;
+    assert_eq!(done.code, Some(0));
+    assert!(
+        done.stdout.contains("DISTLOCK_FENCING_TOKEN"),
+        "{}",
+        done.stdout
+    );
+    let done = scratch.run(&["bench", "--help"]).await;
+    assert_eq!(done.code, Some(0));
+    assert!(
+        done.stdout
+            .contains("cargo run --release -p distlock-benches --bin herd -- --help"),
+        "{}",
+        done.stdout
+    );
+    let done = scratch.run(&["bench"]).await;
+    assert_eq!(done.code, Some(USAGE));
+    assert!(done.stderr.contains("distlock-benches"), "{}", done.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_servers_exit_69_in_bounded_time() {
+    let scratch = Scratch::new();
+    let refused = free_port().unwrap();
+    let black_hole = FaultProxy::start(zk_addr()).unwrap();
+    black_hole.black_hole();
+    let cases = [
+        format!("zk://127.0.0.1:{refused}?connect_timeout=1s"),
+        format!("redis://127.0.0.1:{refused}?timeout=1s"),
+        format!("zk://{}?connect_timeout=1s", black_hole.address()),
+        format!("redis://{}?timeout=1s", black_hole.address()),
+    ];
+    for url in &cases {
+        for command in ["run", "holders"] {
+            let mut args = vec![command, "--url", url, "--name", "x"];
+            if command == "run" {
+                args.extend(["--", "sh", "-c", "echo ran >> \"$LOG\""]);
+            }
+            let done = scratch.run(&args).await;
+            let line = done.expect_error(UNAVAILABLE);
+            assert!(line.contains("connect"), "{url}: {line}");
+            assert!(
+                done.took < Duration::from_secs(5),
+                "{url}: {command} took {:?}",
+                done.took
+            );
+            eprintln!("{command} {url}: exit 69 after {:?}: {line}", done.took);
+        }
+    }
+    assert!(scratch.log().is_empty(), "no command ran");
+    black_hole.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_credentials_exit_69() {
+    let scratch = Scratch::new();
+    let server = RedisServer::start(RedisOptions::default().with_password("s3cret"))
+        .await
+        .expect("a Redis server with a password");
+    let url = format!("redis://:wrong@127.0.0.1:{}", server.port());
+    let done = scratch
+        .run(&["run", "--url", &url, "--name", "x", "--", "true"])
+        .await;
+    let line = done.expect_error(UNAVAILABLE);
+    assert!(line.contains("authentication"), "{line}");
+    assert!(
+        !line.contains("wrong"),
+        "the password is not repeated: {line}"
+    );
+    let good = format!("redis://:s3cret@127.0.0.1:{}", server.port());
+    let done = scratch
+        .run(&["run", "--url", &good, "--name", "x", "--", "true"])
+        .await;
+    assert_eq!(done.code, Some(0), "{}", done.stderr);
+}
+
+// ---------------------------------------------------------------------------------------
+// kazoo
+// ---------------------------------------------------------------------------------------
+
+/// kazoo's `Lock` with `extra_lock_patterns=["-lock-"]` on `/distlock/NAME`, as
+/// `MODE` = `hold` (acquire, log a section while `STOP` is missing, release) or `try`
+/// (one attempt; exit 3 when busy).
+const KAZOO: &str = r#"
+import os, sys, time
+from kazoo.client import KazooClient
+hosts, path, mode, log, stop = sys.argv[1:6]
+zk = KazooClient(hosts=hosts, timeout=10.0)
+zk.start(timeout=15)
+lock = zk.Lock(path, "kazoo", extra_lock_patterns=["-lock-"])
+if mode == "try":
+    got = lock.acquire(blocking=False)
+    if got:
+        lock.release()
+    zk.stop()
+    sys.exit(0 if got else 3)
+if not lock.acquire(timeout=30):
+    sys.exit(4)
+with open(log, "a") as f:
+    f.write("start kazoo\n")
+deadline = time.time() + 20
+while not os.path.exists(stop) and time.time() < deadline:
+    time.sleep(0.05)
+with open(log, "a") as f:
+    f.write("end\n")
+lock.release()
+zk.stop()
+"#;
+
+/// A Python with kazoo: `python3`, or the system's (where Debian's python3-kazoo goes).
+fn python_with_kazoo() -> Option<String> {
+    ["python3", "/usr/bin/python3"]
+        .into_iter()
+        .find(|python| {
+            std::process::Command::new(python)
+                .args(["-c", "import kazoo"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|status| status.success())
+        })
+        .map(str::to_owned)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kazoo_and_distlock_exclude_each_other() {
+    let Some(python) = python_with_kazoo() else {
+        eprintln!(
+            "skipped: `python3 -c \"import kazoo\"` fails; install python3-kazoo (scripts/ensure-servers does)"
+        );
+        return;
+    };
+    let scratch = Scratch::new();
+    let script = scratch.path("kazoo_lock.py");
+    std::fs::write(&script, KAZOO).unwrap();
+    let hosts = shared_zk().unwrap().connect_string();
+    let url = zk_url();
+    let name = unique_name("kazoo");
+    let path = format!("/distlock/{name}");
+    let kazoo = |mode: &str, stop: &str| {
+        Command::new(&python)
+            .arg(&script)
+            .args([hosts.as_str(), &path, mode])
+            .arg(scratch.path("log"))
+            .arg(scratch.path(stop))
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python runs")
+    };
+
+    // kazoo holds: distlock's try is refused, distlock's run queues behind kazoo's node.
+    let mut kazoo_holder = kazoo("hold", "stop-kazoo");
+    scratch.wait_for_log("start kazoo").await;
+    let tried = scratch
+        .run(&[
+            "try", "--url", &url, "--name", &name, "--", "sh", "-c", SECTION,
+        ])
+        .await;
+    tried.expect_error(BUSY);
+    let view = holders(&scratch, &url, &name).await;
+    let node = view["holder"]["node"].as_str().unwrap_or_default();
+    assert!(node.contains("__lock__"), "kazoo's node holds: {view}");
+    let run = scratch.spawn(&[
+        "run", "--url", &url, "--name", &name, "--", "sh", "-c", SECTION,
+    ]);
+    wait_for_waiters(&scratch, &url, &name, 1).await;
+    scratch.touch("stop-kazoo");
+    let status = tokio::time::timeout(BOUND, kazoo_holder.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "kazoo held and released");
+    let done = run.finish(BOUND).await;
+    assert_eq!(done.code, Some(0), "{}", done.stderr);
+
+    // distlock holds: kazoo's try is refused, kazoo's blocking acquire waits for it.
+    let hold = format!(
+        "echo start $DISTLOCK_FENCING_TOKEN >> \"$LOG\"; {}; echo end >> \"$LOG\"",
+        scratch.wait_for("stop-distlock")
+    );
+    let holder = scratch.spawn(&[
+        "run", "--url", &url, "--name", &name, "--", "sh", "-c", &hold,
+    ]);
+    wait_for_waiters(&scratch, &url, &name, 0).await;
+    let tried = tokio::time::timeout(BOUND, kazoo("try", "unused").wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        tried.code(),
+        Some(3),
+        "kazoo sees distlock's node as the holder"
+    );
+    let mut kazoo_waiter = kazoo("hold", "stop-kazoo-2");
+    wait_for_waiters(&scratch, &url, &name, 1).await;
+    scratch.touch("stop-distlock");
+    let done = holder.finish(BOUND).await;
+    assert_eq!(done.code, Some(0), "{}", done.stderr);
+    scratch.wait_for_lines("start kazoo", 2).await;
+    scratch.touch("stop-kazoo-2");
+    let status = tokio::time::timeout(BOUND, kazoo_waiter.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "kazoo got the lock after distlock");
+
+    let log = scratch.log();
+    let kinds: Vec<_> = log
+        .iter()
+        .map(|line| match line.as_str() {
+            "start kazoo" => "kazoo",
+            "end" => "end",
+            _ if line.starts_with("start ") => "distlock",
+            _ => "?",
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "kazoo", "end", "distlock", "end", "distlock", "end", "kazoo", "end"
+        ],
+        "kazoo and distlock took turns, never overlapping: {log:?}"
+    );
+}
