@@ -230,7 +230,9 @@ async fn watch_own_node(
                 return;
             };
             metrics.record_server_requests(1);
-            session.client.get_and_watch_data(&path).await
+            // Boxed: the task lives as long as the guard, and its state should hold the
+            // small watcher, not this request's larger future.
+            Box::pin(session.client.get_and_watch_data(&path)).await
         };
         let event = match watched {
             Ok((_, _, watcher)) => watcher.changed().await,
