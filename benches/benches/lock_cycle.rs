@@ -1,4 +1,7 @@
-//! Acquire-release cycles per backend: uncontended, and the handoff under contention.
+//! Acquire-release cycles per backend and strategy, and for the peer recipe: uncontended,
+//! and the handoff under contention (N = 2, 10, 50). The ZooKeeper and Redis servers are
+//! started by the bench on free loopback ports (or taken from `LOCK_TEST_ZK` /
+//! `LOCK_TEST_REDIS`).
 #![allow(
     clippy::expect_used,
     reason = "a benchmark cannot go on without its fixture; failing loudly is right"
@@ -9,6 +12,8 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use distlock_benches::measure_handoffs;
+use distlock_benches::strategy::{Servers, Strategy};
+use lock_conformance::servers::{shared_redis, shared_zk};
 use lock_core::LockProvider;
 use lock_core::memory::MemoryServer;
 
@@ -20,44 +25,82 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
-fn uncontended(c: &mut Criterion) {
-    let rt = runtime();
-    let provider = MemoryServer::new().provider();
-    let lock = provider.lock("bench/uncontended").expect("valid name");
-    c.bench_function("memory/uncontended_acquire_release", |b| {
-        b.to_async(&rt).iter(|| async {
-            let mut guard = lock.acquire(None).await.expect("free lock");
-            guard.release().await.expect("release");
-        });
-    });
+fn servers() -> Servers {
+    let zk = shared_zk().expect("a ZooKeeper server for the benches");
+    let redis = shared_redis().expect("a Redis server for the benches");
+    Servers::new(Some(zk.connect_string()), Some(redis.url()))
 }
 
+/// The memory backend and every strategy: one client, acquire then release.
+fn uncontended(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("uncontended_acquire_release");
+    let memory: Arc<dyn LockProvider> = Arc::new(MemoryServer::new().provider());
+    let servers = servers();
+    let mut providers = vec![("memory".to_owned(), memory)];
+    for strategy in Strategy::ALL {
+        let provider = rt
+            .block_on(strategy.connect(&servers))
+            .expect("a client of the strategy");
+        providers.push((strategy.to_string(), provider));
+    }
+    for (name, provider) in providers {
+        let lock = provider.lock("bench/uncontended").expect("valid name");
+        group.bench_function(name, |b| {
+            b.to_async(&rt).iter(|| async {
+                let mut guard = lock.acquire(None).await.expect("free lock");
+                guard.release().await.expect("release");
+            });
+        });
+    }
+    group.finish();
+}
+
+/// The mean time from a release to the next grant with N contenders, each its own client.
 fn handoff(c: &mut Criterion) {
     let rt = runtime();
-    let mut group = c.benchmark_group("memory/handoff");
-    for contenders in [2usize, 10, 50] {
-        group.bench_with_input(
-            BenchmarkId::from_parameter(contenders),
-            &contenders,
-            |b, &n| {
-                b.to_async(&rt).iter_custom(|iters| async move {
-                    let server = MemoryServer::new();
-                    let clients: Vec<Arc<dyn LockProvider>> = (0..n)
-                        .map(|_| Arc::new(server.provider()) as Arc<dyn LockProvider>)
-                        .collect();
-                    let rounds = u32::try_from(iters.div_ceil(n as u64)).unwrap_or(u32::MAX);
-                    let handoffs = measure_handoffs(&clients, "bench/handoff", rounds)
-                        .await
-                        .expect("contended run");
-                    // Scale to the requested iteration count: criterion divides by `iters`.
-                    let per = handoffs
-                        .total
-                        .checked_div(handoffs.count.max(1))
-                        .unwrap_or(Duration::ZERO);
-                    per * u32::try_from(iters).unwrap_or(u32::MAX)
-                });
-            },
-        );
+    let servers = servers();
+    let mut group = c.benchmark_group("handoff");
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(5));
+    let mut kinds: Vec<Option<Strategy>> = vec![None];
+    kinds.extend(Strategy::ALL.into_iter().map(Some));
+    for kind in kinds {
+        let label = kind.map_or_else(|| "memory".to_owned(), |s| s.to_string());
+        for contenders in [2usize, 10, 50] {
+            let memory = MemoryServer::new();
+            let clients: Vec<Arc<dyn LockProvider>> = (0..contenders)
+                .map(|_| match kind {
+                    None => Arc::new(memory.provider()) as Arc<dyn LockProvider>,
+                    Some(strategy) => rt
+                        .block_on(strategy.connect(&servers))
+                        .expect("a client of the strategy"),
+                })
+                .collect();
+            group.bench_with_input(
+                BenchmarkId::new(label.clone(), contenders),
+                &contenders,
+                |b, &n| {
+                    b.to_async(&rt).iter_custom(|iters| {
+                        let clients = clients.clone();
+                        async move {
+                            let rounds =
+                                u32::try_from(iters.div_ceil(n as u64)).unwrap_or(u32::MAX);
+                            let handoffs = measure_handoffs(&clients, "bench/handoff", rounds)
+                                .await
+                                .expect("contended run");
+                            // Scale to the requested iteration count: criterion divides by
+                            // `iters`.
+                            let per = handoffs
+                                .total
+                                .checked_div(handoffs.count.max(1))
+                                .unwrap_or(Duration::ZERO);
+                            per * u32::try_from(iters).unwrap_or(u32::MAX)
+                        }
+                    });
+                },
+            );
+        }
     }
     group.finish();
 }

@@ -1,8 +1,23 @@
 //! Benchmarks of distlock: what waiting for a lock costs as contenders grow.
 //!
-//! The criterion benches in `benches/` measure one acquire-release cycle without
-//! contention and the handoff latency from one holder to the next under contention.
-//! Run them with `cargo bench -p distlock-benches`.
+//! - The `herd` binary runs the herd scenario ([`scenario`]): for each strategy
+//!   ([`Strategy`]) and number of contenders, each contender its own client, it measures
+//!   throughput, handoff latency against the floor of raw client operations, wake-ups and
+//!   server requests per handoff, and fairness; it prints a table and writes JSON, SVG plots
+//!   and a summary ([`report`]). `herd --scale N` holds N locks from one provider
+//!   ([`scale`]). `cargo run --release -p distlock-benches --bin herd -- --help`.
+//! - The criterion benches in `benches/` measure one acquire-release cycle without
+//!   contention and the handoff latency from one holder to the next under contention.
+//!   Run them with `cargo bench -p distlock-benches`.
+
+pub mod measure;
+pub mod report;
+pub mod scale;
+pub mod scenario;
+pub mod strategy;
+
+pub use measure::{Measurement, ScaleMeasurement};
+pub use strategy::{Backend, Servers, Strategy};
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};

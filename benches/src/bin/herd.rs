@@ -1,0 +1,253 @@
+//! `herd`: what waiting for a lock costs as contenders grow, for every strategy, side by
+//! side, in one run. See `herd --help`.
+#![allow(
+    clippy::print_stderr,
+    clippy::print_stdout,
+    reason = "a command-line program: its output is the point"
+)]
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use distlock_benches::scenario::{self, RunOptions};
+use distlock_benches::strategy::{Backend, Servers, Strategy};
+use distlock_benches::{Measurement, ScaleMeasurement, report, scale};
+use lock_conformance::servers::{RedisOptions, RedisServer, ZkOptions, ZkServer};
+
+/// The herd comparison: N contenders, each its own client, pass one lock around.
+///
+/// For every strategy and every N it measures throughput, handoff latency (p50, p99)
+/// against the floor of raw client operations, wake-ups and futile wake-ups per handoff,
+/// server requests per handoff, and fairness. Without --zk or --redis it starts the servers
+/// it needs on free loopback ports and stops them at the end.
+#[derive(Debug, Parser)]
+#[command(
+    name = "herd",
+    after_help = "Examples:\n  herd                                         # every strategy, N = 1, 10, 50, 100\n  herd --strategies zk-single,zk-predecessor --contenders 10,100,250\n  herd --redis redis://127.0.0.1:6379 --strategies redis-pubsub,redis-queue\n  herd --scale 10000 --strategies zk-predecessor,redis-queue\n  herd --json results.json --report target/herd"
+)]
+struct Args {
+    /// Strategies, comma-separated: zk-single, zk-children, zk-predecessor, zk-recipe,
+    /// redis-polling, redis-pubsub, redis-queue.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "zk-single,zk-children,zk-predecessor,zk-recipe,redis-polling,redis-pubsub,redis-queue"
+    )]
+    strategies: Vec<Strategy>,
+    /// Numbers of contenders, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,50,100")]
+    contenders: Vec<usize>,
+    /// Handoffs measured per run.
+    #[arg(long, default_value_t = 100)]
+    handoffs: u64,
+    /// How long each holder keeps the lock, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    hold_ms: u64,
+    /// A run stops after this many seconds even with fewer handoffs (polling is slow).
+    #[arg(long, default_value_t = 4.0)]
+    max_seconds: f64,
+    /// Rounds of the floor measurement per backend.
+    #[arg(long, default_value_t = 100)]
+    floor_rounds: usize,
+    /// An existing ZooKeeper (`zk://host:port,…` or `host:port,…`) instead of a local one.
+    #[arg(long)]
+    zk: Option<String>,
+    /// An existing Redis (`redis://host:port`) instead of a local one.
+    #[arg(long)]
+    redis: Option<String>,
+    /// Write the measurements as a JSON array to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write plots (SVG), the JSON and a markdown summary into this directory.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Scale mode: one provider per strategy holds this many locks at once.
+    #[arg(long)]
+    scale: Option<usize>,
+}
+
+/// The servers of the run: given, or started here (and stopped when this is dropped).
+struct Started {
+    servers: Servers,
+    _zk: Option<ZkServer>,
+    _redis: Option<RedisServer>,
+}
+
+async fn servers(args: &Args) -> Result<Started, String> {
+    let wants = |backend: Backend| args.strategies.iter().any(|s| s.backend() == backend);
+    let mut started = Started {
+        servers: Servers::default(),
+        _zk: None,
+        _redis: None,
+    };
+    let zk = match &args.zk {
+        Some(url) => Some(
+            url.trim_start_matches("zk://")
+                .trim_end_matches('/')
+                .to_owned(),
+        ),
+        None if wants(Backend::ZooKeeper) => {
+            eprintln!("starting ZooKeeper ...");
+            let server = ZkServer::start(ZkOptions::default())
+                .await
+                .map_err(|e| format!("starting ZooKeeper: {e}"))?;
+            let connect = server.connect_string();
+            started._zk = Some(server);
+            Some(connect)
+        }
+        None => None,
+    };
+    let redis = match &args.redis {
+        Some(url) => Some(url.clone()),
+        None if wants(Backend::Redis) => {
+            eprintln!("starting Redis ...");
+            let server = RedisServer::start(
+                RedisOptions::default()
+                    .with_arg("--maxclients")
+                    .with_arg("20000"),
+            )
+            .await
+            .map_err(|e| format!("starting Redis: {e}"))?;
+            let url = server.url();
+            started._redis = Some(server);
+            Some(url)
+        }
+        None => None,
+    };
+    started.servers = Servers::new(zk, redis);
+    Ok(started)
+}
+
+fn progress(done: usize, total: usize, what: &str) {
+    let width = 30;
+    let filled = (done * width).checked_div(total).unwrap_or(width);
+    eprint!(
+        "\r[{}{}] {done}/{total} {what:<40}",
+        "#".repeat(filled),
+        "-".repeat(width - filled)
+    );
+    let _ = std::io::stderr().flush();
+}
+
+async fn comparison(args: &Args, servers: &Servers) -> Result<Vec<Measurement>, String> {
+    let options = RunOptions::new(
+        args.handoffs,
+        Duration::from_millis(args.hold_ms),
+        Duration::from_secs_f64(args.max_seconds),
+    );
+    let total = args.strategies.len() * args.contenders.len();
+    let mut results = Vec::with_capacity(total);
+    for strategy in &args.strategies {
+        for &n in &args.contenders {
+            progress(results.len(), total, &format!("{strategy} N={n}"));
+            // The floor is measured next to the run it is compared with (the servers warm
+            // up as the comparison goes on).
+            let floor = scenario::floor_p50_us(strategy.backend(), servers, args.floor_rounds, n)
+                .await
+                .map_err(|e| format!("the {} floor: {e}", strategy.backend().as_str()))?;
+            let measured = scenario::run(*strategy, n, servers, options, floor)
+                .await
+                .map_err(|e| format!("{strategy} with {n} contenders: {e}"))?;
+            results.push(measured);
+        }
+    }
+    progress(total, total, "done");
+    eprintln!();
+    Ok(results)
+}
+
+async fn scale_runs(
+    args: &Args,
+    servers: &Servers,
+    locks: usize,
+) -> Result<Vec<ScaleMeasurement>, String> {
+    let mut results = Vec::new();
+    for strategy in &args.strategies {
+        if *strategy == Strategy::ZkRecipe {
+            continue;
+        }
+        eprintln!("scale: {strategy}, {locks} locks ...");
+        results.push(
+            scale::run(*strategy, locks, servers)
+                .await
+                .map_err(|e| format!("scale {strategy}: {e}"))?,
+        );
+    }
+    Ok(results)
+}
+
+async fn main_async(args: Args) -> Result<(), String> {
+    if args.contenders.contains(&0) {
+        return Err("--contenders: every N must be at least 1".into());
+    }
+    let started = servers(&args).await?;
+    let began = Instant::now();
+    let (measurements, scaled) = match args.scale {
+        Some(locks) => (
+            Vec::new(),
+            scale_runs(&args, &started.servers, locks).await?,
+        ),
+        None => (comparison(&args, &started.servers).await?, Vec::new()),
+    };
+    if !measurements.is_empty() {
+        println!("{}", report::table(&measurements));
+    }
+    if !scaled.is_empty() {
+        println!("{}", report::scale_table(&scaled));
+    }
+    if let Some(path) = &args.json {
+        let json = if scaled.is_empty() {
+            serde_json::to_string_pretty(&measurements)
+        } else {
+            serde_json::to_string_pretty(&scaled)
+        }
+        .map_err(|e| format!("JSON: {e}"))?;
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("creating {}: {e}", parent.display()))?;
+        }
+        std::fs::write(path, json).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        eprintln!("JSON written to {}", path.display());
+    }
+    if let Some(dir) = &args.report {
+        let context = format!(
+            "{} CPUs, {} — `herd {}` in {:.0} s",
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            std::env::consts::OS,
+            std::env::args().skip(1).collect::<Vec<_>>().join(" "),
+            began.elapsed().as_secs_f64()
+        );
+        let written = report::write_report(dir, &measurements, &scaled, &context)
+            .map_err(|e| format!("writing the report to {}: {e}", dir.display()))?;
+        eprintln!(
+            "report written to {} ({} files; start with summary.md)",
+            dir.display(),
+            written.len()
+        );
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("herd: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(main_async(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("\nherd: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! What one run of the herd scenario measured.
+
+use serde::Serialize;
+
+/// The figures of one (strategy, contenders) run: one object of the JSON array.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct Measurement {
+    /// The strategy's name, e.g. `zk-predecessor`.
+    pub strategy: String,
+    /// `zookeeper` or `redis`.
+    pub backend: String,
+    /// Contenders, each its own client (session or connection).
+    pub contenders: usize,
+    /// Handoffs measured: grants after the first.
+    pub handoffs: u64,
+    /// Grants per second over the run.
+    pub throughput_per_s: f64,
+    /// Median time from a release to the next grant, in microseconds.
+    pub handoff_p50_us: f64,
+    /// 99th percentile of the same.
+    pub handoff_p99_us: f64,
+    /// Median of the floor, the same chain of raw client operations without lock logic
+    /// (ZooKeeper: delete → watch event → list children; Redis: push → blocked pop wakes),
+    /// measured in the same run, in microseconds.
+    pub floor_p50_us: f64,
+    /// `handoff_p50_us / floor_p50_us`.
+    pub handoff_to_floor: f64,
+    /// Wake-ups the contenders counted, per handoff; `None` where the client keeps no count
+    /// (the peer recipe).
+    pub wakeups_per_handoff: Option<f64>,
+    /// Wake-ups that did not end in a grant, per handoff.
+    pub futile_wakeups_per_handoff: Option<f64>,
+    /// Requests the server handled, per handoff (ZooKeeper `mntr` packets received;
+    /// Redis `INFO commandstats` calls).
+    pub server_requests_per_handoff: Option<f64>,
+    /// Fewest grants one contender got.
+    pub min_grants: u64,
+    /// Most grants one contender got.
+    pub max_grants: u64,
+    /// Grants that went to a contender while another had been waiting longer (by more than
+    /// a millisecond).
+    pub fifo_violations: u64,
+    /// Wall time of the measured part of the run, in seconds.
+    pub elapsed_s: f64,
+}
+
+impl Measurement {
+    /// An all-zero measurement of `strategy` on `backend` with `contenders`, for building
+    /// one field by field.
+    pub fn new(strategy: &str, backend: &str, contenders: usize) -> Self {
+        Measurement {
+            strategy: strategy.to_owned(),
+            backend: backend.to_owned(),
+            contenders,
+            handoffs: 0,
+            throughput_per_s: 0.0,
+            handoff_p50_us: 0.0,
+            handoff_p99_us: 0.0,
+            floor_p50_us: 0.0,
+            handoff_to_floor: 0.0,
+            wakeups_per_handoff: None,
+            futile_wakeups_per_handoff: None,
+            server_requests_per_handoff: None,
+            min_grants: 0,
+            max_grants: 0,
+            fifo_violations: 0,
+            elapsed_s: 0.0,
+        }
+    }
+}
+
+/// What a scale run (one provider holding many locks) measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct ScaleMeasurement {
+    /// `zookeeper` or `redis`, and the strategy.
+    pub strategy: String,
+    /// Locks held at once.
+    pub locks: usize,
+    /// Acquisitions per second while taking them all.
+    pub acquire_per_s: f64,
+    /// Releases per second while letting them all go.
+    pub release_per_s: f64,
+    /// Client resident memory growth per held lock, in bytes, measured on a second round:
+    /// what holding costs once the allocator has served the acquisitions in flight.
+    pub rss_bytes_per_lock: f64,
+    /// The same over the first round, from a fresh process: an upper bound that includes
+    /// what the allocator keeps from the acquisitions in flight.
+    pub rss_bytes_per_lock_first_round: f64,
+    /// Nodes or keys of the locks left on the server afterwards (must be 0).
+    pub leftovers: u64,
+}

@@ -1,0 +1,198 @@
+//! The scale mode: one provider holds many distinct locks at once.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lock_core::{Guard, LockError};
+use redis::AsyncCommands;
+
+use crate::measure::ScaleMeasurement;
+use crate::scenario::four_letter;
+use crate::strategy::{Backend, Servers, Strategy};
+
+/// Acquisitions or releases in flight at once.
+const IN_FLIGHT: usize = 64;
+
+fn bench_error(message: impl Into<String>) -> LockError {
+    LockError::Backend {
+        backend: "bench",
+        name: None,
+        message: message.into(),
+        retryable: false,
+        source: None,
+    }
+}
+
+/// This process's resident memory, in bytes (Linux; 0 elsewhere).
+pub fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// Runs `tasks` with at most [`IN_FLIGHT`] spawned at a time (spawning them all at once
+/// would make the benchmark's own task memory the figure).
+async fn bounded<T, F>(tasks: Vec<F>) -> Vec<T>
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let mut out = Vec::with_capacity(tasks.len());
+    let mut running = tokio::task::JoinSet::new();
+    for task in tasks {
+        if running.len() >= IN_FLIGHT
+            && let Some(Ok(value)) = running.join_next().await
+        {
+            out.push(value);
+        }
+        running.spawn(task);
+    }
+    while let Some(joined) = running.join_next().await {
+        if let Ok(value) = joined {
+            out.push(value);
+        }
+    }
+    out
+}
+
+/// A try of each lock, as tasks for [`bounded`].
+fn acquisitions(
+    handles: &[Arc<dyn lock_core::DistributedLock>],
+) -> Vec<impl std::future::Future<Output = Result<Option<Guard>, LockError>> + Send + 'static> {
+    handles
+        .iter()
+        .cloned()
+        .map(|lock| async move { lock.try_acquire().await })
+        .collect()
+}
+
+/// One provider of `strategy` takes `locks` distinct locks, holds them all, then releases
+/// them all; measures the rates and the client memory per held lock, and checks that
+/// nothing is left on the server.
+///
+/// # Errors
+///
+/// A grant that failed or was refused, or entries left behind.
+pub async fn run(
+    strategy: Strategy,
+    locks: usize,
+    servers: &Servers,
+) -> Result<ScaleMeasurement, LockError> {
+    let provider = strategy.connect(servers).await?;
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let names: Vec<String> = (0..locks).map(|i| format!("scale-{run}-{i}")).collect();
+    let handles = names
+        .iter()
+        .map(|name| provider.lock(name))
+        .collect::<Result<Vec<_>, _>>()?;
+    let ephemerals_before = ephemerals(strategy, servers).await;
+    // One round first, so that the memory the acquisitions in flight take (and the
+    // allocator keeps) is in the baseline: what is measured is what holding costs.
+    let rss_fresh = resident_bytes();
+    let mut first_round = Vec::with_capacity(locks);
+    for result in bounded(acquisitions(&handles)).await {
+        first_round.extend(result?);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_first_round = resident_bytes();
+    for mut guard in first_round {
+        guard.release().await?;
+    }
+    let rss_before = resident_bytes();
+    let started = Instant::now();
+    let results = bounded(acquisitions(&handles)).await;
+    let acquire_time = started.elapsed();
+    let mut guards: Vec<Guard> = Vec::with_capacity(locks);
+    for result in results {
+        match result? {
+            Some(guard) => guards.push(guard),
+            None => return Err(bench_error("a fresh lock was refused")),
+        }
+    }
+    if guards.len() != locks {
+        return Err(bench_error(format!(
+            "{} of {locks} acquisitions finished",
+            guards.len()
+        )));
+    }
+    // Let the guards' background tasks settle before measuring memory.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_held = resident_bytes();
+    let started = Instant::now();
+    let releasing = guards
+        .into_iter()
+        .map(|mut guard| async move { guard.release().await })
+        .collect();
+    for result in bounded(releasing).await {
+        result?;
+    }
+    let release_time = started.elapsed();
+    drop(handles);
+    drop(provider);
+    let leftovers = count_leftovers(strategy, servers, &run, ephemerals_before).await?;
+    let rate = |time: Duration| locks as f64 / time.as_secs_f64().max(1e-9);
+    Ok(ScaleMeasurement {
+        strategy: strategy.as_str().to_owned(),
+        locks,
+        acquire_per_s: rate(acquire_time),
+        release_per_s: rate(release_time),
+        rss_bytes_per_lock: rss_held.saturating_sub(rss_before) as f64 / locks as f64,
+        rss_bytes_per_lock_first_round: rss_first_round.saturating_sub(rss_fresh) as f64
+            / locks as f64,
+        leftovers,
+    })
+}
+
+/// ZooKeeper's count of ephemeral nodes (`mntr`), where the server tells it.
+async fn ephemerals(strategy: Strategy, servers: &Servers) -> Option<u64> {
+    if strategy.backend() != Backend::ZooKeeper {
+        return None;
+    }
+    let first = servers.zk.as_deref()?.split(',').next()?.to_owned();
+    let mntr = tokio::task::spawn_blocking(move || four_letter(&first, "mntr"))
+        .await
+        .ok()??;
+    mntr.lines()
+        .find_map(|line| line.strip_prefix("zk_ephemerals_count"))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// Entries of the run's locks still on the server, waiting a little for clean-up.
+async fn count_leftovers(
+    strategy: Strategy,
+    servers: &Servers,
+    run: &str,
+    ephemerals_before: Option<u64>,
+) -> Result<u64, LockError> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = match strategy.backend() {
+            Backend::ZooKeeper => match (ephemerals_before, ephemerals(strategy, servers).await) {
+                (Some(before), Some(now)) => now.saturating_sub(before),
+                _ => 0,
+            },
+            Backend::Redis => {
+                let Some(url) = servers.redis.as_deref() else {
+                    return Ok(0);
+                };
+                let client = redis::Client::open(url).map_err(|e| bench_error(e.to_string()))?;
+                let mut connection = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| bench_error(e.to_string()))?;
+                let keys: Vec<String> = connection
+                    .keys(format!("{{lock:scale-{run}-*"))
+                    .await
+                    .map_err(|e| bench_error(e.to_string()))?;
+                keys.iter()
+                    .filter(|key| !key.ends_with(":fence") && !key.ends_with(":released"))
+                    .count() as u64
+            }
+        };
+        if left == 0 || Instant::now() >= deadline {
+            return Ok(left);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -1,0 +1,493 @@
+//! The herd scenario: N contenders, each its own client, pass one lock around; what each
+//! handoff costs in time, wake-ups and server work.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use lock_core::{LockError, LockName, LockProvider, MetricsSnapshot};
+use redis::AsyncCommands;
+
+use crate::measure::Measurement;
+use crate::strategy::{Backend, Servers, Strategy};
+
+/// How much earlier than a grant's own request another waiter's must have been made for the
+/// grant to count as a FIFO violation: requests from separate connections reach the server
+/// in an order that scheduling can shuffle by a few milliseconds.
+const FIFO_TOLERANCE: Duration = Duration::from_millis(5);
+
+/// The longest the first N grants (the queue forming) may take.
+const WARMUP_BOUND: Duration = Duration::from_secs(120);
+
+/// How a run goes.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct RunOptions {
+    /// Grants to measure after the first.
+    pub handoffs: u64,
+    /// How long each holder keeps the lock.
+    pub hold: Duration,
+    /// A run stops after this long even if fewer handoffs were made (polling can be slow).
+    pub max_time: Duration,
+}
+
+impl RunOptions {
+    /// `handoffs` handoffs, holding for `hold`, stopping after `max_time` at the latest.
+    pub fn new(handoffs: u64, hold: Duration, max_time: Duration) -> Self {
+        RunOptions {
+            handoffs,
+            hold,
+            max_time,
+        }
+    }
+}
+
+fn bench_error(message: impl Into<String>) -> LockError {
+    LockError::Backend {
+        backend: "bench",
+        name: None,
+        message: message.into(),
+        retryable: false,
+        source: None,
+    }
+}
+
+/// The `q` quantile of `samples` (sorted in place), in microseconds.
+pub fn quantile_us(samples: &mut [Duration], q: f64) -> f64 {
+    if samples.is_empty() {
+        return 0.0;
+    }
+    samples.sort_unstable();
+    let index = ((samples.len() - 1) as f64 * q).round() as usize;
+    samples[index.min(samples.len() - 1)].as_secs_f64() * 1e6
+}
+
+/// Connects `n` clients, a few at a time.
+async fn connect_all(
+    strategy: Strategy,
+    servers: &Servers,
+    n: usize,
+) -> Result<Vec<Arc<dyn LockProvider>>, LockError> {
+    let mut clients = Vec::with_capacity(n);
+    while clients.len() < n {
+        let batch = (n - clients.len()).min(16);
+        let connecting: Vec<_> = (0..batch)
+            .map(|_| {
+                tokio::spawn({
+                    let servers = servers.clone();
+                    async move { strategy.connect(&servers).await }
+                })
+            })
+            .collect();
+        for task in connecting {
+            clients.push(
+                task.await
+                    .map_err(|e| bench_error(format!("connecting: {e}")))??,
+            );
+        }
+    }
+    Ok(clients)
+}
+
+/// What the contenders share during a run.
+#[derive(Debug, Default)]
+struct Book {
+    /// When the last holder started its release.
+    released: Option<Instant>,
+    handoffs: Vec<Duration>,
+    grants: Vec<u64>,
+    total: u64,
+    /// Contender → when it called `acquire`, while it waits.
+    waiting: BTreeMap<usize, Instant>,
+    fifo_violations: u64,
+    first_grant: Option<Instant>,
+    last_grant: Option<Instant>,
+    /// Counters when the warm-up ended (every contender queued once).
+    start: Option<(Vec<MetricsSnapshot>, Option<u64>)>,
+    /// Counters when the target was reached, before the waiters are stopped.
+    done: Option<(Vec<MetricsSnapshot>, Option<u64>)>,
+}
+
+/// Runs `strategy` with `n` contenders and measures it.
+///
+/// # Errors
+///
+/// A contender's error, or nodes or keys left on the server after the run.
+pub async fn run(
+    strategy: Strategy,
+    n: usize,
+    servers: &Servers,
+    options: RunOptions,
+    floor_p50_us: f64,
+) -> Result<Measurement, LockError> {
+    let clients = connect_all(strategy, servers, n).await?;
+    let name = format!("herd-{}-{n}-{}", strategy, uuid::Uuid::new_v4().simple());
+    let book = Arc::new(Mutex::new(Book {
+        grants: vec![0; n],
+        ..Book::default()
+    }));
+    // The first n grants form the queue (every contender asks at once): they are not
+    // measured. The handoffs after them are.
+    let warmup = n as u64;
+    let target = warmup + options.handoffs;
+    let (finished, mut finished_rx) = tokio::sync::watch::channel(false);
+    let (warmed_tx, mut warmed_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
+    for (index, client) in clients.iter().enumerate() {
+        let lock = client.lock(&name)?;
+        let book = Arc::clone(&book);
+        let finished = finished.clone();
+        let warmed_tx = warmed_tx.clone();
+        let clients = clients.clone();
+        let servers = servers.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let asked = Instant::now();
+                book.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .waiting
+                    .insert(index, asked);
+                let mut guard = lock.acquire(None).await?;
+                let granted = Instant::now();
+                let (warmed, reached) = {
+                    let mut book = book.lock().unwrap_or_else(PoisonError::into_inner);
+                    book.waiting.remove(&index);
+                    let released = book.released.take();
+                    book.total += 1;
+                    if book.total > warmup {
+                        let overtaken = book
+                            .waiting
+                            .values()
+                            .any(|since| *since + FIFO_TOLERANCE < asked);
+                        if overtaken {
+                            book.fifo_violations += 1;
+                        }
+                        if let Some(released) = released {
+                            book.handoffs
+                                .push(granted.saturating_duration_since(released));
+                        }
+                        book.grants[index] += 1;
+                        book.last_grant = Some(granted);
+                    }
+                    if book.total == warmup {
+                        book.first_grant = Some(granted);
+                    }
+                    (book.total == warmup, book.total == target)
+                };
+                if warmed {
+                    let metrics = clients.iter().map(|c| c.metrics()).collect();
+                    let server = server_requests(strategy.backend(), &servers).await;
+                    book.lock().unwrap_or_else(PoisonError::into_inner).start =
+                        Some((metrics, server));
+                    let _ = warmed_tx.send(true);
+                }
+                if reached {
+                    let metrics = clients.iter().map(|c| c.metrics()).collect();
+                    let server = server_requests(strategy.backend(), &servers).await;
+                    book.lock().unwrap_or_else(PoisonError::into_inner).done =
+                        Some((metrics, server));
+                    let _ = finished.send(true);
+                }
+                if !options.hold.is_zero() {
+                    tokio::time::sleep(options.hold).await;
+                }
+                book.lock().unwrap_or_else(PoisonError::into_inner).released = Some(Instant::now());
+                guard.release().await?;
+                if reached || *finished.borrow() {
+                    return Ok::<(), LockError>(());
+                }
+            }
+        }));
+    }
+    // The queue forms first (however slowly the herd strategies pass the lock round), then
+    // the measured part runs for at most `max_time`.
+    let _ = tokio::time::timeout(WARMUP_BOUND, warmed_rx.wait_for(|warmed| *warmed)).await;
+    let _ = tokio::time::timeout(options.max_time, finished_rx.wait_for(|done| *done)).await;
+    // Stop everyone still waiting: their acquisitions are cancelled and cleaned up.
+    let _ = finished.send(true);
+    let mut failure = None;
+    for task in &tasks {
+        if task.is_finished() {
+            continue;
+        }
+        task.abort();
+    }
+    for task in tasks {
+        if let Ok(Err(error)) = task.await {
+            failure = Some(error);
+        }
+    }
+    if let Some(error) = failure {
+        return Err(error);
+    }
+    let book = std::mem::take(&mut *book.lock().unwrap_or_else(PoisonError::into_inner));
+    let (after, server_after) = match book.done.clone() {
+        Some(done) => done,
+        None => (
+            clients.iter().map(|c| c.metrics()).collect(),
+            server_requests(strategy.backend(), servers).await,
+        ),
+    };
+    let Some((before, server_before)) = book.start.clone() else {
+        return Err(bench_error(format!(
+            "{strategy} with {n} contenders: the queue did not form within {WARMUP_BOUND:?}"
+        )));
+    };
+    drop(clients);
+    leftovers(strategy, servers, &name).await?;
+    let handoffs = book.handoffs.len() as u64;
+    let per = |total: u64| {
+        if handoffs == 0 {
+            0.0
+        } else {
+            total as f64 / handoffs as f64
+        }
+    };
+    let (wakeups, futile) = after
+        .iter()
+        .zip(&before)
+        .map(|(after, before)| after.since(before))
+        .fold((0, 0), |(w, f), d| (w + d.wakeups, f + d.futile_wakeups));
+    let mut samples = book.handoffs;
+    let mut measurement = Measurement::new(strategy.as_str(), strategy.backend().as_str(), n);
+    measurement.handoffs = handoffs;
+    let elapsed = match (book.first_grant, book.last_grant) {
+        (Some(first), Some(last)) => last.saturating_duration_since(first),
+        _ => Duration::ZERO,
+    };
+    measurement.elapsed_s = elapsed.as_secs_f64();
+    measurement.throughput_per_s = if elapsed.is_zero() {
+        0.0
+    } else {
+        handoffs as f64 / elapsed.as_secs_f64()
+    };
+    measurement.handoff_p50_us = quantile_us(&mut samples, 0.5);
+    measurement.handoff_p99_us = quantile_us(&mut samples, 0.99);
+    measurement.floor_p50_us = floor_p50_us;
+    measurement.handoff_to_floor = if floor_p50_us > 0.0 {
+        measurement.handoff_p50_us / floor_p50_us
+    } else {
+        0.0
+    };
+    if strategy != Strategy::ZkRecipe {
+        measurement.wakeups_per_handoff = Some(per(wakeups));
+        measurement.futile_wakeups_per_handoff = Some(per(futile));
+    }
+    measurement.server_requests_per_handoff = match (server_before, server_after) {
+        (Some(before), Some(after)) => Some(per(after.saturating_sub(before))),
+        _ => None,
+    };
+    measurement.min_grants = book.grants.iter().copied().min().unwrap_or_default();
+    measurement.max_grants = book.grants.iter().copied().max().unwrap_or_default();
+    measurement.fifo_violations = book.fifo_violations;
+    Ok(measurement)
+}
+
+/// Requests the server has handled so far: ZooKeeper's `zk_packets_received`, Redis's
+/// command calls (`INFO commandstats`). `None` when the server does not say.
+pub async fn server_requests(backend: Backend, servers: &Servers) -> Option<u64> {
+    match backend {
+        Backend::ZooKeeper => {
+            let first = servers.zk.as_deref()?.split(',').next()?.to_owned();
+            let mntr = tokio::task::spawn_blocking(move || four_letter(&first, "mntr"))
+                .await
+                .ok()??;
+            mntr.lines()
+                .find_map(|line| line.strip_prefix("zk_packets_received"))
+                .and_then(|value| value.trim().parse().ok())
+        }
+        Backend::Redis => {
+            let client = redis::Client::open(servers.redis.as_deref()?).ok()?;
+            let mut connection = client.get_multiplexed_async_connection().await.ok()?;
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut connection)
+                .await
+                .ok()?;
+            Some(
+                info.lines()
+                    .filter_map(|line| line.split("calls=").nth(1))
+                    .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+                    .sum(),
+            )
+        }
+    }
+}
+
+/// Sends a ZooKeeper four-letter word to `address` and returns the answer.
+pub fn four_letter(address: &str, word: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream.write_all(word.as_bytes()).ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    Some(answer)
+}
+
+/// Fails when the lock `name` left nodes or keys behind (waiting a little for background
+/// clean-up).
+async fn leftovers(strategy: Strategy, servers: &Servers, name: &str) -> Result<(), LockError> {
+    let escaped = LockName::new(name)?.escaped();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = match strategy.backend() {
+            Backend::ZooKeeper => {
+                let root = if strategy == Strategy::ZkRecipe {
+                    "/distlock-recipe"
+                } else {
+                    "/distlock"
+                };
+                let Some(zk) = servers.zk.as_deref() else {
+                    return Ok(());
+                };
+                let client = zookeeper_client::Client::connect(zk)
+                    .await
+                    .map_err(|e| bench_error(format!("checking leftovers: {e}")))?;
+                match client.list_children(&format!("{root}/{escaped}")).await {
+                    Ok(children) => children,
+                    Err(zookeeper_client::Error::NoNode) => Vec::new(),
+                    Err(e) => return Err(bench_error(format!("checking leftovers: {e}"))),
+                }
+            }
+            Backend::Redis => {
+                let Some(url) = servers.redis.as_deref() else {
+                    return Ok(());
+                };
+                let client = redis::Client::open(url)
+                    .map_err(|e| bench_error(format!("checking leftovers: {e}")))?;
+                let mut connection = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| bench_error(format!("checking leftovers: {e}")))?;
+                let keys: Vec<String> = connection
+                    .keys(format!("{{lock:{escaped}}}*"))
+                    .await
+                    .map_err(|e| bench_error(format!("checking leftovers: {e}")))?;
+                keys.into_iter()
+                    .filter(|key| !key.ends_with(":fence") && !key.ends_with(":released"))
+                    .collect()
+            }
+        };
+        if left.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(bench_error(format!(
+                "{strategy}: {} entries left behind for {name}: {left:?}",
+                left.len()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The floor of a backend: the same chain of raw client operations a handoff with
+/// `contenders` contenders needs, without lock logic, `rounds` times; its median in
+/// microseconds. ZooKeeper: delete a node → the watcher's event → list the directory, which
+/// holds as many nodes as the lock directory would. Redis: push onto a list → a blocked pop
+/// returns.
+///
+/// # Errors
+///
+/// Connection errors.
+pub async fn floor_p50_us(
+    backend: Backend,
+    servers: &Servers,
+    rounds: usize,
+    contenders: usize,
+) -> Result<f64, LockError> {
+    // A few unmeasured rounds first: the first requests of a fresh connection are slow.
+    let warmup = (rounds / 5).max(2);
+    let mut samples = Vec::with_capacity(rounds + warmup);
+    match backend {
+        Backend::ZooKeeper => {
+            let zk = servers
+                .zk
+                .as_deref()
+                .ok_or_else(|| bench_error("no ZooKeeper server"))?;
+            let connect = || async {
+                zookeeper_client::Client::connect(zk)
+                    .await
+                    .map_err(|e| bench_error(format!("floor: {e}")))
+            };
+            let (a, b) = (connect().await?, connect().await?);
+            let dir = format!("/distlock-floor-{}", uuid::Uuid::new_v4().simple());
+            let persistent = zookeeper_client::CreateMode::Persistent
+                .with_acls(zookeeper_client::Acls::anyone_all());
+            let ephemeral = zookeeper_client::CreateMode::Ephemeral
+                .with_acls(zookeeper_client::Acls::anyone_all());
+            a.create(&dir, &[], &persistent)
+                .await
+                .map_err(|e| bench_error(format!("floor: {e}")))?;
+            // The other waiters' nodes, which a list of the lock directory returns too.
+            for filler in 1..contenders {
+                a.create(&format!("{dir}/f{filler:010}"), &[], &ephemeral)
+                    .await
+                    .map_err(|e| bench_error(format!("floor: {e}")))?;
+            }
+            let node = format!("{dir}/n");
+            for _ in 0..rounds + warmup {
+                a.create(&node, &[], &ephemeral)
+                    .await
+                    .map_err(|e| bench_error(format!("floor: {e}")))?;
+                let (_, _, watcher) = b
+                    .get_and_watch_data(&node)
+                    .await
+                    .map_err(|e| bench_error(format!("floor: {e}")))?;
+                let started = Instant::now();
+                a.delete(&node, None)
+                    .await
+                    .map_err(|e| bench_error(format!("floor: {e}")))?;
+                watcher.changed().await;
+                b.list_children(&dir)
+                    .await
+                    .map_err(|e| bench_error(format!("floor: {e}")))?;
+                samples.push(started.elapsed());
+            }
+            for filler in 1..contenders {
+                let _ = a.delete(&format!("{dir}/f{filler:010}"), None).await;
+            }
+            let _ = a.delete(&dir, None).await;
+        }
+        Backend::Redis => {
+            let url = servers
+                .redis
+                .as_deref()
+                .ok_or_else(|| bench_error("no Redis server"))?;
+            let client =
+                redis::Client::open(url).map_err(|e| bench_error(format!("floor: {e}")))?;
+            let mut pusher = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| bench_error(format!("floor: {e}")))?;
+            let list = format!("distlock-floor-{}", uuid::Uuid::new_v4().simple());
+            // The popper's own connection, blocked on the list as a queue waiter is.
+            let popper = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| bench_error(format!("floor: {e}")))?;
+            for _ in 0..rounds + warmup {
+                let mut popper = popper.clone();
+                let popped_list = list.clone();
+                let popping = tokio::spawn(async move {
+                    let popped: Option<(String, String)> =
+                        popper.blpop(&popped_list, 5.0).await.ok()?;
+                    popped.map(|_| Instant::now())
+                });
+                // Let the pop block on the server first.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let started = Instant::now();
+                let _: u64 = pusher
+                    .lpush(&list, "x")
+                    .await
+                    .map_err(|e| bench_error(format!("floor: {e}")))?;
+                if let Ok(Some(popped)) = popping.await {
+                    samples.push(popped.saturating_duration_since(started));
+                }
+            }
+        }
+    }
+    let mut measured = samples.split_off(warmup.min(samples.len()));
+    Ok(quantile_us(&mut measured, 0.5))
+}

@@ -1,0 +1,102 @@
+//! A smoke run of the `herd` binary on servers it starts itself: N = 1 and 5, a few
+//! handoffs per strategy. It checks the JSON's shape and the direction of the wake-up
+//! counts, not performance.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check must fail the test"
+)]
+
+use std::process::Command;
+
+use serde_json::Value;
+
+const FIELDS: &[&str] = &[
+    "strategy",
+    "backend",
+    "contenders",
+    "handoffs",
+    "throughput_per_s",
+    "handoff_p50_us",
+    "handoff_p99_us",
+    "floor_p50_us",
+    "wakeups_per_handoff",
+    "futile_wakeups_per_handoff",
+    "server_requests_per_handoff",
+    "min_grants",
+    "max_grants",
+    "fifo_violations",
+];
+
+#[test]
+fn a_smoke_run_reports_every_strategy_and_the_herd() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("herd.json");
+    let report = dir.path().join("report");
+    let output = Command::new(env!("CARGO_BIN_EXE_herd"))
+        .args([
+            "--contenders",
+            "1,5",
+            "--handoffs",
+            "20",
+            "--floor-rounds",
+            "10",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .expect("the herd binary runs");
+    assert!(
+        output.status.success(),
+        "herd failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let runs: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let strategies = [
+        "zk-single",
+        "zk-children",
+        "zk-predecessor",
+        "zk-recipe",
+        "redis-polling",
+        "redis-pubsub",
+        "redis-queue",
+    ];
+    assert_eq!(
+        runs.len(),
+        strategies.len() * 2,
+        "one object per (strategy, N)"
+    );
+    for run in &runs {
+        for field in FIELDS {
+            assert!(run.get(field).is_some(), "{field} missing in {run}");
+        }
+        let handoffs = run["handoffs"].as_u64().unwrap();
+        assert!(handoffs >= 1, "no handoff measured: {run}");
+        assert!(run["throughput_per_s"].as_f64().unwrap() > 0.0, "{run}");
+        assert!(run["floor_p50_us"].as_f64().unwrap() > 0.0, "{run}");
+    }
+    let wakeups = |strategy: &str, n: u64| {
+        runs.iter()
+            .find(|run| run["strategy"] == strategy && run["contenders"] == n)
+            .and_then(|run| run["wakeups_per_handoff"].as_f64())
+            .unwrap_or_else(|| panic!("no wake-up count for {strategy} N={n}"))
+    };
+    // Herd-free: one wake-up per handoff; herd: more, growing with N.
+    for strategy in ["zk-predecessor", "redis-queue"] {
+        let w = wakeups(strategy, 5);
+        assert!(w <= 1.05, "{strategy}: {w} wake-ups per handoff at N=5");
+    }
+    for strategy in ["zk-single", "zk-children", "redis-pubsub"] {
+        let w = wakeups(strategy, 5);
+        assert!(
+            w > 1.5 && w > wakeups(strategy, 1),
+            "{strategy}: {w} wake-ups per handoff at N=5 is no herd"
+        );
+    }
+    for file in ["summary.md", "throughput.svg", "wakeups.svg"] {
+        assert!(report.join(file).exists(), "{file} not written");
+    }
+}
