@@ -36,16 +36,17 @@ pub(crate) fn lock_error(
             source: Some(Box::new(error)),
         };
     }
-    let retryable = matches!(
-        error.kind(),
-        ErrorKind::Server(
-            ServerErrorKind::BusyLoading
-                | ServerErrorKind::TryAgain
-                | ServerErrorKind::ClusterDown
-                | ServerErrorKind::MasterDown
-                | ServerErrorKind::ReadOnly
-        )
-    );
+    let retryable = code == "BUSY"
+        || matches!(
+            error.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+            )
+        );
     LockError::Backend {
         backend,
         name,

@@ -28,10 +28,21 @@ pub(crate) trait Lease: Send + Sync + fmt::Debug + 'static {
     fn is_closed(&self) -> bool;
     /// Resolves when the provider is gone.
     async fn closed(&self);
-    /// Renews the lease: `Ok(true)` renewed, `Ok(false)` no longer ours.
-    async fn extend(&self) -> Result<bool, LockError>;
+    /// Renews the lease.
+    async fn extend(&self) -> Result<Renewal, LockError>;
     /// Gives the grant up: `Ok(true)` released, `Ok(false)` it was no longer ours.
     async fn release(&self) -> Result<bool, LockError>;
+}
+
+/// What a renewal found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// Still ours: renewed.
+    Renewed,
+    /// Released by this owner already (a release whose reply was lost).
+    Released,
+    /// Gone, or someone else's.
+    Gone,
 }
 
 /// What the guard and its watchdog share.
@@ -39,8 +50,6 @@ pub(crate) trait Lease: Send + Sync + fmt::Debug + 'static {
 struct LeaseState {
     valid_until: Mutex<Instant>,
     suspect: AtomicBool,
-    /// Set while a release is under way or done: a failed renewal is then no loss.
-    releasing: AtomicBool,
     stopped: AtomicBool,
     stop: Notify,
 }
@@ -65,10 +74,20 @@ impl LeaseState {
         self.stopped.store(true, Ordering::Release);
         self.stop.notify_waiters();
     }
+
+    /// The backend no longer vouches for the lock: its validity ends now.
+    fn lost(&self, notifier: &LostNotifier, reason: LossReason) {
+        *self
+            .valid_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        notifier.fire(reason);
+    }
 }
 
-/// Makes the guard of a grant whose request was sent at `sent`: its validity runs from then,
-/// less the drift. The watchdog starts at once.
+/// Makes the guard of a grant whose request was sent at `sent` and whose key the server
+/// set to expire after `length` (the ttl, or a hand-off's shorter claim): its validity runs
+/// from then, less the drift. The watchdog starts at once.
 ///
 /// # Errors
 ///
@@ -80,10 +99,9 @@ pub(crate) fn grant(
     name: &LockName,
     token: u64,
     sent: Instant,
+    length: Duration,
 ) -> Result<Guard, LockError> {
-    let valid_until = (sent + lease.ttl())
-        .checked_sub(lease.drift())
-        .unwrap_or(sent);
+    let valid_until = (sent + length).checked_sub(lease.drift()).unwrap_or(sent);
     if valid_until <= Instant::now() {
         tracing::debug!(lock = %name, "redis: the grant's reply came after its lease; giving it up");
         release_in_background(lease.clone());
@@ -100,11 +118,17 @@ pub(crate) fn grant(
     let state = Arc::new(LeaseState {
         valid_until: Mutex::new(valid_until),
         suspect: AtomicBool::new(false),
-        releasing: AtomicBool::new(false),
         stopped: AtomicBool::new(false),
         stop: Notify::new(),
     });
-    tokio::spawn(watchdog(lease.clone(), Arc::clone(&state), notifier, sent));
+    // The first renewal comes early enough for a hand-off's short claim, too.
+    let first_renewal = sent + (length / 2).min(lease.ttl() / 3);
+    tokio::spawn(watchdog(
+        lease.clone(),
+        Arc::clone(&state),
+        notifier,
+        first_renewal,
+    ));
     let backend = RedisGuard {
         lease,
         state,
@@ -124,10 +148,10 @@ async fn watchdog(
     lease: Arc<dyn Lease>,
     state: Arc<LeaseState>,
     notifier: LostNotifier,
-    granted: Instant,
+    first_renewal: Instant,
 ) {
     let period = lease.ttl() / 3;
-    let mut next = granted + period;
+    let mut next = first_renewal;
     loop {
         let valid_until = state.valid_until();
         let wake = next.min(valid_until);
@@ -142,7 +166,7 @@ async fn watchdog(
             () = lease.closed() => {
                 // The provider is the session: its end frees the lock at once, and the
                 // guard can no longer vouch for it.
-                notifier.fire(LossReason::SessionExpired);
+                state.lost(&notifier, LossReason::SessionExpired);
                 state.stop();
                 release_in_background(lease);
                 return;
@@ -154,29 +178,27 @@ async fn watchdog(
         }
         let now = Instant::now();
         if now >= state.valid_until() {
-            if !state.releasing.load(Ordering::Acquire) {
-                tracing::warn!(
-                    ?lease,
-                    "redis: the lease ran out without a confirmed renewal"
-                );
-                notifier.fire(LossReason::LeaseExpired);
-            }
+            tracing::warn!(
+                ?lease,
+                "redis: the lease ran out without a confirmed renewal"
+            );
+            state.lost(&notifier, LossReason::LeaseExpired);
             return;
         }
         let budget = state.valid_until().saturating_duration_since(now);
         match tokio::time::timeout(budget, lease.extend()).await {
-            Ok(Ok(true)) => {
+            Ok(Ok(Renewal::Renewed)) => {
                 let until = (now + lease.ttl())
                     .checked_sub(lease.drift())
                     .unwrap_or(now);
                 state.renewed(until);
                 next = now + period;
             }
-            Ok(Ok(false)) => {
-                if !state.releasing.load(Ordering::Acquire) {
-                    tracing::warn!(?lease, "redis: the lock key is gone or someone else's");
-                    notifier.fire(LossReason::EntryRemoved);
-                }
+            // Our own release went through, its reply lost: nothing to renew, no loss.
+            Ok(Ok(Renewal::Released)) => return,
+            Ok(Ok(Renewal::Gone)) => {
+                tracing::warn!(?lease, "redis: the lock key is gone or someone else's");
+                state.lost(&notifier, LossReason::EntryRemoved);
                 return;
             }
             Ok(Err(error)) => {
@@ -254,10 +276,11 @@ impl GuardBackend for RedisGuard {
 
     async fn release(&mut self) -> Result<(), LockError> {
         if self.lease.is_closed() {
+            // The provider's end gives the lock up; make sure of it.
             self.state.stop();
+            release_in_background(Arc::clone(&self.lease));
             return Err(self.lost(LossReason::SessionExpired));
         }
-        self.state.releasing.store(true, Ordering::Release);
         match self.lease.release().await {
             Ok(true) => {
                 self.state.stop();
@@ -267,21 +290,16 @@ impl GuardBackend for RedisGuard {
                 self.state.stop();
                 Err(self.lost(LossReason::EntryRemoved))
             }
-            Err(error) => {
-                // The release may have happened with its reply lost: the watchdog keeps
-                // renewing while the key is ours, but a key found gone is no loss now
-                // (a release sent again tells which it was, from the receipt).
-                Err(error)
-            }
+            // Still ours as far as we know: the watchdog keeps renewing, and tells a
+            // release that went through with its reply lost from a loss by the receipt.
+            Err(error) => Err(error),
         }
     }
 
     fn release_on_drop(self: Box<Self>) {
-        self.state.releasing.store(true, Ordering::Release);
         self.state.stop();
-        if !self.lease.is_closed() {
-            release_in_background(Arc::clone(&self.lease));
-        }
+        // Conditional on ownership, so harmless after the provider's end released it.
+        release_in_background(Arc::clone(&self.lease));
     }
 
     fn valid_until(&self) -> Option<std::time::Instant> {

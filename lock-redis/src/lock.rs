@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::config::RedisStrategy;
 use crate::error::BACKEND;
-use crate::guard::{Lease, grant as make_guard};
+use crate::guard::{Lease, Renewal, grant as make_guard};
 use crate::keys::LockKeys;
 use crate::provider::Shared;
 use crate::scripts::{ATTEMPT, CANCEL, EXTEND, GRANT, RELEASE};
@@ -33,15 +33,31 @@ pub(crate) fn refresh_period(ttl: Duration) -> Duration {
     (ttl / 3).clamp(Duration::from_millis(10), Duration::from_secs(2))
 }
 
-/// How long a waiter that stopped refreshing keeps its place: three refresh periods and a
-/// second.
-pub(crate) fn liveness(ttl: Duration) -> Duration {
-    refresh_period(ttl) * 3 + Duration::from_secs(1)
+/// How long a waiter that stopped refreshing keeps its place: three refresh periods, the
+/// request timeout (a blocking wait may take that much longer) and a second.
+pub(crate) fn liveness(ttl: Duration, timeout: Duration) -> Duration {
+    refresh_period(ttl) * 3 + timeout + Duration::from_secs(1)
+}
+
+/// The lease a hand-off gives the waiter until it has picked the token up and renewed it:
+/// two refresh periods (at most the ttl), so that a hand-off to a waiter that died since its
+/// last refresh holds the lock no longer than that.
+pub(crate) fn claim(ttl: Duration) -> Duration {
+    (refresh_period(ttl) * 2).min(ttl)
 }
 
 /// The clock-drift margin taken off every validity: 1% of the ttl and 2 ms.
 pub(crate) fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
+}
+
+/// What `EXTEND` answered.
+pub(crate) fn renewal(answer: u64) -> Renewal {
+    match answer {
+        1 => Renewal::Renewed,
+        2 => Renewal::Released,
+        _ => Renewal::Gone,
+    }
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -110,7 +126,7 @@ fn cancel_in_background(grant: Arc<Grant>) {
     };
     runtime.spawn(async move {
         let ttl = grant.shared.config.ttl;
-        let give_up = Instant::now() + ttl.max(liveness(ttl));
+        let give_up = Instant::now() + ttl.max(liveness(ttl, grant.shared.config.timeout));
         loop {
             match grant.cancel().await {
                 Ok(_) => return,
@@ -157,10 +173,10 @@ impl RedisLock {
             _ => self.queue(&grant, deadline).await,
         };
         match granted {
-            Ok(Some((token, sent))) => {
+            Ok(Some((token, sent, length))) => {
                 attempt.armed = false;
                 self.shared.metrics.record_grant();
-                make_guard(grant, &self.name, token, sent).map(Some)
+                make_guard(grant, &self.name, token, sent, length).map(Some)
             }
             Ok(None) => {
                 // Gave up: clean up now, so that the next contender is not delayed.
@@ -174,11 +190,7 @@ impl RedisLock {
     }
 
     /// `GRANT` until granted or the deadline; jittered exponential back-off.
-    async fn poll(
-        &self,
-        grant: &Grant,
-        deadline: Deadline,
-    ) -> Result<Option<(u64, Instant)>, LockError> {
+    async fn poll(&self, grant: &Grant, deadline: Deadline) -> Result<Option<Grant3>, LockError> {
         let mut pause = POLL_MIN;
         let mut woken = false;
         loop {
@@ -195,7 +207,7 @@ impl RedisLock {
                 })
                 .await?;
             if token > 0 {
-                return Ok(Some((token, sent)));
+                return Ok(Some((token, sent, self.shared.config.ttl)));
             }
             if woken {
                 self.shared.metrics.record_futile_wakeup();
@@ -220,7 +232,7 @@ impl RedisLock {
         &self,
         grant: &Grant,
         deadline: Deadline,
-    ) -> Result<Option<(u64, Instant)>, LockError> {
+    ) -> Result<Option<Grant3>, LockError> {
         let mut pubsub = None;
         let mut woken = false;
         let period = refresh_period(self.shared.config.ttl);
@@ -238,7 +250,7 @@ impl RedisLock {
                 })
                 .await?;
             if token > 0 {
-                return Ok(Some((token, sent)));
+                return Ok(Some((token, sent, self.shared.config.ttl)));
             }
             if woken {
                 self.shared.metrics.record_futile_wakeup();
@@ -278,11 +290,7 @@ impl RedisLock {
 
     /// `ATTEMPT`, queueing; then block on this waiter's own list, refreshing the place in
     /// the queue every refresh period.
-    async fn queue(
-        &self,
-        grant: &Grant,
-        deadline: Deadline,
-    ) -> Result<Option<(u64, Instant)>, LockError> {
+    async fn queue(&self, grant: &Grant, deadline: Deadline) -> Result<Option<Grant3>, LockError> {
         let ttl = self.shared.config.ttl;
         let period = refresh_period(ttl);
         let queue = !deadline.is_immediate();
@@ -305,7 +313,7 @@ impl RedisLock {
                     // learns of it now, as it would have on its list.
                     self.shared.metrics.record_wakeup();
                 }
-                return Ok(Some((token.unsigned_abs(), sent)));
+                return Ok(Some((token.unsigned_abs(), sent, self.shared.config.ttl)));
             }
             if token < 0 {
                 return Err(LockError::Backend {
@@ -344,8 +352,14 @@ impl RedisLock {
             {
                 Ok(Ok(popped)) => popped,
                 Ok(Err(error)) => {
+                    let error = crate::error::lock_error(BACKEND, error, Some(self.name.as_str()));
+                    if !matches!(error, LockError::Connection { .. }) {
+                        // Refused (an ACL without BLPOP, say): no use trying again.
+                        return Err(error);
+                    }
                     tracing::debug!(lock = %self.name, %error, "redis: blocking wait failed; reconnecting");
                     connection = None;
+                    tokio::time::sleep(RETRY_PAUSE).await;
                     None
                 }
                 Err(_) => {
@@ -360,11 +374,15 @@ impl RedisLock {
                     self.shared.node.give_back(done);
                 }
                 self.shared.metrics.record_wakeup();
-                return Ok(Some((token, sent)));
+                return Ok(Some((token, sent, claim(self.shared.config.ttl))));
             }
         }
     }
 }
+
+/// A grant as a waiting strategy found it: the token, when the request that confirmed it
+/// was sent, and the lease the server set from no earlier than then.
+type Grant3 = (u64, Instant, Duration);
 
 /// What an `ATTEMPT` does when the lock is busy.
 #[derive(Debug, Clone, Copy)]
@@ -421,10 +439,11 @@ impl Grant {
         invocation
             .arg(&self.id)
             .arg(millis(ttl))
-            .arg(millis(liveness(ttl)))
+            .arg(millis(liveness(ttl, self.shared.config.timeout)))
             .arg(&self.keys.waiter_prefix)
             .arg(mode)
-            .arg(&self.keys.channel);
+            .arg(&self.keys.channel)
+            .arg(millis(claim(ttl)));
     }
 
     /// `ATTEMPT`: a token, 0, or -1 when a refreshing waiter's place is gone.
@@ -473,14 +492,15 @@ impl Lease for Grant {
         self.shared.closed().await;
     }
 
-    async fn extend(&self) -> Result<bool, LockError> {
+    async fn extend(&self) -> Result<Renewal, LockError> {
         let mut invocation = EXTEND.prepare_invoke();
         invocation
             .key(&self.keys.owner)
+            .key(&self.keys.released)
             .arg(&self.id)
             .arg(millis(self.shared.config.ttl));
         let renewed: u64 = self.shared.node.run(invocation, self.name.as_str()).await?;
-        Ok(renewed == 1)
+        Ok(renewal(renewed))
     }
 
     async fn release(&self) -> Result<bool, LockError> {

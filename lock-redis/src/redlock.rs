@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::RedlockConfig;
-use crate::guard::{Lease, grant as make_guard};
+use crate::guard::{Lease, Renewal, grant as make_guard};
 use crate::keys::LockKeys;
 use crate::node::Node;
 use crate::provider::Closed;
@@ -155,7 +155,13 @@ fn worst(errors: Vec<LockError>, name: &LockName, what: &str) -> LockError {
     let count = errors.len();
     let first = errors.into_iter().min_by_key(rank);
     match first {
-        Some(error @ (LockError::Auth { .. } | LockError::PermissionDenied { .. })) => error,
+        Some(
+            error @ (LockError::Auth { .. }
+            | LockError::PermissionDenied { .. }
+            | LockError::Backend {
+                retryable: false, ..
+            }),
+        ) => error,
         Some(error) => LockError::Connection {
             backend: REDLOCK,
             name: Some(name.to_string()),
@@ -384,7 +390,8 @@ impl RedlockLock {
                 Round::Held(token, asked) => {
                     pending.armed = false;
                     self.shared.metrics.record_grant();
-                    return make_guard(grant, &self.name, token, asked).map(Some);
+                    return make_guard(grant, &self.name, token, asked, self.shared.config.ttl)
+                        .map(Some);
                 }
                 Round::Busy => split_rounds = 0,
                 Round::Split { errors, kept } => {
@@ -532,7 +539,8 @@ impl RedlockGrant {
                     .arg(ttl)
                     .arg(&self.keys.waiter_prefix)
                     .arg("none")
-                    .arg(&self.keys.channel);
+                    .arg(&self.keys.channel)
+                    .arg(ttl);
                 node.run::<u64>(invocation, self.name.as_str())
             })
             .await;
@@ -578,22 +586,29 @@ impl Lease for RedlockGrant {
         self.shared.closed.wait().await;
     }
 
-    async fn extend(&self) -> Result<bool, LockError> {
+    async fn extend(&self) -> Result<Renewal, LockError> {
         let ttl = millis(self.shared.config.ttl);
         let answers = self
             .shared
             .on_all(|node| {
                 let mut invocation = EXTEND.prepare_invoke();
-                invocation.key(&self.keys.owner).arg(&self.id).arg(ttl);
+                invocation
+                    .key(&self.keys.owner)
+                    .key(&self.keys.released)
+                    .arg(&self.id)
+                    .arg(ttl);
                 node.run::<u64>(invocation, self.name.as_str())
             })
             .await;
         let renewed = answers.iter().filter(|a| matches!(a, Ok(1))).count();
+        let released = answers.iter().filter(|a| matches!(a, Ok(2))).count();
         let refused = answers.iter().filter(|a| matches!(a, Ok(0))).count();
         if renewed >= self.shared.quorum() {
-            Ok(true)
-        } else if refused > self.shared.nodes.len() - self.shared.quorum() {
-            Ok(false)
+            Ok(Renewal::Renewed)
+        } else if released >= self.shared.quorum() {
+            Ok(Renewal::Released)
+        } else if refused + released > self.shared.nodes.len() - self.shared.quorum() {
+            Ok(Renewal::Gone)
         } else {
             Err(worst(
                 answers.into_iter().filter_map(Result::err).collect(),

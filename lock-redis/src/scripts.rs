@@ -13,22 +13,24 @@ use redis::Script;
 
 /// Lua shared by the scripts that hand the lock on.
 ///
-/// `handoff(ttl, liveness, prefix, now)`: gives the lock to the first live waiter: sets the
-/// owner key to its id, bumps the counter, pushes the token onto its list. Waiters whose
-/// deadline passed are dropped on the way.
+/// `handoff(claim, liveness, prefix, now)`: gives the lock to the first live waiter: sets
+/// the owner key to its id with the short `claim` lease (the waiter renews it to the full
+/// ttl once it has the token, so a waiter that died since its last refresh holds the lock
+/// for no longer than that), bumps the counter, pushes the token onto its list. Waiters
+/// whose deadline passed are dropped on the way.
 const HANDOFF: &str = r#"
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local function handoff(ttl, liveness, prefix, now)
+local function handoff(claim, liveness, prefix, now)
   while true do
     local head = redis.call('LPOP', KEYS[3])
     if not head then return false end
     local deadline = redis.call('HGET', KEYS[4], head)
     redis.call('HDEL', KEYS[4], head)
     if deadline and tonumber(deadline) >= now then
-      redis.call('SET', KEYS[1], head, 'PX', ttl)
+      redis.call('SET', KEYS[1], head, 'PX', claim)
       local token = redis.call('INCR', KEYS[2])
       redis.call('RPUSH', prefix .. head, token)
       redis.call('PEXPIRE', prefix .. head, liveness)
@@ -46,7 +48,10 @@ pub(crate) static GRANT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 local owner = redis.call('GET', KEYS[1])
-if owner == ARGV[1] then return tonumber(redis.call('GET', KEYS[2])) end
+if owner == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return tonumber(redis.call('GET', KEYS[2]))
+end
 if owner then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return redis.call('INCR', KEYS[2])
@@ -61,7 +66,10 @@ pub(crate) static VOTE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 local owner = redis.call('GET', KEYS[1])
-if owner == ARGV[1] then return {tonumber(redis.call('GET', KEYS[2])), ''} end
+if owner == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {tonumber(redis.call('GET', KEYS[2])), ''}
+end
 if owner then return {0, owner} end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {redis.call('INCR', KEYS[2]), ''}
@@ -69,7 +77,7 @@ return {redis.call('INCR', KEYS[2]), ''}
     )
 });
 
-/// `ATTEMPT(id, ttl, liveness, prefix, mode, channel, queue)` → token, or 0. The queue strategy's grant
+/// `ATTEMPT(id, ttl, liveness, prefix, mode, channel, claim, queue)` → token, or 0. The queue strategy's grant
 /// and the waiter's periodic refresh in one:
 ///
 /// - already the owner (a handoff raced the caller's wait): take the token from the list;
@@ -86,6 +94,8 @@ pub(crate) static ATTEMPT: LazyLock<Script> = LazyLock::new(|| {
 local id, ttl, liveness, prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = now_ms()
 if redis.call('GET', KEYS[1]) == id then
+  -- A hand-off this waiter had not picked up: its lease restarts now.
+  redis.call('PEXPIRE', KEYS[1], ttl)
   local token = redis.call('LPOP', prefix .. id)
   redis.call('DEL', prefix .. id)
   redis.call('LREM', KEYS[3], 0, id)
@@ -110,12 +120,12 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
     redis.call('HDEL', KEYS[4], id)
     return redis.call('INCR', KEYS[2])
   end
-  handoff(ttl, liveness, prefix, now)
+  handoff(ARGV[7], liveness, prefix, now)
 end
 local queued = redis.call('LPOS', KEYS[3], id)
-if ARGV[7] == '1' then
+if ARGV[8] == '1' then
   if not queued then redis.call('RPUSH', KEYS[3], id) end
-elseif ARGV[7] == '2' then
+elseif ARGV[8] == '2' then
   if not queued then
     redis.call('HDEL', KEYS[4], id)
     return -1
@@ -129,7 +139,7 @@ return 0
     ))
 });
 
-/// `RELEASE(id, ttl, liveness, prefix, mode, channel)` → 1 released, 0 not the owner.
+/// `RELEASE(id, ttl, liveness, prefix, mode, channel, claim)` → 1 released, 0 not the owner.
 /// Compare-and-delete, leaving a receipt so that the same release sent again (its reply
 /// was lost) answers 1 too; then `mode` `queue` hands the lock to the first live waiter,
 /// `pubsub` broadcasts on `channel`.
@@ -143,7 +153,7 @@ end
 redis.call('DEL', KEYS[1])
 redis.call('SET', KEYS[5], ARGV[1], 'PX', ARGV[2])
 if ARGV[5] == 'queue' then
-  handoff(ARGV[2], ARGV[3], ARGV[4], now_ms())
+  handoff(ARGV[7], ARGV[3], ARGV[4], now_ms())
 elseif ARGV[5] == 'pubsub' then
   redis.call('PUBLISH', ARGV[6], '1')
 end
@@ -152,7 +162,7 @@ return 1
     ))
 });
 
-/// `CANCEL(id, ttl, liveness, prefix, mode, channel)` → 1 if a grant had raced the cancel
+/// `CANCEL(id, ttl, liveness, prefix, mode, channel, claim)` → 1 if a grant had raced the cancel
 /// and was passed on, else 0. Removes the waiter from the queue, its deadline and its list.
 pub(crate) static CANCEL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
@@ -164,7 +174,7 @@ redis.call('DEL', prefix .. id)
 if redis.call('GET', KEYS[1]) ~= id then return 0 end
 redis.call('DEL', KEYS[1])
 if ARGV[5] == 'queue' then
-  handoff(ARGV[2], ARGV[3], prefix, now_ms())
+  handoff(ARGV[7], ARGV[3], prefix, now_ms())
 elseif ARGV[5] == 'pubsub' then
   redis.call('PUBLISH', ARGV[6], '1')
 end
@@ -173,13 +183,16 @@ return 1
     ))
 });
 
-/// `EXTEND(id, ttl)` → 1 renewed, 0 not the owner. Compare-and-pexpire.
+/// `EXTEND(id, ttl)` on `KEYS[1]` owner, `KEYS[2]` release receipt → 1 renewed, 2 this
+/// owner released it already (a release whose reply was lost), 0 gone or someone else's.
+/// Compare-and-pexpire.
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
+if redis.call('GET', KEYS[2]) == ARGV[1] then return 2 end
 return 0
 "#,
     )

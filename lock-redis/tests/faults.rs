@@ -1051,3 +1051,105 @@ async fn the_documented_acl_rule_is_enough() {
         expect_only_fence(&mut admin, &name, SLACK, "after the documented user").await;
     }
 }
+
+/// With a 30 s lease: a provider dropped before its guard frees the lock at once, not when
+/// the lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_dropped_before_its_guard_frees_the_lock() {
+    let server = start_server().await;
+    let mut admin = admin(&server).await;
+    let long = |strategy| config(server.port(), strategy).with_ttl(Duration::from_secs(30));
+    let holder = RedisLockProvider::connect(long(RedisStrategy::Queue))
+        .await
+        .unwrap();
+    let name = unique_name("provider-first");
+    let guard = holder
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    drop(holder);
+    drop(guard);
+    let other = RedisLockProvider::connect(long(RedisStrategy::Queue))
+        .await
+        .unwrap();
+    let asked = Instant::now();
+    let mut next = other
+        .lock(&name)
+        .unwrap()
+        .acquire(Some(SLACK * 3))
+        .await
+        .expect("the lock freed by the provider's end");
+    report(
+        "a_provider_dropped_before_its_guard_frees_the_lock",
+        format_args!("granted {:?} after the drop (lease 30 s)", asked.elapsed()),
+    );
+    next.release().await.unwrap();
+    expect_only_fence(&mut admin, &name, SLACK, "after the release").await;
+}
+
+/// With a 30 s lease: a queued waiter that falls silent (its network black-holed, so it can
+/// neither refresh nor clean up) is handed the lock on release; the hand-off's short claim
+/// runs out and the next waiter gets the lock long before the 30 s lease would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_to_a_silent_waiter_holds_the_lock_only_for_its_claim() {
+    let server = start_server().await;
+    let mut admin = admin(&server).await;
+    let long = |port| config(port, RedisStrategy::Queue).with_ttl(Duration::from_secs(30));
+    let holder = RedisLockProvider::connect(long(server.port()))
+        .await
+        .unwrap();
+    let name = unique_name("silent-waiter");
+    let mut held = holder
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let proxy = FaultProxy::start(server.socket_addr()).unwrap();
+    let silent = RedisLockProvider::connect(long(proxy.address().port()))
+        .await
+        .unwrap();
+    let silent_lock = silent.lock(&name).unwrap();
+    let silent_wait = tokio::spawn(async move { silent_lock.acquire(None).await });
+    let queue = queue_key(&name);
+    let deadline = Instant::now() + SLACK * 3;
+    while admin.llen::<_, u64>(&queue).await.unwrap() < 1 {
+        assert!(Instant::now() < deadline, "the silent waiter never queued");
+        sleep(Duration::from_millis(10)).await;
+    }
+    proxy.black_hole();
+    let next = RedisLockProvider::connect(long(server.port()))
+        .await
+        .unwrap();
+    let next_lock = next.lock(&name).unwrap();
+    let next_wait =
+        tokio::spawn(async move { next_lock.acquire(Some(Duration::from_secs(25))).await });
+    while admin.llen::<_, u64>(&queue).await.unwrap() < 2 {
+        assert!(Instant::now() < deadline, "the next waiter never queued");
+        sleep(Duration::from_millis(10)).await;
+    }
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let mut guard = timeout(Duration::from_secs(20), next_wait)
+        .await
+        .expect("the next waiter was served within 20 s")
+        .unwrap()
+        .expect("the next waiter's grant");
+    let took = released.elapsed();
+    report(
+        "a_hand_off_to_a_silent_waiter_holds_the_lock_only_for_its_claim",
+        format_args!("the next waiter got the lock {took:?} after the release (lease 30 s)"),
+    );
+    assert!(
+        took < Duration::from_secs(12),
+        "the silent waiter's hand-off held the lock for {took:?}"
+    );
+    guard.release().await.unwrap();
+    silent_wait.abort();
+    drop(silent);
+    proxy.pass();
+}
