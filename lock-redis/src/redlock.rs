@@ -318,7 +318,7 @@ impl fmt::Debug for RedlockLock {
 enum Round {
     /// A majority granted in time: the token and when the earliest vote was asked for.
     Held(u64, Instant),
-    /// Someone else holds a majority (or enough to deny ours): busy.
+    /// Another contender holds a majority: busy.
     Busy,
     /// The votes split, or servers failed: try again. `kept` when this contender keeps its
     /// votes (it has the smallest owner id among the holders, so the others give theirs up).
@@ -409,7 +409,12 @@ impl RedlockLock {
             }
             // A try retries split votes `retry_count` times; a wait goes on to its deadline.
             let retrying = split_rounds > 0 && split_rounds <= self.shared.config.retry_count;
-            if (deadline.is_immediate() && !retrying) || deadline.has_passed() {
+            let gave_up = if deadline.is_immediate() {
+                !retrying
+            } else {
+                deadline.has_passed()
+            };
+            if gave_up {
                 if kept_votes {
                     grant.release_all().await.ok();
                 }
@@ -490,7 +495,11 @@ impl RedlockGrant {
             return (Round::Held(token, began), began);
         }
         let errors: Vec<LockError> = answers.into_iter().filter_map(Result::err).collect();
-        let busy = holders.len() > self.shared.nodes.len() - quorum;
+        // Busy when another contender holds a majority; otherwise the votes are split
+        // (say one each on three servers), which the smallest owner id settles.
+        let busy = holders
+            .iter()
+            .any(|holder| holders.iter().filter(|h| *h == holder).count() >= quorum);
         let kept = !busy
             && valid
             && errors.is_empty()
