@@ -194,20 +194,8 @@ impl RedisLock {
         let mut pause = POLL_MIN;
         let mut woken = false;
         loop {
-            let sent = Instant::now();
-            let token: u64 = grant
-                .retrying(|| {
-                    let mut invocation = GRANT.prepare_invoke();
-                    invocation
-                        .key(&grant.keys.owner)
-                        .key(&grant.keys.fence)
-                        .arg(&grant.id)
-                        .arg(millis(grant.shared.config.ttl));
-                    invocation
-                })
-                .await?;
-            if token > 0 {
-                return Ok(Some((token, sent, self.shared.config.ttl)));
+            if let Some(granted) = grant.try_grant().await? {
+                return Ok(Some(granted));
             }
             if woken {
                 self.shared.metrics.record_futile_wakeup();
@@ -237,20 +225,8 @@ impl RedisLock {
         let mut woken = false;
         let period = refresh_period(self.shared.config.ttl);
         loop {
-            let sent = Instant::now();
-            let token: u64 = grant
-                .retrying(|| {
-                    let mut invocation = GRANT.prepare_invoke();
-                    invocation
-                        .key(&grant.keys.owner)
-                        .key(&grant.keys.fence)
-                        .arg(&grant.id)
-                        .arg(millis(grant.shared.config.ttl));
-                    invocation
-                })
-                .await?;
-            if token > 0 {
-                return Ok(Some((token, sent, self.shared.config.ttl)));
+            if let Some(granted) = grant.try_grant().await? {
+                return Ok(Some(granted));
             }
             if woken {
                 self.shared.metrics.record_futile_wakeup();
@@ -423,6 +399,24 @@ impl Grant {
                 other => return other,
             }
         }
+    }
+
+    /// One `GRANT` (sent again after a lost reply): the grant, if the lock was free.
+    async fn try_grant(&self) -> Result<Option<Grant3>, LockError> {
+        let ttl = self.shared.config.ttl;
+        let sent = Instant::now();
+        let token: u64 = self
+            .retrying(|| {
+                let mut invocation = GRANT.prepare_invoke();
+                invocation
+                    .key(&self.keys.owner)
+                    .key(&self.keys.fence)
+                    .arg(&self.id)
+                    .arg(millis(ttl));
+                invocation
+            })
+            .await?;
+        Ok((token > 0).then_some((token, sent, ttl)))
     }
 
     /// The arguments every queue script takes after the owner id.

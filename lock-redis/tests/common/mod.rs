@@ -78,6 +78,16 @@ pub(crate) async fn keys_of(admin: &mut redis::aio::ConnectionManager, name: &st
     keys
 }
 
+/// The bounds of both harnesses, from the test lease [`TTL`].
+fn timing() -> Timing {
+    Timing::default()
+        .with_operation_slack(Duration::from_secs(1))
+        .with_handoff_bound(Duration::from_secs(2))
+        .with_loss_bound(TTL * 3)
+        .with_crash_release_bound(TTL * 2)
+        .with_short_timeout(Duration::from_millis(300))
+}
+
 /// One client's fault proxy.
 pub(crate) struct Proxy(pub(crate) FaultProxy);
 
@@ -156,12 +166,7 @@ impl Harness for RedisHarness {
     }
 
     fn timing(&self) -> Timing {
-        Timing::default()
-            .with_operation_slack(Duration::from_secs(1))
-            .with_handoff_bound(Duration::from_secs(2))
-            .with_loss_bound(TTL * 3)
-            .with_crash_release_bound(TTL * 2)
-            .with_short_timeout(Duration::from_millis(300))
+        timing()
     }
 
     fn faults(&self) -> Option<&dyn Faults> {
@@ -359,12 +364,7 @@ impl Harness for RedlockHarness {
     }
 
     fn timing(&self) -> Timing {
-        Timing::default()
-            .with_operation_slack(Duration::from_secs(1))
-            .with_handoff_bound(Duration::from_secs(2))
-            .with_loss_bound(TTL * 3)
-            .with_crash_release_bound(TTL * 2)
-            .with_short_timeout(Duration::from_millis(300))
+        timing()
     }
 
     fn faults(&self) -> Option<&dyn Faults> {
