@@ -7,21 +7,11 @@ use lock_core::{Guard, LockError};
 use redis::AsyncCommands;
 
 use crate::measure::ScaleMeasurement;
-use crate::scenario::four_letter;
+use crate::scenario::{bench_error, mntr_stat};
 use crate::strategy::{Backend, Servers, Strategy};
 
 /// Acquisitions or releases in flight at once.
 const IN_FLIGHT: usize = 64;
-
-fn bench_error(message: impl Into<String>) -> LockError {
-    LockError::Backend {
-        backend: "bench",
-        name: None,
-        message: message.into(),
-        retryable: false,
-        source: None,
-    }
-}
 
 /// This process's resident memory, in bytes (Linux; 0 elsewhere).
 pub fn resident_bytes() -> u64 {
@@ -149,13 +139,7 @@ async fn ephemerals(strategy: Strategy, servers: &Servers) -> Option<u64> {
     if strategy.backend() != Backend::ZooKeeper {
         return None;
     }
-    let first = servers.zk.as_deref()?.split(',').next()?.to_owned();
-    let mntr = tokio::task::spawn_blocking(move || four_letter(&first, "mntr"))
-        .await
-        .ok()??;
-    mntr.lines()
-        .find_map(|line| line.strip_prefix("zk_ephemerals_count"))
-        .and_then(|value| value.trim().parse().ok())
+    mntr_stat(servers, "zk_ephemerals_count").await
 }
 
 /// Entries of the run's locks still on the server, waiting a little for clean-up.

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use lock_conformance::servers::ZkTarget;
 use lock_core::{LockError, LockName, LockProvider, MetricsSnapshot};
 use redis::AsyncCommands;
 
@@ -42,7 +43,7 @@ impl RunOptions {
     }
 }
 
-fn bench_error(message: impl Into<String>) -> LockError {
+pub(crate) fn bench_error(message: impl Into<String>) -> LockError {
     LockError::Backend {
         backend: "bench",
         name: None,
@@ -287,15 +288,7 @@ pub async fn run(
 /// command calls (`INFO commandstats`). `None` when the server does not say.
 pub async fn server_requests(backend: Backend, servers: &Servers) -> Option<u64> {
     match backend {
-        Backend::ZooKeeper => {
-            let first = servers.zk.as_deref()?.split(',').next()?.to_owned();
-            let mntr = tokio::task::spawn_blocking(move || four_letter(&first, "mntr"))
-                .await
-                .ok()??;
-            mntr.lines()
-                .find_map(|line| line.strip_prefix("zk_packets_received"))
-                .and_then(|value| value.trim().parse().ok())
-        }
+        Backend::ZooKeeper => mntr_stat(servers, "zk_packets_received").await,
         Backend::Redis => {
             let client = redis::Client::open(servers.redis.as_deref()?).ok()?;
             let mut connection = client.get_multiplexed_async_connection().await.ok()?;
@@ -314,15 +307,13 @@ pub async fn server_requests(backend: Backend, servers: &Servers) -> Option<u64>
     }
 }
 
-/// Sends a ZooKeeper four-letter word to `address` and returns the answer.
-pub fn four_letter(address: &str, word: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(address).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    stream.write_all(word.as_bytes()).ok()?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).ok()?;
-    Some(answer)
+/// One figure of ZooKeeper's `mntr` answer (from the first server), where it gives it.
+pub(crate) async fn mntr_stat(servers: &Servers, key: &str) -> Option<u64> {
+    let target = ZkTarget::external(servers.zk.as_deref()?);
+    let mntr = target.four_letter("mntr").await.ok()?;
+    mntr.lines()
+        .find_map(|line| line.strip_prefix(key))
+        .and_then(|value| value.trim().parse().ok())
 }
 
 /// Fails when the lock `name` left nodes or keys behind (waiting a little for background

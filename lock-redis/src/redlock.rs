@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::future::join_all;
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Fencing, Guard, LockError, LockName, LockProvider,
     Metrics, MetricsSnapshot, WaitKind,
@@ -111,34 +112,6 @@ impl Shared {
         });
         join_all(calls).await
     }
-}
-
-/// Awaits every future, concurrently, keeping their order.
-async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    let handles: Vec<_> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = handles.iter().map(|_| None).collect();
-    let mut handles: Vec<_> = handles.into_iter().map(Some).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (slot, output) in handles.iter_mut().zip(outputs.iter_mut()) {
-            if let Some(future) = slot {
-                match future.as_mut().poll(cx) {
-                    std::task::Poll::Ready(value) => {
-                        *output = Some(value);
-                        *slot = None;
-                    }
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }
 
 /// The most telling of several servers' errors: credentials first, then permissions, then
