@@ -42,6 +42,10 @@ fn a_smoke_run_reports_every_strategy_and_the_herd() {
             "20",
             "--floor-rounds",
             "10",
+            // Long enough for every waiter to be back waiting before the next release:
+            // the herd's size is then N - 1, not a matter of timing.
+            "--hold-ms",
+            "2",
         ])
         .arg("--json")
         .arg(&json)

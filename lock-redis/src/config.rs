@@ -59,6 +59,7 @@ pub enum RedisStrategy {
     /// Waiters retry with jittered back-off (not FIFO; load grows with the waiters).
     Polling,
     /// A release is broadcast on a channel and every waiter retries (a herd; not FIFO).
+    /// A provider's waiters share one subscription connection per server.
     PubSub,
     /// Waiters join a queue in Redis and a release hands the lock to the head waiter
     /// (herd-free and FIFO). The default.

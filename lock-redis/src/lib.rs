@@ -46,7 +46,9 @@
 //!   2 ms). When it passes without a confirmed renewal, or a renewal finds the key gone or
 //!   someone else's, the guard's lost signal fires.
 //! - Waiting, by [`RedisStrategy`]: `Polling` retries with jittered exponential back-off;
-//!   `PubSub` retries on every release broadcast (every waiter wakes: the herd); `Queue`
+//!   `PubSub` retries on every release broadcast (every waiter wakes: the herd; a
+//!   provider's pub/sub waiters share one subscription connection per server, subscribed
+//!   to a lock's channel while anyone waits on it, as Redisson's do); `Queue`
 //!   (the default) is FIFO and herd-free: a release hands the lock straight to the first
 //!   waiter's own list, which that waiter alone is blocked on. Queue waiters refresh a
 //!   server-TIME deadline every ttl/3 (at most 2 s) and are dropped once it passes, so a
@@ -101,6 +103,7 @@ mod node;
 mod provider;
 mod redlock;
 mod scripts;
+mod subscriber;
 
 pub use config::{RedisConfig, RedisServer, RedisStrategy, RedlockConfig};
 pub use lock::RedisLock;

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures_util::StreamExt;
 use lock_core::{Deadline, DistributedLock, Guard, LockError, LockName};
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -17,6 +16,7 @@ use crate::guard::{Lease, Renewal, grant as make_guard};
 use crate::keys::LockKeys;
 use crate::provider::Shared;
 use crate::scripts::{ATTEMPT, CANCEL, EXTEND, GRANT, RELEASE};
+use crate::subscriber::Heard;
 
 /// How many times a request whose reply was lost is sent again (with the same owner id, so
 /// that a grant the server made is found, not made twice).
@@ -247,19 +247,18 @@ impl RedisLock {
                 continue;
             };
             let nap = deadline.remaining().map_or(period, |left| left.min(period));
-            let mut messages = subscription.on_message();
-            tokio::select! {
-                message = messages.next() => {
-                    if message.is_none() {
-                        // The subscription connection ended: subscribe again.
-                        drop(messages);
-                        pubsub = None;
-                        continue;
-                    }
+            let heard = tokio::select! {
+                heard = subscription.next() => Some(heard),
+                () = tokio::time::sleep(nap) => None,
+            };
+            match heard {
+                Some(Heard::Release) => {
                     self.shared.metrics.record_wakeup();
                     woken = true;
                 }
-                () = tokio::time::sleep(nap) => {}
+                // The subscription connection ended: join again.
+                Some(Heard::Ended) => pubsub = None,
+                None => {}
             }
         }
     }

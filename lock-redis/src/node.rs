@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use lock_core::{LockError, Metrics};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection, PubSub};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, FromRedisValue, IntoConnectionInfo,
     RedisConnectionInfo, ScriptInvocation, TlsCertificates,
@@ -14,6 +14,7 @@ use redis::{
 
 use crate::config::RedisServer;
 use crate::error::{lock_error, timed_out_request};
+use crate::subscriber::{Subscriber, Subscription};
 
 /// A connection to one server, counting its requests.
 #[derive(Clone)]
@@ -26,6 +27,8 @@ pub(crate) struct Node {
     metrics: Arc<Metrics>,
     /// Idle connections for blocking requests, kept for the next waiter.
     idle: Arc<Mutex<Vec<MultiplexedConnection>>>,
+    /// The subscription connection the pub/sub waiters share.
+    subscriber: Arc<Subscriber>,
 }
 
 /// How many idle blocking connections a node keeps.
@@ -95,6 +98,27 @@ fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
 }
 
 impl Node {
+    fn new(
+        server: &RedisServer,
+        client: Client,
+        manager: ConnectionManager,
+        timeout: Duration,
+        backend: &'static str,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let subscriber = Subscriber::new(client.clone(), timeout, backend, Arc::clone(&metrics));
+        Node {
+            client,
+            manager,
+            timeout,
+            backend,
+            address: server.address(),
+            metrics,
+            idle: Arc::default(),
+            subscriber: Arc::new(subscriber),
+        }
+    }
+
     /// Connects to `server`, giving up after `timeout`.
     pub(crate) async fn connect(
         server: &RedisServer,
@@ -117,15 +141,9 @@ impl Node {
                 });
             }
         };
-        Ok(Node {
-            client,
-            manager,
-            timeout,
-            backend,
-            address: server.address(),
-            metrics,
-            idle: Arc::default(),
-        })
+        Ok(Node::new(
+            server, client, manager, timeout, backend, metrics,
+        ))
     }
 
     /// A node that connects on its first request (Redlock: a server that is down at start
@@ -140,15 +158,9 @@ impl Node {
         let manager =
             ConnectionManager::new_lazy_with_config(client.clone(), manager_config(timeout))
                 .map_err(|error| lock_error(backend, error, None))?;
-        Ok(Node {
-            client,
-            manager,
-            timeout,
-            backend,
-            address: server.address(),
-            metrics,
-            idle: Arc::default(),
-        })
+        Ok(Node::new(
+            server, client, manager, timeout, backend, metrics,
+        ))
     }
 
     /// The server's `host:port`.
@@ -245,18 +257,12 @@ impl Node {
         }
     }
 
-    /// A subscription connection on `channel`.
-    pub(crate) async fn subscribe(&self, channel: &str, name: &str) -> Result<PubSub, LockError> {
-        self.metrics.record_server_requests(2);
-        let subscribing = async {
-            let mut pubsub = self.client.get_async_pubsub().await?;
-            pubsub.subscribe(channel).await?;
-            Ok::<_, redis::RedisError>(pubsub)
-        };
-        match tokio::time::timeout(self.timeout, subscribing).await {
-            Ok(Ok(pubsub)) => Ok(pubsub),
-            Ok(Err(error)) => Err(lock_error(self.backend, error, Some(name))),
-            Err(_) => Err(timed_out_request(self.backend, Some(name))),
-        }
+    /// A place on `channel`, on the subscription connection shared by this node's waiters.
+    pub(crate) async fn subscribe(
+        &self,
+        channel: &str,
+        name: &str,
+    ) -> Result<Subscription, LockError> {
+        self.subscriber.join(channel, name).await
     }
 }

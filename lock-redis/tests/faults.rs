@@ -1153,3 +1153,116 @@ async fn a_hand_off_to_a_silent_waiter_holds_the_lock_only_for_its_claim() {
     drop(silent);
     proxy.pass();
 }
+
+/// The server's client connections.
+async fn client_count(admin: &mut ConnectionManager) -> usize {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(admin)
+        .await
+        .unwrap();
+    list.lines().count()
+}
+
+/// Waits until the server has `count` client connections; panics after `bound`.
+async fn expect_clients(admin: &mut ConnectionManager, count: usize, bound: Duration, what: &str) {
+    let began = Instant::now();
+    loop {
+        let now = client_count(admin).await;
+        if now == count {
+            return;
+        }
+        assert!(
+            began.elapsed() < bound,
+            "{what}: {now} client connections after {bound:?}, expected {count}"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Pub/sub waiters of one provider share one subscription connection: one subscriber per
+/// release channel however many wait on it. When that connection is killed, they join
+/// again on a new one and are served on the release messages, never on their refresh naps;
+/// afterwards nothing stays subscribed, and dropping the provider closes its connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pubsub_waiters_share_one_subscription_and_survive_its_loss() {
+    const PER_NAME: usize = 5;
+    let server = start_server().await;
+    let mut admin = admin(&server).await;
+    let names = [unique_name("shared-a"), unique_name("shared-b")];
+    let holder = connect(server.port(), RedisStrategy::PubSub).await;
+    let mut held = Vec::new();
+    for name in &names {
+        let lock = holder.lock(name).unwrap();
+        held.push(lock.try_acquire().await.unwrap().expect("a free lock"));
+    }
+    let clients_before = client_count(&mut admin).await;
+
+    let waiters = connect(server.port(), RedisStrategy::PubSub).await;
+    let mut tasks = Vec::new();
+    let mut occupancies = Vec::new();
+    for name in &names {
+        let occupancy = Occupancy::new();
+        for _ in 0..PER_NAME {
+            let (lock, occupancy) = (waiters.lock(name).unwrap(), occupancy.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut guard = lock.acquire(Some(Duration::from_secs(30))).await?;
+                {
+                    let _inside = occupancy.enter();
+                    sleep(Duration::from_millis(2)).await;
+                }
+                guard.release().await
+            }));
+        }
+        occupancies.push(occupancy);
+    }
+    for name in &names {
+        let what = format!("{PER_NAME} waiters on {name}: subscribers");
+        expect_waiting(&mut admin, name, RedisStrategy::PubSub, 1, SLACK * 5, &what).await;
+    }
+    // The provider's shared connection and its subscription connection, no more.
+    expect_clients(&mut admin, clients_before + 2, SLACK, "waiting").await;
+
+    let killed: usize = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1, "one subscription connection for all the waiters");
+    for name in &names {
+        let what = format!("{name}: subscribers after the kill");
+        expect_waiting(&mut admin, name, RedisStrategy::PubSub, 1, SLACK, &what).await;
+    }
+
+    let released = Instant::now();
+    for mut guard in held {
+        guard.release().await.unwrap();
+    }
+    for task in tasks {
+        timeout(SLACK * 10, task)
+            .await
+            .expect("a waiter served")
+            .unwrap()
+            .expect("a waiter's acquire and release");
+    }
+    let served = released.elapsed();
+    report(
+        "pubsub_shared",
+        format_args!("{} waiters on two names served in {served:?}", 2 * PER_NAME),
+    );
+    // A waiter that missed a release would have slept a refresh period before trying again.
+    assert!(
+        served < PERIOD,
+        "{PER_NAME} handoffs per name took {served:?}: a waiter waited for its refresh nap"
+    );
+    for (name, occupancy) in names.iter().zip(&occupancies) {
+        assert_eq!(occupancy.peak(), 1, "{name}: two holders at once");
+        let what = format!("{name}: subscribers left");
+        expect_waiting(&mut admin, name, RedisStrategy::PubSub, 0, SLACK, &what).await;
+        expect_only_fence(&mut admin, name, SLACK, "keys left").await;
+    }
+    drop(waiters);
+    expect_clients(&mut admin, clients_before, SLACK, "after the provider").await;
+}
