@@ -6,6 +6,9 @@
 //! waiter deadlines (a hash: owner id → server-TIME milliseconds), `KEYS[5]` the receipt
 //! of the last release (its owner id, for a lease's length). A waiter's own list,
 //! where a handoff pushes its token, is `ARGV[waiter prefix] .. id`.
+//!
+//! An id is in the queue at most once (it joins only when not found there), so removing it
+//! stops at its one occurrence.
 
 use std::sync::LazyLock;
 
@@ -98,7 +101,7 @@ if redis.call('GET', KEYS[1]) == id then
   redis.call('PEXPIRE', KEYS[1], ttl)
   local token = redis.call('LPOP', prefix .. id)
   redis.call('DEL', prefix .. id)
-  redis.call('LREM', KEYS[3], 0, id)
+  redis.call('LREM', KEYS[3], 1, id)
   redis.call('HDEL', KEYS[4], id)
   return tonumber(token) or tonumber(redis.call('GET', KEYS[2]))
 end
@@ -116,12 +119,14 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   local head = redis.call('LINDEX', KEYS[3], 0)
   if not head or head == id then
     redis.call('SET', KEYS[1], id, 'PX', ttl)
-    redis.call('LREM', KEYS[3], 0, id)
+    redis.call('LREM', KEYS[3], 1, id)
     redis.call('HDEL', KEYS[4], id)
     return redis.call('INCR', KEYS[2])
   end
   handoff(ARGV[7], liveness, prefix, now)
 end
+-- The list, not the deadline hash, says whether one is queued: an entry removed by
+-- someone else must be noticed.
 local queued = redis.call('LPOS', KEYS[3], id)
 if ARGV[8] == '1' then
   if not queued then redis.call('RPUSH', KEYS[3], id) end
@@ -168,7 +173,7 @@ pub(crate) static CANCEL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r#"{HANDOFF}
 local id, prefix = ARGV[1], ARGV[4]
-redis.call('LREM', KEYS[3], 0, id)
+redis.call('LREM', KEYS[3], 1, id)
 redis.call('HDEL', KEYS[4], id)
 redis.call('DEL', prefix .. id)
 if redis.call('GET', KEYS[1]) ~= id then return 0 end
