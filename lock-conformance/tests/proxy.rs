@@ -165,6 +165,14 @@ fn create_request(xid: i32, path: &str) -> Vec<u8> {
     request(xid, 1, &p)
 }
 
+/// A delete (op 2) of any version.
+fn delete_request(xid: i32, path: &str) -> Vec<u8> {
+    let mut p = Vec::new();
+    put_str(&mut p, path.as_bytes());
+    p.extend((-1i32).to_be_bytes());
+    request(xid, 2, &p)
+}
+
 /// An exists (op 3) without a watch.
 fn exists_request(xid: i32, path: &str) -> Vec<u8> {
     let mut p = Vec::new();
@@ -479,6 +487,34 @@ async fn swallow_zk_create_reply_with_fake_server() {
         .unwrap();
     let r = read_frame(&mut next).await.unwrap();
     assert_eq!(reply_header(&r), (1, 11, 0));
+    assert_eq!(proxy.swallowed_count(), 1);
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn swallow_zk_delete_reply_with_fake_server() {
+    let (server, seen) = fake_zk_server().await;
+    let proxy = FaultProxy::start(server).unwrap();
+    let swallow = proxy.swallow_next_reply(ReplyKind::ZkDelete);
+    let mut c = TcpStream::connect(proxy.address()).await.unwrap();
+    c.write_all(&connect_request(0, &[0u8; 16])).await.unwrap();
+    let _ = connect_response(&read_frame(&mut c).await.unwrap());
+
+    // A create passes untouched: only a delete's reply is swallowed.
+    c.write_all(&create_request(1, "/created")).await.unwrap();
+    assert_eq!(reply_header(&read_frame(&mut c).await.unwrap()), (1, 11, 0));
+    assert!(swallow.event().is_none());
+
+    c.write_all(&delete_request(2, "/created")).await.unwrap();
+    let event = timeout(Duration::from_secs(2), swallow.wait())
+        .await
+        .unwrap();
+    assert_eq!(event.kind, ReplyKind::ZkDelete);
+    assert_eq!(event.xid, Some(2));
+    assert_eq!(event.zxid, Some(12));
+    assert_eq!(event.err, Some(0));
+    assert_closed(&mut c, Duration::from_secs(1)).await;
+    assert_eq!(*seen.requests.lock().unwrap(), vec![(1, 1), (2, 2)]);
     assert_eq!(proxy.swallowed_count(), 1);
     proxy.shutdown().await;
 }

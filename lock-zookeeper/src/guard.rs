@@ -211,6 +211,7 @@ pub(crate) fn grant(
         checked,
         registration,
         releasing,
+        in_doubt: false,
         lost: lost.clone(),
     };
     Guard::new(name.clone(), token(czxid), lost, Box::new(backend))
@@ -271,6 +272,8 @@ struct ZkGuard {
     checked: bool,
     registration: u64,
     releasing: Arc<AtomicBool>,
+    /// A delete of ours was sent and its reply lost: the node may be gone by our own hand.
+    in_doubt: bool,
     lost: LostSignal,
 }
 
@@ -309,21 +312,36 @@ impl GuardBackend for ZkGuard {
         self.releasing.store(true, Ordering::Release);
         self.metrics
             .record_server_requests(1 + u64::from(self.checked));
-        let result = if self.checked {
+        let (result, deleting) = if self.checked {
             match session.client.check_stat(&self.path).await {
                 Ok(Some(stat))
                     if stat.ephemeral_owner == session.id && stat.czxid == self.czxid =>
                 {
-                    session.client.delete(&self.path, Some(stat.version)).await
+                    (
+                        session.client.delete(&self.path, Some(stat.version)).await,
+                        true,
+                    )
                 }
-                Ok(_) => Err(ZkError::NoNode),
-                Err(error) => Err(error),
+                Ok(_) => (Err(ZkError::NoNode), false),
+                Err(error) => (Err(error), false),
             }
         } else {
-            session.client.delete(&self.path, None).await
+            (session.client.delete(&self.path, None).await, true)
         };
         match result {
             Ok(()) => {
+                session.unregister(self.registration);
+                Ok(())
+            }
+            Err(ZkError::NoNode | ZkError::BadVersion)
+                if self.in_doubt && self.lost.reason().is_none() =>
+            {
+                // Gone, with no loss seen before our delete whose reply was lost: that
+                // delete removed it (as Curator's guaranteed delete assumes).
+                tracing::debug!(
+                    path = %self.path,
+                    "zookeeper: node gone after a release whose reply was lost; released"
+                );
                 session.unregister(self.registration);
                 Ok(())
             }
@@ -333,7 +351,14 @@ impl GuardBackend for ZkGuard {
             }
             Err(error) if session_over(&error) => Err(self.lost_error(LossReason::SessionExpired)),
             Err(error) => {
-                self.releasing.store(false, Ordering::Release);
+                if deleting && outcome_unknown(&error) {
+                    self.in_doubt = true;
+                }
+                // A delete that may have been applied keeps its deletion event from
+                // counting as a loss.
+                if !self.in_doubt {
+                    self.releasing.store(false, Ordering::Release);
+                }
                 Err(lock_error(error, Some(&self.name)))
             }
         }

@@ -1112,3 +1112,82 @@ async fn unreachable_server_is_a_retryable_connection_error() {
         ),
     );
 }
+
+/// Releases whose delete reply is lost (the server deleted the node, the client saw its
+/// connection drop): the release, retried while it says so, ends `Ok`, never `Lost`; the
+/// lost signal stays quiet, nothing is left, and another client gets the lock at once.
+/// Returns how many first attempts reported the lost reply as a retryable error.
+async fn lost_delete_replies(strategy: ZkStrategy) -> usize {
+    const ROUNDS: usize = 10;
+    let (server, admin) = standalone().await;
+    let proxies = Proxies::start(&[server.socket_addr()]);
+    let proxy = proxies.first();
+    let a = connect(proxies.hosts(), strategy).await;
+    let b = connect(vec![server.address()], strategy).await;
+    let name = unique_name("lost-delete");
+    let (dir, _) = Kind::Mutex.dirs(&name);
+    let (a_lock, b_lock) = (a.lock(&name).unwrap(), b.lock(&name).unwrap());
+    let mut retried = 0;
+    for round in 0..ROUNDS {
+        let mut guard = a_lock.try_acquire().await.unwrap().expect("a free lock");
+        let swallow = proxy.swallow_next_reply(ReplyKind::ZkDelete);
+        let first = guard.release().await;
+        let event = timeout(SLACK, swallow.wait())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: no delete reply swallowed"));
+        assert_eq!(
+            event.err,
+            Some(0),
+            "round {round}: the server's delete failed"
+        );
+        if let Err(error) = first {
+            assert!(error.is_retryable(), "round {round}: {error}");
+            retried += 1;
+            let began = Instant::now();
+            loop {
+                match guard.release().await {
+                    Ok(()) => break,
+                    Err(error) if error.is_retryable() && began.elapsed() < SLACK * 5 => {
+                        sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(error) => panic!("round {round}: the retried release said {error}"),
+                }
+            }
+        }
+        assert!(
+            !guard.is_lost(),
+            "round {round}: the lost signal fired after our own release"
+        );
+        expect_children(
+            &admin,
+            &dir,
+            0,
+            SLACK,
+            &format!("round {round}: nodes left"),
+        )
+        .await;
+        let mut next = timeout(SLACK * 2, b_lock.try_acquire())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: another client's try hangs"))
+            .unwrap()
+            .unwrap_or_else(|| panic!("round {round}: the lock is still held"));
+        next.release().await.unwrap();
+    }
+    assert_eq!(
+        proxy.swallowed_count(),
+        ROUNDS as u64,
+        "one reply swallowed per round"
+    );
+    retried
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_delete_reply_is_lost_is_no_loss() {
+    for strategy in [ZkStrategy::SequentialPredecessor, ZkStrategy::SingleNode] {
+        let retried = lost_delete_replies(strategy).await;
+        report(
+            "lost_delete_replies",
+            format_args!("{strategy:?}: 10 of 10 released, {retried} after a retry"),
+        );
+    }
+}

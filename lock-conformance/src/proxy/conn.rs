@@ -12,7 +12,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::zk::{FrameHead, FrameParser, REPLY_HEAD, REQUEST_HEAD, is_create_op};
+use super::zk::{FrameHead, FrameParser, REPLY_HEAD, REQUEST_HEAD, is_create_op, is_delete_op};
 use super::{Mode, ReplyKind, Shared, Slot, SwallowEvent};
 
 /// Read buffer size per direction.
@@ -332,7 +332,7 @@ impl Pump {
         let due = due_after(latency);
         match self.dir {
             Dir::ToUpstream => {
-                self.claim_creates();
+                self.claim_requests();
                 self.push(due, data.to_vec(), None);
             }
             Dir::ToClient => {
@@ -342,28 +342,33 @@ impl Pump {
         }
     }
 
-    /// Towards the server: the first create forwarded claims an armed `ZkCreate` swallow.
-    fn claim_creates(&mut self) {
+    /// Towards the server: the first create (delete) forwarded claims an armed `ZkCreate`
+    /// (`ZkDelete`) swallow; one per connection at a time.
+    fn claim_requests(&mut self) {
         let conn = Arc::clone(&self.conn);
         for head in &self.heads {
             let (xid, op) = head.request();
-            if !is_create_op(op) {
+            let kind = if is_create_op(op) {
+                ReplyKind::ZkCreate
+            } else if is_delete_op(op) {
+                ReplyKind::ZkDelete
+            } else {
                 continue;
-            }
+            };
             let mut target = conn.target();
             if target.is_some() {
                 return;
             }
-            if let Some(slot) = conn.shared.claim(ReplyKind::ZkCreate) {
+            if let Some(slot) = conn.shared.claim(kind) {
                 tracing::debug!(
                     id = conn.id,
                     xid,
                     op,
-                    "create forwarded; its reply will be swallowed"
+                    "request forwarded; its reply will be swallowed"
                 );
                 *target = Some(Target { xid, slot });
+                return;
             }
-            return;
         }
     }
 
@@ -402,7 +407,7 @@ impl Pump {
                 before.truncate(split);
                 self.held_start = self.read_total;
                 let event = SwallowEvent {
-                    kind: ReplyKind::ZkCreate,
+                    kind: target.slot.kind,
                     connection: conn.id,
                     xid: Some(xid),
                     zxid: Some(zxid),

@@ -13,7 +13,8 @@
 //! | [`swallow_next_reply`](FaultControl::swallow_next_reply) | drop one reply and cut that connection |
 //!
 //! [`ReplyKind::ZkCreate`] reads ZooKeeper's framing to make "the server created the node but the
-//! client never heard" happen on purpose; [`ReplyKind::AnyNextReply`] does the same for any
+//! client never heard" happen on purpose ([`ReplyKind::ZkDelete`] the same for a delete);
+//! [`ReplyKind::AnyNextReply`] does the same for any
 //! request/response protocol (Redis) by dropping the next chunk the server sends.
 //!
 //! ```no_run
@@ -91,6 +92,9 @@ pub enum ReplyKind {
     /// watch notifications are never touched). The request reaches the server; when the reply
     /// with that request's xid comes back, the reply is dropped and that connection is cut.
     ZkCreate,
+    /// The reply to the next ZooKeeper delete request (op 2) forwarded on any connection, in
+    /// the same way: the server acts on the delete, the client sees its connection drop.
+    ZkDelete,
     /// The next chunk the server sends on any connection: it is dropped and that connection is
     /// cut. Meant for request/response protocols such as Redis (arm it, then send one command).
     AnyNextReply,

@@ -9,9 +9,17 @@
 /// Op codes that create nodes (create, multi, create2, createContainer, createTTL).
 const CREATE_OPS: [i32; 5] = [1, 14, 15, 19, 21];
 
+/// The op code of delete.
+const DELETE_OP: i32 = 2;
+
 /// Whether a request op code may create a node.
 pub(crate) fn is_create_op(op: i32) -> bool {
     CREATE_OPS.contains(&op)
+}
+
+/// Whether a request op code is a delete.
+pub(crate) fn is_delete_op(op: i32) -> bool {
+    op == DELETE_OP
 }
 
 /// How many body bytes of a request frame make its header (xid, op).
