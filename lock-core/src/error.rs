@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::lost::LossReason;
-use crate::name::NameError;
+use crate::name::{LockName, NameError};
 
 /// A boxed error from a backend's client library, kept as the `source` of a [`LockError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -215,6 +215,27 @@ impl LockError {
     pub fn config(message: impl Into<String>) -> Self {
         LockError::Config {
             message: message.into(),
+        }
+    }
+
+    /// The [`LockError::Timeout`] of an acquisition of `name` that waited `timeout` (as
+    /// passed to [`acquire`](crate::DistributedLock::acquire)) in vain.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_core::{LockError, LockName};
+    ///
+    /// let name = LockName::new("jobs/nightly")?;
+    /// let e = LockError::timed_out("redis", &name, Some(Duration::from_secs(2)));
+    /// assert!(e.is_retryable());
+    /// assert_eq!(e.lock_name(), Some("jobs/nightly"));
+    /// # Ok::<(), lock_core::LockError>(())
+    /// ```
+    pub fn timed_out(backend: &'static str, name: &LockName, timeout: Option<Duration>) -> Self {
+        LockError::Timeout {
+            backend,
+            name: name.to_string(),
+            waited: timeout.unwrap_or_default(),
         }
     }
 }

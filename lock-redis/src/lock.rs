@@ -94,11 +94,7 @@ impl DistributedLock for RedisLock {
     async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
         self.run(Deadline::after(timeout))
             .await?
-            .ok_or_else(|| LockError::Timeout {
-                backend: BACKEND,
-                name: self.name.to_string(),
-                waited: timeout.unwrap_or_default(),
-            })
+            .ok_or_else(|| LockError::timed_out(BACKEND, &self.name, timeout))
     }
 }
 

@@ -311,11 +311,7 @@ impl DistributedLock for RedlockLock {
     async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
         self.run(Deadline::after(timeout))
             .await?
-            .ok_or_else(|| LockError::Timeout {
-                backend: REDLOCK,
-                name: self.name.to_string(),
-                waited: timeout.unwrap_or_default(),
-            })
+            .ok_or_else(|| LockError::timed_out(REDLOCK, &self.name, timeout))
     }
 }
 

@@ -54,11 +54,7 @@ impl DistributedLock for ZkLock {
 
 /// The error of an acquisition that waited `timeout` in vain.
 pub(crate) fn timed_out(name: &LockName, timeout: Option<Duration>) -> LockError {
-    LockError::Timeout {
-        backend: BACKEND,
-        name: name.to_string(),
-        waited: timeout.unwrap_or_default(),
-    }
+    LockError::timed_out(BACKEND, name, timeout)
 }
 
 impl ZkLock {

@@ -110,11 +110,7 @@ impl Handle {
     }
 
     fn timeout_error(&self, timeout: Option<Duration>) -> LockError {
-        LockError::Timeout {
-            backend: BACKEND,
-            name: self.name.to_string(),
-            waited: timeout.unwrap_or_default(),
-        }
+        LockError::timed_out(BACKEND, &self.name, timeout)
     }
 
     fn session_expired(&self) -> LockError {
