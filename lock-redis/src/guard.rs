@@ -194,8 +194,13 @@ async fn watchdog(
                 state.renewed(until);
                 next = now + period;
             }
-            // Our own release went through, its reply lost: nothing to renew, no loss.
-            Ok(Ok(Renewal::Released)) => return,
+            // Our own release went through, its reply lost: no loss, but the lock is
+            // no longer this guard's to vouch for.
+            Ok(Ok(Renewal::Released)) => {
+                state.renewed(Instant::now());
+                state.suspect.store(true, Ordering::Release);
+                return;
+            }
             Ok(Ok(Renewal::Gone)) => {
                 tracing::warn!(?lease, "redis: the lock key is gone or someone else's");
                 state.lost(&notifier, LossReason::EntryRemoved);

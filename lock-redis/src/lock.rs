@@ -175,8 +175,12 @@ impl RedisLock {
                 make_guard(grant, &self.name, token, sent, length).map(Some)
             }
             Ok(None) => {
+                // Only a queue waiter leaves anything behind (its place, maybe a grant that
+                // raced the deadline): a plain grant that answered 0 took nothing.
+                let queued = matches!(self.shared.config.strategy, RedisStrategy::Queue)
+                    && !deadline.is_immediate();
                 // Gave up: clean up now, so that the next contender is not delayed.
-                if grant.cancel().await.is_ok() {
+                if !queued || grant.cancel().await.is_ok() {
                     attempt.armed = false;
                 }
                 Ok(None)

@@ -42,7 +42,9 @@ enum Request {
     Join {
         channel: String,
         name: String,
-        reply: oneshot::Sender<Result<Joined, LockError>>,
+        /// For the subscription's leave: a join whose reply is never received leaves too.
+        requests: mpsc::UnboundedSender<Request>,
+        reply: oneshot::Sender<Result<Subscription, LockError>>,
     },
     Leave {
         channel: String,
@@ -119,23 +121,19 @@ impl Subscriber {
         let request = Request::Join {
             channel: channel.to_owned(),
             name: name.to_owned(),
+            requests: requests.clone(),
             reply,
         };
         if requests.send(request).is_err() {
             return Err(self.task_gone(name));
         }
-        // A join abandoned here is undone by the task: it finds the reply unreceived.
-        let joined = match tokio::time::timeout(self.link.timeout, joined).await {
-            Ok(Ok(joined)) => joined?,
-            Ok(Err(_)) => return Err(self.task_gone(name)),
-            Err(_) => return Err(timed_out_request(self.link.backend, Some(name))),
-        };
-        Ok(Subscription {
-            receiver: joined.receiver,
-            channel: channel.to_owned(),
-            generation: joined.generation,
-            requests,
-        })
+        // A join abandoned here leaves again: the subscription in the unreceived reply is
+        // dropped with it.
+        match tokio::time::timeout(self.link.timeout, joined).await {
+            Ok(Ok(joined)) => joined,
+            Ok(Err(_)) => Err(self.task_gone(name)),
+            Err(_) => Err(timed_out_request(self.link.backend, Some(name))),
+        }
     }
 
     /// The running task's request queue, starting the task if there is none.
@@ -195,7 +193,20 @@ impl Connection {
         }
     }
 
+    /// Joins `channel`; a `SUBSCRIBE` that fails on a connection made earlier (it may have
+    /// died unnoticed) is tried once more on a new one.
     async fn join(&mut self, link: &Link, channel: &str) -> Result<Joined, redis::RedisError> {
+        let fresh = self.live.is_none();
+        match self.join_once(link, channel).await {
+            Err(error) if !fresh => {
+                tracing::debug!(%error, channel, "subscribe failed; on a new connection again");
+                self.join_once(link, channel).await
+            }
+            joined => joined,
+        }
+    }
+
+    async fn join_once(&mut self, link: &Link, channel: &str) -> Result<Joined, redis::RedisError> {
         let sink = match &mut self.live {
             Some((sink, _)) => sink,
             None => {
@@ -272,16 +283,18 @@ async fn serve(link: Arc<Link>, mut requests: mpsc::UnboundedReceiver<Request>) 
         tokio::select! {
             request = requests.recv() => match request {
                 None => return,
-                Some(Request::Join { channel, name, reply }) => {
-                    let joined = connection
-                        .join(&link, &channel)
-                        .await
-                        .map_err(|error| lock_error(link.backend, error, Some(&name)));
-                    let generation = connection.generation;
-                    if let Err(Ok(_)) = reply.send(joined) {
-                        // The waiter gave up before the reply: undo its join.
-                        connection.leave(&link, &channel, generation).await;
-                    }
+                Some(Request::Join { channel, name, requests, reply }) => {
+                    let joined = match connection.join(&link, &channel).await {
+                        Ok(joined) => Ok(Subscription {
+                            receiver: joined.receiver,
+                            channel,
+                            generation: joined.generation,
+                            requests,
+                        }),
+                        Err(error) => Err(lock_error(link.backend, error, Some(&name))),
+                    };
+                    // A waiter that gave up drops the subscription, which leaves.
+                    let _ = reply.send(joined);
                 }
                 Some(Request::Leave { channel, generation }) => {
                     connection.leave(&link, &channel, generation).await;
