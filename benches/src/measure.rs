@@ -39,7 +39,7 @@ pub struct Measurement {
     /// Most grants one contender got.
     pub max_grants: u64,
     /// Grants that went to a contender while another had been waiting longer (by more than
-    /// a millisecond).
+    /// [`FIFO_TOLERANCE`](crate::scenario::FIFO_TOLERANCE)).
     pub fifo_violations: u64,
     /// Wall time of the measured part of the run, in seconds.
     pub elapsed_s: f64,

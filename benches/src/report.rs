@@ -7,15 +7,19 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::measure::{Measurement, ScaleMeasurement};
+use crate::strategy::Strategy;
 
 /// What a table shows where a figure was not counted.
 const NONE: &str = "–";
 
-/// Strategies where a release wakes only the next waiter.
-const HERD_FREE: [&str; 2] = ["zk-predecessor", "redis-queue"];
-
-/// Strategies where a release wakes every waiter.
-const HERD: [&str; 3] = ["zk-single", "zk-children", "redis-pubsub"];
+/// The names of the strategies `keep` selects, in [`Strategy::ALL`]'s order.
+fn strategies(keep: fn(Strategy) -> bool) -> Vec<&'static str> {
+    Strategy::ALL
+        .into_iter()
+        .filter(|s| keep(*s))
+        .map(Strategy::as_str)
+        .collect()
+}
 
 /// Columns of [`table`] and of the markdown results table: header and whether the column
 /// is aligned left (text) rather than right (numbers).
@@ -633,9 +637,10 @@ fn findings(measurements: &[Measurement]) -> Vec<String> {
             })
             .collect()
     };
+    let (herd_free, herd) = (strategies(Strategy::herd_free), strategies(Strategy::herd));
     for n in &counts {
-        let free = wakeups(&HERD_FREE, *n);
-        let herd = wakeups(&HERD, *n);
+        let free = wakeups(&herd_free, *n);
+        let herd = wakeups(&herd, *n);
         if !free.is_empty() && !herd.is_empty() {
             out.push(format!(
                 "At N = {n}, wake-ups per handoff: herd-free {}; herd {}.",
@@ -669,7 +674,7 @@ fn findings(measurements: &[Measurement]) -> Vec<String> {
     }
 
     // Median handoff of the herd-free strategies against their floor.
-    for name in HERD_FREE {
+    for name in herd_free {
         let entries: Vec<String> = counts
             .iter()
             .filter_map(|n| {
@@ -1068,6 +1073,11 @@ mod tests {
             )
         );
         assert!(summary.contains("redis-queue median handoff as a multiple of its floor: "));
+        // The peer is herd-free too: its floor line is there, its (uncounted) wake-ups not.
+        assert!(
+            summary.contains("zk-recipe median handoff as a multiple of its floor: 1.30× at N = 1")
+        );
+        assert!(!summary.contains("herd-free zk-predecessor 1.00, zk-recipe"));
         assert!(summary.contains(
             "Uncontended (N = 1), zk-predecessor against zk-recipe: median handoff 500 µs vs \
              520 µs (0.96×)"

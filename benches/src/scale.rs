@@ -118,9 +118,14 @@ pub async fn run(
         result?;
     }
     let release_time = started.elapsed();
+    // Looked for while the provider is still connected: closing a ZooKeeper session removes
+    // its ephemeral nodes, whether released or left behind.
+    let mut check = LeftoverCheck::connect(strategy, servers, &run, ephemerals_before).await?;
+    let left_connected = check.count(servers).await?;
     drop(handles);
     drop(provider);
-    let leftovers = count_leftovers(strategy, servers, &run, ephemerals_before).await?;
+    // And once more after: what closing the provider left.
+    let leftovers = left_connected.max(check.count(servers).await?);
     let rate = |time: Duration| locks as f64 / time.as_secs_f64().max(1e-9);
     Ok(ScaleMeasurement {
         strategy: strategy.as_str().to_owned(),
@@ -142,41 +147,77 @@ async fn ephemerals(strategy: Strategy, servers: &Servers) -> Option<u64> {
     mntr_stat(servers, "zk_ephemerals_count").await
 }
 
-/// Entries of the run's locks still on the server, waiting a little for clean-up.
-async fn count_leftovers(
-    strategy: Strategy,
-    servers: &Servers,
-    run: &str,
-    ephemerals_before: Option<u64>,
-) -> Result<u64, LockError> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let left = match strategy.backend() {
-            Backend::ZooKeeper => match (ephemerals_before, ephemerals(strategy, servers).await) {
-                (Some(before), Some(now)) => now.saturating_sub(before),
-                _ => 0,
-            },
+/// Looks for entries of the run's locks still on the server, on one connection of its own.
+enum LeftoverCheck {
+    /// ZooKeeper's count of ephemeral nodes against the one before the run.
+    ZooKeeper { ephemerals_before: Option<u64> },
+    /// The run's keys, but for the fencing counters and the release channels' markers.
+    Redis {
+        connection: redis::aio::MultiplexedConnection,
+        pattern: String,
+    },
+    /// No server to ask.
+    Nothing,
+}
+
+impl LeftoverCheck {
+    async fn connect(
+        strategy: Strategy,
+        servers: &Servers,
+        run: &str,
+        ephemerals_before: Option<u64>,
+    ) -> Result<Self, LockError> {
+        match strategy.backend() {
+            Backend::ZooKeeper => Ok(LeftoverCheck::ZooKeeper { ephemerals_before }),
             Backend::Redis => {
                 let Some(url) = servers.redis.as_deref() else {
-                    return Ok(0);
+                    return Ok(LeftoverCheck::Nothing);
                 };
                 let client = redis::Client::open(url).map_err(|e| bench_error(e.to_string()))?;
-                let mut connection = client
+                let connection = client
                     .get_multiplexed_async_connection()
                     .await
                     .map_err(|e| bench_error(e.to_string()))?;
-                let keys: Vec<String> = connection
-                    .keys(format!("{{lock:scale-{run}-*"))
-                    .await
-                    .map_err(|e| bench_error(e.to_string()))?;
-                keys.iter()
-                    .filter(|key| !key.ends_with(":fence") && !key.ends_with(":released"))
-                    .count() as u64
+                Ok(LeftoverCheck::Redis {
+                    connection,
+                    pattern: format!("{{lock:scale-{run}-*"),
+                })
             }
-        };
-        if left == 0 || Instant::now() >= deadline {
-            return Ok(left);
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    /// Entries still on the server, waiting a little for background clean-up.
+    async fn count(&mut self, servers: &Servers) -> Result<u64, LockError> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let left = match self {
+                LeftoverCheck::ZooKeeper { ephemerals_before } => {
+                    match (
+                        *ephemerals_before,
+                        mntr_stat(servers, "zk_ephemerals_count").await,
+                    ) {
+                        (Some(before), Some(now)) => now.saturating_sub(before),
+                        _ => 0,
+                    }
+                }
+                LeftoverCheck::Redis {
+                    connection,
+                    pattern,
+                } => {
+                    let keys: Vec<String> = connection
+                        .keys(pattern.as_str())
+                        .await
+                        .map_err(|e| bench_error(e.to_string()))?;
+                    keys.iter()
+                        .filter(|key| !key.ends_with(":fence") && !key.ends_with(":released"))
+                        .count() as u64
+                }
+                LeftoverCheck::Nothing => 0,
+            };
+            if left == 0 || Instant::now() >= deadline {
+                return Ok(left);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 }

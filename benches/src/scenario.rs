@@ -15,10 +15,14 @@ use crate::strategy::{Backend, Servers, Strategy};
 /// How much earlier than a grant's own request another waiter's must have been made for the
 /// grant to count as a FIFO violation: requests from separate connections reach the server
 /// in an order that scheduling can shuffle by a few milliseconds.
-const FIFO_TOLERANCE: Duration = Duration::from_millis(5);
+pub const FIFO_TOLERANCE: Duration = Duration::from_millis(5);
 
 /// The longest the first N grants (the queue forming) may take.
 const WARMUP_BOUND: Duration = Duration::from_secs(120);
+
+/// The longest the background clean-ups after a run (of cancelled waiters, of guards
+/// dropped while held) may take before what is left counts as left behind.
+const CLEANUP_BOUND: Duration = Duration::from_secs(15);
 
 /// How a run goes.
 #[derive(Debug, Clone, Copy)]
@@ -107,6 +111,9 @@ struct Book {
     start: Option<(Vec<MetricsSnapshot>, Option<u64>)>,
     /// Counters when the target was reached, before the waiters are stopped.
     done: Option<(Vec<MetricsSnapshot>, Option<u64>)>,
+    /// The run hit `max_time` and its end counters were taken: later grants are not
+    /// measured.
+    stopped: bool,
 }
 
 /// Runs `strategy` with `n` contenders and measures it.
@@ -155,7 +162,9 @@ pub async fn run(
                     book.waiting.remove(&index);
                     let released = book.released.take();
                     book.total += 1;
-                    if book.total > warmup {
+                    // Grants after the target (or after a timed-out run's end counters)
+                    // are not measured: the counters do not cover them.
+                    if book.total > warmup && book.total <= target && !book.stopped {
                         let overtaken = book
                             .waiting
                             .values()
@@ -173,7 +182,7 @@ pub async fn run(
                     if book.total == warmup {
                         book.first_grant = Some(granted);
                     }
-                    (book.total == warmup, book.total == target)
+                    (book.total == warmup, book.total == target && !book.stopped)
                 };
                 if warmed {
                     let metrics = clients.iter().map(|c| c.metrics()).collect();
@@ -204,6 +213,23 @@ pub async fn run(
     // the measured part runs for at most `max_time`.
     let _ = tokio::time::timeout(WARMUP_BOUND, warmed_rx.wait_for(|warmed| *warmed)).await;
     let _ = tokio::time::timeout(options.max_time, finished_rx.wait_for(|done| *done)).await;
+    // Out of time: the end counters are taken now, before the waiters are stopped (their
+    // cancelled acquisitions' clean-up is not part of the handoffs measured), and grants from
+    // here on are not measured.
+    let timed_out = {
+        let mut book = book.lock().unwrap_or_else(PoisonError::into_inner);
+        book.stopped = book.total < target;
+        book.stopped
+    };
+    let timed_out_end = if timed_out {
+        let metrics: Vec<_> = clients.iter().map(|c| c.metrics()).collect();
+        Some((metrics, server_requests(strategy.backend(), servers).await))
+    } else {
+        // The target was reached: the contender that made the last grant is taking the end
+        // counters.
+        let _ = tokio::time::timeout(CLEANUP_BOUND, finished_rx.wait_for(|done| *done)).await;
+        None
+    };
     // Stop everyone still waiting: their acquisitions are cancelled and cleaned up.
     let _ = finished.send(true);
     let mut failure = None;
@@ -222,20 +248,33 @@ pub async fn run(
         return Err(error);
     }
     let book = std::mem::take(&mut *book.lock().unwrap_or_else(PoisonError::into_inner));
-    let (after, server_after) = match book.done.clone() {
-        Some(done) => done,
-        None => (
-            clients.iter().map(|c| c.metrics()).collect(),
-            server_requests(strategy.backend(), servers).await,
-        ),
+    let end = if timed_out {
+        timed_out_end
+    } else {
+        book.done.clone()
+    };
+    let Some((after, server_after)) = end else {
+        return Err(bench_error(format!(
+            "{strategy} with {n} contenders: no end counters"
+        )));
     };
     let Some((before, server_before)) = book.start.clone() else {
         return Err(bench_error(format!(
             "{strategy} with {n} contenders: the queue did not form within {WARMUP_BOUND:?}"
         )));
     };
+    // Nodes or keys left behind are looked for while the clients are still connected: closing
+    // a ZooKeeper session removes its ephemeral nodes, a cancelled waiter's among them.
+    // Not for the peer: zookeeper-client 0.11.2 leaves the node of a `lock` cancelled while
+    // creating it until the session closes (its background delete is given the bare child
+    // name, not the path).
+    let mut check = LeftoverCheck::connect(strategy, servers, &name).await?;
+    if strategy != Strategy::ZkRecipe {
+        check.wait_until_empty(strategy, &name).await?;
+    }
     drop(clients);
-    leftovers(strategy, servers, &name).await?;
+    // And once more after: what closing the clients left (persistent nodes, keys).
+    check.wait_until_empty(strategy, &name).await?;
     let handoffs = book.handoffs.len() as u64;
     let per = |total: u64| {
         if handoffs == 0 {
@@ -244,11 +283,11 @@ pub async fn run(
             total as f64 / handoffs as f64
         }
     };
-    let (wakeups, futile) = after
+    let counted = after
         .iter()
         .zip(&before)
         .map(|(after, before)| after.since(before))
-        .fold((0, 0), |(w, f), d| (w + d.wakeups, f + d.futile_wakeups));
+        .fold(MetricsSnapshot::default(), |sum, d| sum.plus(&d));
     let mut samples = book.handoffs;
     let mut measurement = Measurement::new(strategy.as_str(), strategy.backend().as_str(), n);
     measurement.handoffs = handoffs;
@@ -271,8 +310,8 @@ pub async fn run(
         0.0
     };
     if strategy != Strategy::ZkRecipe {
-        measurement.wakeups_per_handoff = Some(per(wakeups));
-        measurement.futile_wakeups_per_handoff = Some(per(futile));
+        measurement.wakeups_per_handoff = Some(per(counted.wakeups));
+        measurement.futile_wakeups_per_handoff = Some(per(counted.futile_wakeups));
     }
     measurement.server_requests_per_handoff = match (server_before, server_after) {
         (Some(before), Some(after)) => Some(per(after.saturating_sub(before))),
@@ -316,60 +355,106 @@ pub(crate) async fn mntr_stat(servers: &Servers, key: &str) -> Option<u64> {
         .and_then(|value| value.trim().parse().ok())
 }
 
-/// Fails when the lock `name` left nodes or keys behind (waiting a little for background
-/// clean-up).
-async fn leftovers(strategy: Strategy, servers: &Servers, name: &str) -> Result<(), LockError> {
-    let escaped = LockName::new(name)?.escaped();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let left = match strategy.backend() {
+/// A connection of its own to the server, looking for the nodes or keys one lock left
+/// behind.
+enum LeftoverCheck {
+    /// The children of the lock's directory.
+    ZooKeeper {
+        client: zookeeper_client::Client,
+        dir: String,
+    },
+    /// The lock's keys, but for the fencing counter and the release channel's marker.
+    Redis {
+        connection: redis::aio::MultiplexedConnection,
+        pattern: String,
+    },
+    /// No server to ask.
+    Nothing,
+}
+
+impl LeftoverCheck {
+    /// Connects once, for every look that follows.
+    async fn connect(strategy: Strategy, servers: &Servers, name: &str) -> Result<Self, LockError> {
+        let escaped = LockName::new(name)?.escaped();
+        let failed = |e: &dyn std::fmt::Display| bench_error(format!("checking leftovers: {e}"));
+        match strategy.backend() {
             Backend::ZooKeeper => {
+                let Some(zk) = servers.zk.as_deref() else {
+                    return Ok(LeftoverCheck::Nothing);
+                };
                 let root = if strategy == Strategy::ZkRecipe {
                     "/distlock-recipe"
                 } else {
                     "/distlock"
                 };
-                let Some(zk) = servers.zk.as_deref() else {
-                    return Ok(());
-                };
                 let client = zookeeper_client::Client::connect(zk)
                     .await
-                    .map_err(|e| bench_error(format!("checking leftovers: {e}")))?;
-                match client.list_children(&format!("{root}/{escaped}")).await {
-                    Ok(children) => children,
-                    Err(zookeeper_client::Error::NoNode) => Vec::new(),
-                    Err(e) => return Err(bench_error(format!("checking leftovers: {e}"))),
-                }
+                    .map_err(|e| failed(&e))?;
+                Ok(LeftoverCheck::ZooKeeper {
+                    client,
+                    dir: format!("{root}/{escaped}"),
+                })
             }
             Backend::Redis => {
                 let Some(url) = servers.redis.as_deref() else {
-                    return Ok(());
+                    return Ok(LeftoverCheck::Nothing);
                 };
-                let client = redis::Client::open(url)
-                    .map_err(|e| bench_error(format!("checking leftovers: {e}")))?;
-                let mut connection = client
+                let client = redis::Client::open(url).map_err(|e| failed(&e))?;
+                let connection = client
                     .get_multiplexed_async_connection()
                     .await
-                    .map_err(|e| bench_error(format!("checking leftovers: {e}")))?;
-                let keys: Vec<String> = connection
-                    .keys(format!("{{lock:{escaped}}}*"))
-                    .await
-                    .map_err(|e| bench_error(format!("checking leftovers: {e}")))?;
-                keys.into_iter()
-                    .filter(|key| !key.ends_with(":fence") && !key.ends_with(":released"))
-                    .collect()
+                    .map_err(|e| failed(&e))?;
+                Ok(LeftoverCheck::Redis {
+                    connection,
+                    pattern: format!("{{lock:{escaped}}}*"),
+                })
             }
-        };
-        if left.is_empty() {
-            return Ok(());
         }
-        if Instant::now() >= deadline {
-            return Err(bench_error(format!(
-                "{strategy}: {} entries left behind for {name}: {left:?}",
-                left.len()
-            )));
+    }
+
+    /// The entries on the server now.
+    async fn entries(&mut self) -> Result<Vec<String>, LockError> {
+        let failed = |e: &dyn std::fmt::Display| bench_error(format!("checking leftovers: {e}"));
+        match self {
+            LeftoverCheck::ZooKeeper { client, dir } => match client.list_children(dir).await {
+                Ok(children) => Ok(children),
+                Err(zookeeper_client::Error::NoNode) => Ok(Vec::new()),
+                Err(e) => Err(failed(&e)),
+            },
+            LeftoverCheck::Redis {
+                connection,
+                pattern,
+            } => {
+                let keys: Vec<String> = connection
+                    .keys(pattern.as_str())
+                    .await
+                    .map_err(|e| failed(&e))?;
+                Ok(keys
+                    .into_iter()
+                    .filter(|key| !key.ends_with(":fence") && !key.ends_with(":released"))
+                    .collect())
+            }
+            LeftoverCheck::Nothing => Ok(Vec::new()),
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    /// Waits, for [`CLEANUP_BOUND`] at most, until the lock has no entries on the server;
+    /// fails with what is left after that.
+    async fn wait_until_empty(&mut self, strategy: Strategy, name: &str) -> Result<(), LockError> {
+        let deadline = Instant::now() + CLEANUP_BOUND;
+        loop {
+            let left = self.entries().await?;
+            if left.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(bench_error(format!(
+                    "{strategy}: {} entries left behind for {name}: {left:?}",
+                    left.len()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }
 
@@ -390,7 +475,8 @@ pub async fn floor_p50_us(
 ) -> Result<f64, LockError> {
     // A few unmeasured rounds first: the first requests of a fresh connection are slow.
     let warmup = (rounds / 5).max(2);
-    let mut samples = Vec::with_capacity(rounds + warmup);
+    let mut samples = Vec::with_capacity(rounds);
+    let failed = |e: &dyn std::fmt::Display| bench_error(format!("floor: {e}"));
     match backend {
         Backend::ZooKeeper => {
             let zk = servers
@@ -400,7 +486,7 @@ pub async fn floor_p50_us(
             let connect = || async {
                 zookeeper_client::Client::connect(zk)
                     .await
-                    .map_err(|e| bench_error(format!("floor: {e}")))
+                    .map_err(|e| failed(&e))
             };
             let (a, b) = (connect().await?, connect().await?);
             let dir = format!("/distlock-floor-{}", uuid::Uuid::new_v4().simple());
@@ -410,55 +496,57 @@ pub async fn floor_p50_us(
                 .with_acls(zookeeper_client::Acls::anyone_all());
             a.create(&dir, &[], &persistent)
                 .await
-                .map_err(|e| bench_error(format!("floor: {e}")))?;
-            // The other waiters' nodes, which a list of the lock directory returns too.
-            for filler in 1..contenders {
-                a.create(&format!("{dir}/f{filler:010}"), &[], &ephemeral)
-                    .await
-                    .map_err(|e| bench_error(format!("floor: {e}")))?;
-            }
+                .map_err(|e| failed(&e))?;
             let node = format!("{dir}/n");
-            for _ in 0..rounds + warmup {
-                a.create(&node, &[], &ephemeral)
-                    .await
-                    .map_err(|e| bench_error(format!("floor: {e}")))?;
-                let (_, _, watcher) = b
-                    .get_and_watch_data(&node)
-                    .await
-                    .map_err(|e| bench_error(format!("floor: {e}")))?;
-                let started = Instant::now();
-                a.delete(&node, None)
-                    .await
-                    .map_err(|e| bench_error(format!("floor: {e}")))?;
-                watcher.changed().await;
-                b.list_children(&dir)
-                    .await
-                    .map_err(|e| bench_error(format!("floor: {e}")))?;
-                samples.push(started.elapsed());
+            let measured = async {
+                // The other waiters' nodes, which a list of the lock directory returns too.
+                for filler in 1..contenders {
+                    a.create(&format!("{dir}/f{filler:010}"), &[], &ephemeral)
+                        .await
+                        .map_err(|e| failed(&e))?;
+                }
+                for round in 0..rounds + warmup {
+                    a.create(&node, &[], &ephemeral)
+                        .await
+                        .map_err(|e| failed(&e))?;
+                    let (_, _, watcher) =
+                        b.get_and_watch_data(&node).await.map_err(|e| failed(&e))?;
+                    let started = Instant::now();
+                    a.delete(&node, None).await.map_err(|e| failed(&e))?;
+                    watcher.changed().await;
+                    b.list_children(&dir).await.map_err(|e| failed(&e))?;
+                    if round >= warmup {
+                        samples.push(started.elapsed());
+                    }
+                }
+                Ok::<(), LockError>(())
             }
+            .await;
+            // The persistent directory goes whatever happened (its children first).
+            let _ = a.delete(&node, None).await;
             for filler in 1..contenders {
                 let _ = a.delete(&format!("{dir}/f{filler:010}"), None).await;
             }
             let _ = a.delete(&dir, None).await;
+            measured?;
         }
         Backend::Redis => {
             let url = servers
                 .redis
                 .as_deref()
                 .ok_or_else(|| bench_error("no Redis server"))?;
-            let client =
-                redis::Client::open(url).map_err(|e| bench_error(format!("floor: {e}")))?;
+            let client = redis::Client::open(url).map_err(|e| failed(&e))?;
             let mut pusher = client
                 .get_multiplexed_async_connection()
                 .await
-                .map_err(|e| bench_error(format!("floor: {e}")))?;
+                .map_err(|e| failed(&e))?;
             let list = format!("distlock-floor-{}", uuid::Uuid::new_v4().simple());
             // The popper's own connection, blocked on the list as a queue waiter is.
             let popper = client
                 .get_multiplexed_async_connection()
                 .await
-                .map_err(|e| bench_error(format!("floor: {e}")))?;
-            for _ in 0..rounds + warmup {
+                .map_err(|e| failed(&e))?;
+            for round in 0..rounds + warmup {
                 let mut popper = popper.clone();
                 let popped_list = list.clone();
                 let popping = tokio::spawn(async move {
@@ -469,16 +557,20 @@ pub async fn floor_p50_us(
                 // Let the pop block on the server first.
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 let started = Instant::now();
-                let _: u64 = pusher
-                    .lpush(&list, "x")
-                    .await
-                    .map_err(|e| bench_error(format!("floor: {e}")))?;
-                if let Ok(Some(popped)) = popping.await {
-                    samples.push(popped.saturating_duration_since(started));
+                let _: u64 = pusher.lpush(&list, "x").await.map_err(|e| failed(&e))?;
+                match popping.await {
+                    // Warm-up counts by rounds: a failed pop costs a sample, not a round.
+                    Ok(Some(popped)) if round >= warmup => {
+                        samples.push(popped.saturating_duration_since(started));
+                    }
+                    Ok(Some(_)) => {}
+                    // What was not popped would answer the next round's pop at once.
+                    _ => {
+                        let _: Result<u64, _> = pusher.del(&list).await;
+                    }
                 }
             }
         }
     }
-    let mut measured = samples.split_off(warmup.min(samples.len()));
-    Ok(quantile_us(&mut measured, 0.5))
+    Ok(quantile_us(&mut samples, 0.5))
 }

@@ -70,11 +70,20 @@ impl Strategy {
         }
     }
 
-    /// Whether a release should wake one waiter only.
+    /// Whether a release wakes only the next waiter (reports list these as herd-free).
     pub fn herd_free(self) -> bool {
         matches!(
             self,
             Strategy::ZkPredecessor | Strategy::ZkRecipe | Strategy::RedisQueue
+        )
+    }
+
+    /// Whether a release wakes every waiter (reports list these as herd). Polling is
+    /// neither: its waiters wake on their own clock.
+    pub fn herd(self) -> bool {
+        matches!(
+            self,
+            Strategy::ZkSingle | Strategy::ZkChildren | Strategy::RedisPubSub
         )
     }
 

@@ -93,6 +93,18 @@ fn a_smoke_run_reports_every_strategy_and_the_herd() {
         let w = wakeups(strategy, 5);
         assert!(w <= 1.05, "{strategy}: {w} wake-ups per handoff at N=5");
     }
+    // FIFO: with 2 ms held per grant every waiter is queued long before the next release.
+    for strategy in ["zk-predecessor", "redis-queue"] {
+        let run = runs
+            .iter()
+            .find(|run| run["strategy"] == strategy && run["contenders"] == 5)
+            .unwrap_or_else(|| panic!("no run of {strategy} N=5"));
+        assert_eq!(
+            run["fifo_violations"].as_u64(),
+            Some(0),
+            "{strategy}: FIFO violated at N=5: {run}"
+        );
+    }
     for strategy in ["zk-single", "zk-children", "redis-pubsub"] {
         let w = wakeups(strategy, 5);
         assert!(
