@@ -16,7 +16,7 @@ use zookeeper_client::{Error as ZkError, EventType};
 
 use crate::error::{BACKEND, lock_error, outcome_unknown, session_over};
 use crate::lock::token;
-use crate::node::has_uuid;
+use crate::node::{SINGLE_NODE, has_uuid};
 use crate::provider::Shared;
 use crate::session::Session;
 
@@ -107,7 +107,7 @@ async fn remove(session: &Session, dir: &str, claim: &Claim) -> Result<(), ZkErr
             Ok(())
         }
         Claim::Single { uuid } => {
-            let path = format!("{dir}/lock");
+            let path = format!("{dir}/{SINGLE_NODE}");
             match client.get_data(&path).await {
                 Ok((data, stat))
                     if stat.ephemeral_owner == session.id && data == uuid.as_bytes() =>
@@ -272,7 +272,8 @@ struct ZkGuard {
     checked: bool,
     registration: u64,
     releasing: Arc<AtomicBool>,
-    /// A delete of ours was sent and its reply lost: the node may be gone by our own hand.
+    /// A delete of ours was sent and its outcome never learned: the node may be gone by
+    /// our own hand.
     in_doubt: bool,
     lost: LostSignal,
 }
@@ -312,32 +313,33 @@ impl GuardBackend for ZkGuard {
         self.releasing.store(true, Ordering::Release);
         self.metrics
             .record_server_requests(1 + u64::from(self.checked));
-        let (result, deleting) = if self.checked {
+        // A delete once sent may have been applied, even if its reply never comes (lost,
+        // or this future dropped): until a reply says otherwise, the node's absence is ours.
+        let was_in_doubt = self.in_doubt;
+        let result = if self.checked {
             match session.client.check_stat(&self.path).await {
                 Ok(Some(stat))
                     if stat.ephemeral_owner == session.id && stat.czxid == self.czxid =>
                 {
-                    (
-                        session.client.delete(&self.path, Some(stat.version)).await,
-                        true,
-                    )
+                    self.in_doubt = true;
+                    session.client.delete(&self.path, Some(stat.version)).await
                 }
-                Ok(_) => (Err(ZkError::NoNode), false),
-                Err(error) => (Err(error), false),
+                Ok(_) => Err(ZkError::NoNode),
+                Err(error) => Err(error),
             }
         } else {
-            (session.client.delete(&self.path, None).await, true)
+            self.in_doubt = true;
+            session.client.delete(&self.path, None).await
         };
         match result {
             Ok(()) => {
                 session.unregister(self.registration);
                 Ok(())
             }
-            Err(ZkError::NoNode | ZkError::BadVersion)
-                if self.in_doubt && self.lost.reason().is_none() =>
-            {
-                // Gone, with no loss seen before our delete whose reply was lost: that
-                // delete removed it (as Curator's guaranteed delete assumes).
+            Err(ZkError::NoNode | ZkError::BadVersion) if was_in_doubt => {
+                // Gone after a delete of ours whose outcome we never learned: that delete
+                // removed it (as Curator's guaranteed delete assumes). A loss signalled
+                // before still turns this into `Lost` in `Guard::release`.
                 tracing::debug!(
                     path = %self.path,
                     "zookeeper: node gone after a release whose reply was lost; released"
@@ -351,8 +353,8 @@ impl GuardBackend for ZkGuard {
             }
             Err(error) if session_over(&error) => Err(self.lost_error(LossReason::SessionExpired)),
             Err(error) => {
-                if deleting && outcome_unknown(&error) {
-                    self.in_doubt = true;
+                if !outcome_unknown(&error) {
+                    self.in_doubt = was_in_doubt;
                 }
                 // A delete that may have been applied keeps its deletion event from
                 // counting as a loss.

@@ -41,10 +41,10 @@
 //!   keeps that moment recent; waiters send none), or the session expires, or the guard's
 //!   node is deleted by someone else, the guard's lost signal fires — never after the
 //!   server could have expired the session and granted the lock to another client.
-//! - A release whose delete reply is lost returns a retryable error; retried, it returns
-//!   `Ok` when the node is gone and no loss was seen before that delete (the delete was
-//!   ours, as Curator's guaranteed delete assumes), and the deletion does not fire the lost
-//!   signal.
+//! - A release whose delete reply is lost (or whose future is dropped once the delete is
+//!   sent) returns a retryable error; retried, it returns `Ok` when the node is gone — the
+//!   delete was ours, as Curator's guaranteed delete assumes — unless a loss was signalled
+//!   before; the deletion does not fire the lost signal.
 //! - A held guard never moves to a new session; the provider opens a new session only for
 //!   new acquisitions.
 //!

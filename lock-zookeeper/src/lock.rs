@@ -12,7 +12,7 @@ use zookeeper_client::{CreateMode, Error as ZkError};
 use crate::config::ZkStrategy;
 use crate::error::{BACKEND, outcome_unknown};
 use crate::guard::{Claim, Granted, Pending, grant};
-use crate::node::NodeKind;
+use crate::node::{NodeKind, SINGLE_NODE};
 use crate::queue::{Place, RETRY_PAUSE, Role, Waiting};
 use crate::session::Session;
 
@@ -93,7 +93,7 @@ impl ZkLock {
     ) -> Result<Option<Granted>, LockError> {
         let place = &self.place;
         let uuid = Uuid::new_v4();
-        let path = format!("{}/lock", place.dir);
+        let path = format!("{}/{SINGLE_NODE}", place.dir);
         let options = CreateMode::Ephemeral.with_acls(session.acls);
         let mut pending = Pending::new(session, &place.dir, Claim::Single { uuid });
         let mut woken = false;

@@ -5,6 +5,10 @@ use uuid::Uuid;
 
 use crate::config::NodeNameFormat;
 
+/// The one node of the [`SingleNode`](crate::ZkStrategy::SingleNode) strategy's holder,
+/// in the lock's directory.
+pub(crate) const SINGLE_NODE: &str = "lock";
+
 /// Where the mutex called `name` lives: `{root}/{escaped name}`.
 pub(crate) fn lock_dir(root: &str, name: &LockName) -> String {
     format!("{root}/{}", name.escaped())

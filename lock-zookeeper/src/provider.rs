@@ -13,7 +13,7 @@ use zookeeper_client::Error as ZkError;
 use crate::config::{ZkConfig, ZkStrategy};
 use crate::error::{BACKEND, lock_error};
 use crate::lock::{ZkLock, token};
-use crate::node::{contenders, lock_dir, rw_lock_dir, semaphore_dir};
+use crate::node::{SINGLE_NODE, contenders, lock_dir, rw_lock_dir, semaphore_dir};
 use crate::queue::Place;
 use crate::rwlock::ZkRwLock;
 use crate::semaphore::ZkSemaphore;
@@ -207,9 +207,6 @@ impl ZkLockProvider {
         Ok(found)
     }
 }
-
-/// The node of the [`SingleNode`](ZkStrategy::SingleNode) strategy's holder.
-const SINGLE_NODE: &str = "lock";
 
 /// One contender for a ZooKeeper mutex, from [`ZkLockProvider::contenders`]: a node in the
 /// lock's directory.

@@ -251,8 +251,9 @@ impl Place {
 
     /// Creates a sequential node of `kind` and lists the directory in one round trip: the
     /// list is sent right behind the create on the same session, and the server answers a
-    /// session's requests in order, so the list already holds the new node. Falls back to
-    /// [`create_sequential`](Self::create_sequential) (and no listing) when the create fails.
+    /// session's requests in order, so the list already holds the new node. A missing
+    /// directory is made and both sent again; other failures fall back to
+    /// [`create_sequential`](Self::create_sequential) (and no listing).
     async fn create_and_list(
         &self,
         session: &Session,
@@ -263,51 +264,60 @@ impl Place {
         let prefix = node_prefix(self.shared.config.node_format, uuid, kind);
         let path = format!("{}/{prefix}", self.dir);
         let options = CreateMode::EphemeralSequential.with_acls(session.acls);
-        self.shared.metrics.record_server_requests(2);
-        let asked = tokio::time::Instant::now();
-        // Both requests are sent here, in this order, before either is awaited.
-        let creating = session.client.create(&path, &[], &options);
-        let (created, listed) = match waiting {
-            Waiting::Children => {
-                let listing = session.client.list_and_watch_children(&self.dir);
-                let (created, listed) = tokio::join!(creating, listing);
-                (
-                    created,
-                    listed.map(|(children, watcher)| (children, Some(watcher))),
-                )
-            }
-            Waiting::Predecessor => {
-                let listing = session.client.list_children(&self.dir);
-                let (created, listed) = tokio::join!(creating, listing);
-                (created, listed.map(|children| (children, None)))
-            }
-        };
-        match created {
-            Ok((stat, sequence)) => {
-                let node = format!("{prefix}{sequence}");
-                let listing = match listed {
-                    Ok((children, watcher)) if children.contains(&node) => Some(Listing {
-                        children,
-                        watcher,
-                        asked,
-                    }),
-                    _ => None,
-                };
-                Ok((node, stat.czxid, listing))
-            }
-            Err(ZkError::NoNode) => {
-                let (node, czxid) = self.create_sequential(session, uuid, kind).await?;
-                Ok((node, czxid, None))
-            }
-            Err(error) if outcome_unknown(&error) => {
-                tokio::time::sleep(RETRY_PAUSE).await;
-                let found = match self.find_own(session, uuid).await? {
-                    Some(found) => found,
-                    None => self.create_sequential(session, uuid, kind).await?,
-                };
-                Ok((found.0, found.1, None))
-            }
-            Err(error) => Err(self.error(error)),
+        // An idle lock's directory (a container) may be gone: make it once, then try again.
+        let mut made_dir = false;
+        loop {
+            self.shared.metrics.record_server_requests(2);
+            let asked = tokio::time::Instant::now();
+            // Both requests are sent here, in this order, before either is awaited.
+            let creating = session.client.create(&path, &[], &options);
+            let (created, listed) = match waiting {
+                Waiting::Children => {
+                    let listing = session.client.list_and_watch_children(&self.dir);
+                    let (created, listed) = tokio::join!(creating, listing);
+                    (
+                        created,
+                        listed.map(|(children, watcher)| (children, Some(watcher))),
+                    )
+                }
+                Waiting::Predecessor => {
+                    let listing = session.client.list_children(&self.dir);
+                    let (created, listed) = tokio::join!(creating, listing);
+                    (created, listed.map(|children| (children, None)))
+                }
+            };
+            return match created {
+                Ok((stat, sequence)) => {
+                    let node = format!("{prefix}{sequence}");
+                    let listing = match listed {
+                        Ok((children, watcher)) if children.contains(&node) => Some(Listing {
+                            children,
+                            watcher,
+                            asked,
+                        }),
+                        _ => None,
+                    };
+                    Ok((node, stat.czxid, listing))
+                }
+                Err(ZkError::NoNode) if !made_dir => {
+                    self.ensure_dir(session).await?;
+                    made_dir = true;
+                    continue;
+                }
+                Err(ZkError::NoNode) => {
+                    let (node, czxid) = self.create_sequential(session, uuid, kind).await?;
+                    Ok((node, czxid, None))
+                }
+                Err(error) if outcome_unknown(&error) => {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    let found = match self.find_own(session, uuid).await? {
+                        Some(found) => found,
+                        None => self.create_sequential(session, uuid, kind).await?,
+                    };
+                    Ok((found.0, found.1, None))
+                }
+                Err(error) => Err(self.error(error)),
+            };
         }
     }
 

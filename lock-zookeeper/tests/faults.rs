@@ -1143,16 +1143,7 @@ async fn lost_delete_replies(strategy: ZkStrategy) -> usize {
         if let Err(error) = first {
             assert!(error.is_retryable(), "round {round}: {error}");
             retried += 1;
-            let began = Instant::now();
-            loop {
-                match guard.release().await {
-                    Ok(()) => break,
-                    Err(error) if error.is_retryable() && began.elapsed() < SLACK * 5 => {
-                        sleep(Duration::from_millis(20)).await;
-                    }
-                    Err(error) => panic!("round {round}: the retried release said {error}"),
-                }
-            }
+            release_retrying(&mut guard, SLACK * 5).await;
         }
         assert!(
             !guard.is_lost(),

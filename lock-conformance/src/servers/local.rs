@@ -109,11 +109,7 @@ pub trait LocalServer {
     /// alone takes effect asynchronously, and a busy machine can leave a thread running long
     /// enough to answer one more request.
     fn pause(&self) -> Result<(), ServerError> {
-        self.process().node.signal(Signal::SIGSTOP)?;
-        if let Some(pid) = self.pid() {
-            wait_until_stopped(pid, Duration::from_secs(2));
-        }
-        Ok(())
+        self.process().node.signal(Signal::SIGSTOP)
     }
 
     /// Continues a paused server (`SIGCONT`).
@@ -134,27 +130,5 @@ pub trait LocalServer {
     /// data; Redis, which runs without persistence, comes back empty.
     fn restart(&mut self) -> impl Future<Output = Result<(), ServerError>> + Send {
         self.process_mut().node.restart()
-    }
-}
-
-/// Waits (at most `bound`) until every thread of process `pid` is stopped, as `/proc` tells.
-fn wait_until_stopped(pid: u32, bound: Duration) {
-    let stopped = || {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return true;
-        };
-        tasks.flatten().all(|task| {
-            std::fs::read_to_string(task.path().join("stat"))
-                .ok()
-                .and_then(|stat| {
-                    let (_, rest) = stat.rsplit_once(") ")?;
-                    rest.chars().next()
-                })
-                .is_none_or(|state| matches!(state, 'T' | 't' | 'Z' | 'X'))
-        })
-    };
-    let deadline = std::time::Instant::now() + bound;
-    while !stopped() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
     }
 }

@@ -399,12 +399,18 @@ impl Instance {
         }
     }
 
-    /// Sends `signal` to the process group.
+    /// Sends `signal` to the process group. `SIGSTOP` returns once every thread of the
+    /// server is stopped (bounded by 2 s): the signal takes effect asynchronously, and a
+    /// busy machine can leave a thread running long enough to answer one more request.
     pub(crate) fn signal(&self, signal: Signal) -> Result<(), ServerError> {
         match &self.proc {
             Some(proc) => {
                 debug!(server = %self.server, pid = proc.pid(), ?signal, "signalling server");
-                proc.signal_group(signal)
+                proc.signal_group(signal)?;
+                if signal == Signal::SIGSTOP {
+                    wait_until_stopped(proc.pid(), Duration::from_secs(2));
+                }
+                Ok(())
             }
             None => Err(ServerError::NotRunning {
                 server: self.server.clone(),
@@ -459,5 +465,27 @@ impl Instance {
             }
             tokio::time::sleep(self.probe.interval()).await;
         }
+    }
+}
+
+/// Waits (at most `bound`) until every thread of process `pid` is stopped, as `/proc` tells.
+fn wait_until_stopped(pid: u32, bound: Duration) {
+    let stopped = || {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return true;
+        };
+        tasks.flatten().all(|task| {
+            std::fs::read_to_string(task.path().join("stat"))
+                .ok()
+                .and_then(|stat| {
+                    let (_, rest) = stat.rsplit_once(") ")?;
+                    rest.chars().next()
+                })
+                .is_none_or(|state| matches!(state, 'T' | 't' | 'Z' | 'X'))
+        })
+    };
+    let deadline = std::time::Instant::now() + bound;
+    while !stopped() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
     }
 }

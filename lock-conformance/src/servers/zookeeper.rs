@@ -517,7 +517,7 @@ impl ZkEnsemble {
         self.node_mut(index)?.restart().await
     }
 
-    /// Freezes member `index` (`SIGSTOP`).
+    /// Freezes member `index` (`SIGSTOP`); returns once its threads are stopped.
     pub fn pause(&self, index: usize) -> Result<(), ServerError> {
         self.node(index)?.signal(Signal::SIGSTOP)
     }
