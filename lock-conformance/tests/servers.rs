@@ -697,35 +697,110 @@ fn env_overrides_select_external_servers() {
 
 // ---- containers -----------------------------------------------------------------------
 
+/// An engine address where nothing listens is "no container engine", quickly, whatever
+/// the machine runs.
 #[cfg(feature = "testcontainers")]
 #[tokio::test]
-async fn containers_skip_quickly_without_an_engine() {
+async fn containers_no_engine_is_a_quick_clear_error() {
+    use lock_conformance::servers::containers::ContainerEngine;
+
+    let dir = tempfile::tempdir().unwrap();
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port(); // the listener is dropped here: nothing listens on it
+    for host in [
+        format!("unix://{}", dir.path().join("absent.sock").display()),
+        format!("tcp://127.0.0.1:{closed_port}"),
+    ] {
+        let began = Instant::now();
+        let engine = ContainerEngine::at(&host);
+        let err = engine.check().await.unwrap_err();
+        assert!(err.is_no_container_engine(), "{host}: {err:?}");
+        assert!(
+            err.to_string().starts_with("no container engine: "),
+            "{err}"
+        );
+        let err = engine.has_image("redis", "7").await.unwrap_err();
+        assert!(err.is_no_container_engine(), "{host}: {err:?}");
+        assert_within(began, Duration::from_secs(10));
+    }
+}
+
+/// An engine that answers but lacks the image says so: not "no engine". The engine here is
+/// a stand-in answering the two requests the module makes before testcontainers is asked
+/// for anything, so the outcome does not depend on the machine running a daemon.
+#[cfg(feature = "testcontainers")]
+#[tokio::test]
+async fn containers_engine_without_the_image_is_told_apart() {
+    use lock_conformance::servers::containers::ContainerEngine;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("engine.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let engine_task = tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut request = vec![0; 1024];
+            let n = stream.read(&mut request).await.unwrap();
+            let line = String::from_utf8_lossy(&request[..n]).into_owned();
+            let answer = if line.starts_with("GET /_ping ") {
+                "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nOK"
+            } else if line.starts_with("GET /images/present:1/json ") {
+                "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+            } else {
+                "HTTP/1.0 404 Not Found\r\n\r\n{\"message\":\"No such image\"}"
+            };
+            stream.write_all(answer.as_bytes()).await.unwrap();
+        }
+    });
+    let engine = ContainerEngine::at(&format!("unix://{}", socket.display()));
+    engine.check().await.unwrap();
+    assert!(engine.has_image("present", "1").await.unwrap());
+    assert!(
+        !engine
+            .has_image("distlock-test/absent", "none")
+            .await
+            .unwrap()
+    );
+    engine_task.abort();
+}
+
+/// With the machine's own engine: a container starts, or, where the engine lacks the image
+/// and cannot pull it, the error names the image; with no engine, a quick skip reason.
+#[cfg(feature = "testcontainers")]
+#[tokio::test]
+async fn containers_start_or_say_what_is_missing() {
     use lock_conformance::servers::containers::{RedisContainer, ZkContainer, check_engine};
 
     let began = Instant::now();
-    match check_engine().await {
+    if let Err(err) = check_engine().await {
+        assert!(err.is_no_container_engine(), "{err:?}");
+        let zk = ZkContainer::start(&fast_zk()).await.unwrap_err();
+        assert!(zk.is_no_container_engine(), "{zk:?}");
+        let redis = RedisContainer::start(&RedisOptions::default())
+            .await
+            .unwrap_err();
+        assert!(redis.is_no_container_engine(), "{redis:?}");
+        eprintln!("skip reason: {zk}");
+        assert_within(began, Duration::from_secs(10));
+        return;
+    }
+    match ZkContainer::start(&fast_zk()).await {
+        Ok(zk) => assert_eq!(zk.four_letter("ruok").await.unwrap(), "imok"),
         Err(err) => {
-            assert!(err.is_no_container_engine(), "{err:?}");
-            assert!(
-                err.to_string().starts_with("no container engine: "),
-                "{err}"
-            );
-            let zk = ZkContainer::start(&fast_zk()).await.unwrap_err();
-            assert!(zk.is_no_container_engine(), "{zk:?}");
-            let redis = RedisContainer::start(&RedisOptions::default())
-                .await
-                .unwrap_err();
-            assert!(redis.is_no_container_engine(), "{redis:?}");
-            eprintln!("skip reason: {zk}");
-            assert_within(began, Duration::from_secs(10));
+            assert!(err.is_missing_image(), "{err:?}");
+            assert!(err.to_string().contains("LOCK_TEST_ZK_IMAGE"), "{err}");
+            eprintln!("skip reason: {err}");
         }
-        Ok(()) => {
-            let zk = ZkContainer::start(&fast_zk()).await.unwrap();
-            assert_eq!(zk.four_letter("ruok").await.unwrap(), "imok");
-            let redis = RedisContainer::start(&RedisOptions::default())
-                .await
-                .unwrap();
-            assert!(redis.url().starts_with("redis://"));
+    }
+    match RedisContainer::start(&RedisOptions::default()).await {
+        Ok(redis) => assert!(redis.url().starts_with("redis://")),
+        Err(err) => {
+            assert!(err.is_missing_image(), "{err:?}");
+            eprintln!("skip reason: {err}");
         }
     }
 }

@@ -62,7 +62,7 @@ macro_rules! __with_cases {
             timeouts::b3_huge_timeouts => "B3", "huge timeouts are accepted or rejected as InvalidArgument; no panic";
             timeouts::b4_timeout_leaves_no_residue => "B4", "after a timeout no waiter residue remains; the holder is untouched; the next contender is not delayed";
             timeouts::b5_dropped_acquire_leaves_nothing => "B5", "dropping a waiting acquire future leaves no residue and holds nothing";
-            timeouts::b6_cancel_at_every_await_point => "B6", "cancel at every await point: no residue, no lock held, every time";
+            timeouts::b6_cancel_at_every_await_point => "B6", "cancel at every await point until the acquire completes or settles in its wait (parks; a polling backend counts two retries in its metrics): no residue, no lock held, every time";
             timeouts::b7_cancel_racing_grant => "B7", "a cancel that races a grant does not strand the lock";
             timeouts::b8_waiter_session_death => "B8", "(fault) a waiter whose session dies returns an error and never wins later";
             release::c1_release_frees_without_loss => "C1", "release returns Ok, frees the lock, and does not fire the lost signal";

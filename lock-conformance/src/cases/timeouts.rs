@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{DistributedLock, Guard, LockError};
+use lock_core::{DistributedLock, Guard, LockError, LockProvider, WaitKind};
 use tokio::time::Instant;
 
 use crate::ensure;
@@ -201,29 +201,50 @@ pub async fn b5_dropped_acquire_leaves_nothing(h: &dyn Harness) -> CaseResult {
 enum Driven {
     /// It completed within the budget.
     Completed(Result<Guard, LockError>),
-    /// The budget ran out, or it parked waiting for a wake that did not come within the
-    /// slack; the future was dropped there.
-    Dropped { parked: bool },
+    /// The budget ran out, or the slack did; the future was dropped there. `settled` when it
+    /// had reached its waiting state by then (see [`drive_then_drop`]): more polls would
+    /// only take it round the same await points again.
+    Dropped { settled: bool },
 }
 
 /// Polls `lock.acquire(None)` up to `polls` times (letting the runtime wake it between
 /// polls), then drops it.
-async fn drive_then_drop(lock: &Arc<dyn DistributedLock>, polls: usize, slack: Duration) -> Driven {
+///
+/// A waiting future has *settled* when its await points start to repeat:
+/// - a notifying backend parks: pending, and not woken again within `slack`;
+/// - a polling backend (`WaitKind::Poll`) goes round its retry loop: its provider counts two
+///   wake-ups (the naps between attempts; the metrics contract) while it is driven, so the
+///   first attempt, a nap and a whole retry have each been cancelled in by a smaller budget.
+///   A poll loop is never silent for long, so waiting for a park would only measure its
+///   retry period against the slack.
+async fn drive_then_drop(
+    provider: &dyn LockProvider,
+    lock: &Arc<dyn DistributedLock>,
+    polls: usize,
+    slack: Duration,
+) -> Driven {
+    let polling = provider.capabilities().wait == WaitKind::Poll;
+    let before = provider.metrics();
     let future = PollBudget::new(lock.acquire(None), polls);
-    match tokio::time::timeout(slack, future).await {
-        Ok(Some(result)) => Driven::Completed(result),
-        Ok(None) => Driven::Dropped { parked: false },
-        Err(_) => Driven::Dropped { parked: true },
+    let parked = match tokio::time::timeout(slack, future).await {
+        Ok(Some(result)) => return Driven::Completed(result),
+        Ok(None) => false,
+        Err(_) => true,
+    };
+    let retried = polling && provider.metrics().since(&before).wakeups >= 2;
+    Driven::Dropped {
+        settled: parked || retried,
     }
 }
 
 /// B6: cancel at every await point — poll the acquire future k times then drop it, for each
-/// k until it completes: no residue, no lock held, every time.
+/// k until it completes (free lock) or settles in its wait (held lock: parked, or for a
+/// polling backend twice round its retry loop): no residue, no lock held, every time.
 pub async fn b6_cancel_at_every_await_point(h: &dyn Harness) -> CaseResult {
     const MAX_POLLS: usize = 64;
     let timing = h.timing();
     let (a, b, c) = (h.client().await?, h.client().await?, h.client().await?);
-    // While the lock is held, the future must park after finitely many polls; on a free
+    // While the lock is held, the future must settle after finitely many polls; on a free
     // lock it must complete. Either way, a cancel at any poll count leaves nothing behind.
     for held_by_other in [true, false] {
         let name = unique_name("b6");
@@ -235,7 +256,7 @@ pub async fn b6_cancel_at_every_await_point(h: &dyn Harness) -> CaseResult {
             } else {
                 None
             };
-            match drive_then_drop(&lock, polls, timing.operation_slack).await {
+            match drive_then_drop(b.provider.as_ref(), &lock, polls, timing.operation_slack).await {
                 Driven::Completed(result) => {
                     let mut guard = result.map_err(|e| {
                         CaseFailure::new(format!("acquire after {polls} polls: {e}"))
@@ -247,8 +268,8 @@ pub async fn b6_cancel_at_every_await_point(h: &dyn Harness) -> CaseResult {
                     guard.release().await?;
                     finished = true;
                 }
-                Driven::Dropped { parked } => {
-                    if parked && held_by_other {
+                Driven::Dropped { settled } => {
+                    if settled && held_by_other {
                         finished = true; // more polls would find it in the same state
                     }
                 }
@@ -279,7 +300,7 @@ pub async fn b6_cancel_at_every_await_point(h: &dyn Harness) -> CaseResult {
         }
         ensure!(
             finished,
-            "acquire neither completed nor parked within {MAX_POLLS} polls"
+            "acquire neither completed nor settled in its wait within {MAX_POLLS} polls"
         );
     }
     Ok(Outcome::Passed)

@@ -35,94 +35,171 @@ const ENGINE_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// The bound on pulling the image and creating the container.
 const CREATE_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Where the container engine is expected.
-#[derive(Debug)]
-enum Engine {
+/// Where a container engine is expected: `DOCKER_HOST`, or the usual socket paths.
+///
+/// ```no_run
+/// use lock_conformance::servers::containers::ContainerEngine;
+///
+/// # async fn demo() -> Result<(), lock_conformance::servers::ServerError> {
+/// let engine = ContainerEngine::from_env()?;
+/// engine.check().await?; // NoContainerEngine when nothing answers
+/// let present = engine.has_image("redis", "7").await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ContainerEngine {
+    address: EngineAddress,
+}
+
+#[derive(Debug, Clone)]
+enum EngineAddress {
     Unix(PathBuf),
     Tcp(String),
     /// A scheme this module cannot probe (e.g. `ssh://`): left to testcontainers.
     Other(String),
 }
 
-fn locate_engine() -> Result<Engine, ServerError> {
-    if let Ok(host) = std::env::var("DOCKER_HOST")
-        && !host.trim().is_empty()
-    {
-        let host = host.trim();
-        if let Some(path) = host.strip_prefix("unix://") {
-            return Ok(Engine::Unix(PathBuf::from(path)));
+impl ContainerEngine {
+    /// The engine `DOCKER_HOST` names, or the first Docker socket that exists;
+    /// [`ServerError::NoContainerEngine`] when there is neither.
+    pub fn from_env() -> Result<Self, ServerError> {
+        if let Ok(host) = std::env::var("DOCKER_HOST")
+            && !host.trim().is_empty()
+        {
+            return Ok(Self::at(&host));
         }
-        if let Some(addr) = host.strip_prefix("tcp://") {
-            return Ok(Engine::Tcp(addr.trim_end_matches('/').to_owned()));
+        let mut candidates = vec![PathBuf::from("/var/run/docker.sock")];
+        if let Some(runtime) = std::env::var_os("XDG_RUNTIME_DIR") {
+            candidates.push(PathBuf::from(runtime).join(".docker/run/docker.sock"));
         }
-        return Ok(Engine::Other(host.to_owned()));
+        if let Some(home) = std::env::var_os("HOME") {
+            let home = PathBuf::from(home);
+            candidates.push(home.join(".docker/run/docker.sock"));
+            candidates.push(home.join(".docker/desktop/docker.sock"));
+        }
+        match candidates.iter().find(|p| p.exists()) {
+            Some(path) => Ok(Self {
+                address: EngineAddress::Unix(path.clone()),
+            }),
+            None => Err(ServerError::NoContainerEngine {
+                detail: format!(
+                    "DOCKER_HOST is not set and no Docker socket exists (looked for {})",
+                    candidates
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }),
+        }
     }
-    let mut candidates = vec![PathBuf::from("/var/run/docker.sock")];
-    if let Some(runtime) = std::env::var_os("XDG_RUNTIME_DIR") {
-        candidates.push(PathBuf::from(runtime).join(".docker/run/docker.sock"));
+
+    /// The engine at `docker_host`, written as `DOCKER_HOST` would be (`unix:///path`,
+    /// `tcp://host:port`).
+    pub fn at(docker_host: &str) -> Self {
+        let host = docker_host.trim();
+        let address = if let Some(path) = host.strip_prefix("unix://") {
+            EngineAddress::Unix(PathBuf::from(path))
+        } else if let Some(addr) = host.strip_prefix("tcp://") {
+            EngineAddress::Tcp(addr.trim_end_matches('/').to_owned())
+        } else {
+            EngineAddress::Other(host.to_owned())
+        };
+        Self { address }
     }
-    if let Some(home) = std::env::var_os("HOME") {
-        let home = PathBuf::from(home);
-        candidates.push(home.join(".docker/run/docker.sock"));
-        candidates.push(home.join(".docker/desktop/docker.sock"));
+
+    /// Sends one HTTP/1.0 `GET path` to the engine, bounded by [`ENGINE_PROBE_TIMEOUT`]; the
+    /// status code and the body. `None` for an address this module cannot speak to.
+    async fn get(&self, path: &str) -> Option<Result<(u16, String), String>> {
+        let request = format!("GET {path} HTTP/1.0\r\nHost: docker\r\n\r\n");
+        let answer = match &self.address {
+            EngineAddress::Other(host) => {
+                debug!(%host, "cannot probe this DOCKER_HOST scheme; leaving it to testcontainers");
+                return None;
+            }
+            EngineAddress::Unix(socket) => {
+                tokio::time::timeout(ENGINE_PROBE_TIMEOUT, async {
+                    let stream = tokio::net::UnixStream::connect(socket).await?;
+                    exchange(stream, request.as_bytes()).await
+                })
+                .await
+            }
+            EngineAddress::Tcp(addr) => {
+                tokio::time::timeout(ENGINE_PROBE_TIMEOUT, async {
+                    let stream = tokio::net::TcpStream::connect(addr.as_str()).await?;
+                    exchange(stream, request.as_bytes()).await
+                })
+                .await
+            }
+        };
+        Some(match answer {
+            Ok(Ok(text)) => parse_http(&text).ok_or_else(|| {
+                format!(
+                    "answered GET {path} with {:?}",
+                    text.lines().next().unwrap_or_default()
+                )
+            }),
+            Ok(Err(err)) => Err(format!("does not answer: {err}")),
+            Err(_) => Err(format!(
+                "did not answer GET {path} within {ENGINE_PROBE_TIMEOUT:?}"
+            )),
+        })
     }
-    match candidates.iter().find(|p| p.exists()) {
-        Some(path) => Ok(Engine::Unix(path.clone())),
-        None => Err(ServerError::NoContainerEngine {
-            detail: format!(
-                "DOCKER_HOST is not set and no Docker socket exists (looked for {})",
-                candidates
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        }),
+
+    /// Checks, within a few seconds, that the engine answers `GET /_ping`;
+    /// [`ServerError::NoContainerEngine`] (with where it looked) otherwise.
+    pub async fn check(&self) -> Result<(), ServerError> {
+        debug!(engine = ?self.address, "probing the container engine");
+        let no_engine = |why: String| ServerError::NoContainerEngine {
+            detail: format!("{:?} {why}", self.address),
+        };
+        match self.get("/_ping").await {
+            None | Some(Ok((200, _))) => Ok(()),
+            Some(Ok((status, _))) => Err(no_engine(format!("answered GET /_ping with {status}"))),
+            Some(Err(why)) => Err(no_engine(why)),
+        }
+    }
+
+    /// Whether the engine has the image `name:tag` locally (`true` where this module cannot
+    /// ask). A start pulls a missing image; where that fails (no registry), the start
+    /// returns [`ServerError::MissingImage`].
+    pub async fn has_image(&self, name: &str, tag: &str) -> Result<bool, ServerError> {
+        let image = format!("{name}:{tag}");
+        match self.get(&format!("/images/{image}/json")).await {
+            None | Some(Ok((200, _))) => Ok(true),
+            Some(Ok((404, _))) => Ok(false),
+            Some(Ok((status, body))) => Err(container_error(format!(
+                "the engine answered {status} when asked for the image {image}: {}",
+                body.trim()
+            ))),
+            Some(Err(why)) => Err(ServerError::NoContainerEngine {
+                detail: format!("{:?} {why}", self.address),
+            }),
+        }
     }
 }
 
-/// The engine's liveness request.
-const PING: &[u8] = b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n";
+/// How to get a missing image, for [`ServerError::MissingImage`].
+const IMAGE_HINT: &str = "pull or build it on this engine, or name an image the engine has \
+    in LOCK_TEST_ZK_IMAGE / LOCK_TEST_REDIS_IMAGE";
 
-/// Checks, within a few seconds, that a container engine answers `GET /_ping`.
+/// The status code and body of an HTTP/1.x answer.
+fn parse_http(text: &str) -> Option<(u16, String)> {
+    let mut status_line = text.lines().next()?.split_whitespace();
+    if !status_line.next()?.starts_with("HTTP/1.") {
+        return None;
+    }
+    let status = status_line.next()?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    Some((status, body.to_owned()))
+}
+
+/// Checks, within a few seconds, that the container engine found by
+/// [`ContainerEngine::from_env`] answers `GET /_ping`.
 ///
 /// Returns [`ServerError::NoContainerEngine`] (with where it looked) otherwise.
 pub async fn check_engine() -> Result<(), ServerError> {
-    let engine = locate_engine()?;
-    debug!(?engine, "probing the container engine");
-    let answer = match &engine {
-        Engine::Other(host) => {
-            debug!(%host, "cannot probe this DOCKER_HOST scheme; leaving it to testcontainers");
-            return Ok(());
-        }
-        Engine::Unix(path) => {
-            tokio::time::timeout(ENGINE_PROBE_TIMEOUT, async {
-                exchange(tokio::net::UnixStream::connect(path).await?, PING).await
-            })
-            .await
-        }
-        Engine::Tcp(addr) => {
-            tokio::time::timeout(ENGINE_PROBE_TIMEOUT, async {
-                exchange(tokio::net::TcpStream::connect(addr.as_str()).await?, PING).await
-            })
-            .await
-        }
-    };
-    match answer {
-        Ok(Ok(text)) if text.starts_with("HTTP/1.") && text.contains(" 200 ") => Ok(()),
-        Ok(Ok(text)) => Err(ServerError::NoContainerEngine {
-            detail: format!(
-                "{engine:?} answered GET /_ping with {:?}",
-                text.lines().next().unwrap_or_default()
-            ),
-        }),
-        Ok(Err(err)) => Err(ServerError::NoContainerEngine {
-            detail: format!("{engine:?} does not answer: {err}"),
-        }),
-        Err(_) => Err(ServerError::NoContainerEngine {
-            detail: format!("{engine:?} did not answer GET /_ping within {ENGINE_PROBE_TIMEOUT:?}"),
-        }),
-    }
+    ContainerEngine::from_env()?.check().await
 }
 
 /// Splits `name[:tag]` (a registry `host:port/` prefix is not mistaken for a tag).
@@ -148,19 +225,29 @@ fn container_error(err: impl std::fmt::Display) -> ServerError {
     }
 }
 
-/// Creates and starts the container, bounded by [`CREATE_TIMEOUT`].
+/// Creates and starts the container, bounded by [`CREATE_TIMEOUT`]. `missing` names the
+/// image when the engine lacked it, so that a failed pull is reported as
+/// [`ServerError::MissingImage`].
 async fn run(
     request: ContainerRequest<GenericImage>,
+    missing: Option<String>,
 ) -> Result<ContainerAsync<GenericImage>, ServerError> {
-    match tokio::time::timeout(CREATE_TIMEOUT, request.start()).await {
-        Ok(Ok(container)) => Ok(container),
-        Ok(Err(testcontainers::TestcontainersError::Client(err))) => {
+    match (
+        tokio::time::timeout(CREATE_TIMEOUT, request.start()).await,
+        missing,
+    ) {
+        (Ok(Ok(container)), _) => Ok(container),
+        (Ok(Err(err)), Some(image)) => Err(ServerError::MissingImage {
+            image,
+            hint: format!("pulling it failed ({err}); {IMAGE_HINT}"),
+        }),
+        (Ok(Err(testcontainers::TestcontainersError::Client(err))), None) => {
             Err(ServerError::NoContainerEngine {
                 detail: format!("testcontainers could not use the engine: {err}"),
             })
         }
-        Ok(Err(err)) => Err(container_error(err)),
-        Err(_) => Err(ServerError::Timeout {
+        (Ok(Err(err)), None) => Err(container_error(err)),
+        (Err(_), _) => Err(ServerError::Timeout {
             what: "the container to be created".to_owned(),
             after: CREATE_TIMEOUT,
         }),
@@ -253,15 +340,17 @@ impl<K> Container<K> {
         timeout: Duration,
         kind: K,
     ) -> Result<Self, ServerError> {
-        check_engine().await?;
+        let engine = ContainerEngine::from_env()?;
+        engine.check().await?;
         let (name, tag) = image_from_env(image.0, image.1);
+        let missing = (!engine.has_image(&name, &tag).await?).then(|| format!("{name}:{tag}"));
         info!(%name, %tag, "starting a {server} container");
         let request = configure(
             GenericImage::new(name, tag)
                 .with_exposed_port(internal.tcp())
                 .with_wait_for(WaitFor::Nothing),
         );
-        let container = run(request).await?;
+        let container = run(request, missing).await?;
         let (host, port, addr) = mapped(&container, internal).await?;
         wait_ready(&format!("{server} (container)"), &probe, addr, timeout).await?;
         Ok(Self {

@@ -78,6 +78,15 @@ pub enum ServerError {
         /// Where the engine was looked for and what happened.
         detail: String,
     },
+    /// The container engine answers but does not have the image (only with the
+    /// `testcontainers` feature). Nothing is pulled: the engine needs the image first.
+    #[error("container image `{image}` is not on the container engine: {hint}")]
+    MissingImage {
+        /// The image, `name:tag`.
+        image: String,
+        /// How to get it.
+        hint: String,
+    },
     /// The container engine answered but the container could not be started or used (only
     /// with the `testcontainers` feature).
     #[error("container error: {detail}")]
@@ -92,6 +101,11 @@ impl ServerError {
     /// engine, so a test should be skipped rather than failed.
     pub fn is_no_container_engine(&self) -> bool {
         matches!(self, Self::NoContainerEngine { .. })
+    }
+
+    /// True for [`ServerError::MissingImage`]: the engine answers, but lacks the image.
+    pub fn is_missing_image(&self) -> bool {
+        matches!(self, Self::MissingImage { .. })
     }
 
     pub(crate) fn unsupported_external(operation: &str, what: &str) -> Self {
