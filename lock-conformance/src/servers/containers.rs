@@ -6,10 +6,15 @@
 //! report as a skip: see [`ServerError::is_no_container_engine`].
 //!
 //! Images: [`DEFAULT_ZK_IMAGE`] and [`DEFAULT_REDIS_IMAGE`], overridable by the environment
-//! variables [`ZK_IMAGE_ENV`] and [`REDIS_IMAGE_ENV`] (`name[:tag]`).
+//! variables [`ZK_IMAGE_ENV`] and [`REDIS_IMAGE_ENV`] (`name[:tag]`). The default is one
+//! image with Debian's `zookeeper`, `redis-server`, `etcd-server` and a JRE, built from
+//! Debian packages by the repository's `scripts/ensure-docker` (no registry needed). It
+//! has no entrypoint: this module gives each container its command line, so an override
+//! must lay the servers out as Debian's packages do. An engine that lacks the image and
+//! cannot pull it is [`ServerError::MissingImage`], naming the image.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use testcontainers::core::{IntoContainerPort, WaitFor};
@@ -19,20 +24,28 @@ use tracing::{debug, info};
 
 use super::probe::{Probe, exchange, four_letter};
 use super::redis::redis_url;
+use super::zookeeper::{MAIN_CLASS, zoo_cfg};
 use super::{RedisOptions, ServerError, ZkOptions};
 
 /// The environment variable overriding the ZooKeeper image (`name[:tag]`).
 pub const ZK_IMAGE_ENV: &str = "LOCK_TEST_ZK_IMAGE";
 /// The environment variable overriding the Redis image (`name[:tag]`).
 pub const REDIS_IMAGE_ENV: &str = "LOCK_TEST_REDIS_IMAGE";
-/// The default ZooKeeper image (the version the Debian package has).
-pub const DEFAULT_ZK_IMAGE: &str = "zookeeper:3.8";
-/// The default Redis image (the version the Debian package has).
-pub const DEFAULT_REDIS_IMAGE: &str = "redis:7";
+/// The image `scripts/ensure-docker` builds: Debian bookworm's ZooKeeper 3.8, Redis 7,
+/// etcd 3.4 and a JRE, without an entrypoint.
+pub const DEFAULT_IMAGE: &str = "distlock-test/servers:bookworm";
+/// The default ZooKeeper image: [`DEFAULT_IMAGE`].
+pub const DEFAULT_ZK_IMAGE: &str = DEFAULT_IMAGE;
+/// The default Redis image: [`DEFAULT_IMAGE`].
+pub const DEFAULT_REDIS_IMAGE: &str = DEFAULT_IMAGE;
+
+/// ZooKeeper's class path in an image laid out as Debian's packages.
+const CONTAINER_ZK_CLASSPATH: &str =
+    "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar";
 
 /// The bound on asking the engine whether it is there.
 const ENGINE_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
-/// The bound on pulling the image and creating the container.
+/// The bound on creating and starting the container.
 const CREATE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Where a container engine is expected: `DOCKER_HOST`, or the usual socket paths.
@@ -161,8 +174,8 @@ impl ContainerEngine {
     }
 
     /// Whether the engine has the image `name:tag` locally (`true` where this module cannot
-    /// ask). A start pulls a missing image; where that fails (no registry), the start
-    /// returns [`ServerError::MissingImage`].
+    /// ask). Starting a container never pulls: a missing image is
+    /// [`ServerError::MissingImage`].
     pub async fn has_image(&self, name: &str, tag: &str) -> Result<bool, ServerError> {
         let image = format!("{name}:{tag}");
         match self.get(&format!("/images/{image}/json")).await {
@@ -180,8 +193,9 @@ impl ContainerEngine {
 }
 
 /// How to get a missing image, for [`ServerError::MissingImage`].
-const IMAGE_HINT: &str = "pull or build it on this engine, or name an image the engine has \
-    in LOCK_TEST_ZK_IMAGE / LOCK_TEST_REDIS_IMAGE";
+const IMAGE_HINT: &str = "build the default image with scripts/ensure-docker (in the distlock \
+    repository), or name an image the engine has, laid out as Debian's packages, in \
+    LOCK_TEST_ZK_IMAGE / LOCK_TEST_REDIS_IMAGE";
 
 /// The status code and body of an HTTP/1.x answer.
 fn parse_http(text: &str) -> Option<(u16, String)> {
@@ -225,29 +239,19 @@ fn container_error(err: impl std::fmt::Display) -> ServerError {
     }
 }
 
-/// Creates and starts the container, bounded by [`CREATE_TIMEOUT`]. `missing` names the
-/// image when the engine lacked it, so that a failed pull is reported as
-/// [`ServerError::MissingImage`].
+/// Creates and starts the container, bounded by [`CREATE_TIMEOUT`].
 async fn run(
     request: ContainerRequest<GenericImage>,
-    missing: Option<String>,
 ) -> Result<ContainerAsync<GenericImage>, ServerError> {
-    match (
-        tokio::time::timeout(CREATE_TIMEOUT, request.start()).await,
-        missing,
-    ) {
-        (Ok(Ok(container)), _) => Ok(container),
-        (Ok(Err(err)), Some(image)) => Err(ServerError::MissingImage {
-            image,
-            hint: format!("pulling it failed ({err}); {IMAGE_HINT}"),
-        }),
-        (Ok(Err(testcontainers::TestcontainersError::Client(err))), None) => {
+    match tokio::time::timeout(CREATE_TIMEOUT, request.start()).await {
+        Ok(Ok(container)) => Ok(container),
+        Ok(Err(testcontainers::TestcontainersError::Client(err))) => {
             Err(ServerError::NoContainerEngine {
                 detail: format!("testcontainers could not use the engine: {err}"),
             })
         }
-        (Ok(Err(err)), None) => Err(container_error(err)),
-        (Err(_), _) => Err(ServerError::Timeout {
+        Ok(Err(err)) => Err(container_error(err)),
+        Err(_) => Err(ServerError::Timeout {
             what: "the container to be created".to_owned(),
             after: CREATE_TIMEOUT,
         }),
@@ -343,14 +347,19 @@ impl<K> Container<K> {
         let engine = ContainerEngine::from_env()?;
         engine.check().await?;
         let (name, tag) = image_from_env(image.0, image.1);
-        let missing = (!engine.has_image(&name, &tag).await?).then(|| format!("{name}:{tag}"));
+        if !engine.has_image(&name, &tag).await? {
+            return Err(ServerError::MissingImage {
+                image: format!("{name}:{tag}"),
+                hint: IMAGE_HINT.to_owned(),
+            });
+        }
         info!(%name, %tag, "starting a {server} container");
         let request = configure(
             GenericImage::new(name, tag)
                 .with_exposed_port(internal.tcp())
                 .with_wait_for(WaitFor::Nothing),
         );
-        let container = run(request, missing).await?;
+        let container = run(request).await?;
         let (host, port, addr) = mapped(&container, internal).await?;
         wait_ready(&format!("{server} (container)"), &probe, addr, timeout).await?;
         Ok(Self {
@@ -383,26 +392,31 @@ impl<K> Container<K> {
 }
 
 impl Container<ZooKeeper> {
-    /// Starts the image from [`ZK_IMAGE_ENV`] (default [`DEFAULT_ZK_IMAGE`]) with
-    /// `opts.tick_time` and every four-letter word allowed, and waits (bounded by
-    /// `opts.startup_timeout`) until it serves. The other options are for local processes
-    /// and are ignored.
+    /// Starts the image from [`ZK_IMAGE_ENV`] (default [`DEFAULT_ZK_IMAGE`]) with the
+    /// `zoo.cfg` a local process would get (`tick_time`, `config`, every four-letter word
+    /// allowed; the client port open to the engine's network) and `jvm_args`, and waits
+    /// (bounded by `opts.startup_timeout`) until it serves. The image's Java and
+    /// `/usr/share/java` jars are used: `opts.java`, `opts.jar` and `opts.logging_jar` are
+    /// for local processes.
     pub async fn start(opts: &ZkOptions) -> Result<Self, ServerError> {
-        let tick_ms = opts.tick_time.as_millis().max(1).to_string();
+        let cfg = zoo_cfg(opts, Path::new("/var/tmp/zookeeper"), 2181, "0.0.0.0", &[]);
+        // The configuration travels in the environment; the shell writes it out.
+        let script = format!(
+            "mkdir -p /var/tmp/zookeeper && printf '%s' \"$ZOO_CFG\" > /etc/zoo.cfg && \
+             exec java {} -cp {CONTAINER_ZK_CLASSPATH} {MAIN_CLASS} /etc/zoo.cfg",
+            opts.jvm_args.join(" ")
+        );
         let configure = |image: GenericImage| {
             image
-                .with_env_var("ZOO_TICK_TIME", tick_ms)
-                .with_env_var("ZOO_4LW_COMMANDS_WHITELIST", "*")
-                .with_env_var("ZOO_ADMINSERVER_ENABLED", "false")
+                .with_env_var("ZOO_CFG", cfg)
+                .with_cmd(["sh".to_owned(), "-c".to_owned(), script])
         };
-        let image = (ZK_IMAGE_ENV, DEFAULT_ZK_IMAGE);
-        let probe = Probe::ZkServing;
         Self::launch(
             "ZooKeeper",
-            image,
+            (ZK_IMAGE_ENV, DEFAULT_ZK_IMAGE),
             2181,
             configure,
-            probe,
+            Probe::ZkServing,
             opts.startup_timeout,
             ZooKeeper,
         )
@@ -425,9 +439,21 @@ impl Container<Redis> {
     /// password and ACL user of `opts`, and waits (bounded by `opts.startup_timeout`) until
     /// it answers `PING`. `opts.binary` is ignored.
     pub async fn start(opts: &RedisOptions) -> Result<Self, ServerError> {
-        let mut cmd: Vec<String> = ["redis-server", "--save", "", "--appendonly", "no"]
-            .map(String::from)
-            .to_vec();
+        let mut cmd: Vec<String> = [
+            "redis-server",
+            "--port",
+            "6379",
+            "--bind",
+            "0.0.0.0",
+            "--protected-mode",
+            "no",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
+        .map(String::from)
+        .to_vec();
         cmd.extend(opts.server_args());
         let image = (REDIS_IMAGE_ENV, DEFAULT_REDIS_IMAGE);
         let probe = Probe::RedisPing {

@@ -79,7 +79,8 @@ pub enum ServerError {
         detail: String,
     },
     /// The container engine answers but does not have the image (only with the
-    /// `testcontainers` feature). Nothing is pulled: the engine needs the image first.
+    /// `testcontainers` feature). Nothing is pulled: the tests reach loopback addresses
+    /// only, so the image is built or pulled beforehand.
     #[error("container image `{image}` is not on the container engine: {hint}")]
     MissingImage {
         /// The image, `name:tag`.

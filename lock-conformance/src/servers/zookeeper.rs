@@ -20,7 +20,7 @@ use super::{
 pub const ZK_ENV: &str = "LOCK_TEST_ZK";
 
 const SERVER: &str = "ZooKeeper";
-const MAIN_CLASS: &str = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
+pub(crate) const MAIN_CLASS: &str = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
 const DEFAULT_JAR: &str = "/usr/share/java/zookeeper.jar";
 const DEFAULT_LOGGING_JAR: &str = "/usr/share/java/slf4j-simple.jar";
 /// The bound on one four-letter-word exchange made on the caller's behalf.
@@ -138,6 +138,34 @@ struct MemberPorts {
     election: u16,
 }
 
+/// The text of a `zoo.cfg`: the defaults, `server.N=` lines for an ensemble's `servers`
+/// (`host:quorum:election`, N counting from 1), then `opts.config`.
+pub(crate) fn zoo_cfg(
+    opts: &ZkOptions,
+    data_dir: &Path,
+    client_port: u16,
+    client_address: &str,
+    servers: &[String],
+) -> String {
+    let mut cfg = String::new();
+    let _ = writeln!(cfg, "tickTime={}", opts.tick_ms());
+    let _ = writeln!(cfg, "initLimit=10");
+    let _ = writeln!(cfg, "syncLimit=5");
+    let _ = writeln!(cfg, "dataDir={}", data_dir.display());
+    let _ = writeln!(cfg, "clientPort={client_port}");
+    let _ = writeln!(cfg, "clientPortAddress={client_address}");
+    let _ = writeln!(cfg, "maxClientCnxns=0");
+    let _ = writeln!(cfg, "admin.enableServer=false");
+    let _ = writeln!(cfg, "4lw.commands.whitelist=*");
+    for (i, server) in servers.iter().enumerate() {
+        let _ = writeln!(cfg, "server.{}={server}", i + 1);
+    }
+    for (key, value) in &opts.config {
+        let _ = writeln!(cfg, "{key}={value}");
+    }
+    cfg
+}
+
 /// Writes `dir/zoo.cfg` (and `dir/data/myid` for an ensemble member); returns the
 /// launch description.
 fn prepare_node(
@@ -154,28 +182,11 @@ fn prepare_node(
     if let Some(id) = myid {
         std::fs::write(data.join("myid"), format!("{id}\n"))?;
     }
-    let mut cfg = String::new();
-    let _ = writeln!(cfg, "tickTime={}", opts.tick_ms());
-    let _ = writeln!(cfg, "initLimit=10");
-    let _ = writeln!(cfg, "syncLimit=5");
-    let _ = writeln!(cfg, "dataDir={}", data.display());
-    let _ = writeln!(cfg, "clientPort={client_port}");
-    let _ = writeln!(cfg, "clientPortAddress=127.0.0.1");
-    let _ = writeln!(cfg, "maxClientCnxns=0");
-    let _ = writeln!(cfg, "admin.enableServer=false");
-    let _ = writeln!(cfg, "4lw.commands.whitelist=*");
-    for (i, m) in members.iter().enumerate() {
-        let _ = writeln!(
-            cfg,
-            "server.{}=127.0.0.1:{}:{}",
-            i + 1,
-            m.quorum,
-            m.election
-        );
-    }
-    for (key, value) in &opts.config {
-        let _ = writeln!(cfg, "{key}={value}");
-    }
+    let servers: Vec<String> = members
+        .iter()
+        .map(|m| format!("127.0.0.1:{}:{}", m.quorum, m.election))
+        .collect();
+    let cfg = zoo_cfg(opts, &data, client_port, "127.0.0.1", &servers);
     let cfg_path = dir.join("zoo.cfg");
     std::fs::write(&cfg_path, cfg)?;
     let mut args: Vec<OsString> = opts.jvm_args.iter().map(OsString::from).collect();
