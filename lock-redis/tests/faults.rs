@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{TTL, admin, config, keys_of, start_server, tag};
+use common::{TTL, admin, config, keys_of, start_server, tag, wait_until};
 use lock_conformance::proxy::FaultProxy;
 use lock_conformance::servers::LocalServer;
 use lock_conformance::{Occupancy, unique_name};
@@ -81,6 +81,20 @@ async fn waiting(admin: &mut ConnectionManager, name: &str, strategy: RedisStrat
         RedisStrategy::PubSub => subscribers(admin, name).await,
         _ => admin.llen(queue_key(name)).await.unwrap(),
     }
+}
+
+/// Connections blocked in a command on the server (a queue waiter's `BLPOP`), from
+/// `INFO clients`.
+async fn blocked_clients(admin: &mut ConnectionManager) -> usize {
+    let info: String = redis::cmd("INFO")
+        .arg("clients")
+        .query_async(admin)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("blocked_clients:"))
+        .and_then(|count| count.trim().parse().ok())
+        .expect("blocked_clients in INFO clients")
 }
 
 /// Waits until `waiting` shows `count` waiters; panics after `bound`.
@@ -792,6 +806,19 @@ async fn acl_user_limited_to_lock_keys() {
     );
 }
 
+/// Where the waiters of [`herd`] are once a release has been dealt with.
+#[derive(Debug)]
+struct AfterRelease {
+    /// Waiters whose wake-up has not yet ended in a grant or in vain.
+    under_way: usize,
+    /// Waiters that neither got the lock nor tried again in vain.
+    unheard: usize,
+    /// Waiters the server shows (queue length, or subscribers).
+    waiting: usize,
+    /// Connections blocked on the server (queue waiters in `BLPOP`).
+    blocked: usize,
+}
+
 /// What one strategy's waiters did on one release.
 #[derive(Debug)]
 struct Herd {
@@ -848,8 +875,30 @@ async fn herd(strategy: RedisStrategy) -> Herd {
         &format!("{strategy:?}: waiters"),
     )
     .await;
-    // Every waiter settles into its wait (pub/sub: the try after subscribing).
-    sleep(Duration::from_millis(200)).await;
+    // Every waiter settles into its wait. Queue: blocked on its own list. Pub/sub: past the
+    // try after subscribing, which is the first request it makes once its subscription is
+    // in (and a later one, its refresh, comes after it).
+    let subscribed: Vec<MetricsSnapshot> = providers.iter().map(LockProvider::metrics).collect();
+    let (providers_ref, subscribed) = (&providers, &subscribed);
+    wait_until(
+        SLACK * 5,
+        &format!("{strategy:?}: the waiters settle in their wait"),
+        || {
+            let mut admin = admin.clone();
+            async move {
+                match strategy {
+                    RedisStrategy::PubSub => providers_ref
+                        .iter()
+                        .zip(subscribed)
+                        .filter(|(provider, at)| provider.metrics().since(at).server_requests > 0)
+                        .count(),
+                    _ => blocked_clients(&mut admin).await,
+                }
+            }
+        },
+        |settled| *settled == WAITERS,
+    )
+    .await;
     assert_eq!(
         granted.load(Ordering::SeqCst),
         0,
@@ -869,8 +918,45 @@ async fn herd(strategy: RedisStrategy) -> Herd {
         );
         sleep(Duration::from_millis(1)).await;
     };
-    // Let the wake-ups in vain run their course.
-    sleep(Duration::from_millis(300)).await;
+    // Let the wake-ups in vain run their course: none is under way any more, and every
+    // waiter but the one granted is back in its wait (queue: still queued and blocked on
+    // its list; pub/sub: subscribed, having heard the release and tried in vain).
+    let (before_ref, name_ref) = (&before, name.as_str());
+    wait_until(
+        SLACK * 5,
+        &format!("{strategy:?}: the wake-ups on the release run their course"),
+        || {
+            let mut admin = admin.clone();
+            async move {
+                let deltas: Vec<MetricsSnapshot> = providers_ref
+                    .iter()
+                    .zip(before_ref)
+                    .map(|(provider, before)| provider.metrics().since(before))
+                    .collect();
+                AfterRelease {
+                    under_way: deltas
+                        .iter()
+                        .filter(|d| d.wakeups > d.futile_wakeups + d.grants)
+                        .count(),
+                    unheard: deltas
+                        .iter()
+                        .filter(|d| d.grants == 0 && d.futile_wakeups == 0)
+                        .count(),
+                    waiting: waiting(&mut admin, name_ref, strategy).await,
+                    blocked: blocked_clients(&mut admin).await,
+                }
+            }
+        },
+        |after| {
+            after.under_way == 0
+                && after.waiting == WAITERS - 1
+                && match strategy {
+                    RedisStrategy::PubSub => after.unheard == 0,
+                    _ => after.blocked == WAITERS - 1,
+                }
+        },
+    )
+    .await;
     assert_eq!(
         granted.load(Ordering::SeqCst),
         1,

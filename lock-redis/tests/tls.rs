@@ -18,6 +18,9 @@ use lock_conformance::unique_name;
 use lock_core::{LockError, LockProvider};
 use lock_redis::{RedisLockProvider, RedlockProvider};
 
+/// How long a waiter may wait, and the bound on it queueing.
+const BOUND: Duration = Duration::from_secs(5);
+
 fn openssl(dir: &Path, args: &[&str]) {
     let status = Command::new("openssl")
         .args(args)
@@ -138,8 +141,15 @@ async fn rediss_urls_lock_over_tls() {
         waiter.try_acquire().await.unwrap().is_none(),
         "two holders over TLS"
     );
-    let waiting = tokio::spawn(async move { waiter.acquire(Some(Duration::from_secs(5))).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let waiting = tokio::spawn(async move { waiter.acquire(Some(BOUND)).await });
+    // The release hands the lock to the waiter once it is in the queue.
+    let _queued = common::wait_until(
+        BOUND,
+        "the waiter queues over TLS",
+        || a.holders(&name),
+        |holders| matches!(holders, Ok(holders) if holders.queue.len() == 1),
+    )
+    .await;
     held.release().await.unwrap();
     let mut next = waiting.await.unwrap().unwrap();
     assert!(next.fencing_token() > held.fencing_token());

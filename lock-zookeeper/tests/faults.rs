@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{Proxies, SESSION_TIMEOUT, TICK_TIME, admin_client, children, lock_dir, zk_options};
+use common::{
+    Proxies, SESSION_TIMEOUT, TICK_TIME, admin_client, children, lock_dir, wait_until, zk_options,
+};
 use lock_conformance::proxy::ReplyKind;
 use lock_conformance::servers::{LocalServer, ZkEnsemble, ZkServer, free_port};
 use lock_conformance::{Occupancy, PollBudget, unique_name};
@@ -1010,7 +1012,9 @@ async fn a_secured_root_outlives_its_lock_directories() {
     let mut guard = lock.try_acquire().await.unwrap().expect("a free lock");
     guard.release().await.unwrap();
     let dir = lock_dir(root, "job");
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // How long the server may take to remove an emptied container.
+    let sweep_bound = Duration::from_secs(10);
+    let deadline = Instant::now() + sweep_bound;
     while owner.check_stat(&dir).await.unwrap().is_some() {
         assert!(
             Instant::now() < deadline,
@@ -1019,8 +1023,34 @@ async fn a_secured_root_outlives_its_lock_directories() {
         sleep(Duration::from_millis(50)).await;
     }
     let reaped = began.elapsed();
-    // Several more passes of the server's container sweep.
-    sleep(Duration::from_secs(1)).await;
+    // More passes of the server's container sweep: one for each level above the lock
+    // directory (the root, then its parent), as a cascade of emptied containers would take.
+    // A canary container emptied once the previous pass is seen to be over is removed by
+    // a later pass.
+    for pass in ["the root", "its parent"] {
+        let canary = "/sweep-canary";
+        let anyone = Acls::anyone_all();
+        owner
+            .create(canary, &[], &CreateMode::Container.with_acls(anyone))
+            .await
+            .expect("a canary container");
+        let child = format!("{canary}/child");
+        owner
+            .create(&child, &[], &CreateMode::Persistent.with_acls(anyone))
+            .await
+            .expect("the canary's child");
+        owner
+            .delete(&child, None)
+            .await
+            .expect("emptying the canary");
+        let _removed = wait_until(
+            sweep_bound,
+            &format!("the sweep pass that would remove {pass} removes the emptied canary"),
+            || owner.check_stat(canary),
+            |stat| matches!(stat, Ok(None)),
+        )
+        .await;
+    }
     for path in ["/secured", root] {
         assert!(
             owner.check_stat(path).await.unwrap().is_some(),

@@ -2,8 +2,11 @@
 //! and a kazoo-format node, exclude distlock and are excluded by it.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
 
+mod common;
+
 use std::time::Duration;
 
+use common::{data_watches, owned_queue, wait_until, watches_in};
 use lock_conformance::servers::shared_zk;
 use lock_conformance::unique_name;
 use lock_core::{LockName, LockProvider};
@@ -32,6 +35,31 @@ fn dir_of(name: &str) -> String {
         ZkConfig::DEFAULT_ROOT,
         LockName::new(name).unwrap().escaped()
     )
+}
+
+/// Waits until the session `waiter` waits in `dir`: it has a node there behind another, and
+/// when it waits herd-free, it watches a node of `dir` other than its own (a waiter under the
+/// herd strategy watches the directory, which the server does not list). Panics after
+/// [`BOUND`].
+async fn waits_in(admin: &Client, dir: &str, waiter: i64, herd_free: bool, what: &str) {
+    wait_until(
+        BOUND,
+        what,
+        move || async move {
+            let queue = owned_queue(admin, dir).await.unwrap();
+            let watches = if herd_free {
+                data_watches().await
+            } else {
+                None
+            };
+            let watching = queue.iter().skip(1).any(|(node, session)| {
+                *session == waiter && watches_in(watches.as_ref(), waiter, dir, node)
+            });
+            (queue, watching)
+        },
+        |(_, watching)| *watching,
+    )
+    .await;
 }
 
 fn peer_options() -> LockOptions<'static> {
@@ -69,7 +97,14 @@ async fn the_peer_recipe_and_distlock_exclude_each_other() {
             let lock = lock.clone();
             tokio::spawn(async move { lock.acquire(Some(BOUND)).await })
         };
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        waits_in(
+            &peer,
+            &dir,
+            ours.session_id().expect("a session"),
+            strategy == ZkStrategy::SequentialPredecessor,
+            &format!("{strategy}: distlock queues behind the peer"),
+        )
+        .await;
         assert!(
             !waiting.is_finished(),
             "{strategy}: distlock got the lock while the peer held it"
@@ -197,7 +232,14 @@ async fn foreign_readers_share_and_keep_writers_out() {
             let lock = lock.clone();
             tokio::spawn(async move { lock.write(Some(BOUND)).await })
         };
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        waits_in(
+            &raw,
+            &dir,
+            ours.session_id().expect("a session"),
+            strategy == ZkStrategy::SequentialPredecessor,
+            &format!("{prefix}: our writer queues behind the foreign reader"),
+        )
+        .await;
         assert!(!writing.is_finished(), "{prefix}: wrote beside a reader");
         raw.delete(&reader, None).await.unwrap();
         let mut guard = tokio::time::timeout(BOUND, writing)
@@ -215,6 +257,7 @@ async fn a_curator_named_writer_and_distlock_readers_exclude_each_other() {
     let dir = format!("{}.rwlock", dir_of(&name));
     let ours = provider(ZkStrategy::SequentialPredecessor).await;
     let lock = ours.rw_lock(&name).unwrap();
+    let admin = peer().await;
     let peer = peer().await;
     // zookeeper-client's recipe with a Curator write node's name, every child a contender:
     // the write side of Curator's InterProcessReadWriteLock.
@@ -235,7 +278,14 @@ async fn a_curator_named_writer_and_distlock_readers_exclude_each_other() {
         let lock = lock.clone();
         tokio::spawn(async move { lock.read(Some(BOUND)).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    waits_in(
+        &admin,
+        &dir,
+        ours.session_id().expect("a session"),
+        true,
+        "our reader queues behind the writer",
+    )
+    .await;
     assert!(!reading.is_finished(), "read beside the writer");
     drop(held);
     let mut reader = tokio::time::timeout(BOUND, reading)
@@ -244,12 +294,21 @@ async fn a_curator_named_writer_and_distlock_readers_exclude_each_other() {
         .unwrap()
         .unwrap();
     // Now our reader holds: the peer writer waits for it.
+    let peer_session = peer.session_id().0;
     let peer_writing = tokio::spawn(async move {
         let prefix = LockPrefix::new_custom(writer_prefix, "").unwrap();
         let held = peer.lock(prefix, b"", peer_options()).await;
         held.map(drop)
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The peer's recipe watches the node before its own.
+    waits_in(
+        &admin,
+        &dir,
+        peer_session,
+        true,
+        "the peer writer queues behind our reader",
+    )
+    .await;
     assert!(
         !peer_writing.is_finished(),
         "the peer writer got in beside our reader"

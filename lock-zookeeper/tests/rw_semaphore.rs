@@ -11,14 +11,15 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use common::ZkHarness;
+use common::{ZkHarness, lock_dir, wait_until, waking, watches_in};
 use lock_conformance::cases::rw::rw_stress;
 use lock_conformance::cases::semaphore::semaphore_stress;
 use lock_conformance::{Client, Entries, Harness, LockKind, expect_entries_of, unique_name};
 use lock_core::{Guard, MetricsSnapshot};
-use lock_zookeeper::ZkStrategy;
+use lock_zookeeper::{ZkConfig, ZkLockProvider, ZkStrategy};
 use tokio::sync::mpsc;
 
 /// The herd-prone and the herd-free strategy.
@@ -47,6 +48,42 @@ async fn semaphore_stress_with_many_clients() {
         let peak = semaphore_stress(&h, 4, 12, 6).await.unwrap();
         eprintln!("{strategy}: peak {peak} of 4 permits");
     }
+}
+
+/// Waits until every waiter is settled in its wait, so that the wake-ups counted from then on
+/// are the ones the test causes: none of `providers` has a wake-up under way (see
+/// [`waking`]: every notification sent so far has reached it and been dealt with), and under
+/// the herd-free strategy every waiting contender in `dir` (every node but the first
+/// `holders`) watches the node it waits for. (The herd strategy's waiters watch the
+/// directory: the server does not list child watches.) Panics after [`STEP`].
+async fn settle(
+    h: &ZkHarness,
+    providers: &[Arc<ZkLockProvider>],
+    name: &str,
+    dir: &str,
+    holders: usize,
+    strategy: ZkStrategy,
+) {
+    let herd_free = strategy == ZkStrategy::SequentialPredecessor;
+    wait_until(
+        STEP,
+        &format!("{strategy}: the waiters in {dir} settle in their wait"),
+        move || async move {
+            let waking = waking(providers, name).await;
+            let mut unwatched = Vec::new();
+            if herd_free {
+                let watches = h.data_watches().await;
+                for (node, session) in h.owned_queue(dir).await.into_iter().skip(holders) {
+                    if !watches_in(watches.as_ref(), session, dir, &node) {
+                        unwatched.push(node);
+                    }
+                }
+            }
+            (waking, unwatched)
+        },
+        |(waking, unwatched)| waking.is_empty() && unwatched.is_empty(),
+    )
+    .await;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,8 +123,10 @@ async fn serve_rw_queue(strategy: ZkStrategy) -> (u64, u64) {
         .collect();
     let (grants, mut granted) = mpsc::unbounded_channel::<(usize, Guard)>();
     let mut clients = Vec::new();
+    let mut providers = Vec::new();
     for (index, side) in plan.iter().copied().enumerate() {
-        let client = h.client().await.unwrap();
+        let (client, provider) = h.zk_client().await.unwrap();
+        providers.push(provider);
         let lock = client.provider.rw_lock(&name).unwrap();
         let grants = grants.clone();
         tokio::spawn(async move {
@@ -109,9 +148,11 @@ async fn serve_rw_queue(strategy: ZkStrategy) -> (u64, u64) {
         .await
         .unwrap();
     }
-    // The herd variant's waiters are still waking for the last arrivals: let them settle,
-    // so that the counts below hold this run's wake-ups only.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The herd variant's waiters may still be waking for the last arrivals, and the
+    // herd-free ones setting their watch: let them settle, so that the counts below hold
+    // this run's wake-ups only.
+    let dir = format!("{}.rwlock", lock_dir(ZkConfig::DEFAULT_ROOT, &name));
+    settle(&h, &providers, &name, &dir, 1, strategy).await;
     let before: Vec<_> = clients.iter().map(|c| c.provider.metrics()).collect();
     held.release().await.unwrap();
     let mut next = 0;
@@ -151,8 +192,8 @@ async fn serve_rw_queue(strategy: ZkStrategy) -> (u64, u64) {
         }
         next += size;
     }
-    // Let any last wake-ups land before counting.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Nothing is left to land: every waiter has been granted, so its acquire, and every
+    // wake-up it counts, is over.
     let counts = woken(&clients, &before);
     expect_entries_of(&h, LockKind::ReadWrite, &name, Entries::new(0, 0), "served")
         .await
@@ -203,8 +244,10 @@ async fn serve_semaphore_queue(strategy: ZkStrategy) -> (u64, u64, u64) {
     }
     let (grants, mut granted) = mpsc::unbounded_channel::<(usize, Guard)>();
     let mut clients = Vec::new();
+    let mut providers = Vec::new();
     for index in 0..QUEUED {
-        let client = h.client().await.unwrap();
+        let (client, provider) = h.zk_client().await.unwrap();
+        providers.push(provider);
         let semaphore = client.provider.semaphore(&name, PERMITS).unwrap();
         let grants = grants.clone();
         tokio::spawn(async move {
@@ -222,7 +265,23 @@ async fn serve_semaphore_queue(strategy: ZkStrategy) -> (u64, u64, u64) {
         .await
         .unwrap();
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The first contender holds the mutex: it waits for a permit once it has made its lease
+    // (which the counts above cannot tell from a held one). The others wait for the mutex;
+    // the herd variant's may still be waking for the last arrivals.
+    let dir = format!("{}.semaphore", lock_dir(ZkConfig::DEFAULT_ROOT, &name));
+    let leases = format!("{dir}/leases");
+    let (harness, leases) = (&h, leases.as_str());
+    let made_lease = move |step: usize| async move {
+        wait_until(
+            STEP,
+            &format!("{strategy}: the mutex holder after {step} grants makes its lease"),
+            move || harness.children(leases),
+            |leases| leases.len() == PERMITS as usize + 1,
+        )
+        .await;
+    };
+    made_lease(0).await;
+    settle(&h, &providers, &name, &format!("{dir}/locks"), 1, strategy).await;
     let before: Vec<_> = clients.iter().map(|c| c.provider.metrics()).collect();
     let mut releases = 0;
     for expected in 0..QUEUED {
@@ -247,11 +306,12 @@ async fn serve_semaphore_queue(strategy: ZkStrategy) -> (u64, u64, u64) {
             .await
             .unwrap();
             // The counts above cannot tell whether the next contender has made its lease
-            // yet; give it the time to, so that each release wakes a lease watcher.
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // yet; wait until it has, so that each release wakes a lease watcher.
+            made_lease(expected + 1).await;
         }
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Every queued contender has been granted: its acquire, and every wake-up it counts,
+    // is over.
     let (woken, futile) = woken(&clients, &before);
     for mut permit in holders {
         permit.release().await.unwrap();

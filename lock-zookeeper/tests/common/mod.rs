@@ -9,16 +9,19 @@
     reason = "test fixtures: a failed set-up must fail the test"
 )]
 
+use std::collections::HashMap;
+use std::fmt::Debug;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use lock_conformance::proxy::{FaultProxy, ReplyKind, SwallowHandle};
 use lock_conformance::servers::{ServerError, ZkEnsemble, ZkOptions, free_port, shared_zk};
 use lock_conformance::{
     Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind,
-    Timing, async_trait,
+    Timing, async_trait, eventually,
 };
+use lock_core::LockProvider;
 use lock_core::{LockError, LockName};
 use lock_zookeeper::{AclPolicy, DigestAuth, ZkConfig, ZkLockProvider, ZkStrategy};
 use zookeeper_client::{Client as ZkClient, Error as ZkError};
@@ -86,6 +89,141 @@ pub(crate) async fn admin_client(connect_string: &str) -> ZkClient {
         .connect(connect_string)
         .await
         .expect("an admin client")
+}
+
+/// Polls `observe` (as [`eventually`] does) until `done` accepts what it returns, for at most
+/// `bound`; returns that observation. Panics naming `what` and the last observation when
+/// `bound` runs out.
+///
+/// The settle waits of the tests use this instead of a fixed sleep: they wait for the
+/// condition the sleep stood for, as long as it takes and no longer.
+pub(crate) async fn wait_until<T, F, Fut>(
+    bound: Duration,
+    what: &str,
+    mut observe: F,
+    done: impl Fn(&T) -> bool,
+) -> T
+where
+    T: Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let last = Mutex::new(None);
+    let (seen, done) = (&last, &done);
+    let outcome = eventually(bound, what, move || {
+        let observed = observe();
+        async move {
+            let observed = observed.await;
+            let ok = done(&observed);
+            *seen.lock().unwrap_or_else(PoisonError::into_inner) = Some(observed);
+            ok
+        }
+    })
+    .await;
+    let last = last.into_inner().unwrap_or_else(PoisonError::into_inner);
+    match (outcome, last) {
+        (Ok(()), Some(last)) => last,
+        (outcome, last) => panic!(
+            "{}; last seen: {last:?}",
+            outcome.err().map_or_else(String::new, |e| e.to_string())
+        ),
+    }
+}
+
+/// The sequential nodes of `dir` in queue order, each with the session that owns it; none
+/// when `dir` does not exist.
+pub(crate) async fn owned_queue(
+    admin: &ZkClient,
+    dir: &str,
+) -> Result<Vec<(String, i64)>, ZkError> {
+    let mut queue: Vec<(i64, String)> = children(admin, dir)
+        .await?
+        .into_iter()
+        .filter_map(|child| sequence(&child).map(|seq| (seq, child)))
+        .collect();
+    queue.sort();
+    let mut owned = Vec::with_capacity(queue.len());
+    for (_, child) in queue {
+        // A node that left since the listing is left out.
+        if let Some(stat) = admin_call(|| admin.check_stat(&format!("{dir}/{child}"))).await? {
+            owned.push((child, stat.ephemeral_owner));
+        }
+    }
+    Ok(owned)
+}
+
+/// The paths each session has a data watch on (a watch on a node's data or existence), from
+/// the `wchc` four-letter word of the server at `answer`'s origin; `None` when the server
+/// does not answer it (an external server that does not allow the word). The server does
+/// not list child watches.
+fn parse_wchc(answer: &str) -> Option<HashMap<i64, Vec<String>>> {
+    let mut watches: HashMap<i64, Vec<String>> = HashMap::new();
+    let mut session = None;
+    for line in answer.lines().filter(|line| !line.trim().is_empty()) {
+        match line.strip_prefix('\t') {
+            Some(path) => watches
+                .entry(session?)
+                .or_default()
+                .push(path.trim().to_owned()),
+            None => {
+                let hex = line.trim().strip_prefix("0x")?;
+                session = Some(u64::from_str_radix(hex, 16).ok()? as i64);
+            }
+        }
+    }
+    Some(watches)
+}
+
+/// The data watches per session of the shared server (see [`parse_wchc`]).
+pub(crate) async fn data_watches() -> Option<HashMap<i64, Vec<String>>> {
+    let answer = shared_zk().ok()?.four_letter("wchc").await.ok()?;
+    parse_wchc(&answer)
+}
+
+/// Whether `session` watches a node of `dir` other than `own` (the way a herd-free waiter
+/// waits: on the node whose departure can let it in). `true` when the server does not
+/// list its watches (`watches` is `None`): nothing more can be seen then.
+pub(crate) fn watches_in(
+    watches: Option<&HashMap<i64, Vec<String>>>,
+    session: i64,
+    dir: &str,
+    own: &str,
+) -> bool {
+    let Some(watches) = watches else {
+        return true;
+    };
+    watches.get(&session).is_some_and(|paths| {
+        paths.iter().any(|path| {
+            path.strip_prefix(dir)
+                .and_then(|rest| rest.strip_prefix('/'))
+                .is_some_and(|child| !child.is_empty() && child != own)
+        })
+    })
+}
+
+/// The providers among `providers` (by index) with a wake-up under way: one that has not
+/// yet ended in a grant or in vain.
+///
+/// Each provider is first asked one question on its own session (its
+/// [`contenders`](ZkLockProvider::contenders) of `name`): the server answers a session in
+/// order, so once the answer is in, every watch notification the server had sent that
+/// session before has reached the provider; then its metrics are read.
+pub(crate) async fn waking(providers: &[Arc<ZkLockProvider>], name: &str) -> Vec<usize> {
+    for provider in providers {
+        // Only the round trip matters, not the answer.
+        let _ = provider.contenders(name).await;
+    }
+    // Let the waiters just woken by a notification run before their metrics are read.
+    tokio::task::yield_now().await;
+    providers
+        .iter()
+        .enumerate()
+        .filter(|(_, provider)| {
+            let metrics = provider.metrics();
+            metrics.wakeups > metrics.futile_wakeups + metrics.grants
+        })
+        .map(|(index, _)| index)
+        .collect()
 }
 
 /// One client's fault proxies: one in front of each server of the ensemble (one for a
@@ -331,11 +469,59 @@ impl ZkHarness {
 
     /// A client that reaches the servers through proxies of its own.
     async fn client_with(&self, config: ZkConfig) -> Result<Client, LockError> {
+        Ok(self.typed_client_with(config).await?.0)
+    }
+
+    /// [`client_with`](Self::client_with), and the client's provider as what it is.
+    async fn typed_client_with(
+        &self,
+        config: ZkConfig,
+    ) -> Result<(Client, Arc<ZkLockProvider>), LockError> {
         let proxies = Proxies::start(&self.servers);
         let mut config = config;
         config.hosts = proxies.hosts();
-        let provider = ZkLockProvider::connect(config).await?;
-        Ok(Client::new(Arc::new(provider)).with_faults(Arc::new(proxies)))
+        let provider = Arc::new(ZkLockProvider::connect(config).await?);
+        let client = Client::new(Arc::clone(&provider) as Arc<dyn LockProvider>)
+            .with_faults(Arc::new(proxies));
+        Ok((client, provider))
+    }
+
+    /// A client as [`Harness::client`] makes it, and its provider as what it is (for
+    /// [`waking`]).
+    pub(crate) async fn zk_client(&self) -> Result<(Client, Arc<ZkLockProvider>), LockError> {
+        self.typed_client_with(self.config(ZkConfig::DEFAULT_ROOT))
+            .await
+    }
+
+    /// The sequential nodes of `dir` in queue order, each with its owner session.
+    pub(crate) async fn owned_queue(&self, dir: &str) -> Vec<(String, i64)> {
+        owned_queue(&self.admin, dir)
+            .await
+            .unwrap_or_else(|error| panic!("listing {dir}: {error}"))
+    }
+
+    /// The children of `dir`; none when it does not exist.
+    pub(crate) async fn children(&self, dir: &str) -> Vec<String> {
+        children(&self.admin, dir)
+            .await
+            .unwrap_or_else(|error| panic!("listing {dir}: {error}"))
+    }
+
+    /// The data watches per session of the servers (see [`parse_wchc`]): the shared
+    /// server's, or every ensemble member's; `None` when a server does not list them.
+    pub(crate) async fn data_watches(&self) -> Option<HashMap<i64, Vec<String>>> {
+        let Some(shared) = self.ensemble else {
+            return data_watches().await;
+        };
+        let members = shared.ensemble.lock().await;
+        let mut all: HashMap<i64, Vec<String>> = HashMap::new();
+        for index in 0..members.len() {
+            let answer = members.four_letter(index, "wchc").await.ok()?;
+            for (session, paths) in parse_wchc(&answer)? {
+                all.entry(session).or_default().extend(paths);
+            }
+        }
+        Some(all)
     }
 
     /// The sequential children of `dir`, in queue order.
