@@ -157,20 +157,46 @@ pub async fn within<F: Future>(
 pub async fn eventually<F, Fut>(
     bound: Duration,
     what: &str,
-    mut condition: F,
+    condition: F,
 ) -> Result<(), CaseFailure>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
+    observe_until(bound, what, condition, |held| *held)
+        .await
+        .map(drop)
+}
+
+/// Polls `observe` until `done` accepts what it returns, for at most `bound`, and returns
+/// that observation: a wait for the condition a fixed sleep would stand for, as long as it
+/// takes and no longer.
+///
+/// # Errors
+///
+/// A [`CaseFailure`] naming `what` and the last observation when `bound` runs out.
+pub async fn observe_until<T, F, Fut>(
+    bound: Duration,
+    what: &str,
+    mut observe: F,
+    done: impl Fn(&T) -> bool,
+) -> Result<T, CaseFailure>
+where
+    T: std::fmt::Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
     let deadline = tokio::time::Instant::now() + bound;
     let mut pause = Duration::from_millis(2);
     loop {
-        if condition().await {
-            return Ok(());
+        let observed = observe().await;
+        if done(&observed) {
+            return Ok(observed);
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(CaseFailure::new(format!("{what}: not so within {bound:?}")));
+            return Err(CaseFailure::new(format!(
+                "{what}: not so within {bound:?}; last seen: {observed:?}"
+            )));
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_millis(50));

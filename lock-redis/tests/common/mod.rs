@@ -10,14 +10,14 @@
 )]
 
 use std::fmt::Debug;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use lock_conformance::proxy::{FaultProxy, ReplyKind};
 use lock_conformance::servers::{LocalServer, RedisOptions, RedisServer, free_port};
 use lock_conformance::{
     Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind,
-    Timing, async_trait, eventually,
+    Timing, async_trait, observe_until,
 };
 use lock_core::{LockError, LockName};
 use lock_redis::{RedisConfig, RedisLockProvider, RedisServer as ServerConfig, RedisStrategy};
@@ -31,16 +31,12 @@ pub(crate) const ADMIN_PASSWORD: &str = "admin-secret";
 pub(crate) const LOCK_USER: &str = "locker";
 pub(crate) const LOCK_PASSWORD: &str = "locker-secret";
 
-/// Polls `observe` (as [`eventually`] does) until `done` accepts what it returns, for at most
-/// `bound`; returns that observation. Panics naming `what` and the last observation when
-/// `bound` runs out.
-///
-/// The settle waits of the tests use this instead of a fixed sleep: they wait for the
-/// condition the sleep stood for, as long as it takes and no longer.
+/// [`observe_until`], panicking with its failure: what the last observation was when
+/// `bound` ran out.
 pub(crate) async fn wait_until<T, F, Fut>(
     bound: Duration,
     what: &str,
-    mut observe: F,
+    observe: F,
     done: impl Fn(&T) -> bool,
 ) -> T
 where
@@ -48,26 +44,9 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = T>,
 {
-    let last = Mutex::new(None);
-    let (seen, done) = (&last, &done);
-    let outcome = eventually(bound, what, move || {
-        let observed = observe();
-        async move {
-            let observed = observed.await;
-            let ok = done(&observed);
-            *seen.lock().unwrap_or_else(PoisonError::into_inner) = Some(observed);
-            ok
-        }
-    })
-    .await;
-    let last = last.into_inner().unwrap_or_else(PoisonError::into_inner);
-    match (outcome, last) {
-        (Ok(()), Some(last)) => last,
-        (outcome, last) => panic!(
-            "{}; last seen: {last:?}",
-            outcome.err().map_or_else(String::new, |e| e.to_string())
-        ),
-    }
+    observe_until(bound, what, observe, done)
+        .await
+        .unwrap_or_else(|failure| panic!("{failure}"))
 }
 
 /// A test server: an admin password, and the ACL user limited to the lock keys.
