@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use lock_conformance::servers::{
     EtcdOptions, EtcdServer, LocalServer, REDIS_ENV, RedisOptions, RedisServer, RedisTarget,
-    ServerError, ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget, shared_redis, shared_zk,
+    SERVERS_ENV, ServerError, ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget, shared_redis,
+    shared_zk,
 };
 
 /// Set in the child test process that starts shared servers and then exits without
@@ -475,7 +476,7 @@ async fn external_targets_refuse_faults() {
     assert!(zk.is_external());
     assert_eq!(zk.connect_string(), "127.0.0.1:1");
     assert!(zk.server().is_none());
-    for result in [zk.pause(), zk.resume(), zk.kill()] {
+    for result in [zk.pause().await, zk.resume().await, zk.kill().await] {
         let err = result.unwrap_err();
         assert!(matches!(err, ServerError::Unsupported { .. }), "{err:?}");
         assert!(err.to_string().contains("external server"), "{err}");
@@ -488,7 +489,7 @@ async fn external_targets_refuse_faults() {
     let mut redis = RedisTarget::external("redis://127.0.0.1:1");
     assert_eq!(redis.url(), "redis://127.0.0.1:1");
     assert!(matches!(
-        redis.pause(),
+        redis.pause().await,
         Err(ServerError::Unsupported { .. })
     ));
     assert!(matches!(
@@ -552,13 +553,29 @@ fn helper_start_shared_servers_then_die() {
             "EXTERNAL zk={} zk_external={} zk_pause={} redis={} redis_external={}",
             zk.connect_string(),
             zk.is_external(),
-            zk.pause().unwrap_err(),
+            lock_conformance::runner::block_on(zk.pause()).unwrap_err(),
             redis.url(),
             redis.is_external()
         )
         .unwrap();
         out.flush().unwrap();
         return;
+    }
+    if mode == "containers" {
+        writeln!(
+            out,
+            "CONTAINERS {} {}",
+            zk.container_id().unwrap(),
+            redis.container_id().unwrap()
+        )
+        .unwrap();
+        out.flush().unwrap();
+        drop(out);
+        let mut go = String::new();
+        std::io::stdin().read_line(&mut go).unwrap();
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
     }
     let zk = zk.server().unwrap();
     let redis = redis.server().unwrap();
@@ -591,6 +608,7 @@ fn helper(mode: &str, env: &[(&str, &str)]) -> (std::process::Child, String) {
         .env(HELPER_ENV, mode)
         .env_remove(ZK_ENV)
         .env_remove(REDIS_ENV)
+        .env_remove(SERVERS_ENV)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
@@ -606,10 +624,10 @@ fn helper(mode: &str, env: &[(&str, &str)]) -> (std::process::Child, String) {
         let n = reader.read_line(&mut line).unwrap();
         assert!(
             n > 0,
-            "the helper printed no SERVERS/EXTERNAL line (did the servers start?)"
+            "the helper printed no SERVERS/EXTERNAL/CONTAINERS line (did the servers start?)"
         );
         // libtest may print `test <name> ... ` on the same line first.
-        if let Some(at) = ["SERVERS ", "EXTERNAL "]
+        if let Some(at) = ["SERVERS ", "EXTERNAL ", "CONTAINERS "]
             .iter()
             .find_map(|tag| line.find(tag))
         {
@@ -768,15 +786,18 @@ async fn containers_engine_without_the_image_is_told_apart() {
     engine_task.abort();
 }
 
-/// With the machine's own engine: a container starts, or, where the engine lacks the image
-/// and cannot pull it, the error names the image; with no engine, a quick skip reason.
+/// With the machine's own engine: a container starts, serves, and is removed when dropped;
+/// where the engine lacks the image, the error names it; with no engine, a quick skip
+/// reason. Under `LOCK_CONFORMANCE_STRICT` the containers must start.
 #[cfg(feature = "testcontainers")]
 #[tokio::test]
 async fn containers_start_or_say_what_is_missing() {
     use lock_conformance::servers::containers::{RedisContainer, ZkContainer, check_engine};
 
+    let strict = lock_conformance::runner::strict();
     let began = Instant::now();
     if let Err(err) = check_engine().await {
+        assert!(!strict, "containers are required under STRICT: {err}");
         assert!(err.is_no_container_engine(), "{err:?}");
         let zk = ZkContainer::start(&fast_zk()).await.unwrap_err();
         assert!(zk.is_no_container_engine(), "{zk:?}");
@@ -789,18 +810,200 @@ async fn containers_start_or_say_what_is_missing() {
         return;
     }
     match ZkContainer::start(&fast_zk()).await {
-        Ok(zk) => assert_eq!(zk.four_letter("ruok").await.unwrap(), "imok"),
+        Ok(zk) => {
+            assert_eq!(zk.four_letter("ruok").await.unwrap(), "imok");
+            assert!(
+                zk.connect_string().starts_with("127.0.0.1:"),
+                "{}",
+                zk.connect_string()
+            );
+        }
         Err(err) => {
+            assert!(!strict, "containers are required under STRICT: {err}");
             assert!(err.is_missing_image(), "{err:?}");
             assert!(err.to_string().contains("LOCK_TEST_ZK_IMAGE"), "{err}");
             eprintln!("skip reason: {err}");
         }
     }
     match RedisContainer::start(&RedisOptions::default()).await {
-        Ok(redis) => assert!(redis.url().starts_with("redis://")),
+        Ok(redis) => {
+            let id = redis.id().to_owned();
+            assert!(
+                redis.url().starts_with("redis://127.0.0.1:"),
+                "{}",
+                redis.url()
+            );
+            drop(redis);
+            assert!(!container_exists(&id), "container {id} outlived its handle");
+        }
         Err(err) => {
+            assert!(!strict, "containers are required under STRICT: {err}");
             assert!(err.is_missing_image(), "{err:?}");
             eprintln!("skip reason: {err}");
         }
     }
+}
+
+/// Whether the engine still has the container `id` (asked with the `docker` command).
+#[cfg(feature = "testcontainers")]
+fn container_exists(id: &str) -> bool {
+    std::process::Command::new("docker")
+        .args(["container", "inspect", id])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+/// Whether containers can run here; a skip (with the reason) where they cannot, except
+/// under `LOCK_CONFORMANCE_STRICT`, where they must.
+#[cfg(feature = "testcontainers")]
+async fn containers_available() -> bool {
+    use lock_conformance::servers::containers::{ContainerEngine, DEFAULT_IMAGE};
+
+    let missing = match ContainerEngine::from_env() {
+        Err(err) => Some(err.to_string()),
+        Ok(engine) => match engine.check().await {
+            Err(err) => Some(err.to_string()),
+            Ok(()) => {
+                let (name, tag) = DEFAULT_IMAGE.split_once(':').unwrap();
+                match engine.has_image(name, tag).await {
+                    Ok(true) => None,
+                    Ok(false) => Some(format!("the engine lacks {DEFAULT_IMAGE}")),
+                    Err(err) => Some(err.to_string()),
+                }
+            }
+        },
+    };
+    match missing {
+        None => true,
+        Some(why) => {
+            assert!(
+                !lock_conformance::runner::strict(),
+                "containers are required under STRICT: {why}"
+            );
+            eprintln!("skip reason: {why}");
+            false
+        }
+    }
+}
+
+/// Through a [`RedisTarget`], a container is paused, resumed, killed and restarted by the
+/// engine, on the same loopback port.
+#[cfg(feature = "testcontainers")]
+#[tokio::test]
+async fn container_target_faults_go_through_the_engine() {
+    if !containers_available().await {
+        return;
+    }
+    let mut redis = RedisTarget::start_container(RedisOptions::default())
+        .await
+        .unwrap();
+    assert!(redis.is_container() && !redis.is_external());
+    assert!(redis.server().is_none());
+    let addr = redis.socket_addr().unwrap();
+    assert!(addr.ip().is_loopback(), "{addr}");
+    let port = addr.port();
+    assert_eq!(Resp::connect(port).call(&["SET", "k", "v"]), "+OK");
+
+    redis.pause().await.unwrap();
+    assert!(
+        !answers_ping(port),
+        "a paused Redis container must not answer"
+    );
+    redis.resume().await.unwrap();
+    assert!(answers_ping(port));
+
+    redis.kill().await.unwrap();
+    assert!(
+        !answers_ping(port),
+        "a killed Redis container must not answer"
+    );
+    let began = Instant::now();
+    redis.restart().await.unwrap();
+    eprintln!(
+        "startup: Redis container restart ready in {:?}",
+        began.elapsed()
+    );
+    assert_eq!(redis.socket_addr().unwrap().port(), port);
+    let mut conn = Resp::connect(port);
+    assert_eq!(conn.call(&["PING"]), "+PONG");
+    assert_eq!(
+        conn.call(&["GET", "k"]),
+        "$-1",
+        "no persistence: a restart loses data"
+    );
+}
+
+/// Whether Redis at `port` answers `PING` within 500 ms.
+#[cfg(feature = "testcontainers")]
+fn answers_ping(port: u16) -> bool {
+    let Ok(stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut conn = BufReader::new(stream);
+    if conn.get_mut().write_all(b"*1\r\n$4\r\nPING\r\n").is_err() {
+        return false;
+    }
+    let mut line = String::new();
+    matches!(conn.read_line(&mut line), Ok(n) if n > 0) && line.starts_with("+PONG")
+}
+
+/// A test that panics while holding a container still removes it: the handle is dropped
+/// while the panic unwinds.
+#[cfg(feature = "testcontainers")]
+#[test]
+fn a_panicking_test_leaves_no_container() {
+    use lock_conformance::servers::containers::RedisContainer;
+
+    let (started, id) = std::sync::mpsc::channel();
+    let outcome = std::thread::spawn(move || {
+        lock_conformance::runner::block_on(async move {
+            if !containers_available().await {
+                started.send(None).unwrap();
+                return;
+            }
+            let redis = RedisContainer::start(&RedisOptions::default())
+                .await
+                .unwrap();
+            started.send(Some(redis.id().to_owned())).unwrap();
+            panic!("a failing test holding a container (expected)");
+        });
+    })
+    .join();
+    if let Some(id) = id.recv().unwrap() {
+        assert!(outcome.is_err(), "the test thread should have panicked");
+        assert!(!container_exists(&id), "container {id} outlived a panic");
+    }
+}
+
+/// The shared servers in containers (`LOCK_TEST_SERVERS=containers`) are removed when the
+/// test process is killed (`SIGKILL`: nothing is dropped), by their watchdogs.
+#[cfg(feature = "testcontainers")]
+#[test]
+fn no_leftover_containers_after_sigkill() {
+    if !lock_conformance::runner::block_on(containers_available()) {
+        return;
+    }
+    let (mut child, line) = helper("containers", &[(SERVERS_ENV, "containers")]);
+    let ids: Vec<String> = line.split_whitespace().skip(1).map(String::from).collect();
+    assert_eq!(ids.len(), 2, "bad helper line {line:?}");
+    assert!(ids.iter().all(|id| container_exists(id)), "{ids:?}");
+    writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let began = Instant::now();
+    for id in &ids {
+        assert!(
+            eventually(Duration::from_secs(15), || !container_exists(id)),
+            "container {id} outlived the killed test process"
+        );
+    }
+    eprintln!(
+        "leftovers (containers): removed {:?} after the kill",
+        began.elapsed()
+    );
 }

@@ -13,16 +13,22 @@
 //! must lay the servers out as Debian's packages do. An engine that lacks the image and
 //! cannot pull it is [`ServerError::MissingImage`], naming the image.
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
+use testcontainers::bollard::models::{HostConfig, PortBinding};
 use testcontainers::core::{IntoContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, ContainerRequest, GenericImage, ImageExt};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::probe::{Probe, exchange, four_letter};
+use super::process::free_port;
 use super::redis::redis_url;
 use super::zookeeper::{MAIN_CLASS, zoo_cfg};
 use super::{RedisOptions, ServerError, ZkOptions};
@@ -245,11 +251,7 @@ async fn run(
 ) -> Result<ContainerAsync<GenericImage>, ServerError> {
     match tokio::time::timeout(CREATE_TIMEOUT, request.start()).await {
         Ok(Ok(container)) => Ok(container),
-        Ok(Err(testcontainers::TestcontainersError::Client(err))) => {
-            Err(ServerError::NoContainerEngine {
-                detail: format!("testcontainers could not use the engine: {err}"),
-            })
-        }
+        // The engine answered its ping just before: what fails now is this container.
         Ok(Err(err)) => Err(container_error(err)),
         Err(_) => Err(ServerError::Timeout {
             what: "the container to be created".to_owned(),
@@ -258,25 +260,56 @@ async fn run(
     }
 }
 
-/// The host and mapped port of `internal`, and a resolved socket address for probing.
-async fn mapped(
-    container: &ContainerAsync<GenericImage>,
-    internal: u16,
-) -> Result<(String, u16, SocketAddr), ServerError> {
-    let host = container
-        .get_host()
-        .await
-        .map_err(container_error)?
-        .to_string();
-    let port = container
-        .get_host_port_ipv4(internal.tcp())
-        .await
-        .map_err(container_error)?;
-    let addr = tokio::net::lookup_host((host.as_str(), port))
-        .await?
-        .next()
-        .ok_or_else(|| container_error(format!("{host} does not resolve")))?;
-    Ok((host, port, addr))
+/// Publishes `internal` on `127.0.0.1:host_port` only (the engine's default is every
+/// interface), at a port chosen here so that it survives a restart of the container.
+fn publish_on_loopback(internal: u16, host_port: u16) -> impl Fn(&mut HostConfig) + Send + Sync {
+    move |config: &mut HostConfig| {
+        let binding = PortBinding {
+            host_ip: Some("127.0.0.1".to_owned()),
+            host_port: Some(host_port.to_string()),
+        };
+        config.port_bindings = Some(HashMap::from([(
+            format!("{internal}/tcp"),
+            Some(vec![binding]),
+        )]));
+        config.publish_all_ports = Some(false);
+    }
+}
+
+/// The watchdog script: wait until the test process is gone (its end of the pipe on our
+/// stdin closes), then remove the container. `$1` is the container's id.
+const WATCHDOG_SCRIPT: &str =
+    "read -r _ignored; docker rm --force --volumes \"$1\" >/dev/null 2>&1; exit 0";
+
+/// Removes the container when the test process ends without dropping it (a static, an
+/// abort, `SIGKILL`): a `/bin/sh` that blocks reading a pipe only this process writes, then
+/// runs `docker rm --force`. `None` (with a warning) where it cannot be started.
+fn spawn_watchdog(id: &str) -> Option<(Child, ChildStdin)> {
+    // The pipe's write end is close-on-exec: no other child inherits it.
+    let spawned = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(WATCHDOG_SCRIPT)
+        .arg("lock-conformance-container-watchdog")
+        .arg(id)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn();
+    match spawned {
+        Ok(mut watchdog) => match watchdog.stdin.take() {
+            Some(pipe) => Some((watchdog, pipe)),
+            None => {
+                let _ = watchdog.kill();
+                let _ = watchdog.wait();
+                None
+            }
+        },
+        Err(err) => {
+            warn!(%id, %err, "no exit watchdog for the container: it outlives an aborted test process");
+            None
+        }
+    }
 }
 
 /// Polls `probe` until it passes; a [`ServerError::Startup`] after `timeout`.
@@ -306,13 +339,26 @@ async fn wait_ready(
 
 /// A server in a container, removed when dropped: a [`ZkContainer`] or a
 /// [`RedisContainer`].
+///
+/// Its client port is published on `127.0.0.1` only, at a port that stays the same across
+/// [`restart`](Container::restart). Containers are labelled [`LABEL`], and removed also when
+/// the test process ends without dropping them (a process-wide static, an abort): a small
+/// watchdog process runs `docker rm --force` then.
 #[derive(Debug)]
 pub struct Container<K> {
+    // Declared first so that it is killed before the container is removed.
+    watchdog: Option<(Child, ChildStdin)>,
     container: ContainerAsync<GenericImage>,
-    host: String,
+    server: String,
     port: u16,
+    probe: Probe,
+    startup_timeout: Duration,
     kind: K,
 }
+
+/// The label on every container this module starts (value: the test process's pid), for
+/// finding what a run left behind: `docker ps -a --filter label=distlock-test`.
+pub const LABEL: &str = "distlock-test";
 
 /// The kind of a [`ZkContainer`].
 #[derive(Debug)]
@@ -331,15 +377,19 @@ pub type ZkContainer = Container<ZooKeeper>;
 /// Redis in a container (removed when dropped), without persistence.
 pub type RedisContainer = Container<Redis>;
 
+/// How many times a container is created again when the port chosen for it was taken in
+/// the meantime.
+const PORT_ATTEMPTS: usize = 5;
+
 impl<K> Container<K> {
     /// Checks the engine, starts the image named by `image` (`(variable, default)`, see
-    /// [`image_from_env`]) exposing `internal`, with `configure` adding what the server
-    /// needs, and waits (bounded by `timeout`) until `probe` passes on the mapped port.
+    /// [`image_from_env`]) publishing `internal` on a free loopback port, with `configure`
+    /// adding what the server needs, and waits (bounded by `timeout`) until `probe` passes.
     async fn launch(
         server: &str,
         image: (&str, &str),
         internal: u16,
-        configure: impl FnOnce(GenericImage) -> ContainerRequest<GenericImage>,
+        configure: impl Fn(GenericImage) -> ContainerRequest<GenericImage>,
         probe: Probe,
         timeout: Duration,
         kind: K,
@@ -354,25 +404,62 @@ impl<K> Container<K> {
             });
         }
         info!(%name, %tag, "starting a {server} container");
-        let request = configure(
-            GenericImage::new(name, tag)
-                .with_exposed_port(internal.tcp())
-                .with_wait_for(WaitFor::Nothing),
-        );
-        let container = run(request).await?;
-        let (host, port, addr) = mapped(&container, internal).await?;
-        wait_ready(&format!("{server} (container)"), &probe, addr, timeout).await?;
-        Ok(Self {
+        let began = Instant::now();
+        let mut attempt = 0;
+        let (container, port) = loop {
+            attempt += 1;
+            let port = free_port()?;
+            let request = configure(
+                GenericImage::new(name.clone(), tag.clone())
+                    .with_exposed_port(internal.tcp())
+                    .with_wait_for(WaitFor::Nothing),
+            )
+            .with_label(LABEL, std::process::id().to_string())
+            .with_host_config_modifier(publish_on_loopback(internal, port));
+            match run(request).await {
+                Ok(container) => break (container, port),
+                // Another process took the port between its choice and the engine's bind.
+                Err(ServerError::Container { detail })
+                    if attempt < PORT_ATTEMPTS && detail.contains("address already in use") =>
+                {
+                    debug!(port, "the chosen port was taken; trying another");
+                }
+                Err(err) => return Err(err),
+            }
+        };
+        let watchdog = spawn_watchdog(container.id());
+        let started = Self {
+            watchdog,
             container,
-            host,
+            server: format!("{server} (container)"),
             port,
+            probe,
+            startup_timeout: timeout,
             kind,
-        })
+        };
+        started.wait_ready().await?;
+        info!(server, port, took = ?began.elapsed(), "container serves");
+        Ok(started)
     }
 
-    /// The mapped client port.
+    async fn wait_ready(&self) -> Result<(), ServerError> {
+        wait_ready(
+            &self.server,
+            &self.probe,
+            self.socket_addr(),
+            self.startup_timeout,
+        )
+        .await
+    }
+
+    /// The client port, published on `127.0.0.1`.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// `127.0.0.1:port`.
+    pub fn socket_addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
     }
 
     /// The container's id.
@@ -380,14 +467,91 @@ impl<K> Container<K> {
         self.container.id()
     }
 
-    /// Freezes the container (`docker pause`).
+    /// Freezes the container (`docker pause`): the server stops answering, its connections
+    /// stay open.
     pub async fn pause(&self) -> Result<(), ServerError> {
         self.container.pause().await.map_err(container_error)
     }
 
-    /// Continues a paused container.
+    /// Continues a paused container (`docker unpause`).
     pub async fn resume(&self) -> Result<(), ServerError> {
         self.container.unpause().await.map_err(container_error)
+    }
+
+    /// Kills the server at once (`docker stop` with no grace: `SIGKILL`). The container is
+    /// kept for [`restart`](Self::restart).
+    pub async fn kill(&self) -> Result<(), ServerError> {
+        self.container
+            .stop_with_timeout(Some(0))
+            .await
+            .map_err(container_error)
+    }
+
+    /// Kills the server (if running), starts the container again on the same port, and
+    /// waits (bounded by the start-up timeout) until it serves. What the server keeps in
+    /// memory only is lost.
+    pub async fn restart(&self) -> Result<(), ServerError> {
+        if self.container.is_running().await.map_err(container_error)? {
+            self.kill().await?;
+        }
+        self.container.start().await.map_err(container_error)?;
+        self.wait_ready().await
+    }
+}
+
+/// A server container as a [`Target`](super::Target) holds it: its address and the
+/// engine's faults, whatever the server.
+#[async_trait]
+pub trait ServerContainer: Send + Sync + std::fmt::Debug {
+    /// `127.0.0.1:port`, the published client port.
+    fn socket_addr(&self) -> SocketAddr;
+    /// The container's id.
+    fn id(&self) -> &str;
+    /// [`Container::pause`].
+    async fn pause(&self) -> Result<(), ServerError>;
+    /// [`Container::resume`].
+    async fn resume(&self) -> Result<(), ServerError>;
+    /// [`Container::kill`].
+    async fn kill(&self) -> Result<(), ServerError>;
+    /// [`Container::restart`].
+    async fn restart(&self) -> Result<(), ServerError>;
+}
+
+#[async_trait]
+impl<K: Send + Sync + std::fmt::Debug> ServerContainer for Container<K> {
+    fn socket_addr(&self) -> SocketAddr {
+        Container::socket_addr(self)
+    }
+
+    fn id(&self) -> &str {
+        Container::id(self)
+    }
+
+    async fn pause(&self) -> Result<(), ServerError> {
+        Container::pause(self).await
+    }
+
+    async fn resume(&self) -> Result<(), ServerError> {
+        Container::resume(self).await
+    }
+
+    async fn kill(&self) -> Result<(), ServerError> {
+        Container::kill(self).await
+    }
+
+    async fn restart(&self) -> Result<(), ServerError> {
+        Container::restart(self).await
+    }
+}
+
+impl<K> Drop for Container<K> {
+    fn drop(&mut self) {
+        // The container itself is removed by testcontainers when the field is dropped.
+        if let Some((mut watchdog, pipe)) = self.watchdog.take() {
+            let _ = watchdog.kill();
+            let _ = watchdog.wait();
+            drop(pipe);
+        }
     }
 }
 
@@ -407,9 +571,11 @@ impl Container<ZooKeeper> {
             opts.jvm_args.join(" ")
         );
         let configure = |image: GenericImage| {
-            image
-                .with_env_var("ZOO_CFG", cfg)
-                .with_cmd(["sh".to_owned(), "-c".to_owned(), script])
+            image.with_env_var("ZOO_CFG", cfg.clone()).with_cmd([
+                "sh".to_owned(),
+                "-c".to_owned(),
+                script.clone(),
+            ])
         };
         Self::launch(
             "ZooKeeper",
@@ -423,9 +589,9 @@ impl Container<ZooKeeper> {
         .await
     }
 
-    /// `host:port` as mapped on the engine's host.
+    /// `127.0.0.1:port`.
     pub fn connect_string(&self) -> String {
-        format!("{}:{}", self.host, self.port)
+        self.socket_addr().to_string()
     }
 
     /// Sends a four-letter word (bounded by 5 s).
@@ -462,7 +628,7 @@ impl Container<Redis> {
         let kind = Redis {
             password: opts.password.clone(),
         };
-        let configure = |image: GenericImage| image.with_cmd(cmd);
+        let configure = |image: GenericImage| image.with_cmd(cmd.clone());
         Self::launch(
             "Redis",
             image,
@@ -475,9 +641,9 @@ impl Container<Redis> {
         .await
     }
 
-    /// `redis://[:password@]host:port`.
+    /// `redis://[:password@]127.0.0.1:port`.
     pub fn url(&self) -> String {
-        redis_url(&self.host, self.port, None, self.kind.password.as_deref())
+        redis_url("127.0.0.1", self.port, None, self.kind.password.as_deref())
     }
 }
 

@@ -71,6 +71,16 @@ pub enum ServerError {
         /// The ensemble's size.
         len: usize,
     },
+    /// An environment variable of the test set-up has a value it does not take.
+    #[error("{variable}={value:?} is not understood: expected {expected}")]
+    InvalidSetting {
+        /// The variable, e.g. `LOCK_TEST_SERVERS`.
+        variable: String,
+        /// Its value.
+        value: String,
+        /// What it takes.
+        expected: String,
+    },
     /// No container engine answers (only with the `testcontainers` feature). Tests should
     /// treat this as a reason to skip, not as a failure.
     #[error("no container engine: {detail}")]

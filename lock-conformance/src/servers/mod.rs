@@ -25,13 +25,16 @@
 //! server instead of starting one; fault injection (pause, kill, restart) then returns
 //! [`ServerError::Unsupported`].
 //!
-//! With the `testcontainers` feature, [`containers`] starts the same servers in containers.
+//! With the `testcontainers` feature, [`containers`] starts the same servers in containers,
+//! and [`SERVERS_ENV`] (`LOCK_TEST_SERVERS=containers`) makes every [`Target::start`] (the
+//! shared servers too) start a container instead of a process: see [`ServerMode`].
 //!
 //! All traffic stays on `127.0.0.1`. Nothing here prints; logs go through `tracing`.
 
 mod error;
 mod etcd;
 mod local;
+mod mode;
 mod probe;
 mod process;
 mod redis;
@@ -47,6 +50,7 @@ use std::time::Duration;
 pub use error::ServerError;
 pub use etcd::{EtcdOptions, EtcdServer};
 pub use local::{LocalServer, ServerProcess};
+pub use mode::{SERVERS_ENV, ServerMode};
 pub use process::free_port;
 pub use redis::{REDIS_ENV, RedisOptions, RedisServer, RedisTarget};
 pub use target::{Target, TargetServer};

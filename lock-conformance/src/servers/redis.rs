@@ -265,6 +265,14 @@ impl TargetServer for RedisServer {
     fn client_address(&self) -> String {
         self.url()
     }
+
+    #[cfg(feature = "testcontainers")]
+    async fn start_container(
+        opts: RedisOptions,
+    ) -> Result<(String, Box<dyn super::containers::ServerContainer>), ServerError> {
+        let container = super::containers::RedisContainer::start(&opts).await?;
+        Ok((container.url(), Box::new(container)))
+    }
 }
 
 /// Either an external Redis (from [`REDIS_ENV`], a URL) or a [`RedisServer`] started here.

@@ -1,8 +1,13 @@
-//! [`Target`]: a server started here, or an external one named by an environment variable.
+//! [`Target`]: a server started here (a process or a container), or an external one named
+//! by an environment variable.
+
+use std::net::SocketAddr;
 
 use tracing::info;
 
-use super::{LocalServer, ServerError};
+#[cfg(feature = "testcontainers")]
+use super::containers::ServerContainer;
+use super::{LocalServer, ServerError, ServerMode};
 
 /// A kind of server that a [`Target`] can stand for: one that can be started here, or
 /// reached at an address given by an environment variable.
@@ -23,13 +28,22 @@ pub trait TargetServer: LocalServer + Send + Sized {
 
     /// What clients are given to reach it: ZooKeeper's connect string, Redis's URL.
     fn client_address(&self) -> String;
+
+    /// Starts one in a container with `opts` and waits until it serves; what clients are
+    /// given to reach it, and the container.
+    #[cfg(feature = "testcontainers")]
+    fn start_container(
+        opts: Self::Options,
+    ) -> impl Future<Output = Result<(String, Box<dyn ServerContainer>), ServerError>> + Send;
 }
 
-/// Either an external server (named by [`S::ENV`](TargetServer::ENV)) or one started here:
-/// see [`ZkTarget`](super::ZkTarget) and [`RedisTarget`](super::RedisTarget).
+/// Either an external server (named by [`S::ENV`](TargetServer::ENV)) or one started here,
+/// as a process or in a container (see [`ServerMode`]): see [`ZkTarget`](super::ZkTarget)
+/// and [`RedisTarget`](super::RedisTarget).
 ///
-/// Fault injection (pause, resume, kill, restart) needs a server started here; with an
-/// external one it returns [`ServerError::Unsupported`].
+/// Fault injection (pause, resume, kill, restart) needs a server started here: a process
+/// is signalled, a container is paused, stopped and started through the engine. With an
+/// external server it returns [`ServerError::Unsupported`].
 #[derive(Debug)]
 pub struct Target<S> {
     inner: Inner<S>,
@@ -37,21 +51,59 @@ pub struct Target<S> {
 
 #[derive(Debug)]
 enum Inner<S> {
-    External { address: String },
+    External {
+        address: String,
+    },
     Local(Box<S>),
+    #[cfg(feature = "testcontainers")]
+    Container {
+        address: String,
+        container: Box<dyn ServerContainer>,
+    },
 }
 
 impl<S: TargetServer> Target<S> {
     /// Uses the address in [`S::ENV`](TargetServer::ENV) when it is set and not empty
-    /// (leading and trailing white space removed); otherwise starts a server with `opts`.
+    /// (leading and trailing white space removed); otherwise [`start`](Self::start)s a
+    /// server with `opts`.
     pub async fn from_env_or_start(opts: S::Options) -> Result<Self, ServerError> {
         match std::env::var(S::ENV) {
             Ok(address) if !address.trim().is_empty() => {
                 info!("using the external {} from {}", S::NAME, S::ENV);
                 Ok(Self::external(address.trim()))
             }
-            _ => Ok(Self::from(S::start_local(opts).await?)),
+            _ => Self::start(opts).await,
         }
+    }
+
+    /// Starts a server with `opts` where [`ServerMode::from_env`] says: a process, or a
+    /// container. The error of an unknown mode, or of the container mode without the
+    /// `testcontainers` feature, says so.
+    pub async fn start(opts: S::Options) -> Result<Self, ServerError> {
+        match ServerMode::from_env()? {
+            ServerMode::Processes => Ok(Self::from(S::start_local(opts).await?)),
+            ServerMode::Containers => Self::start_container(opts).await,
+        }
+    }
+
+    /// Starts a server with `opts` in a container, and waits until it serves.
+    #[cfg(feature = "testcontainers")]
+    pub async fn start_container(opts: S::Options) -> Result<Self, ServerError> {
+        let (address, container) = S::start_container(opts).await?;
+        Ok(Self {
+            inner: Inner::Container { address, container },
+        })
+    }
+
+    /// Starts a server with `opts` in a container: without the `testcontainers` feature,
+    /// [`ServerError::Unsupported`].
+    #[cfg(not(feature = "testcontainers"))]
+    pub async fn start_container(opts: S::Options) -> Result<Self, ServerError> {
+        drop(opts);
+        Err(ServerError::Unsupported {
+            operation: format!("starting {} in a container", S::NAME),
+            reason: "lock-conformance was built without its `testcontainers` feature".to_owned(),
+        })
     }
 
     /// An external server at `address` (a connect string, a URL); fault injection is
@@ -70,6 +122,8 @@ impl<S: TargetServer> Target<S> {
         match &self.inner {
             Inner::External { address } => address.clone(),
             Inner::Local(server) => server.client_address(),
+            #[cfg(feature = "testcontainers")]
+            Inner::Container { address, .. } => address.clone(),
         }
     }
 
@@ -78,51 +132,92 @@ impl<S: TargetServer> Target<S> {
         matches!(self.inner, Inner::External { .. })
     }
 
-    /// The started server, `None` for an external one.
-    pub fn server(&self) -> Option<&S> {
+    /// True for a server in a container.
+    pub fn is_container(&self) -> bool {
+        !matches!(self.inner, Inner::External { .. } | Inner::Local(_))
+    }
+
+    /// The container's id, for a server in a container.
+    pub fn container_id(&self) -> Option<&str> {
+        match &self.inner {
+            #[cfg(feature = "testcontainers")]
+            Inner::Container { container, .. } => Some(container.id()),
+            _ => None,
+        }
+    }
+
+    /// The loopback address of a server started here (a process's port, a container's
+    /// published port); `None` for an external server.
+    pub fn socket_addr(&self) -> Option<SocketAddr> {
         match &self.inner {
             Inner::External { .. } => None,
-            Inner::Local(server) => Some(server),
+            Inner::Local(server) => Some(server.socket_addr()),
+            #[cfg(feature = "testcontainers")]
+            Inner::Container { container, .. } => Some(container.socket_addr()),
         }
     }
 
-    /// The started server, mutably; `None` for an external one.
+    /// The server process started here; `None` for an external server or a container.
+    pub fn server(&self) -> Option<&S> {
+        match &self.inner {
+            Inner::Local(server) => Some(server),
+            _ => None,
+        }
+    }
+
+    /// The server process started here, mutably; `None` for an external server or a
+    /// container.
     pub fn server_mut(&mut self) -> Option<&mut S> {
         match &mut self.inner {
-            Inner::External { .. } => None,
             Inner::Local(server) => Some(server),
+            _ => None,
         }
     }
 
-    fn local(&self, operation: &str) -> Result<&S, ServerError> {
-        self.server()
-            .ok_or_else(|| ServerError::unsupported_external(operation, S::ENV))
+    /// Freezes the server: `SIGSTOP` to a process, `docker pause` to a container;
+    /// unsupported with an external server.
+    pub async fn pause(&self) -> Result<(), ServerError> {
+        match &self.inner {
+            Inner::External { .. } => Err(ServerError::unsupported_external("pause", S::ENV)),
+            Inner::Local(server) => server.pause(),
+            #[cfg(feature = "testcontainers")]
+            Inner::Container { container, .. } => container.pause().await,
+        }
     }
 
-    fn local_mut(&mut self, operation: &str) -> Result<&mut S, ServerError> {
-        self.server_mut()
-            .ok_or_else(|| ServerError::unsupported_external(operation, S::ENV))
+    /// Lets a paused server go on; unsupported with an external server.
+    pub async fn resume(&self) -> Result<(), ServerError> {
+        match &self.inner {
+            Inner::External { .. } => Err(ServerError::unsupported_external("resume", S::ENV)),
+            Inner::Local(server) => server.resume(),
+            #[cfg(feature = "testcontainers")]
+            Inner::Container { container, .. } => container.resume().await,
+        }
     }
 
-    /// [`LocalServer::pause`]; unsupported with an external server.
-    pub fn pause(&self) -> Result<(), ServerError> {
-        self.local("pause")?.pause()
+    /// Kills the server (`SIGKILL`), keeping what [`restart`](Self::restart) needs;
+    /// unsupported with an external server.
+    pub async fn kill(&mut self) -> Result<(), ServerError> {
+        match &mut self.inner {
+            Inner::External { .. } => Err(ServerError::unsupported_external("kill", S::ENV)),
+            Inner::Local(server) => {
+                server.kill();
+                Ok(())
+            }
+            #[cfg(feature = "testcontainers")]
+            Inner::Container { container, .. } => container.kill().await,
+        }
     }
 
-    /// [`LocalServer::resume`]; unsupported with an external server.
-    pub fn resume(&self) -> Result<(), ServerError> {
-        self.local("resume")?.resume()
-    }
-
-    /// [`LocalServer::kill`]; unsupported with an external server.
-    pub fn kill(&mut self) -> Result<(), ServerError> {
-        self.local_mut("kill")?.kill();
-        Ok(())
-    }
-
-    /// [`LocalServer::restart`]; unsupported with an external server.
+    /// Kills the server if it runs, starts it again on the same port and waits until it
+    /// serves; unsupported with an external server.
     pub async fn restart(&mut self) -> Result<(), ServerError> {
-        self.local_mut("restart")?.restart().await
+        match &mut self.inner {
+            Inner::External { .. } => Err(ServerError::unsupported_external("restart", S::ENV)),
+            Inner::Local(server) => server.restart().await,
+            #[cfg(feature = "testcontainers")]
+            Inner::Container { container, .. } => container.restart().await,
+        }
     }
 }
 

@@ -303,6 +303,14 @@ impl TargetServer for ZkServer {
     fn client_address(&self) -> String {
         self.connect_string()
     }
+
+    #[cfg(feature = "testcontainers")]
+    async fn start_container(
+        opts: ZkOptions,
+    ) -> Result<(String, Box<dyn super::containers::ServerContainer>), ServerError> {
+        let container = super::containers::ZkContainer::start(&opts).await?;
+        Ok((container.connect_string(), Box::new(container)))
+    }
 }
 
 /// A ZooKeeper ensemble of `n` members on 127.0.0.1, each a child process with its own

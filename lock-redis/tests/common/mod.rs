@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_conformance::proxy::{FaultProxy, ReplyKind};
-use lock_conformance::servers::{LocalServer, RedisOptions, RedisServer, free_port};
+use lock_conformance::servers::{RedisOptions, RedisServer, RedisTarget, free_port};
 use lock_conformance::{
     Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind,
     Timing, async_trait, observe_until,
@@ -49,24 +49,47 @@ where
         .unwrap_or_else(|failure| panic!("{failure}"))
 }
 
-/// A test server: an admin password, and the ACL user limited to the lock keys.
+/// How the tests run Redis: an admin password, and the ACL user limited to the lock keys.
+fn server_options() -> RedisOptions {
+    RedisOptions::default()
+        .with_password(ADMIN_PASSWORD)
+        .with_acl_user(LOCK_USER, LOCK_PASSWORD, "{lock*")
+}
+
+/// A test server process (for the tests that signal its pid).
 pub(crate) async fn start_server() -> RedisServer {
-    RedisServer::start(
-        RedisOptions::default()
-            .with_password(ADMIN_PASSWORD)
-            .with_acl_user(LOCK_USER, LOCK_PASSWORD, "{lock*"),
-    )
-    .await
-    .expect("a Redis server")
+    RedisServer::start(server_options())
+        .await
+        .expect("a Redis server")
+}
+
+/// A test server where `LOCK_TEST_SERVERS` says: a process, or a container.
+pub(crate) async fn start_target() -> RedisTarget {
+    RedisTarget::start(server_options())
+        .await
+        .unwrap_or_else(|error| panic!("a Redis server: {error}"))
 }
 
 /// A raw connection to `server` as the admin; it reconnects after a restart.
 pub(crate) async fn admin(server: &RedisServer) -> redis::aio::ConnectionManager {
-    redis::Client::open(server.url())
+    admin_at(&server.url()).await
+}
+
+/// A raw connection to the server at `url`; it reconnects after a restart.
+pub(crate) async fn admin_at(url: &str) -> redis::aio::ConnectionManager {
+    redis::Client::open(url)
         .unwrap()
         .get_connection_manager()
         .await
         .expect("an admin connection")
+}
+
+/// The loopback port of a server started here.
+fn port_of(target: &RedisTarget) -> u16 {
+    target
+        .socket_addr()
+        .expect("a server started here has an address")
+        .port()
 }
 
 /// The client configuration for a server (or proxy) at `port`, as the ACL user.
@@ -141,22 +164,23 @@ impl ClientFaults for Proxy {
     }
 }
 
-/// The conformance harness: a server of its own, so that pausing or restarting it disturbs
-/// no other case; every client reaches it through a proxy of its own.
+/// The conformance harness: a server of its own (a process, or a container under
+/// `LOCK_TEST_SERVERS=containers`), so that pausing or restarting it disturbs no other
+/// case; every client reaches it through a proxy of its own.
 pub(crate) struct RedisHarness {
     strategy: RedisStrategy,
-    server: tokio::sync::Mutex<RedisServer>,
+    server: tokio::sync::Mutex<RedisTarget>,
     port: u16,
     admin: redis::aio::ConnectionManager,
 }
 
 impl RedisHarness {
     pub(crate) async fn new(strategy: RedisStrategy) -> Self {
-        let server = start_server().await;
-        let admin = admin(&server).await;
+        let server = start_target().await;
+        let admin = admin_at(&server.url()).await;
         RedisHarness {
             strategy,
-            port: server.port(),
+            port: port_of(&server),
             server: tokio::sync::Mutex::new(server),
             admin,
         }
@@ -230,9 +254,9 @@ impl Faults for RedisHarness {
 
     async fn pause_server(&self, duration: Duration) -> FaultResult {
         let server = self.server.lock().await;
-        server.pause().map_err(failed)?;
+        server.pause().await.map_err(failed)?;
         tokio::time::sleep(duration).await;
-        server.resume().map_err(failed)
+        server.resume().await.map_err(failed)
     }
 
     async fn restart_server(&self) -> FaultResult {
@@ -345,9 +369,10 @@ impl ClientFaults for Proxies {
     }
 }
 
-/// The conformance harness for Redlock: three servers of the case's own.
+/// The conformance harness for Redlock: three servers of the case's own (processes, or
+/// containers under `LOCK_TEST_SERVERS=containers`).
 pub(crate) struct RedlockHarness {
-    servers: tokio::sync::Mutex<Vec<RedisServer>>,
+    servers: tokio::sync::Mutex<Vec<RedisTarget>>,
     ports: Vec<u16>,
     admins: Vec<redis::aio::ConnectionManager>,
 }
@@ -357,12 +382,12 @@ impl RedlockHarness {
         let mut servers = Vec::new();
         let mut admins = Vec::new();
         for _ in 0..3 {
-            let server = start_server().await;
-            admins.push(admin(&server).await);
+            let server = start_target().await;
+            admins.push(admin_at(&server.url()).await);
             servers.push(server);
         }
         RedlockHarness {
-            ports: servers.iter().map(LocalServer::port).collect(),
+            ports: servers.iter().map(port_of).collect(),
             servers: tokio::sync::Mutex::new(servers),
             admins,
         }
@@ -419,11 +444,11 @@ impl Faults for RedlockHarness {
     async fn pause_server(&self, duration: Duration) -> FaultResult {
         let servers = self.servers.lock().await;
         for server in servers.iter() {
-            server.pause().map_err(failed)?;
+            server.pause().await.map_err(failed)?;
         }
         tokio::time::sleep(duration).await;
         for server in servers.iter() {
-            server.resume().map_err(failed)?;
+            server.resume().await.map_err(failed)?;
         }
         Ok(())
     }
