@@ -1007,3 +1007,84 @@ fn no_leftover_containers_after_sigkill() {
         began.elapsed()
     );
 }
+
+/// A member cut off from the ensemble's network stops serving while the others elect a new
+/// leader; healed, it rejoins as a follower. The network goes with the ensemble.
+#[cfg(feature = "testcontainers")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn container_ensemble_partitions_and_heals() {
+    use lock_conformance::observe_until;
+    use lock_conformance::servers::containers::ZkContainerEnsemble;
+
+    if !containers_available().await {
+        return;
+    }
+    let began = Instant::now();
+    let ensemble = ZkContainerEnsemble::start(3, fast_zk()).await.unwrap();
+    eprintln!("startup: ensemble of 3 containers in {:?}", began.elapsed());
+    let network = ensemble.network().to_owned();
+    let old = ensemble
+        .wait_for_leader(Duration::from_secs(30))
+        .await
+        .unwrap();
+
+    let cut = Instant::now();
+    ensemble.partition(old).await.unwrap();
+    let others: Vec<usize> = (0..3).filter(|&i| i != old).collect();
+    let new_leader = observe_until(
+        Duration::from_secs(30),
+        "a new leader on the majority side",
+        || async {
+            for &i in &others {
+                if ensemble.mode(i).await.unwrap().as_deref() == Some("leader") {
+                    return Some(i);
+                }
+            }
+            None
+        },
+        Option::is_some,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_ne!(new_leader, old);
+    let elected = cut.elapsed();
+    // The old leader notices it has lost its quorum on its own clock (its followers' acks stop
+    // for syncLimit ticks), which may be after the majority has elected a new leader.
+    observe_until(
+        Duration::from_secs(30),
+        "the cut-off member to stop serving",
+        || async { ensemble.mode(old).await.unwrap() },
+        Option::is_none,
+    )
+    .await
+    .unwrap();
+    eprintln!(
+        "partition: new leader after {elected:?}, the old one stopped serving after {:?}",
+        cut.elapsed()
+    );
+
+    let healed = Instant::now();
+    ensemble.heal(old).await.unwrap();
+    let mode = observe_until(
+        Duration::from_secs(30),
+        "the healed member serving",
+        || async { ensemble.mode(old).await.unwrap() },
+        Option::is_some,
+    )
+    .await
+    .unwrap();
+    assert_eq!(mode.as_deref(), Some("follower"));
+    eprintln!("heal: old leader serves again after {:?}", healed.elapsed());
+
+    drop(ensemble);
+    let networks = Command::new("docker")
+        .args(["network", "ls", "--quiet", "--filter"])
+        .arg(format!("name={network}"))
+        .output()
+        .unwrap();
+    assert!(
+        networks.stdout.is_empty(),
+        "network {network} outlived the ensemble"
+    );
+}

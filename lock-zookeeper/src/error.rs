@@ -9,12 +9,14 @@ pub(crate) const BACKEND: &str = "zookeeper";
 pub(crate) fn lock_error(error: ZkError, name: Option<&str>) -> LockError {
     let name = name.map(str::to_owned);
     match error {
-        ZkError::ConnectionLoss | ZkError::Timeout | ZkError::NoHosts => LockError::Connection {
-            backend: BACKEND,
-            name,
-            message: error.to_string(),
-            source: Some(Box::new(error)),
-        },
+        ZkError::ConnectionLoss | ZkError::Timeout | ZkError::NoHosts | ZkError::Custom(_) => {
+            LockError::Connection {
+                backend: BACKEND,
+                name,
+                message: error.to_string(),
+                source: Some(Box::new(error)),
+            }
+        }
         ZkError::SessionExpired | ZkError::ClientClosed | ZkError::SessionMoved => {
             LockError::SessionExpired {
                 backend: BACKEND,
@@ -49,8 +51,15 @@ pub(crate) fn lock_error(error: ZkError, name: Option<&str>) -> LockError {
 }
 
 /// Whether a request may or may not have reached the server: its outcome is unknown.
+///
+/// The client fails the requests in flight with `Custom` when their connection fails
+/// otherwise than by a clean close: no answer within its read timeout (a server that lost
+/// its quorum, or a silent network) or a socket error. The session may well survive it.
 pub(crate) fn outcome_unknown(error: &ZkError) -> bool {
-    matches!(error, ZkError::ConnectionLoss | ZkError::Timeout)
+    matches!(
+        error,
+        ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)
+    )
 }
 
 /// Whether the session is over: nothing more can be done with this client.

@@ -484,42 +484,23 @@ impl ZkEnsemble {
     /// The index of the member that currently reports `Mode: leader`, asking all members at
     /// once (1 s bound each); `None` while there is no leader.
     pub async fn leader(&self) -> Option<usize> {
-        let mut set = tokio::task::JoinSet::new();
-        for (i, node) in self.nodes.iter().enumerate() {
-            if node.pid().is_none() {
-                continue;
-            }
-            let addr = node.addr().to_string();
-            set.spawn(async move { (i, mode_of(&addr, Duration::from_secs(1)).await) });
-        }
-        let mut leader = None;
-        while let Some(joined) = set.join_next().await {
-            if let Ok((i, Some(mode))) = joined {
-                debug!(member = i, %mode, "ensemble member mode");
-                if mode == "leader" {
-                    leader = Some(i);
-                }
-            }
-        }
-        leader
+        leader_of(self.running_members()).await
     }
 
     /// Polls [`leader`](Self::leader) until a leader is reported; [`ServerError::Timeout`]
     /// after `timeout`.
     pub async fn wait_for_leader(&self, timeout: Duration) -> Result<usize, ServerError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(leader) = self.leader().await {
-                return Ok(leader);
-            }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Timeout {
-                    what: "a ZooKeeper ensemble leader".to_owned(),
-                    after: timeout,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_for_leader_of(timeout, || self.running_members()).await
+    }
+
+    /// The index and client address of every member not killed.
+    fn running_members(&self) -> Vec<(usize, String)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, node)| node.pid().is_some())
+            .map(|(i, node)| (i, node.addr().to_string()))
+            .collect()
     }
 
     /// Kills member `index` (`SIGKILL` to its process group) and reaps it; its ports and
@@ -547,8 +528,48 @@ impl ZkEnsemble {
     }
 }
 
+/// The index of the member among `members` (index, client address) that reports
+/// `Mode: leader`, asking all at once (1 s bound each); `None` while there is no leader.
+pub(crate) async fn leader_of(members: Vec<(usize, String)>) -> Option<usize> {
+    let mut set = tokio::task::JoinSet::new();
+    for (i, addr) in members {
+        set.spawn(async move { (i, mode_of(&addr, Duration::from_secs(1)).await) });
+    }
+    let mut leader = None;
+    while let Some(joined) = set.join_next().await {
+        if let Ok((i, Some(mode))) = joined {
+            debug!(member = i, %mode, "ensemble member mode");
+            if mode == "leader" {
+                leader = Some(i);
+            }
+        }
+    }
+    leader
+}
+
+/// Polls [`leader_of`] the members `members()` lists until a leader is reported;
+/// [`ServerError::Timeout`] after `timeout`.
+pub(crate) async fn wait_for_leader_of(
+    timeout: Duration,
+    members: impl Fn() -> Vec<(usize, String)>,
+) -> Result<usize, ServerError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(leader) = leader_of(members()).await {
+            return Ok(leader);
+        }
+        if Instant::now() >= deadline {
+            return Err(ServerError::Timeout {
+                what: "a ZooKeeper ensemble leader".to_owned(),
+                after: timeout,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// `srvr`'s `Mode:` value, or `None` when there is no answer or no mode.
-async fn mode_of(addr: &str, timeout: Duration) -> Option<String> {
+pub(crate) async fn mode_of(addr: &str, timeout: Duration) -> Option<String> {
     let answer = four_letter(addr, "srvr", timeout).await.ok()?;
     answer
         .lines()

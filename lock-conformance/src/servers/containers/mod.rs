@@ -281,16 +281,17 @@ fn publish_on_loopback(internal: u16, host_port: u16) -> impl Fn(&mut HostConfig
 const WATCHDOG_SCRIPT: &str =
     "read -r _ignored; docker rm --force --volumes \"$1\" >/dev/null 2>&1; exit 0";
 
-/// Removes the container when the test process ends without dropping it (a static, an
-/// abort, `SIGKILL`): a `/bin/sh` that blocks reading a pipe only this process writes, then
-/// runs `docker rm --force`. `None` (with a warning) where it cannot be started.
-fn spawn_watchdog(id: &str) -> Option<(Child, ChildStdin)> {
+/// A `/bin/sh` running `script` with `$1` = `arg`, blocked reading a pipe that only this
+/// process writes: the script acts when the pipe closes (the handle dropped, or the test
+/// process gone however it ended: a static, an abort, `SIGKILL`). `None` (with a warning)
+/// where it cannot be started.
+fn spawn_watchdog(script: &str, what: &str, arg: &str) -> Option<(Child, ChildStdin)> {
     // The pipe's write end is close-on-exec: no other child inherits it.
     let spawned = Command::new("/bin/sh")
         .arg("-c")
-        .arg(WATCHDOG_SCRIPT)
-        .arg("lock-conformance-container-watchdog")
-        .arg(id)
+        .arg(script)
+        .arg("lock-conformance-watchdog")
+        .arg(arg)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -306,7 +307,7 @@ fn spawn_watchdog(id: &str) -> Option<(Child, ChildStdin)> {
             }
         },
         Err(err) => {
-            warn!(%id, %err, "no exit watchdog for the container: it outlives an aborted test process");
+            warn!(%what, %arg, %err, "no exit watchdog: it outlives an aborted test process");
             None
         }
     }
@@ -382,10 +383,30 @@ pub type RedisContainer = Container<Redis>;
 const PORT_ATTEMPTS: usize = 5;
 
 impl<K> Container<K> {
-    /// Checks the engine, starts the image named by `image` (`(variable, default)`, see
-    /// [`image_from_env`]) publishing `internal` on a free loopback port, with `configure`
-    /// adding what the server needs, and waits (bounded by `timeout`) until `probe` passes.
+    /// [`create`](Self::create)s the container, then waits (bounded by `timeout`) until
+    /// `probe` passes.
     async fn launch(
+        server: &str,
+        image: (&str, &str),
+        internal: u16,
+        configure: impl Fn(GenericImage) -> ContainerRequest<GenericImage>,
+        probe: Probe,
+        timeout: Duration,
+        kind: K,
+    ) -> Result<Self, ServerError> {
+        let began = Instant::now();
+        let started =
+            Self::create(server, image, internal, configure, probe, timeout, kind).await?;
+        started.wait_ready().await?;
+        info!(server, port = started.port, took = ?began.elapsed(), "container serves");
+        Ok(started)
+    }
+
+    /// Checks the engine, and starts the image named by `image` (`(variable, default)`, see
+    /// [`image_from_env`]) publishing `internal` on a free loopback port, with `configure`
+    /// adding what the server needs. Does not wait for the server: `probe` and `timeout`
+    /// are kept for [`wait_ready`](Self::wait_ready) and [`restart`](Self::restart).
+    async fn create(
         server: &str,
         image: (&str, &str),
         internal: u16,
@@ -404,7 +425,6 @@ impl<K> Container<K> {
             });
         }
         info!(%name, %tag, "starting a {server} container");
-        let began = Instant::now();
         let mut attempt = 0;
         let (container, port) = loop {
             attempt += 1;
@@ -427,8 +447,8 @@ impl<K> Container<K> {
                 Err(err) => return Err(err),
             }
         };
-        let watchdog = spawn_watchdog(container.id());
-        let started = Self {
+        let watchdog = spawn_watchdog(WATCHDOG_SCRIPT, "container", container.id());
+        Ok(Self {
             watchdog,
             container,
             server: format!("{server} (container)"),
@@ -436,10 +456,7 @@ impl<K> Container<K> {
             probe,
             startup_timeout: timeout,
             kind,
-        };
-        started.wait_ready().await?;
-        info!(server, port, took = ?began.elapsed(), "container serves");
-        Ok(started)
+        })
     }
 
     async fn wait_ready(&self) -> Result<(), ServerError> {
@@ -555,6 +572,32 @@ impl<K> Drop for Container<K> {
     }
 }
 
+/// Where ZooKeeper keeps its data in a container (it survives a restart of the container).
+const ZK_DATA_DIR: &str = "/var/tmp/zookeeper";
+
+/// The command line of a ZooKeeper container: `prelude`, then write the configuration (it
+/// travels in the environment, `ZOO_CFG`) and run the server with `opts.jvm_args`.
+fn zk_script(opts: &ZkOptions, prelude: &str) -> String {
+    format!(
+        "{prelude}mkdir -p {ZK_DATA_DIR} && printf '%s' \"$ZOO_CFG\" > /etc/zoo.cfg && \
+         exec java {} -cp {CONTAINER_ZK_CLASSPATH} {MAIN_CLASS} /etc/zoo.cfg",
+        opts.jvm_args.join(" ")
+    )
+}
+
+fn zk_configure(
+    cfg: String,
+    script: String,
+) -> impl Fn(GenericImage) -> ContainerRequest<GenericImage> {
+    move |image: GenericImage| {
+        image.with_env_var("ZOO_CFG", cfg.clone()).with_cmd([
+            "sh".to_owned(),
+            "-c".to_owned(),
+            script.clone(),
+        ])
+    }
+}
+
 impl Container<ZooKeeper> {
     /// Starts the image from [`ZK_IMAGE_ENV`] (default [`DEFAULT_ZK_IMAGE`]) with the
     /// `zoo.cfg` a local process would get (`tick_time`, `config`, every four-letter word
@@ -563,25 +606,46 @@ impl Container<ZooKeeper> {
     /// `/usr/share/java` jars are used: `opts.java`, `opts.jar` and `opts.logging_jar` are
     /// for local processes.
     pub async fn start(opts: &ZkOptions) -> Result<Self, ServerError> {
-        let cfg = zoo_cfg(opts, Path::new("/var/tmp/zookeeper"), 2181, "0.0.0.0", &[]);
-        // The configuration travels in the environment; the shell writes it out.
-        let script = format!(
-            "mkdir -p /var/tmp/zookeeper && printf '%s' \"$ZOO_CFG\" > /etc/zoo.cfg && \
-             exec java {} -cp {CONTAINER_ZK_CLASSPATH} {MAIN_CLASS} /etc/zoo.cfg",
-            opts.jvm_args.join(" ")
-        );
-        let configure = |image: GenericImage| {
-            image.with_env_var("ZOO_CFG", cfg.clone()).with_cmd([
-                "sh".to_owned(),
-                "-c".to_owned(),
-                script.clone(),
-            ])
-        };
+        let cfg = zoo_cfg(opts, Path::new(ZK_DATA_DIR), 2181, "0.0.0.0", &[]);
+        let script = zk_script(opts, "");
         Self::launch(
             "ZooKeeper",
             (ZK_IMAGE_ENV, DEFAULT_ZK_IMAGE),
             2181,
-            configure,
+            zk_configure(cfg, script),
+            Probe::ZkServing,
+            opts.startup_timeout,
+            ZooKeeper,
+        )
+        .await
+    }
+
+    /// Creates ensemble member `index` (`myid` index + 1) of `servers` (`host:quorum:election`
+    /// lines) without waiting for it: it starts ZooKeeper once every host of `servers`
+    /// resolves, i.e. once every member is on the ensemble's network.
+    pub(crate) async fn create_member(
+        opts: &ZkOptions,
+        servers: &[String],
+        index: usize,
+    ) -> Result<Self, ServerError> {
+        let cfg = zoo_cfg(opts, Path::new(ZK_DATA_DIR), 2181, "0.0.0.0", servers);
+        let hosts: Vec<&str> = servers
+            .iter()
+            .filter_map(|server| server.split(':').next())
+            .collect();
+        // Bounded: a member whose network never comes exits, and its start-up probe says so.
+        let prelude = format!(
+            "n=0; until getent hosts {hosts} >/dev/null 2>&1; do n=$((n+1)); \
+             if [ $n -ge 600 ]; then echo 'the ensemble network never came' >&2; exit 1; fi; \
+             sleep 0.1; done; mkdir -p {ZK_DATA_DIR} && echo {myid} > {ZK_DATA_DIR}/myid && ",
+            hosts = hosts.join(" "),
+            myid = index + 1,
+        );
+        Self::create(
+            &format!("ZooKeeper member {index}"),
+            (ZK_IMAGE_ENV, DEFAULT_ZK_IMAGE),
+            2181,
+            zk_configure(cfg, zk_script(opts, &prelude)),
             Probe::ZkServing,
             opts.startup_timeout,
             ZooKeeper,
@@ -646,6 +710,10 @@ impl Container<Redis> {
         redis_url("127.0.0.1", self.port, None, self.kind.password.as_deref())
     }
 }
+
+mod ensemble;
+
+pub use ensemble::ZkContainerEnsemble;
 
 #[cfg(test)]
 mod tests {
