@@ -1,7 +1,9 @@
 //! The conformance suite for the default strategy on a three-member ZooKeeper ensemble.
 //!
 //! One ensemble serves the whole test binary (started on first use, killed when the binary
-//! exits). Its cases take turns: the harness of one case holds the ensemble until the case
+//! exits): processes, or containers under `LOCK_TEST_SERVERS=containers`, where a member is
+//! killed and restarted through the engine. Clients' sessions last 4 s, so that a leader's
+//! failover fits in one. Its cases take turns: the harness of one case holds the ensemble until the case
 //! ends, so a leader killed by one case never disturbs another. `kill_leader` kills the
 //! leader, waits for a new one and restarts the killed member; `restart_server` is a rolling
 //! restart of every member; `pause_server` is unsupported (see `common::ZkHarness`).

@@ -12,11 +12,15 @@
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use lock_conformance::proxy::{FaultProxy, ReplyKind, SwallowHandle};
-use lock_conformance::servers::{ServerError, ZkEnsemble, ZkOptions, free_port, shared_zk};
+use lock_conformance::servers::containers::ZkContainerEnsemble;
+use lock_conformance::servers::{
+    ServerError, ServerMode, ZkEnsemble, ZkOptions, free_port, shared_zk,
+};
 use lock_conformance::{
     Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind,
     Timing, async_trait, observe_until,
@@ -29,6 +33,11 @@ use zookeeper_client::{Client as ZkClient, Error as ZkError};
 /// Short sessions so that crash and expiry cases finish quickly (with a tickTime of 500 ms,
 /// 1 s is the shortest session a server grants).
 pub(crate) const SESSION_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The sessions of the clients of a shared ensemble: long enough to outlast a leader's
+/// failover (the survivors notice the death, elect, and the client reconnects), also when
+/// the members are containers, whose published ports add a hop, on a loaded machine.
+pub(crate) const ENSEMBLE_SESSION_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// The tickTime of every server these tests start.
 pub(crate) const TICK_TIME: Duration = Duration::from_millis(500);
@@ -209,12 +218,21 @@ pub(crate) async fn waking(providers: &[Arc<ZkLockProvider>], name: &str) -> Vec
 /// standalone server). The client is given the proxies' addresses instead of the servers'.
 pub(crate) struct Proxies {
     proxies: Vec<FaultProxy>,
+    /// The client's session timeout, for [`ClientFaults::expire_session`].
+    session_timeout: Duration,
 }
 
 impl Proxies {
     /// A proxy in front of each of `servers`.
     pub(crate) fn start(servers: &[SocketAddr]) -> Self {
+        Self::for_session(servers, SESSION_TIMEOUT)
+    }
+
+    /// A proxy in front of each of `servers`, for a client whose session times out after
+    /// `session_timeout`.
+    pub(crate) fn for_session(servers: &[SocketAddr], session_timeout: Duration) -> Self {
         Proxies {
+            session_timeout,
             proxies: servers
                 .iter()
                 .map(|server| FaultProxy::start(*server).expect("a fault proxy"))
@@ -280,7 +298,7 @@ impl ClientFaults for Proxies {
     async fn expire_session(&self) -> FaultResult {
         self.cut();
         // The server expires sessions on tick boundaries (tickTime 500 ms).
-        tokio::time::sleep(SESSION_TIMEOUT + Duration::from_millis(1500)).await;
+        tokio::time::sleep(self.session_timeout + Duration::from_millis(1500)).await;
         self.pass();
         Ok(())
     }
@@ -306,37 +324,109 @@ impl ClientFaults for Proxies {
     }
 }
 
+/// The members of a shared ensemble: processes, or containers (`LOCK_TEST_SERVERS`).
+enum Members {
+    Processes(ZkEnsemble),
+    Containers(ZkContainerEnsemble),
+}
+
+impl Members {
+    async fn start(n: usize) -> Result<Self, ServerError> {
+        Ok(match ServerMode::from_env()? {
+            ServerMode::Containers => {
+                Members::Containers(ZkContainerEnsemble::start(n, zk_options()).await?)
+            }
+            _ => Members::Processes(ZkEnsemble::start(n, zk_options()).await?),
+        })
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Members::Processes(members) => members.len(),
+            Members::Containers(members) => members.len(),
+        }
+    }
+
+    fn address(&self, index: usize) -> Result<String, ServerError> {
+        match self {
+            Members::Processes(members) => members.address(index),
+            Members::Containers(members) => members.address(index),
+        }
+    }
+
+    async fn is_running(&self, index: usize) -> Result<bool, ServerError> {
+        match self {
+            Members::Processes(members) => Ok(members.pid(index)?.is_some()),
+            Members::Containers(members) => members.is_running(index).await,
+        }
+    }
+
+    async fn four_letter(&self, index: usize, word: &str) -> Result<String, ServerError> {
+        match self {
+            Members::Processes(members) => members.four_letter(index, word).await,
+            Members::Containers(members) => members.four_letter(index, word).await,
+        }
+    }
+
+    async fn wait_for_leader(&self) -> Result<usize, ServerError> {
+        let bound = Duration::from_secs(30);
+        match self {
+            Members::Processes(members) => members.wait_for_leader(bound).await,
+            Members::Containers(members) => members.wait_for_leader(bound).await,
+        }
+    }
+
+    /// Kills member `index` at once (`SIGKILL`; a container is stopped without grace).
+    async fn kill(&mut self, index: usize) -> Result<(), ServerError> {
+        match self {
+            Members::Processes(members) => members.kill(index),
+            Members::Containers(members) => members.kill(index).await,
+        }
+    }
+
+    async fn restart(&mut self, index: usize) -> Result<(), ServerError> {
+        match self {
+            Members::Processes(members) => members.restart(index).await,
+            Members::Containers(members) => members.restart(index).await,
+        }
+    }
+}
+
 /// An ensemble shared by the tests of one binary, and the turn they take on it.
 ///
 /// Tests that share it run one at a time (see [`ZkHarness::on_ensemble`]): a leader killed
 /// by one case must not disturb another case's timing.
+///
+/// Its members, processes or containers as `LOCK_TEST_SERVERS` says, are started and acted
+/// on by a runtime of its own, tied to no test's runtime: the engine's client made for a
+/// container keeps its connections on the runtime that made it. Processes are killed and
+/// containers removed when the test binary exits, however it exits.
 pub(crate) struct SharedEnsemble {
     servers: Vec<SocketAddr>,
-    ensemble: tokio::sync::Mutex<ZkEnsemble>,
+    members: tokio::sync::Mutex<Members>,
     turn: Arc<tokio::sync::Mutex<()>>,
+    runtime: tokio::runtime::Runtime,
 }
 
 impl SharedEnsemble {
-    /// Starts an ensemble of `n` members (tickTime [`TICK_TIME`]) on a runtime of its own,
-    /// in a thread of its own, so that it is tied to no test's runtime: the member
-    /// processes are plain child processes, killed when the test binary exits, however it
-    /// exits.
+    /// Starts an ensemble of `n` members (tickTime [`TICK_TIME`]), blocking the calling
+    /// thread only.
     pub(crate) fn start_blocking(n: usize) -> Result<Self, ServerError> {
-        let ensemble = std::thread::scope(|scope| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("shared-ensemble")
+            .enable_all()
+            .build()
+            .expect("a runtime for the shared ensemble");
+        let members = std::thread::scope(|scope| {
             scope
-                .spawn(|| {
-                    tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .expect("a runtime to start the ensemble")
-                        .block_on(ZkEnsemble::start(n, zk_options()))
-                })
+                .spawn(|| runtime.block_on(Members::start(n)))
                 .join()
                 .expect("the thread starting the ensemble")
         })?;
-        let servers = (0..ensemble.len())
+        let servers = (0..members.len())
             .map(|i| {
-                ensemble
+                members
                     .address(i)
                     .expect("a member's address")
                     .parse()
@@ -345,8 +435,9 @@ impl SharedEnsemble {
             .collect();
         Ok(SharedEnsemble {
             servers,
-            ensemble: tokio::sync::Mutex::new(ensemble),
+            members: tokio::sync::Mutex::new(members),
             turn: Arc::new(tokio::sync::Mutex::new(())),
+            runtime,
         })
     }
 
@@ -356,6 +447,23 @@ impl SharedEnsemble {
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// Runs `operation` on the members, on the ensemble's own runtime.
+    async fn on_members<T, F>(&'static self, operation: F) -> T
+    where
+        T: Send + 'static,
+        F: for<'a> FnOnce(&'a mut Members) -> Pin<Box<dyn Future<Output = T> + Send + 'a>>
+            + Send
+            + 'static,
+    {
+        self.runtime
+            .spawn(async move {
+                let mut members = self.members.lock().await;
+                operation(&mut members).await
+            })
+            .await
+            .expect("an operation on the shared ensemble")
     }
 }
 
@@ -383,6 +491,8 @@ pub(crate) struct ZkHarness {
     connect_string: String,
     admin: ZkClient,
     ensemble: Option<&'static SharedEnsemble>,
+    /// [`SESSION_TIMEOUT`], or [`ENSEMBLE_SESSION_TIMEOUT`] over an ensemble.
+    session_timeout: Duration,
     /// Held for the harness's lifetime over an ensemble: one case at a time.
     _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
@@ -405,6 +515,7 @@ impl ZkHarness {
             connect_string,
             admin,
             ensemble: None,
+            session_timeout: SESSION_TIMEOUT,
             _turn: None,
         }
     }
@@ -416,17 +527,20 @@ impl ZkHarness {
         ensemble: &'static SharedEnsemble,
     ) -> Self {
         let turn = Arc::clone(&ensemble.turn).lock_owned().await;
-        {
-            let mut members = ensemble.ensemble.lock().await;
-            for i in 0..members.len() {
-                if members.pid(i).expect("a member").is_none() {
-                    members
-                        .restart(i)
-                        .await
-                        .expect("restarting a killed member");
-                }
-            }
-        }
+        ensemble
+            .on_members(|members: &mut Members| {
+                Box::pin(async move {
+                    for i in 0..members.len() {
+                        if !members.is_running(i).await.expect("a member") {
+                            members
+                                .restart(i)
+                                .await
+                                .expect("restarting a killed member");
+                        }
+                    }
+                })
+            })
+            .await;
         let connect_string = ensemble.connect_string();
         let admin = admin_client(&connect_string).await;
         ZkHarness {
@@ -435,6 +549,7 @@ impl ZkHarness {
             connect_string,
             admin,
             ensemble: Some(ensemble),
+            session_timeout: ENSEMBLE_SESSION_TIMEOUT,
             _turn: Some(turn),
         }
     }
@@ -442,7 +557,7 @@ impl ZkHarness {
     fn config(&self, root: &str) -> ZkConfig {
         ZkConfig::new(self.connect_string.split(','))
             .with_strategy(self.strategy)
-            .with_session_timeout(SESSION_TIMEOUT)
+            .with_session_timeout(self.session_timeout)
             .with_root(root)
     }
 
@@ -456,7 +571,7 @@ impl ZkHarness {
         &self,
         config: ZkConfig,
     ) -> Result<(Client, Arc<ZkLockProvider>), LockError> {
-        let proxies = Proxies::start(&self.servers);
+        let proxies = Proxies::for_session(&self.servers, self.session_timeout);
         let mut config = config;
         config.hosts = proxies.hosts();
         let provider = Arc::new(ZkLockProvider::connect(config).await?);
@@ -492,10 +607,19 @@ impl ZkHarness {
         let Some(shared) = self.ensemble else {
             return data_watches().await;
         };
-        let members = shared.ensemble.lock().await;
+        let answers = shared
+            .on_members(|members: &mut Members| {
+                Box::pin(async move {
+                    let mut answers = Vec::new();
+                    for index in 0..members.len() {
+                        answers.push(members.four_letter(index, "wchc").await.ok()?);
+                    }
+                    Some(answers)
+                })
+            })
+            .await?;
         let mut all: HashMap<i64, Vec<String>> = HashMap::new();
-        for index in 0..members.len() {
-            let answer = members.four_letter(index, "wchc").await.ok()?;
+        for answer in answers {
             for (session, paths) in parse_wchc(&answer)? {
                 all.entry(session).or_default().extend(paths);
             }
@@ -557,8 +681,8 @@ impl Harness for ZkHarness {
         Timing::default()
             .with_operation_slack(Duration::from_secs(1))
             .with_handoff_bound(Duration::from_secs(2))
-            .with_loss_bound(SESSION_TIMEOUT * 4)
-            .with_crash_release_bound(SESSION_TIMEOUT * 2)
+            .with_loss_bound(self.session_timeout * 4)
+            .with_crash_release_bound(self.session_timeout * 2)
             .with_short_timeout(Duration::from_millis(300))
     }
 
@@ -607,52 +731,62 @@ impl Faults for ZkHarness {
     }
 
     async fn restart_server(&self) -> FaultResult {
-        let shared = self.ensemble()?;
-        let mut ensemble = shared.ensemble.lock().await;
-        let leader = ensemble
-            .wait_for_leader(Duration::from_secs(30))
+        self.ensemble()?
+            .on_members(|members: &mut Members| {
+                Box::pin(async move {
+                    let leader = members
+                        .wait_for_leader()
+                        .await
+                        .map_err(failed("the leader before the restart"))?;
+                    let order: Vec<usize> = (0..members.len())
+                        .filter(|&i| i != leader)
+                        .chain(std::iter::once(leader))
+                        .collect();
+                    for member in order {
+                        members
+                            .restart(member)
+                            .await
+                            .map_err(failed("restarting a member"))?;
+                        members
+                            .wait_for_leader()
+                            .await
+                            .map_err(failed("a leader during the rolling restart"))?;
+                    }
+                    Ok(())
+                })
+            })
             .await
-            .map_err(failed("the leader before the restart"))?;
-        let order = (0..ensemble.len())
-            .filter(|&i| i != leader)
-            .chain(std::iter::once(leader));
-        for member in order.collect::<Vec<_>>() {
-            ensemble
-                .restart(member)
-                .await
-                .map_err(failed("restarting a member"))?;
-            ensemble
-                .wait_for_leader(Duration::from_secs(30))
-                .await
-                .map_err(failed("a leader during the rolling restart"))?;
-        }
-        Ok(())
     }
 
     async fn kill_leader(&self) -> FaultResult {
-        let shared = self.ensemble()?;
-        let mut ensemble = shared.ensemble.lock().await;
-        let leader = ensemble
-            .wait_for_leader(Duration::from_secs(30))
+        self.ensemble()?
+            .on_members(|members: &mut Members| {
+                Box::pin(async move {
+                    let leader = members
+                        .wait_for_leader()
+                        .await
+                        .map_err(failed("the leader to kill"))?;
+                    members
+                        .kill(leader)
+                        .await
+                        .map_err(failed("killing the leader"))?;
+                    let new_leader = members
+                        .wait_for_leader()
+                        .await
+                        .map_err(failed("a new leader"))?;
+                    if new_leader == leader {
+                        return Err(FaultError::Failed(format!(
+                            "member {leader} was killed yet reports itself leader"
+                        )));
+                    }
+                    // Back as a follower: the later cases keep a quorum of three.
+                    members
+                        .restart(leader)
+                        .await
+                        .map_err(failed("restarting the killed leader"))
+                })
+            })
             .await
-            .map_err(failed("the leader to kill"))?;
-        ensemble
-            .kill(leader)
-            .map_err(failed("killing the leader"))?;
-        let new_leader = ensemble
-            .wait_for_leader(Duration::from_secs(30))
-            .await
-            .map_err(failed("a new leader"))?;
-        if new_leader == leader {
-            return Err(FaultError::Failed(format!(
-                "member {leader} was killed yet reports itself leader"
-            )));
-        }
-        // Back as a follower: the later cases keep a quorum of three.
-        ensemble
-            .restart(leader)
-            .await
-            .map_err(failed("restarting the killed leader"))
     }
 
     async fn unreachable_client(&self) -> FaultResult<Result<Client, LockError>> {

@@ -226,6 +226,11 @@ impl ZkContainerEnsemble {
         Ok(())
     }
 
+    /// Whether member `index` runs (not killed).
+    pub async fn is_running(&self, index: usize) -> Result<bool, ServerError> {
+        self.member(index)?.is_running().await
+    }
+
     /// Kills member `index` at once; the container is kept for [`restart`](Self::restart).
     pub async fn kill(&self, index: usize) -> Result<(), ServerError> {
         self.member(index)?.kill().await

@@ -495,6 +495,11 @@ impl<K> Container<K> {
         self.container.unpause().await.map_err(container_error)
     }
 
+    /// Whether the container runs (not killed; a paused container runs).
+    pub async fn is_running(&self) -> Result<bool, ServerError> {
+        self.container.is_running().await.map_err(container_error)
+    }
+
     /// Kills the server at once (`docker stop` with no grace: `SIGKILL`). The container is
     /// kept for [`restart`](Self::restart).
     pub async fn kill(&self) -> Result<(), ServerError> {
@@ -508,7 +513,7 @@ impl<K> Container<K> {
     /// waits (bounded by the start-up timeout) until it serves. What the server keeps in
     /// memory only is lost.
     pub async fn restart(&self) -> Result<(), ServerError> {
-        if self.container.is_running().await.map_err(container_error)? {
+        if self.is_running().await? {
             self.kill().await?;
         }
         self.container.start().await.map_err(container_error)?;
