@@ -19,7 +19,7 @@ use testcontainers::bollard::models::{
 };
 use tracing::{info, warn};
 
-use super::{LABEL, ZkContainer, container_error, spawn_watchdog};
+use super::{LABEL, ZkContainer, container_error, label_value, spawn_watchdog};
 use crate::servers::zookeeper::{leader_of, mode_of, wait_for_leader_of};
 use crate::servers::{ServerError, ZkOptions};
 
@@ -110,10 +110,7 @@ impl ZkContainerEnsemble {
         let request = NetworkCreateRequest {
             name: self.network.clone(),
             driver: Some("bridge".to_owned()),
-            labels: Some(HashMap::from([(
-                LABEL.to_owned(),
-                std::process::id().to_string(),
-            )])),
+            labels: Some(HashMap::from([(LABEL.to_owned(), label_value())])),
             ..Default::default()
         };
         self.docker

@@ -357,9 +357,23 @@ pub struct Container<K> {
     kind: K,
 }
 
-/// The label on every container this module starts (value: the test process's pid), for
-/// finding what a run left behind: `docker ps -a --filter label=distlock-test`.
+/// The label on every container and network this module makes, for finding what a run left
+/// behind: `docker ps -a --filter label=distlock-test`. Its value is [`RUN_ENV`] when set,
+/// otherwise the test process's pid.
 pub const LABEL: &str = "distlock-test";
+
+/// The environment variable naming the test run, the value of [`LABEL`]: a script running
+/// several test binaries finds what they all left with `label=distlock-test=<run>`, and
+/// leaves alone what another run on the same engine made.
+pub const RUN_ENV: &str = "LOCK_TEST_RUN";
+
+/// The value of [`LABEL`] for what this process makes.
+fn label_value() -> String {
+    std::env::var(RUN_ENV)
+        .ok()
+        .filter(|run| !run.trim().is_empty())
+        .unwrap_or_else(|| std::process::id().to_string())
+}
 
 /// The kind of a [`ZkContainer`].
 #[derive(Debug)]
@@ -434,7 +448,7 @@ impl<K> Container<K> {
                     .with_exposed_port(internal.tcp())
                     .with_wait_for(WaitFor::Nothing),
             )
-            .with_label(LABEL, std::process::id().to_string())
+            .with_label(LABEL, label_value())
             .with_host_config_modifier(publish_on_loopback(internal, port));
             match run(request).await {
                 Ok(container) => break (container, port),
