@@ -809,8 +809,13 @@ async fn containers_start_or_say_what_is_missing() {
         assert_within(began, Duration::from_secs(10));
         return;
     }
+    let zk_began = Instant::now();
     match ZkContainer::start(&fast_zk()).await {
         Ok(zk) => {
+            eprintln!(
+                "startup: ZooKeeper container ready in {:?}",
+                zk_began.elapsed()
+            );
             assert_eq!(zk.four_letter("ruok").await.unwrap(), "imok");
             assert!(
                 zk.connect_string().starts_with("127.0.0.1:"),
@@ -825,8 +830,13 @@ async fn containers_start_or_say_what_is_missing() {
             eprintln!("skip reason: {err}");
         }
     }
+    let redis_began = Instant::now();
     match RedisContainer::start(&RedisOptions::default()).await {
         Ok(redis) => {
+            eprintln!(
+                "startup: Redis container ready in {:?}",
+                redis_began.elapsed()
+            );
             let id = redis.id().to_owned();
             assert!(
                 redis.url().starts_with("redis://127.0.0.1:"),
