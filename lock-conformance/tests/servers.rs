@@ -869,25 +869,9 @@ fn container_exists(id: &str) -> bool {
 /// under `LOCK_CONFORMANCE_STRICT`, where they must.
 #[cfg(feature = "testcontainers")]
 async fn containers_available() -> bool {
-    use lock_conformance::servers::containers::{ContainerEngine, DEFAULT_IMAGE};
-
-    let missing = match ContainerEngine::from_env() {
-        Err(err) => Some(err.to_string()),
-        Ok(engine) => match engine.check().await {
-            Err(err) => Some(err.to_string()),
-            Ok(()) => {
-                let (name, tag) = DEFAULT_IMAGE.split_once(':').unwrap();
-                match engine.has_image(name, tag).await {
-                    Ok(true) => None,
-                    Ok(false) => Some(format!("the engine lacks {DEFAULT_IMAGE}")),
-                    Err(err) => Some(err.to_string()),
-                }
-            }
-        },
-    };
-    match missing {
-        None => true,
-        Some(why) => {
+    match lock_conformance::servers::containers::check_ready().await {
+        Ok(()) => true,
+        Err(why) => {
             assert!(
                 !lock_conformance::runner::strict(),
                 "containers are required under STRICT: {why}"

@@ -21,9 +21,7 @@ use std::time::Duration;
 
 use common::{admin_client, children, lock_dir, zk_options};
 use lock_conformance::observe_until;
-use lock_conformance::servers::containers::{
-    ContainerEngine, DEFAULT_ZK_IMAGE, ZkContainerEnsemble,
-};
+use lock_conformance::servers::containers::{self, ZkContainerEnsemble};
 use lock_core::{Guard, LockError, LockProvider};
 use lock_zookeeper::{ZkConfig, ZkLockProvider, ZkStrategy};
 use tokio::time::Instant;
@@ -35,18 +33,7 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(4);
 /// Whether the engine and the image are there; a skip (with the reason) otherwise, except
 /// under `LOCK_CONFORMANCE_STRICT`, where they must be.
 async fn containers_available() -> bool {
-    let missing = async {
-        let engine = ContainerEngine::from_env().map_err(|e| e.to_string())?;
-        engine.check().await.map_err(|e| e.to_string())?;
-        let (name, tag) = DEFAULT_ZK_IMAGE.split_once(':').unwrap();
-        match engine.has_image(name, tag).await {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(format!("the engine lacks {DEFAULT_ZK_IMAGE}")),
-            Err(err) => Err(err.to_string()),
-        }
-    }
-    .await;
-    match missing {
+    match containers::check_ready().await {
         Ok(()) => true,
         Err(why) => {
             assert!(
@@ -160,6 +147,19 @@ impl Timeline {
             );
         }
     }
+}
+
+/// Waits (at most `bound`) until the lock directory `dir` holds `len` nodes.
+async fn queue_reaches(admin: &zookeeper_client::Client, dir: &str, len: usize, bound: Duration) {
+    observe_until(
+        bound,
+        &format!("{len} nodes in {dir}"),
+        || children(admin, dir),
+        |queue| queue.as_ref().is_ok_and(|queue| queue.len() == len),
+    )
+    .await
+    .unwrap()
+    .unwrap();
 }
 
 /// Every member serves again, and a fresh client on each member alone can take and give
@@ -284,15 +284,7 @@ async fn follower_cut_off_with_waiters() {
         tokio::spawn(async move { short_lock.acquire(Some(Duration::from_secs(60))).await });
     let admin = admin_client(&ensemble.address(leader).unwrap()).await;
     let dir = lock_dir(ZkConfig::DEFAULT_ROOT, name);
-    observe_until(
-        Duration::from_secs(10),
-        "the waiter queued",
-        || children(&admin, &dir),
-        |queue| queue.as_ref().is_ok_and(|queue| queue.len() == 2),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    queue_reaches(&admin, &dir, 2, Duration::from_secs(10)).await;
     ensemble.partition(follower).await.unwrap();
     observe_until(
         Duration::from_secs(15),
@@ -321,27 +313,11 @@ async fn follower_cut_off_with_waiters() {
     let long_lock = long.lock(name).unwrap();
     let long_waiter =
         tokio::spawn(async move { long_lock.acquire(Some(Duration::from_secs(60))).await });
-    observe_until(
-        Duration::from_secs(10),
-        "the waiter queued",
-        || children(&admin, &dir),
-        |queue| queue.as_ref().is_ok_and(|queue| queue.len() == 2),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    queue_reaches(&admin, &dir, 2, Duration::from_secs(10)).await;
     let cut = Instant::now();
     ensemble.partition(follower).await.unwrap();
     // The waiter's node goes with its session: the majority saw it expire.
-    observe_until(
-        SESSION_TIMEOUT * 4,
-        "the cut-off waiter's node to go with its expired session",
-        || children(&admin, &dir),
-        |queue| queue.as_ref().is_ok_and(|queue| queue.len() == 1),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    queue_reaches(&admin, &dir, 1, SESSION_TIMEOUT * 4).await;
     held.release().await.unwrap();
     timeline.released(held_grant);
     let mut other = holder.lock(name).unwrap().acquire(None).await.unwrap();

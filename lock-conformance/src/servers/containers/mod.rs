@@ -198,6 +198,46 @@ impl ContainerEngine {
     }
 }
 
+impl ContainerEngine {
+    /// The image named by `image` (`(variable, default)`, see [`image_from_env`]) as
+    /// `(name, tag)`; [`ServerError::MissingImage`] when the engine lacks it.
+    async fn require_image(&self, image: (&str, &str)) -> Result<(String, String), ServerError> {
+        let (name, tag) = image_from_env(image.0, image.1);
+        if self.has_image(&name, &tag).await? {
+            Ok((name, tag))
+        } else {
+            Err(ServerError::MissingImage {
+                image: format!("{name}:{tag}"),
+                hint: IMAGE_HINT.to_owned(),
+            })
+        }
+    }
+}
+
+/// Checks, within a few seconds, that servers can run in containers here: an engine answers
+/// (else [`ServerError::NoContainerEngine`]) and has the ZooKeeper and Redis images (else
+/// [`ServerError::MissingImage`]). Tests skip with the error as the reason, except under
+/// `LOCK_CONFORMANCE_STRICT`.
+///
+/// ```no_run
+/// # async fn demo() {
+/// if let Err(why) = lock_conformance::servers::containers::check_ready().await {
+///     eprintln!("skipped: {why}");
+/// }
+/// # }
+/// ```
+pub async fn check_ready() -> Result<(), ServerError> {
+    let engine = ContainerEngine::from_env()?;
+    engine.check().await?;
+    engine
+        .require_image((ZK_IMAGE_ENV, DEFAULT_ZK_IMAGE))
+        .await?;
+    engine
+        .require_image((REDIS_IMAGE_ENV, DEFAULT_REDIS_IMAGE))
+        .await?;
+    Ok(())
+}
+
 /// How to get a missing image, for [`ServerError::MissingImage`].
 const IMAGE_HINT: &str = "build the default image with scripts/ensure-docker (in the distlock \
     repository), or name an image the engine has, laid out as Debian's packages, in \
@@ -396,48 +436,51 @@ pub type RedisContainer = Container<Redis>;
 /// the meantime.
 const PORT_ATTEMPTS: usize = 5;
 
+/// What a server container is: the server's name (for messages), its image, its client
+/// port inside the container, and how to tell that it serves.
+struct ServerSpec {
+    server: String,
+    /// `(variable, default)`, see [`image_from_env`].
+    image: (&'static str, &'static str),
+    internal: u16,
+    probe: Probe,
+    startup_timeout: Duration,
+}
+
 impl<K> Container<K> {
-    /// [`create`](Self::create)s the container, then waits (bounded by `timeout`) until
-    /// `probe` passes.
+    /// [`create`](Self::create)s the container, then waits (bounded by the spec's start-up
+    /// timeout) until its probe passes.
     async fn launch(
-        server: &str,
-        image: (&str, &str),
-        internal: u16,
+        spec: ServerSpec,
         configure: impl Fn(GenericImage) -> ContainerRequest<GenericImage>,
-        probe: Probe,
-        timeout: Duration,
         kind: K,
     ) -> Result<Self, ServerError> {
         let began = Instant::now();
-        let started =
-            Self::create(server, image, internal, configure, probe, timeout, kind).await?;
+        let started = Self::create(spec, configure, kind).await?;
         started.wait_ready().await?;
-        info!(server, port = started.port, took = ?began.elapsed(), "container serves");
+        info!(server = %started.server, port = started.port, took = ?began.elapsed(), "container serves");
         Ok(started)
     }
 
-    /// Checks the engine, and starts the image named by `image` (`(variable, default)`, see
-    /// [`image_from_env`]) publishing `internal` on a free loopback port, with `configure`
-    /// adding what the server needs. Does not wait for the server: `probe` and `timeout`
-    /// are kept for [`wait_ready`](Self::wait_ready) and [`restart`](Self::restart).
+    /// Checks the engine, and starts the spec's image publishing its client port on a free
+    /// loopback port, with `configure` adding what the server needs. Does not wait for the
+    /// server: the probe is kept for [`wait_ready`](Self::wait_ready) and
+    /// [`restart`](Self::restart).
     async fn create(
-        server: &str,
-        image: (&str, &str),
-        internal: u16,
+        spec: ServerSpec,
         configure: impl Fn(GenericImage) -> ContainerRequest<GenericImage>,
-        probe: Probe,
-        timeout: Duration,
         kind: K,
     ) -> Result<Self, ServerError> {
+        let ServerSpec {
+            server,
+            image,
+            internal,
+            probe,
+            startup_timeout,
+        } = spec;
         let engine = ContainerEngine::from_env()?;
         engine.check().await?;
-        let (name, tag) = image_from_env(image.0, image.1);
-        if !engine.has_image(&name, &tag).await? {
-            return Err(ServerError::MissingImage {
-                image: format!("{name}:{tag}"),
-                hint: IMAGE_HINT.to_owned(),
-            });
-        }
+        let (name, tag) = engine.require_image(image).await?;
         info!(%name, %tag, "starting a {server} container");
         let mut attempt = 0;
         let (container, port) = loop {
@@ -468,7 +511,7 @@ impl<K> Container<K> {
             server: format!("{server} (container)"),
             port,
             probe,
-            startup_timeout: timeout,
+            startup_timeout,
             kind,
         })
     }
@@ -604,6 +647,16 @@ fn zk_script(opts: &ZkOptions, prelude: &str) -> String {
     )
 }
 
+fn zk_spec(server: String, opts: &ZkOptions) -> ServerSpec {
+    ServerSpec {
+        server,
+        image: (ZK_IMAGE_ENV, DEFAULT_ZK_IMAGE),
+        internal: 2181,
+        probe: Probe::ZkServing,
+        startup_timeout: opts.startup_timeout,
+    }
+}
+
 fn zk_configure(
     cfg: String,
     script: String,
@@ -628,12 +681,8 @@ impl Container<ZooKeeper> {
         let cfg = zoo_cfg(opts, Path::new(ZK_DATA_DIR), 2181, "0.0.0.0", &[]);
         let script = zk_script(opts, "");
         Self::launch(
-            "ZooKeeper",
-            (ZK_IMAGE_ENV, DEFAULT_ZK_IMAGE),
-            2181,
+            zk_spec("ZooKeeper".to_owned(), opts),
             zk_configure(cfg, script),
-            Probe::ZkServing,
-            opts.startup_timeout,
             ZooKeeper,
         )
         .await
@@ -661,12 +710,8 @@ impl Container<ZooKeeper> {
             myid = index + 1,
         );
         Self::create(
-            &format!("ZooKeeper member {index}"),
-            (ZK_IMAGE_ENV, DEFAULT_ZK_IMAGE),
-            2181,
+            zk_spec(format!("ZooKeeper member {index}"), opts),
             zk_configure(cfg, zk_script(opts, &prelude)),
-            Probe::ZkServing,
-            opts.startup_timeout,
             ZooKeeper,
         )
         .await
@@ -712,16 +757,14 @@ impl Container<Redis> {
             password: opts.password.clone(),
         };
         let configure = |image: GenericImage| image.with_cmd(cmd.clone());
-        Self::launch(
-            "Redis",
+        let spec = ServerSpec {
+            server: "Redis".to_owned(),
             image,
-            6379,
-            configure,
+            internal: 6379,
             probe,
-            opts.startup_timeout,
-            kind,
-        )
-        .await
+            startup_timeout: opts.startup_timeout,
+        };
+        Self::launch(spec, configure, kind).await
     }
 
     /// `redis://[:password@]127.0.0.1:port`.
