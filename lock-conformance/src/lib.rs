@@ -54,7 +54,10 @@
 //!
 //! Real servers come from [`servers`] (child processes from the Debian packages, or
 //! containers with the `testcontainers` feature); [`proxy::FaultProxy`] puts faults on the
-//! wire between a client and its server.
+//! wire between a client and its server. A harness that starts its servers with
+//! [`servers::Target::start`] (or uses [`servers::shared_zk`] / [`servers::shared_redis`])
+//! runs them as processes or, under `LOCK_TEST_SERVERS=containers`, in containers, with the
+//! same faults through the container engine.
 //!
 //! # Pinning the suite
 //!
