@@ -854,15 +854,20 @@ async fn containers_start_or_say_what_is_missing() {
     }
 }
 
-/// Whether the engine still has the container `id` (asked with the `docker` command).
+/// Whether the engine still has the container `id` (asked with the `docker` command, which
+/// must answer: a failure to ask is not an answer).
 #[cfg(feature = "testcontainers")]
 fn container_exists(id: &str) -> bool {
-    std::process::Command::new("docker")
+    let inspected = Command::new("docker")
         .args(["container", "inspect", id])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success())
+        .output()
+        .expect("the docker command");
+    let stderr = String::from_utf8_lossy(&inspected.stderr);
+    assert!(
+        inspected.status.success() || stderr.contains("No such"),
+        "docker container inspect {id}: {stderr}"
+    );
+    inspected.status.success()
 }
 
 /// Whether containers can run here; a skip (with the reason) where they cannot, except
@@ -1077,6 +1082,7 @@ async fn container_ensemble_partitions_and_heals() {
         .arg(format!("name={network}"))
         .output()
         .unwrap();
+    assert!(networks.status.success(), "docker network ls failed");
     assert!(
         networks.stdout.is_empty(),
         "network {network} outlived the ensemble"

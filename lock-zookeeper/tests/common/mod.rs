@@ -398,9 +398,10 @@ impl Members {
 /// by one case must not disturb another case's timing.
 ///
 /// Its members, processes or containers as `LOCK_TEST_SERVERS` says, are started and acted
-/// on by a runtime of its own, tied to no test's runtime: the engine's client made for a
-/// container keeps its connections on the runtime that made it. Processes are killed and
-/// containers removed when the test binary exits, however it exits.
+/// on by a runtime of its own, which lives as long as they do: each test has a runtime of
+/// its own that ends with the test, and nothing the ensemble's operations leave running (a
+/// container's log stream, a pooled connection) may depend on one of those. Processes are
+/// killed and containers removed when the test binary exits, however it exits.
 pub(crate) struct SharedEnsemble {
     servers: Vec<SocketAddr>,
     members: tokio::sync::Mutex<Members>,
@@ -418,12 +419,20 @@ impl SharedEnsemble {
             .enable_all()
             .build()
             .expect("a runtime for the shared ensemble");
-        let members = std::thread::scope(|scope| {
+        let started = std::thread::scope(|scope| {
             scope
                 .spawn(|| runtime.block_on(Members::start(n)))
                 .join()
                 .expect("the thread starting the ensemble")
-        })?;
+        });
+        let members = match started {
+            Ok(members) => members,
+            Err(error) => {
+                // Dropping a runtime blocks, which a test's runtime thread must not do.
+                runtime.shutdown_background();
+                return Err(error);
+            }
+        };
         let servers = (0..members.len())
             .map(|i| {
                 members

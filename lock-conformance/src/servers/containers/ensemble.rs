@@ -10,16 +10,15 @@
 //! it again.
 
 use std::collections::HashMap;
-use std::process::{Child, ChildStdin};
 use std::time::Duration;
 
 use testcontainers::bollard::Docker;
 use testcontainers::bollard::models::{
     EndpointSettings, NetworkConnectRequest, NetworkCreateRequest, NetworkDisconnectRequest,
 };
-use tracing::{info, warn};
+use tracing::info;
 
-use super::{LABEL, ZkContainer, container_error, label_value, spawn_watchdog};
+use super::{LABEL, Watchdog, ZkContainer, container_error, label_value};
 use crate::servers::zookeeper::{leader_of, mode_of, wait_for_leader_of};
 use crate::servers::{ServerError, ZkOptions};
 
@@ -56,7 +55,7 @@ pub struct ZkContainerEnsemble {
     members: Vec<ZkContainer>,
     network: String,
     docker: Docker,
-    network_watchdog: Option<(Child, ChildStdin)>,
+    network_watchdog: Option<Watchdog>,
 }
 
 /// Member `index`'s name on the ensemble's network.
@@ -117,7 +116,11 @@ impl ZkContainerEnsemble {
             .create_network(request)
             .await
             .map_err(container_error)?;
-        self.network_watchdog = spawn_watchdog(NETWORK_WATCHDOG_SCRIPT, "network", &self.network);
+        self.network_watchdog = Some(Watchdog::spawn(
+            NETWORK_WATCHDOG_SCRIPT,
+            "network",
+            &self.network,
+        ));
         Ok(())
     }
 
@@ -252,18 +255,9 @@ impl ZkContainerEnsemble {
 
 impl Drop for ZkContainerEnsemble {
     fn drop(&mut self) {
-        // The members first: a network cannot be removed while containers use it.
+        // The members first: a network cannot be removed while containers use it. Then the
+        // watchdog removes the network (with bounded retries) and is waited for.
         self.members.clear();
-        if let Some((mut watchdog, pipe)) = self.network_watchdog.take() {
-            // End of input: the watchdog removes the network now (bounded retries).
-            drop(pipe);
-            if watchdog
-                .wait()
-                .map(|status| !status.success())
-                .unwrap_or(true)
-            {
-                warn!(network = %self.network, "the ensemble's network could not be removed");
-            }
-        }
+        self.network_watchdog.take();
     }
 }

@@ -180,8 +180,8 @@ impl ContainerEngine {
     }
 
     /// Whether the engine has the image `name:tag` locally (`true` where this module cannot
-    /// ask). Starting a container never pulls: a missing image is
-    /// [`ServerError::MissingImage`].
+    /// ask). This module starts a container only after this check, so it never asks the
+    /// engine to pull: a missing image is [`ServerError::MissingImage`].
     pub async fn has_image(&self, name: &str, tag: &str) -> Result<bool, ServerError> {
         let image = format!("{name}:{tag}");
         match self.get(&format!("/images/{image}/json")).await {
@@ -316,39 +316,71 @@ fn publish_on_loopback(internal: u16, host_port: u16) -> impl Fn(&mut HostConfig
     }
 }
 
-/// The watchdog script: wait until the test process is gone (its end of the pipe on our
-/// stdin closes), then remove the container. `$1` is the container's id.
-const WATCHDOG_SCRIPT: &str =
-    "read -r _ignored; docker rm --force --volumes \"$1\" >/dev/null 2>&1; exit 0";
+/// The label that names one container handle's containers (every attempt to create it), so
+/// that its watchdog removes whatever the engine made for it, even a container whose start
+/// failed.
+const HANDLE_LABEL: &str = "distlock-test.handle";
 
-/// A `/bin/sh` running `script` with `$1` = `arg`, blocked reading a pipe that only this
-/// process writes: the script acts when the pipe closes (the handle dropped, or the test
-/// process gone however it ended: a static, an abort, `SIGKILL`). `None` (with a warning)
-/// where it cannot be started.
-fn spawn_watchdog(script: &str, what: &str, arg: &str) -> Option<(Child, ChildStdin)> {
-    // The pipe's write end is close-on-exec: no other child inherits it.
-    let spawned = Command::new("/bin/sh")
-        .arg("-c")
-        .arg(script)
-        .arg("lock-conformance-watchdog")
-        .arg(arg)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn();
-    match spawned {
-        Ok(mut watchdog) => match watchdog.stdin.take() {
-            Some(pipe) => Some((watchdog, pipe)),
-            None => {
-                let _ = watchdog.kill();
-                let _ = watchdog.wait();
+/// The watchdog script of a container handle: when the pipe closes, remove every container
+/// labelled [`HANDLE_LABEL`]=`$1`.
+const WATCHDOG_SCRIPT: &str = "read -r _ignored; \
+    ids=$(docker ps --all --quiet --filter \"label=distlock-test.handle=$1\" 2>/dev/null); \
+    [ -z \"$ids\" ] || docker rm --force --volumes $ids >/dev/null 2>&1; exit 0";
+
+/// A `/bin/sh` running a clean-up script (`$1` = its argument) once a pipe that only this
+/// process writes closes: when the watchdog is dropped (then waited for), or when the test
+/// process ends without dropping it (a process-wide static, an abort, `SIGKILL`).
+#[derive(Debug)]
+struct Watchdog {
+    what: &'static str,
+    arg: String,
+    process: Option<(Child, ChildStdin)>,
+}
+
+impl Watchdog {
+    /// Starts it; without `/bin/sh` it does nothing (with a warning).
+    fn spawn(script: &str, what: &'static str, arg: &str) -> Self {
+        // The pipe's write end is close-on-exec: no other child inherits it.
+        let spawned = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(script)
+            .arg("lock-conformance-watchdog")
+            .arg(arg)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn();
+        let process = match spawned {
+            Ok(mut watchdog) => match watchdog.stdin.take() {
+                Some(pipe) => Some((watchdog, pipe)),
+                None => {
+                    let _ = watchdog.kill();
+                    let _ = watchdog.wait();
+                    None
+                }
+            },
+            Err(err) => {
+                warn!(%what, %arg, %err, "no exit watchdog: it outlives an aborted test process");
                 None
             }
-        },
-        Err(err) => {
-            warn!(%what, %arg, %err, "no exit watchdog: it outlives an aborted test process");
-            None
+        };
+        Self {
+            what,
+            arg: arg.to_owned(),
+            process,
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        if let Some((mut watchdog, pipe)) = self.process.take() {
+            // End of input: the script cleans up now; wait for it.
+            drop(pipe);
+            if !watchdog.wait().is_ok_and(|status| status.success()) {
+                warn!(what = %self.what, arg = %self.arg, "the watchdog could not clean up");
+            }
         }
     }
 }
@@ -387,9 +419,11 @@ async fn wait_ready(
 /// watchdog process runs `docker rm --force` then.
 #[derive(Debug)]
 pub struct Container<K> {
-    // Declared first so that it is killed before the container is removed.
-    watchdog: Option<(Child, ChildStdin)>,
-    container: ContainerAsync<GenericImage>,
+    /// `None` only while being dropped.
+    container: Option<ContainerAsync<GenericImage>>,
+    /// Removes what the engine still has of this container when the handle is dropped (after
+    /// testcontainers' own removal, if that could run) or the test process dies.
+    _watchdog: Watchdog,
     server: String,
     port: u16,
     probe: Probe,
@@ -482,6 +516,9 @@ impl<K> Container<K> {
         engine.check().await?;
         let (name, tag) = engine.require_image(image).await?;
         info!(%name, %tag, "starting a {server} container");
+        let handle = format!("{}-{:016x}", std::process::id(), fastrand::u64(..));
+        // Before the first attempt: a container created but not started is removed too.
+        let watchdog = Watchdog::spawn(WATCHDOG_SCRIPT, "container", &handle);
         let mut attempt = 0;
         let (container, port) = loop {
             attempt += 1;
@@ -492,22 +529,24 @@ impl<K> Container<K> {
                     .with_wait_for(WaitFor::Nothing),
             )
             .with_label(LABEL, label_value())
+            .with_label(HANDLE_LABEL, handle.clone())
             .with_host_config_modifier(publish_on_loopback(internal, port));
             match run(request).await {
                 Ok(container) => break (container, port),
                 // Another process took the port between its choice and the engine's bind.
                 Err(ServerError::Container { detail })
-                    if attempt < PORT_ATTEMPTS && detail.contains("address already in use") =>
+                    if attempt < PORT_ATTEMPTS
+                        && (detail.contains("address already in use")
+                            || detail.contains("port is already allocated")) =>
                 {
                     debug!(port, "the chosen port was taken; trying another");
                 }
                 Err(err) => return Err(err),
             }
         };
-        let watchdog = spawn_watchdog(WATCHDOG_SCRIPT, "container", container.id());
         Ok(Self {
-            watchdog,
-            container,
+            container: Some(container),
+            _watchdog: watchdog,
             server: format!("{server} (container)"),
             port,
             probe,
@@ -526,6 +565,13 @@ impl<K> Container<K> {
         .await
     }
 
+    fn container(&self) -> &ContainerAsync<GenericImage> {
+        #[allow(clippy::expect_used, reason = "taken only by Drop")]
+        self.container
+            .as_ref()
+            .expect("the container until the handle is dropped")
+    }
+
     /// The client port, published on `127.0.0.1`.
     pub fn port(&self) -> u16 {
         self.port
@@ -538,29 +584,29 @@ impl<K> Container<K> {
 
     /// The container's id.
     pub fn id(&self) -> &str {
-        self.container.id()
+        self.container().id()
     }
 
     /// Freezes the container (`docker pause`): the server stops answering, its connections
     /// stay open.
     pub async fn pause(&self) -> Result<(), ServerError> {
-        self.container.pause().await.map_err(container_error)
+        self.container().pause().await.map_err(container_error)
     }
 
     /// Continues a paused container (`docker unpause`).
     pub async fn resume(&self) -> Result<(), ServerError> {
-        self.container.unpause().await.map_err(container_error)
+        self.container().unpause().await.map_err(container_error)
     }
 
     /// Whether the container runs (not killed; a paused container runs).
     pub async fn is_running(&self) -> Result<bool, ServerError> {
-        self.container.is_running().await.map_err(container_error)
+        self.container().is_running().await.map_err(container_error)
     }
 
-    /// Kills the server at once (`docker stop` with no grace: `SIGKILL`). The container is
-    /// kept for [`restart`](Self::restart).
+    /// Stops the server without grace (`docker stop --time 0`: `SIGKILL` right after
+    /// `SIGTERM`). The container is kept for [`restart`](Self::restart).
     pub async fn kill(&self) -> Result<(), ServerError> {
-        self.container
+        self.container()
             .stop_with_timeout(Some(0))
             .await
             .map_err(container_error)
@@ -573,7 +619,7 @@ impl<K> Container<K> {
         if self.is_running().await? {
             self.kill().await?;
         }
-        self.container.start().await.map_err(container_error)?;
+        self.container().start().await.map_err(container_error)?;
         self.wait_ready().await
     }
 }
@@ -625,11 +671,14 @@ impl<K: Send + Sync + std::fmt::Debug> ServerContainer for Container<K> {
 
 impl<K> Drop for Container<K> {
     fn drop(&mut self) {
-        // The container itself is removed by testcontainers when the field is dropped.
-        if let Some((mut watchdog, pipe)) = self.watchdog.take() {
-            let _ = watchdog.kill();
-            let _ = watchdog.wait();
-            drop(pipe);
+        // testcontainers removes the container through the engine's API, which needs a
+        // runtime; without one the watchdog (dropped next) removes it.
+        if let Some(container) = self.container.take() {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                drop(container);
+            } else {
+                std::mem::forget(container);
+            }
         }
     }
 }
