@@ -13,7 +13,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TTL, admin, redlock_config, start_server, tag};
+use common::{REDLOCK_TTL, admin, redlock_config, start_server, tag};
 use lock_conformance::servers::LocalServer;
 use lock_conformance::unique_name;
 use lock_core::{LockError, LockProvider};
@@ -64,7 +64,7 @@ async fn a_majority_grants_and_a_minority_fails_fast_without_partial_grants() {
     let mut guard = lock.try_acquire().await.unwrap().expect("a free lock");
     servers[0].kill();
     admins[0] = None;
-    sleep(TTL * 3).await;
+    sleep(REDLOCK_TTL * 3).await;
     assert!(
         !guard.is_lost(),
         "a holder lost its lock with two of three servers alive"
@@ -115,8 +115,8 @@ async fn a_majority_grants_and_a_minority_fails_fast_without_partial_grants() {
             other => panic!("{what}: expected a connection error, got {other:?}"),
         }
         assert!(
-            took < TTL,
-            "{what}: failing took {took:?}, longer than the validity window {TTL:?}"
+            took < REDLOCK_TTL,
+            "{what}: failing took {took:?}, longer than the validity window {REDLOCK_TTL:?}"
         );
         assert_eq!(
             owners(&mut admins, &name).await,
