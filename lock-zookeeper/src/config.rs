@@ -47,8 +47,10 @@ pub enum ZkStrategy {
     /// Ephemeral sequential nodes; every waiter watches the directory's children and re-lists
     /// on every change (FIFO, but a herd).
     SequentialChildren,
-    /// Ephemeral sequential nodes; each waiter watches only its immediate predecessor
-    /// (FIFO and herd-free). The default.
+    /// Ephemeral sequential nodes; each waiter watches only its immediate predecessor, and
+    /// its own node (FIFO and herd-free). A waiter that only its predecessor kept out holds
+    /// the moment the predecessor's node is deleted, without listing the directory again;
+    /// any other wake-up lists again. The default.
     #[default]
     SequentialPredecessor,
 }

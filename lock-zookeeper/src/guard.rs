@@ -18,6 +18,7 @@ use crate::error::{BACKEND, lock_error, outcome_unknown, session_over};
 use crate::lock::token;
 use crate::node::{SINGLE_NODE, has_uuid};
 use crate::provider::Shared;
+use crate::queue::OwnNodeWatch;
 use crate::session::Session;
 
 /// How a background clean-up backs off while the connection is down.
@@ -175,6 +176,8 @@ pub(crate) struct Granted {
     pub(crate) checked: bool,
     /// When the request that confirmed the grant was sent.
     pub(crate) asked: tokio::time::Instant,
+    /// A watch on the node, set while it queued; the guard sets its own when there is none.
+    pub(crate) own_watch: Option<OwnNodeWatch>,
 }
 
 /// Turns a granted node into a guard: lost signal registered with the session, and a
@@ -190,6 +193,7 @@ pub(crate) fn grant(
         czxid,
         checked,
         asked,
+        own_watch,
     } = granted;
     shared.metrics.record_grant();
     let (notifier, lost) = lost_signal();
@@ -199,6 +203,7 @@ pub(crate) fn grant(
         Arc::downgrade(session),
         Arc::clone(&shared.metrics),
         path.clone(),
+        own_watch,
         notifier,
         Arc::clone(&releasing),
     ));
@@ -217,34 +222,41 @@ pub(crate) fn grant(
     Guard::new(name.clone(), token(czxid), lost, Box::new(backend))
 }
 
-/// Fires the lost signal if the node goes away while nobody is releasing it.
+/// Fires the lost signal if the node goes away while nobody is releasing it. `set` is a
+/// watch on the node that the waiter already holds, if it does.
 async fn watch_own_node(
     session: Weak<Session>,
     metrics: Arc<Metrics>,
     path: String,
+    mut set: Option<OwnNodeWatch>,
     notifier: LostNotifier,
     releasing: Arc<AtomicBool>,
 ) {
     loop {
-        let watched = {
-            let Some(session) = session.upgrade() else {
-                return;
-            };
-            metrics.record_server_requests(1);
-            // Boxed: the task lives as long as the guard, and its state should hold the
-            // small watcher, not this request's larger future.
-            Box::pin(session.client.get_and_watch_data(&path)).await
-        };
-        let event = match watched {
-            Ok((_, _, watcher)) => watcher.changed().await,
-            Err(ZkError::NoNode) => {
-                if !releasing.load(Ordering::Acquire) {
-                    notifier.fire(LossReason::EntryRemoved);
+        let event = match set.take() {
+            Some(watch) => watch.await,
+            None => {
+                let watched = {
+                    let Some(session) = session.upgrade() else {
+                        return;
+                    };
+                    metrics.record_server_requests(1);
+                    // Boxed: the task lives as long as the guard, and its state should hold
+                    // the small watcher, not this request's larger future.
+                    Box::pin(session.client.get_and_watch_data(&path)).await
+                };
+                match watched {
+                    Ok((_, _, watcher)) => watcher.changed().await,
+                    Err(ZkError::NoNode) => {
+                        if !releasing.load(Ordering::Acquire) {
+                            notifier.fire(LossReason::EntryRemoved);
+                        }
+                        return;
+                    }
+                    // The session's monitor reports session-level losses.
+                    Err(_) => return,
                 }
-                return;
             }
-            // The session's monitor reports session-level losses.
-            Err(_) => return,
         };
         match event.event_type {
             EventType::NodeDeleted => {

@@ -138,6 +138,7 @@ impl ZkLock {
                     czxid,
                     checked: true,
                     asked,
+                    own_watch: None,
                 }));
             }
             if woken {

@@ -1,12 +1,15 @@
 //! The sequential-node queue that the mutex, the read-write lock and the semaphore share:
 //! a place on the server, connection-safe creation, and waiting for one's turn.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use lock_core::{Deadline, LockError, LockName};
 use uuid::Uuid;
-use zookeeper_client::{CreateMode, Error as ZkError, EventType, OneshotWatcher};
+use zookeeper_client::{CreateMode, Error as ZkError, EventType, OneshotWatcher, WatchedEvent};
 
 use crate::config::ZkStrategy;
 use crate::error::{BACKEND, lock_error, outcome_unknown};
@@ -61,9 +64,51 @@ impl Role {
                 .rposition(|(_, child)| !is_reader(child)),
         }
     }
+
+    /// Whether the contender at `position` is kept out by its blocker alone: the only
+    /// earlier contender that excludes it (every earlier one, exclusive; the writers and
+    /// unknown contenders, shared).
+    fn blocks_alone(self, queue: &[(i64, String)], position: usize) -> bool {
+        let excluding = match self {
+            Role::Exclusive => position,
+            Role::Shared => queue[..position]
+                .iter()
+                .filter(|(_, child)| !is_reader(child))
+                .count(),
+        };
+        excluding == 1
+    }
 }
 
-/// A listing of the lock directory made along with the create.
+/// A watch on a waiter's own node, set while it queues and handed on to its guard.
+pub(crate) type OwnNodeWatch = Pin<Box<dyn Future<Output = WatchedEvent> + Send>>;
+
+/// How a wait for the blocker ended.
+#[derive(Debug)]
+enum Wake {
+    /// The deadline passed.
+    TimedOut,
+    /// Our own node was deleted, by another client.
+    OwnNodeDeleted,
+    /// The blocker was deleted while our node stood and the session stayed connected
+    /// (see [`Place::await_blocker`]); `asked` is when the watches were asked for.
+    BlockerDeleted { asked: tokio::time::Instant },
+    /// The blocker was gone before its watch was set: look again (no event came).
+    BlockerGoneAlready,
+    /// Anything else: look again.
+    Changed,
+}
+
+/// The output of `future` if it is ready without waiting.
+fn ready_now<F: Future + ?Sized>(future: Pin<&mut F>) -> Option<F::Output> {
+    match future.poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(output) => Some(output),
+        Poll::Pending => None,
+    }
+}
+
+/// A listing of the lock directory, with the watch on its children that herd waiting sets,
+/// and when it was asked for.
 struct Listing {
     children: Vec<String>,
     watcher: Option<OneshotWatcher>,
@@ -127,6 +172,23 @@ impl Place {
 
     /// Queues a contender of `kind` and waits until `role` lets it hold, or until the
     /// deadline (`Ok(None)`, nothing left behind).
+    ///
+    /// The loop, in the manner of Curator's `internalLockLoop`:
+    ///
+    /// 1. List the directory (the first listing rides along with the create). If our node is
+    ///    not in it, another client deleted it: fail. If nothing ahead excludes us, we hold.
+    /// 2. Otherwise wait for the blocker, the one contender whose departure can let us in:
+    ///    herd waiting watches the whole directory and lists again on any change; herd-free
+    ///    waiting watches the blocker, and our own node, in one round trip
+    ///    ([`await_blocker`](Self::await_blocker)).
+    /// 3. When the blocker was the only contender ahead that excludes us (the holder, for a
+    ///    mutex or a writer; the only earlier writer, for a reader), its deletion lets us
+    ///    hold without listing again: sequence numbers only grow, so nobody who queued since
+    ///    sorts ahead of us, and those ahead that do not exclude us (readers, for a reader)
+    ///    never will. `await_blocker` vouches that our node still stands and that the
+    ///    session stayed connected, the two things the deletion event alone cannot tell.
+    /// 4. Any other wake-up (a blocker that was itself waiting and gave up, a data change, a
+    ///    reconnection) starts again at 1.
     pub(crate) async fn wait_turn(
         &self,
         session: &Arc<Session>,
@@ -139,37 +201,19 @@ impl Place {
         // Armed from before the create is sent: dropping this future at any point removes
         // whatever the server made of it.
         let mut pending = Pending::new(session, &self.dir, Claim::Sequential { uuid, node: None });
-        let (node, czxid, mut first) = self.create_and_list(session, uuid, kind, waiting).await?;
+        let (node, czxid, mut listing) = self.create_and_list(session, uuid, kind, waiting).await?;
         pending.set_node(node.clone());
+        let path = format!("{}/{node}", self.dir);
+        let mut own_watch = None;
         let mut woken = false;
         loop {
-            // The server answered a request sent no earlier than this: it has heard from the
-            // session at this moment or later (see `Session::register`).
-            let asked = first
-                .as_ref()
-                .map_or_else(tokio::time::Instant::now, |listing| listing.asked);
-            let (children, children_watch) = match (first.take(), waiting) {
-                (Some(listing), _) => (listing.children, listing.watcher),
-                (None, Waiting::Children) => {
-                    self.count();
-                    let (children, watcher) = session
-                        .client
-                        .list_and_watch_children(&self.dir)
-                        .await
-                        .map_err(|e| self.error(e))?;
-                    (children, Some(watcher))
-                }
-                (None, Waiting::Predecessor) => {
-                    self.count();
-                    (
-                        session
-                            .client
-                            .list_children(&self.dir)
-                            .await
-                            .map_err(|e| self.error(e))?,
-                        None,
-                    )
-                }
+            let Listing {
+                children,
+                watcher,
+                asked,
+            } = match listing.take() {
+                Some(listing) => listing,
+                None => self.list(session, waiting).await?,
             };
             let queue = contenders(children);
             let Some(position) = queue.iter().position(|(_, child)| *child == node) else {
@@ -177,16 +221,8 @@ impl Place {
                 return Err(self.node_deleted(&node));
             };
             let Some(blocker) = role.blocker(&queue, position) else {
-                if woken {
-                    tracing::trace!(lock = %self.name, "zookeeper: woken and granted");
-                }
                 pending.disarm();
-                return Ok(Some(Granted {
-                    path: format!("{}/{node}", self.dir),
-                    czxid,
-                    checked: false,
-                    asked,
-                }));
+                return Ok(Some(self.granted(path, czxid, asked, own_watch, woken)));
             };
             if woken {
                 self.shared.metrics.record_futile_wakeup();
@@ -196,26 +232,186 @@ impl Place {
                 pending.remove_now(&self.shared.metrics).await;
                 return Ok(None);
             }
-            let watcher = match children_watch {
-                Some(watcher) => watcher,
+            let alone = role.blocks_alone(&queue, position);
+            let wake = match watcher {
+                Some(children_changed) => match self.wait_for(children_changed, &deadline).await? {
+                    true => Wake::Changed,
+                    false => Wake::TimedOut,
+                },
                 None => {
                     let blocker = format!("{}/{}", self.dir, queue[blocker].1);
-                    self.count();
-                    match session.client.get_and_watch_data(&blocker).await {
-                        Ok((_, _, watcher)) => watcher,
-                        // Gone already: look again (no watch was left behind).
-                        Err(ZkError::NoNode) => continue,
-                        Err(error) => return Err(self.error(error)),
-                    }
+                    self.await_blocker(session, &blocker, &path, &mut own_watch, &deadline)
+                        .await?
                 }
             };
-            if !self.wait_for(watcher, &deadline).await? {
-                pending.remove_now(&self.shared.metrics).await;
-                return Ok(None);
+            match wake {
+                Wake::TimedOut => {
+                    pending.remove_now(&self.shared.metrics).await;
+                    return Ok(None);
+                }
+                Wake::OwnNodeDeleted => {
+                    pending.disarm();
+                    return Err(self.node_deleted(&node));
+                }
+                Wake::BlockerDeleted { asked } if alone => {
+                    self.shared.metrics.record_wakeup();
+                    pending.disarm();
+                    return Ok(Some(self.granted(path, czxid, asked, own_watch, true)));
+                }
+                Wake::BlockerDeleted { .. } | Wake::Changed => {
+                    self.shared.metrics.record_wakeup();
+                    woken = true;
+                }
+                Wake::BlockerGoneAlready => {}
             }
-            self.shared.metrics.record_wakeup();
-            woken = true;
         }
+    }
+
+    /// The grant of the node at `path`.
+    fn granted(
+        &self,
+        path: String,
+        czxid: i64,
+        asked: tokio::time::Instant,
+        own_watch: Option<OwnNodeWatch>,
+        woken: bool,
+    ) -> Granted {
+        if woken {
+            tracing::trace!(lock = %self.name, "zookeeper: woken and granted");
+        }
+        Granted {
+            path,
+            czxid,
+            checked: false,
+            asked,
+            own_watch,
+        }
+    }
+
+    /// Lists the directory, with a watch on its children for herd waiting.
+    async fn list(&self, session: &Session, waiting: Waiting) -> Result<Listing, LockError> {
+        self.count();
+        let asked = tokio::time::Instant::now();
+        let (children, watcher) = match waiting {
+            Waiting::Children => {
+                let (children, watcher) = session
+                    .client
+                    .list_and_watch_children(&self.dir)
+                    .await
+                    .map_err(|e| self.error(e))?;
+                (children, Some(watcher))
+            }
+            Waiting::Predecessor => (
+                session
+                    .client
+                    .list_children(&self.dir)
+                    .await
+                    .map_err(|e| self.error(e))?,
+                None,
+            ),
+        };
+        Ok(Listing {
+            children,
+            watcher,
+            asked,
+        })
+    }
+
+    /// Watches `blocker` and, unless `own_watch` already does, our own node at `own`, in one
+    /// round trip; then waits for the first of: our node changing, the blocker changing, the
+    /// deadline.
+    ///
+    /// [`Wake::BlockerDeleted`] means more than the blocker's deletion event: our own node
+    /// still stood when it arrived (the server notifies a session in the order it applied
+    /// the changes, so a deletion of our node before the blocker's would have been seen
+    /// first), and the session was not disconnected since the watches were set (on
+    /// reconnection the server replays missed events in no particular order).
+    async fn await_blocker(
+        &self,
+        session: &Session,
+        blocker: &str,
+        own: &str,
+        own_watch: &mut Option<OwnNodeWatch>,
+        deadline: &Deadline,
+    ) -> Result<Wake, LockError> {
+        // Taken before the requests: any state change from here on is seen below.
+        let mut states = session.client.state_watcher();
+        let asked = tokio::time::Instant::now();
+        self.count();
+        let watching_blocker = session.client.get_and_watch_data(blocker);
+        let watching_own = own_watch.is_none().then(|| {
+            self.count();
+            session.client.get_and_watch_data(own)
+        });
+        let (blocker_watch, own_watched) = tokio::join!(watching_blocker, async {
+            match watching_own {
+                Some(watching) => Some(watching.await),
+                None => None,
+            }
+        });
+        match own_watched {
+            Some(Ok((_, _, watcher))) => *own_watch = Some(Box::pin(watcher.changed())),
+            Some(Err(ZkError::NoNode)) => return Ok(Wake::OwnNodeDeleted),
+            Some(Err(error)) => return Err(self.error(error)),
+            None => {}
+        }
+        let blocker_watch = match blocker_watch {
+            Ok((_, _, watcher)) => watcher,
+            // No watch was left behind.
+            Err(ZkError::NoNode) => return Ok(Wake::BlockerGoneAlready),
+            Err(error) => return Err(self.error(error)),
+        };
+        // Set above if it was not before.
+        let Some(own_changed) = own_watch.as_mut() else {
+            return Ok(Wake::Changed);
+        };
+        let blocker_changed = tokio::select! {
+            biased;
+            event = own_changed => {
+                *own_watch = None;
+                return self.own_node_changed(&event);
+            }
+            event = blocker_watch.changed() => event,
+            () = deadline.sleep() => return Ok(Wake::TimedOut),
+        };
+        self.check_session(&blocker_changed)?;
+        if blocker_changed.event_type != EventType::NodeDeleted {
+            return Ok(Wake::Changed);
+        }
+        // Our node's event, had it come first, was handed over before the blocker's: it is
+        // ready now if it ever came.
+        if let Some(event) = own_watch
+            .as_mut()
+            .and_then(|changed| ready_now(changed.as_mut()))
+        {
+            *own_watch = None;
+            return self.own_node_changed(&event);
+        }
+        if ready_now(std::pin::pin!(states.changed())).is_some() {
+            return Ok(Wake::Changed);
+        }
+        Ok(Wake::BlockerDeleted { asked })
+    }
+
+    /// What an event on our own node means: a deletion by another client ends the wait,
+    /// anything else is looked at again.
+    fn own_node_changed(&self, event: &WatchedEvent) -> Result<Wake, LockError> {
+        self.check_session(event)?;
+        Ok(match event.event_type {
+            EventType::NodeDeleted => Wake::OwnNodeDeleted,
+            _ => Wake::Changed,
+        })
+    }
+
+    /// `SessionExpired` for a watch event that reports the session's end.
+    fn check_session(&self, event: &WatchedEvent) -> Result<(), LockError> {
+        if event.event_type == EventType::Session && event.session_state.is_terminated() {
+            return Err(LockError::SessionExpired {
+                backend: BACKEND,
+                name: Some(self.name.to_string()),
+            });
+        }
+        Ok(())
     }
 
     /// The error of a waiter or holder whose node another client deleted.
@@ -237,12 +433,7 @@ impl Place {
     ) -> Result<bool, LockError> {
         tokio::select! {
             event = watcher.changed() => {
-                if event.event_type == EventType::Session && event.session_state.is_terminated() {
-                    return Err(LockError::SessionExpired {
-                        backend: BACKEND,
-                        name: Some(self.name.to_string()),
-                    });
-                }
+                self.check_session(&event)?;
                 Ok(true)
             }
             () = deadline.sleep() => Ok(false),

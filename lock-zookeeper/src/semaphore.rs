@@ -147,6 +147,7 @@ impl ZkSemaphore {
                     czxid,
                     checked: false,
                     asked,
+                    own_watch: None,
                 };
                 return Ok(Some((granted, pending)));
             }

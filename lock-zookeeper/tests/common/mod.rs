@@ -596,6 +596,11 @@ impl ZkHarness {
             .await
     }
 
+    /// The harness's own client of the servers, for looking at and changing nodes directly.
+    pub(crate) fn admin(&self) -> &ZkClient {
+        &self.admin
+    }
+
     /// The sequential nodes of `dir` in queue order, each with its owner session.
     pub(crate) async fn owned_queue(&self, dir: &str) -> Vec<(String, i64)> {
         owned_queue(&self.admin, dir)
