@@ -21,11 +21,21 @@ pub struct Measurement {
     /// 99th percentile of the same.
     pub handoff_p99_us: f64,
     /// Median of the floor, the same chain of raw client operations without lock logic
-    /// (ZooKeeper: delete → watch event → list children; Redis: push → blocked pop wakes),
-    /// measured in the same run, in microseconds.
+    /// (ZooKeeper: delete → watch event → list children; Redis: as the physical floor),
+    /// measured next to the run, in microseconds.
     pub floor_p50_us: f64,
     /// `handoff_p50_us / floor_p50_us`.
     pub handoff_to_floor: f64,
+    /// Median of the physical floor, what must happen between a release and the next grant
+    /// on warmed connections (ZooKeeper: delete → the watch event on that node; Redis: a
+    /// script that pushes onto a list → the blocked pop of another connection returns),
+    /// measured next to the run, in microseconds.
+    pub physical_floor_p50_us: f64,
+    /// `handoff_p50_us / physical_floor_p50_us`.
+    pub handoff_to_physical_floor: f64,
+    /// Median time a holder held the lock (from its grant to its release), in microseconds:
+    /// what throughput is compared at.
+    pub hold_p50_us: f64,
     /// Wake-ups the contenders counted, per handoff; `None` where the client keeps no count
     /// (the peer recipe).
     pub wakeups_per_handoff: Option<f64>,
@@ -59,6 +69,9 @@ impl Measurement {
             handoff_p99_us: 0.0,
             floor_p50_us: 0.0,
             handoff_to_floor: 0.0,
+            physical_floor_p50_us: 0.0,
+            handoff_to_physical_floor: 0.0,
+            hold_p50_us: 0.0,
             wakeups_per_handoff: None,
             futile_wakeups_per_handoff: None,
             server_requests_per_handoff: None,

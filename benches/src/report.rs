@@ -23,15 +23,18 @@ fn strategies(keep: fn(Strategy) -> bool) -> Vec<&'static str> {
 
 /// Columns of [`table`] and of the markdown results table: header and whether the column
 /// is aligned left (text) rather than right (numbers).
-const MEASUREMENT_COLUMNS: [(&str, bool); 13] = [
+const MEASUREMENT_COLUMNS: [(&str, bool); 16] = [
     ("strategy", true),
     ("N", false),
     ("handoffs", false),
+    ("hold µs", false),
     ("throughput/s", false),
     ("p50 µs", false),
     ("p99 µs", false),
     ("floor µs", false),
     ("p50/floor", false),
+    ("physical µs", false),
+    ("p50/physical", false),
     ("wake-ups/handoff", false),
     ("futile/handoff", false),
     ("server req/handoff", false),
@@ -53,9 +56,9 @@ const SCALE_COLUMNS: [(&str, bool); 7] = [
 /// An aligned plain-text table of `measurements` for the terminal: a header, a rule and
 /// one row per measurement, in the order given.
 ///
-/// Columns: strategy, N, handoffs, throughput/s, p50 µs, p99 µs, floor µs, p50/floor,
-/// wake-ups/handoff, futile/handoff, server req/handoff, grants min–max and FIFO
-/// violations. Figures the client did not count show as `–`.
+/// Columns: strategy, N, handoffs, hold µs (measured), throughput/s, p50 µs, p99 µs,
+/// floor µs, p50/floor, physical µs, p50/physical, wake-ups/handoff, futile/handoff,
+/// server req/handoff, grants min–max and FIFO violations. Figures the client did not count show as `–`.
 pub fn table(measurements: &[Measurement]) -> String {
     let rows: Vec<Vec<String>> = measurements.iter().map(measurement_cells).collect();
     aligned(&MEASUREMENT_COLUMNS, &rows)
@@ -74,11 +77,14 @@ fn measurement_cells(m: &Measurement) -> Vec<String> {
         m.strategy.clone(),
         m.contenders.to_string(),
         m.handoffs.to_string(),
+        fixed(m.hold_p50_us, 0),
         fixed(m.throughput_per_s, 1),
         fixed(m.handoff_p50_us, 1),
         fixed(m.handoff_p99_us, 1),
         fixed(m.floor_p50_us, 1),
         fixed(m.handoff_to_floor, 2),
+        fixed(m.physical_floor_p50_us, 1),
+        fixed(m.handoff_to_physical_floor, 2),
         optional(m.wakeups_per_handoff, 2),
         optional(m.futile_wakeups_per_handoff, 2),
         optional(m.server_requests_per_handoff, 2),
@@ -673,7 +679,7 @@ fn findings(measurements: &[Measurement]) -> Vec<String> {
         });
     }
 
-    // Median handoff of the herd-free strategies against their floor.
+    // Median handoff of the herd-free strategies against their floors.
     for name in herd_free {
         let entries: Vec<String> = counts
             .iter()
@@ -695,10 +701,32 @@ fn findings(measurements: &[Measurement]) -> Vec<String> {
                 entries.join(", ")
             ));
         }
+        let physical: Vec<String> = counts
+            .iter()
+            .filter_map(|n| {
+                let m = find(measurements, name, *n)?;
+                (m.physical_floor_p50_us > 0.0 && m.handoff_to_physical_floor.is_finite()).then(
+                    || {
+                        format!(
+                            "{}× at N = {n} ({} µs vs {} µs)",
+                            short(m.handoff_to_physical_floor),
+                            short(m.handoff_p50_us),
+                            short(m.physical_floor_p50_us)
+                        )
+                    },
+                )
+            })
+            .collect();
+        if !physical.is_empty() {
+            out.push(format!(
+                "{name} median handoff as a multiple of its physical floor: {}.",
+                physical.join(", ")
+            ));
+        }
     }
 
-    // zk-predecessor against the peer recipe, uncontended and at N = 50.
-    for n in [1, 50] {
+    // zk-predecessor against the peer recipe, uncontended and at every N both ran.
+    for n in counts.iter().copied() {
         let (Some(ours), Some(recipe)) = (
             find(measurements, "zk-predecessor", n),
             find(measurements, "zk-recipe", n),
@@ -851,6 +879,9 @@ mod tests {
         m.handoff_p99_us = p50 * 3.0;
         m.floor_p50_us = 400.0;
         m.handoff_to_floor = p50 / 400.0;
+        m.physical_floor_p50_us = 250.0;
+        m.handoff_to_physical_floor = p50 / 250.0;
+        m.hold_p50_us = 1010.0;
         m.wakeups_per_handoff = wakeups;
         m.futile_wakeups_per_handoff = wakeups.map(|w| w - 1.0);
         m.server_requests_per_handoff = wakeups.map(|w| w * 2.0);
@@ -1073,6 +1104,11 @@ mod tests {
             )
         );
         assert!(summary.contains("redis-queue median handoff as a multiple of its floor: "));
+        assert!(summary.contains(
+            "zk-predecessor median handoff as a multiple of its physical floor: 2.00× at N = 1 \
+             (500 µs vs 250 µs)"
+        ));
+        assert!(summary.contains("| hold µs |"));
         // The peer is herd-free too: its floor line is there, its (uncounted) wake-ups not.
         assert!(
             summary.contains("zk-recipe median handoff as a multiple of its floor: 1.30× at N = 1")

@@ -67,6 +67,15 @@ pub fn quantile_us(samples: &mut [Duration], q: f64) -> f64 {
     samples[index.min(samples.len() - 1)].as_secs_f64() * 1e6
 }
 
+/// Holds the lock for `hold`. A thread's sleep keeps to tens of microseconds, where tokio's
+/// timer rounds up to its 1 ms tick (a 1 ms hold would last nearly 2 ms); only the holder
+/// sleeps, so it takes one thread of the blocking pool at a time.
+async fn hold_for(hold: Duration) {
+    if !hold.is_zero() {
+        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(hold)).await;
+    }
+}
+
 /// Connects `n` clients, a few at a time.
 async fn connect_all(
     strategy: Strategy,
@@ -100,6 +109,8 @@ struct Book {
     /// When the last holder started its release.
     released: Option<Instant>,
     handoffs: Vec<Duration>,
+    /// How long each measured holder held, from its grant to its release.
+    holds: Vec<Duration>,
     grants: Vec<u64>,
     total: u64,
     /// Contender → when it called `acquire`, while it waits.
@@ -126,7 +137,7 @@ pub async fn run(
     n: usize,
     servers: &Servers,
     options: RunOptions,
-    floor_p50_us: f64,
+    floors: Floors,
 ) -> Result<Measurement, LockError> {
     let clients = connect_all(strategy, servers, n).await?;
     let name = format!("herd-{}-{n}-{}", strategy, uuid::Uuid::new_v4().simple());
@@ -157,14 +168,15 @@ pub async fn run(
                     .insert(index, asked);
                 let mut guard = lock.acquire(None).await?;
                 let granted = Instant::now();
-                let (warmed, reached) = {
+                let (warmed, reached, measured) = {
                     let mut book = book.lock().unwrap_or_else(PoisonError::into_inner);
                     book.waiting.remove(&index);
                     let released = book.released.take();
                     book.total += 1;
                     // Grants after the target (or after a timed-out run's end counters)
                     // are not measured: the counters do not cover them.
-                    if book.total > warmup && book.total <= target && !book.stopped {
+                    let measured = book.total > warmup && book.total <= target && !book.stopped;
+                    if measured {
                         let overtaken = book
                             .waiting
                             .values()
@@ -182,7 +194,11 @@ pub async fn run(
                     if book.total == warmup {
                         book.first_grant = Some(granted);
                     }
-                    (book.total == warmup, book.total == target && !book.stopped)
+                    (
+                        book.total == warmup,
+                        book.total == target && !book.stopped,
+                        measured,
+                    )
                 };
                 if warmed {
                     let metrics = clients.iter().map(|c| c.metrics()).collect();
@@ -198,10 +214,15 @@ pub async fn run(
                         Some((metrics, server));
                     let _ = finished.send(true);
                 }
-                if !options.hold.is_zero() {
-                    tokio::time::sleep(options.hold).await;
+                hold_for(options.hold).await;
+                let released = Instant::now();
+                {
+                    let mut book = book.lock().unwrap_or_else(PoisonError::into_inner);
+                    if measured {
+                        book.holds.push(released.saturating_duration_since(granted));
+                    }
+                    book.released = Some(released);
                 }
-                book.lock().unwrap_or_else(PoisonError::into_inner).released = Some(Instant::now());
                 guard.release().await?;
                 if reached || *finished.borrow() {
                     return Ok::<(), LockError>(());
@@ -303,12 +324,19 @@ pub async fn run(
     };
     measurement.handoff_p50_us = quantile_us(&mut samples, 0.5);
     measurement.handoff_p99_us = quantile_us(&mut samples, 0.99);
-    measurement.floor_p50_us = floor_p50_us;
-    measurement.handoff_to_floor = if floor_p50_us > 0.0 {
-        measurement.handoff_p50_us / floor_p50_us
-    } else {
-        0.0
+    let per_floor = |floor: f64| {
+        if floor > 0.0 {
+            measurement.handoff_p50_us / floor
+        } else {
+            0.0
+        }
     };
+    measurement.handoff_to_floor = per_floor(floors.chain_p50_us);
+    measurement.handoff_to_physical_floor = per_floor(floors.physical_p50_us);
+    measurement.floor_p50_us = floors.chain_p50_us;
+    measurement.physical_floor_p50_us = floors.physical_p50_us;
+    let mut holds = book.holds;
+    measurement.hold_p50_us = quantile_us(&mut holds, 0.5);
     if strategy != Strategy::ZkRecipe {
         measurement.wakeups_per_handoff = Some(per(counted.wakeups));
         measurement.futile_wakeups_per_handoff = Some(per(counted.futile_wakeups));
@@ -458,119 +486,203 @@ impl LeftoverCheck {
     }
 }
 
-/// The floor of a backend: the same chain of raw client operations a handoff with
-/// `contenders` contenders needs, without lock logic, `rounds` times; its median in
-/// microseconds. ZooKeeper: delete a node → the watcher's event → list the directory, which
-/// holds as many nodes as the lock directory would. Redis: push onto a list → a blocked pop
-/// returns.
+/// The floors a run is compared with, measured next to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[non_exhaustive]
+pub struct Floors {
+    /// Median of the chain of raw client operations a handoff needs, without lock logic
+    /// (ZooKeeper: delete → the watch event → a list of an equally full directory; Redis:
+    /// as `physical_p50_us`), in microseconds.
+    pub chain_p50_us: f64,
+    /// Median of what must happen between a release and the next grant, on warmed
+    /// connections (ZooKeeper: delete → the watch event on that node; Redis: a script that
+    /// pushes onto a list → the blocked pop of another connection returns), in
+    /// microseconds.
+    pub physical_p50_us: f64,
+}
+
+/// The floors of a backend (see [`Floors`]), each over `rounds` rounds after a few
+/// unmeasured ones, with as many nodes in the ZooKeeper directory as `contenders` would
+/// make.
 ///
 /// # Errors
 ///
 /// Connection errors.
-pub async fn floor_p50_us(
+pub async fn floors(
     backend: Backend,
     servers: &Servers,
     rounds: usize,
     contenders: usize,
-) -> Result<f64, LockError> {
+) -> Result<Floors, LockError> {
     // A few unmeasured rounds first: the first requests of a fresh connection are slow.
     let warmup = (rounds / 5).max(2);
-    let mut samples = Vec::with_capacity(rounds);
-    let failed = |e: &dyn std::fmt::Display| bench_error(format!("floor: {e}"));
     match backend {
-        Backend::ZooKeeper => {
-            let zk = servers
-                .zk
-                .as_deref()
-                .ok_or_else(|| bench_error("no ZooKeeper server"))?;
-            let connect = || async {
-                zookeeper_client::Client::connect(zk)
-                    .await
-                    .map_err(|e| failed(&e))
-            };
-            let (a, b) = (connect().await?, connect().await?);
-            let dir = format!("/distlock-floor-{}", uuid::Uuid::new_v4().simple());
-            let persistent = zookeeper_client::CreateMode::Persistent
-                .with_acls(zookeeper_client::Acls::anyone_all());
-            let ephemeral = zookeeper_client::CreateMode::Ephemeral
-                .with_acls(zookeeper_client::Acls::anyone_all());
-            a.create(&dir, &[], &persistent)
-                .await
-                .map_err(|e| failed(&e))?;
-            let node = format!("{dir}/n");
-            let measured = async {
-                // The other waiters' nodes, which a list of the lock directory returns too.
-                for filler in 1..contenders {
-                    a.create(&format!("{dir}/f{filler:010}"), &[], &ephemeral)
-                        .await
-                        .map_err(|e| failed(&e))?;
-                }
-                for round in 0..rounds + warmup {
-                    a.create(&node, &[], &ephemeral)
-                        .await
-                        .map_err(|e| failed(&e))?;
-                    let (_, _, watcher) =
-                        b.get_and_watch_data(&node).await.map_err(|e| failed(&e))?;
-                    let started = Instant::now();
-                    a.delete(&node, None).await.map_err(|e| failed(&e))?;
-                    watcher.changed().await;
-                    b.list_children(&dir).await.map_err(|e| failed(&e))?;
-                    if round >= warmup {
-                        samples.push(started.elapsed());
-                    }
-                }
-                Ok::<(), LockError>(())
-            }
-            .await;
-            // The persistent directory goes whatever happened (its children first).
-            let _ = a.delete(&node, None).await;
-            for filler in 1..contenders {
-                let _ = a.delete(&format!("{dir}/f{filler:010}"), None).await;
-            }
-            let _ = a.delete(&dir, None).await;
-            measured?;
-        }
+        Backend::ZooKeeper => zk_floors(servers, rounds, warmup, contenders).await,
         Backend::Redis => {
-            let url = servers
-                .redis
-                .as_deref()
-                .ok_or_else(|| bench_error("no Redis server"))?;
-            let client = redis::Client::open(url).map_err(|e| failed(&e))?;
-            let mut pusher = client
-                .get_multiplexed_async_connection()
-                .await
-                .map_err(|e| failed(&e))?;
-            let list = format!("distlock-floor-{}", uuid::Uuid::new_v4().simple());
-            // The popper's own connection, blocked on the list as a queue waiter is.
-            let popper = client
-                .get_multiplexed_async_connection()
-                .await
-                .map_err(|e| failed(&e))?;
-            for round in 0..rounds + warmup {
-                let mut popper = popper.clone();
-                let popped_list = list.clone();
-                let popping = tokio::spawn(async move {
-                    let popped: Option<(String, String)> =
-                        popper.blpop(&popped_list, 5.0).await.ok()?;
-                    popped.map(|_| Instant::now())
-                });
-                // Let the pop block on the server first.
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                let started = Instant::now();
-                let _: u64 = pusher.lpush(&list, "x").await.map_err(|e| failed(&e))?;
-                match popping.await {
-                    // Warm-up counts by rounds: a failed pop costs a sample, not a round.
-                    Ok(Some(popped)) if round >= warmup => {
-                        samples.push(popped.saturating_duration_since(started));
-                    }
-                    Ok(Some(_)) => {}
-                    // What was not popped would answer the next round's pop at once.
-                    _ => {
-                        let _: Result<u64, _> = pusher.del(&list).await;
-                    }
-                }
-            }
+            let physical = redis_floor(servers, rounds, warmup).await?;
+            Ok(Floors {
+                chain_p50_us: physical,
+                physical_p50_us: physical,
+            })
         }
     }
+}
+
+fn floor_error(error: &dyn std::fmt::Display) -> LockError {
+    bench_error(format!("floor: {error}"))
+}
+
+/// ZooKeeper: a node deleted by one session, watched by another: delete → event, and
+/// delete → event → list of the directory.
+async fn zk_floors(
+    servers: &Servers,
+    rounds: usize,
+    warmup: usize,
+    contenders: usize,
+) -> Result<Floors, LockError> {
+    let zk = servers
+        .zk
+        .as_deref()
+        .ok_or_else(|| bench_error("no ZooKeeper server"))?;
+    let connect = || async {
+        zookeeper_client::Client::connect(zk)
+            .await
+            .map_err(|e| floor_error(&e))
+    };
+    let (a, b) = (connect().await?, connect().await?);
+    let dir = format!("/distlock-floor-{}", uuid::Uuid::new_v4().simple());
+    let persistent =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    let ephemeral =
+        zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
+    a.create(&dir, &[], &persistent)
+        .await
+        .map_err(|e| floor_error(&e))?;
+    let node = format!("{dir}/n");
+    let (mut physical, mut chain) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
+    let measured = async {
+        // The other waiters' nodes, which a list of the lock directory returns too.
+        for filler in 1..contenders {
+            a.create(&format!("{dir}/f{filler:010}"), &[], &ephemeral)
+                .await
+                .map_err(|e| floor_error(&e))?;
+        }
+        for round in 0..rounds + warmup {
+            a.create(&node, &[], &ephemeral)
+                .await
+                .map_err(|e| floor_error(&e))?;
+            let (_, _, watcher) = b
+                .get_and_watch_data(&node)
+                .await
+                .map_err(|e| floor_error(&e))?;
+            let started = Instant::now();
+            a.delete(&node, None).await.map_err(|e| floor_error(&e))?;
+            watcher.changed().await;
+            let event = started.elapsed();
+            b.list_children(&dir).await.map_err(|e| floor_error(&e))?;
+            if round >= warmup {
+                physical.push(event);
+                chain.push(started.elapsed());
+            }
+        }
+        Ok::<(), LockError>(())
+    }
+    .await;
+    // The persistent directory goes whatever happened (its children first).
+    let _ = a.delete(&node, None).await;
+    for filler in 1..contenders {
+        let _ = a.delete(&format!("{dir}/f{filler:010}"), None).await;
+    }
+    let _ = a.delete(&dir, None).await;
+    measured?;
+    Ok(Floors {
+        chain_p50_us: quantile_us(&mut chain, 0.5),
+        physical_p50_us: quantile_us(&mut physical, 0.5),
+    })
+}
+
+/// Redis: one connection blocked in `BLPOP` on a list, in a task that lives through every
+/// round (warm); another runs a script that pushes onto the list, as a release hands the
+/// lock on. Each round starts once the server shows the popper blocked.
+async fn redis_floor(servers: &Servers, rounds: usize, warmup: usize) -> Result<f64, LockError> {
+    let url = servers
+        .redis
+        .as_deref()
+        .ok_or_else(|| bench_error("no Redis server"))?;
+    let client = redis::Client::open(url).map_err(|e| floor_error(&e))?;
+    let mut pusher = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| floor_error(&e))?;
+    let mut popper = client
+        .get_multiplexed_async_connection_with_config(
+            &redis::AsyncConnectionConfig::new().set_response_timeout(None),
+        )
+        .await
+        .map_err(|e| floor_error(&e))?;
+    let popper_id: u64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(&mut popper)
+        .await
+        .map_err(|e| floor_error(&e))?;
+    let list = format!("distlock-floor-{}", uuid::Uuid::new_v4().simple());
+    let push = redis::Script::new("return redis.call('RPUSH', KEYS[1], ARGV[1])");
+    let (popped_tx, mut popped) = tokio::sync::mpsc::unbounded_channel();
+    let popping = tokio::spawn({
+        let list = list.clone();
+        async move {
+            loop {
+                let answer: Result<Option<(String, String)>, _> = popper.blpop(&list, 10.0).await;
+                if !matches!(answer, Ok(Some(_))) || popped_tx.send(Instant::now()).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let mut samples = Vec::with_capacity(rounds);
+    let measured = async {
+        for round in 0..rounds + warmup {
+            // The popper is blocked on the server: the round measures the push's path only.
+            let blocked = Instant::now() + Duration::from_secs(5);
+            loop {
+                let listed: String = redis::cmd("CLIENT")
+                    .arg("LIST")
+                    .arg("ID")
+                    .arg(popper_id)
+                    .query_async(&mut pusher)
+                    .await
+                    .map_err(|e| floor_error(&e))?;
+                if listed.split_whitespace().any(|field| {
+                    field
+                        .strip_prefix("flags=")
+                        .is_some_and(|f| f.contains('b'))
+                }) {
+                    break;
+                }
+                if Instant::now() > blocked {
+                    return Err(bench_error("floor: the popper did not block"));
+                }
+                tokio::task::yield_now().await;
+            }
+            let started = Instant::now();
+            let _: u64 = push
+                .key(&list)
+                .arg("x")
+                .invoke_async(&mut pusher)
+                .await
+                .map_err(|e| floor_error(&e))?;
+            let Some(at) = popped.recv().await else {
+                return Err(bench_error("floor: the popper stopped"));
+            };
+            if round >= warmup {
+                samples.push(at.saturating_duration_since(started));
+            }
+        }
+        Ok(())
+    }
+    .await;
+    popping.abort();
+    let _: Result<u64, _> = pusher.del(&list).await;
+    measured?;
     Ok(quantile_us(&mut samples, 0.5))
 }

@@ -145,10 +145,10 @@ async fn comparison(args: &Args, servers: &Servers) -> Result<Vec<Measurement>, 
             progress(results.len(), total, &format!("{strategy} N={n}"));
             // The floor is measured next to the run it is compared with (the servers warm
             // up as the comparison goes on).
-            let floor = scenario::floor_p50_us(strategy.backend(), servers, args.floor_rounds, n)
+            let floors = scenario::floors(strategy.backend(), servers, args.floor_rounds, n)
                 .await
                 .map_err(|e| format!("the {} floor: {e}", strategy.backend().as_str()))?;
-            let measured = scenario::run(*strategy, n, servers, options, floor)
+            let measured = scenario::run(*strategy, n, servers, options, floors)
                 .await
                 .map_err(|e| format!("{strategy} with {n} contenders: {e}"))?;
             results.push(measured);
