@@ -701,20 +701,22 @@ fn findings(measurements: &[Measurement]) -> Vec<String> {
                 entries.join(", ")
             ));
         }
+        // Where the floor is the physical one (Redis), the line above says it all.
         let physical: Vec<String> = counts
             .iter()
             .filter_map(|n| {
                 let m = find(measurements, name, *n)?;
-                (m.physical_floor_p50_us > 0.0 && m.handoff_to_physical_floor.is_finite()).then(
-                    || {
-                        format!(
-                            "{}× at N = {n} ({} µs vs {} µs)",
-                            short(m.handoff_to_physical_floor),
-                            short(m.handoff_p50_us),
-                            short(m.physical_floor_p50_us)
-                        )
-                    },
-                )
+                let own = m.physical_floor_p50_us > 0.0
+                    && m.physical_floor_p50_us != m.floor_p50_us
+                    && m.handoff_to_physical_floor.is_finite();
+                own.then(|| {
+                    format!(
+                        "{}× at N = {n} ({} µs vs {} µs)",
+                        short(m.handoff_to_physical_floor),
+                        short(m.handoff_p50_us),
+                        short(m.physical_floor_p50_us)
+                    )
+                })
             })
             .collect();
         if !physical.is_empty() {
