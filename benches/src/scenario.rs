@@ -503,7 +503,9 @@ pub struct Floors {
 
 /// The floors of a backend (see [`Floors`]), each over `rounds` rounds after a few
 /// unmeasured ones, with as many nodes in the ZooKeeper directory as `contenders` would
-/// make.
+/// make. Each round starts after a pause of `hold`, as a release comes after a hold: on an
+/// idle machine (a VM above all) a pause costs the wake-up of the cores, which a handoff
+/// after a hold pays too.
 ///
 /// # Errors
 ///
@@ -513,19 +515,34 @@ pub async fn floors(
     servers: &Servers,
     rounds: usize,
     contenders: usize,
+    hold: Duration,
 ) -> Result<Floors, LockError> {
     // A few unmeasured rounds first: the first requests of a fresh connection are slow.
     let warmup = (rounds / 5).max(2);
+    let rounds = Rounds {
+        measured: rounds,
+        warmup,
+        hold,
+    };
     match backend {
-        Backend::ZooKeeper => zk_floors(servers, rounds, warmup, contenders).await,
+        Backend::ZooKeeper => zk_floors(servers, rounds, contenders).await,
         Backend::Redis => {
-            let physical = redis_floor(servers, rounds, warmup).await?;
+            let physical = redis_floor(servers, rounds).await?;
             Ok(Floors {
                 chain_p50_us: physical,
                 physical_p50_us: physical,
             })
         }
     }
+}
+
+/// How a floor is measured: rounds measured, unmeasured rounds before them, and the pause
+/// before each.
+#[derive(Debug, Clone, Copy)]
+struct Rounds {
+    measured: usize,
+    warmup: usize,
+    hold: Duration,
 }
 
 fn floor_error(error: &dyn std::fmt::Display) -> LockError {
@@ -536,8 +553,7 @@ fn floor_error(error: &dyn std::fmt::Display) -> LockError {
 /// delete → event → list of the directory.
 async fn zk_floors(
     servers: &Servers,
-    rounds: usize,
-    warmup: usize,
+    rounds: Rounds,
     contenders: usize,
 ) -> Result<Floors, LockError> {
     let zk = servers
@@ -559,7 +575,8 @@ async fn zk_floors(
         .await
         .map_err(|e| floor_error(&e))?;
     let node = format!("{dir}/n");
-    let (mut physical, mut chain) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
+    let mut physical = Vec::with_capacity(rounds.measured);
+    let mut chain = Vec::with_capacity(rounds.measured);
     let measured = async {
         // The other waiters' nodes, which a list of the lock directory returns too.
         for filler in 1..contenders {
@@ -567,7 +584,7 @@ async fn zk_floors(
                 .await
                 .map_err(|e| floor_error(&e))?;
         }
-        for round in 0..rounds + warmup {
+        for round in 0..rounds.measured + rounds.warmup {
             a.create(&node, &[], &ephemeral)
                 .await
                 .map_err(|e| floor_error(&e))?;
@@ -575,12 +592,13 @@ async fn zk_floors(
                 .get_and_watch_data(&node)
                 .await
                 .map_err(|e| floor_error(&e))?;
+            hold_for(rounds.hold).await;
             let started = Instant::now();
             a.delete(&node, None).await.map_err(|e| floor_error(&e))?;
             watcher.changed().await;
             let event = started.elapsed();
             b.list_children(&dir).await.map_err(|e| floor_error(&e))?;
-            if round >= warmup {
+            if round >= rounds.warmup {
                 physical.push(event);
                 chain.push(started.elapsed());
             }
@@ -604,7 +622,7 @@ async fn zk_floors(
 /// Redis: one connection blocked in `BLPOP` on a list, in a task that lives through every
 /// round (warm); another runs a script that pushes onto the list, as a release hands the
 /// lock on. Each round starts once the server shows the popper blocked.
-async fn redis_floor(servers: &Servers, rounds: usize, warmup: usize) -> Result<f64, LockError> {
+async fn redis_floor(servers: &Servers, rounds: Rounds) -> Result<f64, LockError> {
     let url = servers
         .redis
         .as_deref()
@@ -639,9 +657,9 @@ async fn redis_floor(servers: &Servers, rounds: usize, warmup: usize) -> Result<
             }
         }
     });
-    let mut samples = Vec::with_capacity(rounds);
+    let mut samples = Vec::with_capacity(rounds.measured);
     let measured = async {
-        for round in 0..rounds + warmup {
+        for round in 0..rounds.measured + rounds.warmup {
             // The popper is blocked on the server: the round measures the push's path only.
             let blocked = Instant::now() + Duration::from_secs(5);
             loop {
@@ -664,6 +682,7 @@ async fn redis_floor(servers: &Servers, rounds: usize, warmup: usize) -> Result<
                 }
                 tokio::task::yield_now().await;
             }
+            hold_for(rounds.hold).await;
             let started = Instant::now();
             let _: u64 = push
                 .key(&list)
@@ -674,7 +693,7 @@ async fn redis_floor(servers: &Servers, rounds: usize, warmup: usize) -> Result<
             let Some(at) = popped.recv().await else {
                 return Err(bench_error("floor: the popper stopped"));
             };
-            if round >= warmup {
+            if round >= rounds.warmup {
                 samples.push(at.saturating_duration_since(started));
             }
         }

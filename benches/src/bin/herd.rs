@@ -145,9 +145,15 @@ async fn comparison(args: &Args, servers: &Servers) -> Result<Vec<Measurement>, 
             progress(results.len(), total, &format!("{strategy} N={n}"));
             // The floor is measured next to the run it is compared with (the servers warm
             // up as the comparison goes on).
-            let floors = scenario::floors(strategy.backend(), servers, args.floor_rounds, n)
-                .await
-                .map_err(|e| format!("the {} floor: {e}", strategy.backend().as_str()))?;
+            let floors = scenario::floors(
+                strategy.backend(),
+                servers,
+                args.floor_rounds,
+                n,
+                options.hold,
+            )
+            .await
+            .map_err(|e| format!("the {} floor: {e}", strategy.backend().as_str()))?;
             let measured = scenario::run(*strategy, n, servers, options, floors)
                 .await
                 .map_err(|e| format!("{strategy} with {n} contenders: {e}"))?;
