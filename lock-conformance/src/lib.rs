@@ -2,7 +2,7 @@
 //! servers.
 //!
 //! The cases are `pub async fn`s over [`&dyn Harness`](Harness), grouped as in the
-//! catalogue (exclusion, timeouts and cancellation, release, loss detection, fencing,
+//! [catalogue](cases::catalogue) (exclusion, timeouts and cancellation, release, loss detection, fencing,
 //! leases, names, errors and resilience, read-write locks, semaphores, adapters and API). [`conformance_tests!`] stamps one
 //! `#[test]` per case, named after it, from the same list that feeds [`cases::CASES`].
 //!

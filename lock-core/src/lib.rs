@@ -45,15 +45,18 @@
 //!
 //! Implement [`LockProvider`] and [`DistributedLock`], and a [`GuardBackend`] per grant;
 //! make a [`LostNotifier`]/[`LostSignal`] pair per grant with [`lost_signal`], count with
-//! [`Metrics`], and map names with [`LockName::escaped`]. Then run the `lock-conformance`
-//! suite against it.
+//! [`Metrics`], and map names with [`LockName::escaped`]. The traits' async methods are
+//! written with [`async_trait`](macro@async_trait) (re-exported here). Then run the `lock-conformance` suite
+//! against it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
+/// The attribute the traits are written with, re-exported so that a backend implements them
+/// with `#[lock_core::async_trait]` and needs no dependency of its own on `async-trait`.
+pub use async_trait::async_trait;
 
 pub mod capabilities;
 pub mod deadline;

@@ -1,6 +1,7 @@
 //! The cases, one `pub async fn` each over `&dyn Harness`, grouped as in the catalogue.
 //!
-//! [`CASES`] lists them all; [`conformance_tests!`](crate::conformance_tests) stamps one
+//! [`CASES`] lists them all, [`catalogue`] renders them as a table, and
+//! [`conformance_tests!`](crate::conformance_tests) stamps one
 //! test per case from the same list.
 
 use std::future::Future;
@@ -133,6 +134,28 @@ macro_rules! __registry {
 }
 
 __with_cases!(__registry());
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __catalogue {
+    (() $($group:ident :: $case:ident => $id:literal, $summary:literal;)*) => {
+        #[doc = concat!(
+            "The catalogue: every behaviour the suite checks, in the order the stamped tests ",
+            "run, rendered from the list behind [`CASES`](crate::cases::CASES) and ",
+            "[`conformance_tests!`](crate::conformance_tests). A case marked (capability) ",
+            "runs only for a provider that declares it, and one marked (fault) only with the ",
+            "harness hook it names; otherwise it is skipped with the reason.\n\n",
+            "| id | case | what it checks |\n| --- | --- | --- |\n",
+            $(
+                "| ", $id, " | [`", stringify!($case), "`](crate::cases::", stringify!($group),
+                "::", stringify!($case), ") | ", $summary, " |\n",
+            )*
+        )]
+        pub mod catalogue {}
+    };
+}
+
+__with_cases!(__catalogue());
 
 /// The case with the given catalogue id (`"A7"`) or function name (`"a7_stress"`).
 ///
