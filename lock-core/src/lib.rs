@@ -45,7 +45,8 @@
 //!
 //! Implement [`LockProvider`] and [`DistributedLock`], and a [`GuardBackend`] per grant;
 //! make a [`LostNotifier`]/[`LostSignal`] pair per grant with [`lost_signal`], count with
-//! [`Metrics`], and map names with [`LockName::escaped`]. The traits' async methods are
+//! [`Metrics`], and map names with [`LockName::escaped`] ([`LockName::escaped_within`]
+//! where keys or file names are limited in length). The traits' async methods are
 //! written with [`async_trait`](macro@async_trait) (re-exported here). Then run the `lock-conformance` suite
 //! against it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -78,7 +79,7 @@ pub use fencing::FencingToken;
 pub use guard::{Guard, GuardBackend};
 pub use lost::{LossReason, LostNotifier, LostSignal, lost_signal};
 pub use metrics::{Metrics, MetricsSnapshot};
-pub use name::{LockName, MAX_NAME_LEN, NameError};
+pub use name::{LockName, MAX_NAME_LEN, MIN_SHORTENED_LEN, NameError};
 
 /// A source of named distributed locks: one client of one backend.
 ///

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use sha2::{Digest, Sha256};
 
 use crate::LockError;
 
@@ -92,11 +93,58 @@ impl LockName {
     ///
     /// The mapping is injective and yields one path segment that is safe as a ZooKeeper
     /// node name and inside a Redis hash tag. Backends should build their paths and keys
-    /// from this form only.
+    /// from this form only, or from [`escaped_within`](Self::escaped_within) where keys are
+    /// limited in length: the escaped form of a name of [`MAX_NAME_LEN`] bytes can be
+    /// three times as long.
     pub fn escaped(&self) -> String {
         utf8_percent_encode(&self.0, ESCAPED).to_string()
     }
+
+    /// The [escaped](Self::escaped) form when it is at most `max_len` bytes long; otherwise
+    /// a form that fits, for stores whose keys or file names are limited (a file system's
+    /// 255 bytes, say): as much of the escaped form as leaves room (never cutting a `%XX`),
+    /// then `~` and the first 128 bits of the name's SHA-256 in hex.
+    ///
+    /// The escaped form never contains `~`, so a shortened form never equals another name's
+    /// escaped form, and two names share a shortened form only if their hashes collide. The
+    /// result is the same in every process and version, so clients agree on it. `None`
+    /// when `max_len` is below [`MIN_SHORTENED_LEN`].
+    ///
+    /// ```
+    /// use lock_core::LockName;
+    ///
+    /// let short = LockName::new("jobs/nightly")?;
+    /// assert_eq!(short.escaped_within(255).as_deref(), Some("jobs%2Fnightly"));
+    ///
+    /// let long = LockName::new("é".repeat(200))?; // 1,200 bytes escaped
+    /// let key = long.escaped_within(255).expect("255 leaves room");
+    /// assert!(key.len() <= 255 && key.starts_with("%C3%A9") && key.contains('~'));
+    /// assert_eq!(long.escaped_within(10), None);
+    /// # Ok::<(), lock_core::LockError>(())
+    /// ```
+    pub fn escaped_within(&self, max_len: usize) -> Option<String> {
+        let escaped = self.escaped();
+        if escaped.len() <= max_len {
+            return Some(escaped);
+        }
+        let room = max_len.checked_sub(MIN_SHORTENED_LEN)?;
+        let mut cut = room.min(escaped.len());
+        // Back off to the start of a `%XX` that the cut would split.
+        if let Some(percent) = escaped[cut.saturating_sub(2)..cut].rfind('%') {
+            cut = cut.saturating_sub(2) + percent;
+        }
+        let digest = Sha256::digest(self.0.as_bytes());
+        let hex: String = digest[..16]
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect();
+        Some(format!("{}~{hex}", &escaped[..cut]))
+    }
 }
+
+/// The shortest `max_len` that [`LockName::escaped_within`] can meet for every name: `~` and
+/// 32 hex digits.
+pub const MIN_SHORTENED_LEN: usize = 33;
 
 /// Checks `name` against the naming rules without allocating.
 ///
@@ -251,7 +299,44 @@ mod tests {
         assert_eq!(LockName::new("Jobs").unwrap().escaped(), "Jobs");
     }
 
+    #[test]
+    fn shortened_forms_fit_and_stay_apart() {
+        let a = LockName::new("a".repeat(MAX_NAME_LEN)).unwrap();
+        let b = LockName::new(format!("{}b", "a".repeat(MAX_NAME_LEN - 1))).unwrap();
+        let (ka, kb) = (
+            a.escaped_within(255).unwrap(),
+            b.escaped_within(255).unwrap(),
+        );
+        assert_eq!((ka.len(), kb.len()), (255, 255));
+        assert_ne!(ka, kb, "same prefix, different hashes");
+        // Stable across processes and versions: a fixed vector.
+        let shortest = LockName::new("x".repeat(40))
+            .unwrap()
+            .escaped_within(MIN_SHORTENED_LEN + 1);
+        assert_eq!(
+            shortest.as_deref(),
+            Some("x~bd913ff68243d41b9611b2690dfbf2b0")
+        );
+        assert_eq!(a.escaped_within(MIN_SHORTENED_LEN - 1), None);
+        // A cut never splits an escape: `%C3%A9` per character.
+        let accents = LockName::new("é".repeat(100)).unwrap();
+        for max in MIN_SHORTENED_LEN..120 {
+            let key = accents.escaped_within(max).unwrap();
+            let (prefix, _) = key.split_once('~').unwrap();
+            assert!(key.len() <= max, "{key}");
+            assert_eq!(prefix.len() % 3, 0, "{max}: {key}");
+        }
+    }
+
     proptest! {
+        #[test]
+        fn escaped_within_fits_and_keeps_names_apart(x in "[a-zé/ ]{1,200}", y in "[a-zé/ ]{1,200}", max in MIN_SHORTENED_LEN..300usize) {
+            let (nx, ny) = (LockName::new(x.clone()).unwrap(), LockName::new(y.clone()).unwrap());
+            let (kx, ky) = (nx.escaped_within(max).unwrap(), ny.escaped_within(max).unwrap());
+            prop_assert!(kx.len() <= max && ky.len() <= max);
+            prop_assert_eq!(kx == ky, x == y);
+        }
+
         #[test]
         fn any_string_is_accepted_or_rejected_never_panics(name in any::<String>()) {
             match LockName::new(name.clone()) {
