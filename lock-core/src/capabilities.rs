@@ -24,7 +24,14 @@ pub enum WaitKind {
     NotifyOne,
     /// A release wakes every waiter, and all but one go back to waiting (herd).
     NotifyAll,
-    /// Waiters poll; a release wakes nobody.
+    /// Waiters poll: a release wakes nobody, and each waiter tries again on its own clock.
+    ///
+    /// Count every retry as a wake-up ([`Metrics::record_wakeup`](crate::Metrics::record_wakeup))
+    /// and every retry that finds the lock held as a futile one: the herd measurements
+    /// compare these counts, and the conformance suite's cancellation case (B6) takes a
+    /// polling waiter to have settled in its wait once its provider has counted two
+    /// retries (or once it stays silent for the harness's operation slack). A waiter that
+    /// retries faster without counting never settles there and fails the case.
     Poll,
 }
 

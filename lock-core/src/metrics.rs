@@ -31,7 +31,9 @@ impl Metrics {
         Self::default()
     }
 
-    /// A waiter was woken: a watch event, a pub/sub message, a handoff, or a poll attempt.
+    /// A waiter was woken: by a watch event, a pub/sub message or a handoff, or, for a
+    /// polling backend ([`WaitKind::Poll`](crate::WaitKind::Poll)), by its own clock for
+    /// another attempt.
     pub fn record_wakeup(&self) {
         self.wakeups.fetch_add(1, Ordering::Relaxed);
     }

@@ -300,7 +300,10 @@ pub async fn b6_cancel_at_every_await_point(h: &dyn Harness) -> CaseResult {
         }
         ensure!(
             finished,
-            "acquire neither completed nor settled in its wait within {MAX_POLLS} polls"
+            "acquire neither completed nor settled in its wait within {MAX_POLLS} polls: a \
+             waiter settles when it parks (pending, and not woken again within the operation \
+             slack) or, declaring WaitKind::Poll, once its provider's metrics count two \
+             retries as wake-ups (see WaitKind::Poll)"
         );
     }
     Ok(Outcome::Passed)
