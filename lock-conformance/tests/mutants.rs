@@ -31,6 +31,10 @@ enum Mutation {
     NotCancelSafe,
     /// The lost signal never fires.
     LostNeverFires,
+    /// Declares no lost detection, and its signal never fires: honest, not a mutant.
+    NoLostDetection,
+    /// Declares no lost detection, yet its signal fires when someone else revokes the lock.
+    LostUndeclared,
     /// Waiters poll, later arrivals faster: not FIFO, while declaring FIFO.
     FifoViolated,
 }
@@ -102,7 +106,11 @@ impl MutantLock {
             Mutation::NonMonotonicToken => FencingToken(1_000_000 - inner.fencing_token().get()),
             _ => inner.fencing_token(),
         };
-        let (silent, lost) = if self.mutation == Mutation::LostNeverFires {
+        let silenced = matches!(
+            self.mutation,
+            Mutation::LostNeverFires | Mutation::NoLostDetection
+        );
+        let (silent, lost) = if silenced {
             let (notifier, signal) = lost_signal();
             (Some(notifier), signal)
         } else {
@@ -208,7 +216,11 @@ impl LockProvider for MutantProvider {
         "mutant"
     }
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        let caps = self.inner.capabilities();
+        match self.mutation {
+            Mutation::NoLostDetection | Mutation::LostUndeclared => caps.with_lost_detection(false),
+            _ => caps,
+        }
     }
     fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
         Ok(Arc::new(MutantLock {
@@ -298,6 +310,28 @@ fn not_cancel_safe_is_caught() {
 fn lost_signal_never_firing_is_caught() {
     let failed = failing_cases(Mutation::LostNeverFires, &["D1", "D2"]);
     assert_eq!(failed, ["D1", "D2"]);
+}
+
+#[test]
+fn lost_signal_firing_without_the_capability_is_caught() {
+    let failed = failing_cases(Mutation::LostUndeclared, &["D5"]);
+    assert_eq!(failed, ["D5"]);
+    // A backend that declares no lost detection and keeps to it passes D5 (and is not
+    // asked for D1 and D2).
+    let failed = failing_cases(Mutation::NoLostDetection, &["D1", "D2", "D5"]);
+    assert!(failed.is_empty(), "{failed:?}");
+    let outcome = lock_conformance::runner::block_on(async {
+        let harness = MutantHarness {
+            inner: MemoryHarness::new(),
+            mutation: Mutation::NoLostDetection,
+            arrivals: Arc::new(AtomicU64::new(0)),
+        };
+        (cases::find("D5").unwrap().run)(&harness).await
+    });
+    assert!(
+        matches!(outcome, Ok(lock_conformance::Outcome::Passed)),
+        "{outcome:?}"
+    );
 }
 
 #[test]

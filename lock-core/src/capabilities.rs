@@ -57,8 +57,12 @@ pub enum WaitKind {
 pub struct Capabilities {
     /// Strength of the fencing tokens.
     pub fencing: Fencing,
-    /// Whether the [lost signal](crate::LostSignal) ever fires. Without it the signal never
-    /// fires and callers must rely on fencing or timeouts.
+    /// Whether the [lost signal](crate::LostSignal) fires for a loss that is not the
+    /// holder's own doing: the session expired, the lease lapsed, the node or key was
+    /// removed by someone else, the connection was down for longer than the session
+    /// allows. Without it such losses go unnoticed, and callers must rely on fencing or
+    /// timeouts. Either way, closing the provider (dropping its last handle) fires its
+    /// guards' signals: that loss is the holder's own doing, and every backend knows of it.
     pub lost_detection: bool,
     /// Whether waiters are granted the lock in the order they started waiting.
     pub fifo: bool,

@@ -76,7 +76,7 @@ macro_rules! __with_cases {
             loss::d2_late_subscriber_sees_loss => "D2", "(lost_detection) subscribing after the loss still sees it";
             loss::d3_release_while_waiting_on_lost => "D3", "release while a task waits on the lost signal: no panic, no hang";
             loss::d4_server_pause_fires_lost => "D4", "(fault) server paused past the session: lost fires; the stale release returns Err(Lost)";
-            loss::d5_without_detection_never_fires => "D5", "without lost_detection the signal never fires";
+            loss::d5_without_detection_never_fires => "D5", "(fault) without lost_detection a revoke, not the holder's doing, never fires the signal";
             fencing::e1_tokens_increase => "E1", "(fencing) tokens strictly increase across successive holders";
             fencing::e2_token_after_takeover_is_larger => "E2", "(fencing, fault) the holder after a revoke has a larger token than the stale one";
             fencing::e3_fenced_store_rejects_stale => "E3", "(fencing, fault) a fenced store rejects the stale holder's writes";
