@@ -88,7 +88,11 @@ pub struct Timing {
     pub handoff_bound: Duration,
     /// From a revoke or expiry to the holder's lost signal.
     pub loss_bound: Duration,
-    /// From a client's death to the lock being free for others.
+    /// From a client's death to the lock being free for others: what the cases wait for.
+    /// It must be at least the provider's declared
+    /// [`Capabilities::crash_release_bound`](lock_core::Capabilities::crash_release_bound)
+    /// (the backend's promise; add slack for the machine): the crash-release cases fail a
+    /// harness whose bound is shorter, naming both.
     pub crash_release_bound: Duration,
     /// The timeout the timeout cases wait for; long enough to measure, short enough to run
     /// many times.

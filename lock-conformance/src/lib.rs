@@ -81,6 +81,6 @@ pub use harness::{
 };
 pub use outcome::{CaseFailure, CaseResult, Context, Outcome, Skip};
 pub use support::{
-    FencedStore, Occupancy, Occupant, PollBudget, StaleToken, eventually, expect_entries,
-    expect_entries_of, no_residue, observe_until, take, unique_name, within,
+    FencedStore, Occupancy, Occupant, PollBudget, StaleToken, crash_release_bound, eventually,
+    expect_entries, expect_entries_of, no_residue, observe_until, take, unique_name, within,
 };

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_core::{DistributedLock, FencingToken, Guard};
+use lock_core::{DistributedLock, FencingToken, Guard, LockProvider};
 
 use crate::harness::{Entries, Harness, LockKind};
 use crate::outcome::CaseFailure;
@@ -200,6 +200,43 @@ where
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// How long the cases wait for a dead client's lock to be freed: the harness's
+/// [`Timing::crash_release_bound`](crate::Timing::crash_release_bound). It must cover what
+/// the provider declares
+/// ([`Capabilities::crash_release_bound`](lock_core::Capabilities::crash_release_bound)),
+/// or a case would give up before the backend's promise runs out: such a harness fails
+/// here, naming both bounds.
+///
+/// ```
+/// # lock_conformance::runner::block_on(async {
+/// use lock_conformance::{Harness, crash_release_bound, memory::MemoryHarness};
+///
+/// let h = MemoryHarness::new();
+/// let client = h.client().await.unwrap();
+/// let bound = crash_release_bound(&h, client.provider.as_ref()).unwrap();
+/// assert_eq!(bound, h.timing().crash_release_bound);
+/// # });
+/// ```
+///
+/// # Errors
+///
+/// The harness's bound is shorter than the declared one.
+pub fn crash_release_bound(
+    harness: &dyn Harness,
+    provider: &dyn LockProvider,
+) -> Result<Duration, CaseFailure> {
+    let waited = harness.timing().crash_release_bound;
+    match provider.capabilities().crash_release_bound {
+        Some(declared) if declared > waited => Err(CaseFailure::new(format!(
+            "the harness's Timing::crash_release_bound ({waited:?}) is shorter than the \
+             crash-release bound the provider declares ({declared:?}): the cases would give \
+             up before the backend's promise runs out; make the harness's the declared one \
+             plus slack"
+        ))),
+        _ => Ok(waited),
     }
 }
 

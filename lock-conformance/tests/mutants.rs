@@ -35,6 +35,8 @@ enum Mutation {
     NoLostDetection,
     /// Declares no lost detection, yet its signal fires when someone else revokes the lock.
     LostUndeclared,
+    /// Declares a crash-release bound longer than the harness waits.
+    CrashBoundOverHarness,
     /// Waiters poll, later arrivals faster: not FIFO, while declaring FIFO.
     FifoViolated,
 }
@@ -219,6 +221,9 @@ impl LockProvider for MutantProvider {
         let caps = self.inner.capabilities();
         match self.mutation {
             Mutation::NoLostDetection | Mutation::LostUndeclared => caps.with_lost_detection(false),
+            Mutation::CrashBoundOverHarness => {
+                caps.with_crash_release_bound(Some(Duration::from_secs(3600)))
+            }
             _ => caps,
         }
     }
@@ -332,6 +337,12 @@ fn lost_signal_firing_without_the_capability_is_caught() {
         matches!(outcome, Ok(lock_conformance::Outcome::Passed)),
         "{outcome:?}"
     );
+}
+
+#[test]
+fn a_harness_waiting_less_than_the_declared_crash_release_bound_is_caught() {
+    let failed = failing_cases(Mutation::CrashBoundOverHarness, &["C4", "C5", "C6"]);
+    assert_eq!(failed, ["C4", "C5", "C6"]);
 }
 
 #[test]

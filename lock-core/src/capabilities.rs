@@ -76,6 +76,8 @@ pub struct Capabilities {
     pub leases: bool,
     /// How long after a holder dies (process killed, connection gone) the lock is free again
     /// at the latest: the session timeout or the lease TTL. `None` when unbounded or unknown.
+    /// The backend's promise; a conformance harness waits for its own bound, which must be
+    /// at least this.
     pub crash_release_bound: Option<Duration>,
 }
 

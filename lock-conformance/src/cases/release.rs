@@ -7,7 +7,7 @@ use lock_core::{Guard, LockError};
 use crate::ensure;
 use crate::harness::{Client, FaultError, Harness};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
-use crate::support::{no_residue, take, unique_name, within};
+use crate::support::{crash_release_bound, no_residue, take, unique_name, within};
 
 /// C1: release returns Ok, frees the lock, and does not fire the lost signal.
 pub async fn c1_release_frees_without_loss(h: &dyn Harness) -> CaseResult {
@@ -93,9 +93,9 @@ pub(crate) async fn take_over(
     if take_away(h, holder, name).await?.is_none() {
         return Ok(None);
     }
-    let timing = h.timing();
+    let bound = crash_release_bound(h, next.provider.as_ref())? + h.timing().handoff_bound;
     let grant = within(
-        timing.crash_release_bound + timing.handoff_bound,
+        bound,
         "another client's acquire after the take-over",
         next.provider.lock(name)?.acquire(None),
     )
@@ -148,7 +148,7 @@ pub async fn c4_drop_releases(h: &dyn Harness) -> CaseResult {
     let guard = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
     drop(guard);
     let mut next = within(
-        timing.crash_release_bound + timing.handoff_bound,
+        crash_release_bound(h, b.provider.as_ref())? + timing.handoff_bound,
         "another client's acquire after a dropped guard",
         b.provider.lock(&name)?.acquire(None),
     )
@@ -174,7 +174,7 @@ pub async fn c5_client_death_frees(h: &dyn Harness) -> CaseResult {
         // `a` and every lock handle of it are dropped here: the client is dead.
     };
     let mut next = within(
-        timing.crash_release_bound + timing.handoff_bound,
+        crash_release_bound(h, b.provider.as_ref())? + timing.handoff_bound,
         "the waiter's grant after the holder's client died",
         waiting,
     )
@@ -203,7 +203,9 @@ pub async fn c6_forgotten_guard_freed_with_client(h: &dyn Harness) -> CaseResult
         std::mem::forget(guard);
     }
     let mut next = within(
-        timing.crash_release_bound + timing.handoff_bound + Duration::from_millis(1),
+        crash_release_bound(h, b.provider.as_ref())?
+            + timing.handoff_bound
+            + Duration::from_millis(1),
         "another client's acquire after a forgotten guard's client was dropped",
         b.provider.lock(&name)?.acquire(None),
     )
