@@ -1,6 +1,7 @@
 //! How a stamped test runs a case and reports its outcome.
 
 use std::future::Future;
+use std::io::Write;
 
 use crate::outcome::{CaseResult, Outcome};
 
@@ -24,29 +25,77 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
     runtime.block_on(future)
 }
 
-/// Turns a case's result into the test's result: prints skips, panics on failures and, in
-/// strict mode, on skips of declared capabilities.
+/// The environment variable naming a directory where every stamped test records its
+/// case's outcome, one line per case, for a tally after the run (`scripts/test` prints
+/// one). Each test process writes `<pid>.tsv` there: the harness (the package and the
+/// module the tests were stamped in), the case's id and name, `passed`, `skipped` or
+/// `failed`, and the reason.
+pub const REPORT_ENV: &str = "LOCK_CONFORMANCE_REPORT";
+
+/// Turns a case's result into the test's result: panics on failures and, in strict mode,
+/// on skips of declared capabilities; records the outcome (see [`REPORT_ENV`]).
+///
+/// A skip is written straight to the process's standard error, past the test harness's
+/// capture, so that it shows between the passing tests instead of being hidden with
+/// their output: a skipped case is no proof, and must not look like one.
 #[doc(hidden)]
 #[allow(
     clippy::panic,
-    clippy::print_stderr,
-    reason = "this is the test runner: a failed case must fail the test, a skip must be seen"
+    reason = "this is the test runner: a failed case must fail the test"
 )]
-pub fn conclude(id: &str, name: &str, result: CaseResult) {
+pub fn conclude(harness: &str, id: &str, name: &str, result: CaseResult) {
     match result {
-        Ok(Outcome::Passed) => {}
+        Ok(Outcome::Passed) => record(harness, id, name, "passed", ""),
         Ok(Outcome::Skipped(skip)) => {
-            if let Some(capability) = skip.declared_capability
-                && strict()
-            {
+            let strict_failure = skip.declared_capability.filter(|_| strict());
+            let outcome = if strict_failure.is_some() {
+                "failed"
+            } else {
+                "skipped"
+            };
+            record(harness, id, name, outcome, &skip.reason);
+            if let Some(capability) = strict_failure {
                 panic!(
                     "{id} {name}: skipped under {STRICT_ENV}=1 although the backend declares {capability}: {}",
                     skip.reason
                 );
             }
-            eprintln!("lock-conformance: {id} {name} skipped: {}", skip.reason);
+            // Past the capture: see above. A failed write loses only the notice.
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "lock-conformance: SKIPPED {id} {name} ({harness}): {}",
+                skip.reason
+            );
         }
-        Err(failure) => panic!("{id} {name} failed: {failure}"),
+        Err(failure) => {
+            record(harness, id, name, "failed", &failure.to_string());
+            panic!("{id} {name} failed: {failure}");
+        }
+    }
+}
+
+/// Appends one line to this process's report file, if [`REPORT_ENV`] names a directory.
+/// One write per line, in append mode: the lines of parallel tests do not interleave.
+fn record(harness: &str, id: &str, name: &str, outcome: &str, reason: &str) {
+    let Some(dir) = std::env::var_os(REPORT_ENV) else {
+        return;
+    };
+    let clean = |text: &str| text.replace(['\t', '\n', '\r'], " ");
+    let line = format!(
+        "{}\t{id}\t{name}\t{outcome}\t{}\n",
+        clean(harness),
+        clean(reason)
+    );
+    let path = std::path::Path::new(&dir).join(format!("{}.tsv", std::process::id()));
+    let written = std::fs::create_dir_all(&dir).and_then(|()| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)?
+            .write_all(line.as_bytes())
+    });
+    if let Err(error) = written {
+        tracing::warn!(path = %path.display(), %error, "lock-conformance: cannot record an outcome");
     }
 }
 
@@ -82,7 +131,8 @@ macro_rules! __stamp_tests {
                 $crate::runner::block_on(async {
                     let harness = $make;
                     let result = $crate::cases::$group::$case(&harness).await;
-                    $crate::runner::conclude($id, stringify!($case), result);
+                    let harness = concat!(env!("CARGO_PKG_NAME"), " ", module_path!());
+                    $crate::runner::conclude(harness, $id, stringify!($case), result);
                 });
             }
         )*
