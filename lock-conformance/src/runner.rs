@@ -1,5 +1,6 @@
 //! How a stamped test runs a case and reports its outcome.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::io::Write;
 
@@ -28,12 +29,42 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
 /// The environment variable naming a directory where every stamped test records its
 /// case's outcome, one line per case, for a tally after the run (`scripts/test` prints
 /// one). Each test process writes `<pid>.tsv` there: the harness (the package and the
-/// module the tests were stamped in), the case's id and name, `passed`, `skipped` or
-/// `failed`, and the reason.
+/// module the tests were stamped in), the case's id and name, `passed`, `unchecked` (passed
+/// with checks not made), `skipped` or `failed`, and the reason.
 pub const REPORT_ENV: &str = "LOCK_CONFORMANCE_REPORT";
 
+tokio::task_local! {
+    /// The checks the running case could not make (see [`not_checked`]).
+    static NOT_CHECKED: RefCell<Vec<&'static str>>;
+}
+
+/// Notes that the running case could not make `check` for lack of a harness hook (the
+/// residue checks without an [`Inspector`](crate::Inspector)): the case still passes on
+/// what it could check, the verdict says what it could not, and under
+/// [`STRICT_ENV`] the case fails.
+pub(crate) fn not_checked(check: &'static str) {
+    let _ = NOT_CHECKED.try_with(|notes| {
+        let mut notes = notes.borrow_mut();
+        if !notes.contains(&check) {
+            notes.push(check);
+        }
+    });
+}
+
+/// Runs a case's future, collecting the checks it could not make.
+#[doc(hidden)]
+pub async fn run_case<F: Future<Output = CaseResult>>(case: F) -> (CaseResult, Vec<&'static str>) {
+    NOT_CHECKED
+        .scope(RefCell::new(Vec::new()), async {
+            let result = case.await;
+            (result, NOT_CHECKED.with(RefCell::take))
+        })
+        .await
+}
+
 /// Turns a case's result into the test's result: panics on failures and, in strict mode,
-/// on skips of declared capabilities; records the outcome (see [`REPORT_ENV`]).
+/// on skips of declared capabilities and on checks not made; records the outcome (see
+/// [`REPORT_ENV`]).
 ///
 /// A skip is written straight to the process's standard error, past the test harness's
 /// capture, so that it shows between the passing tests instead of being hidden with
@@ -43,9 +74,29 @@ pub const REPORT_ENV: &str = "LOCK_CONFORMANCE_REPORT";
     clippy::panic,
     reason = "this is the test runner: a failed case must fail the test"
 )]
-pub fn conclude(harness: &str, id: &str, name: &str, result: CaseResult) {
+pub fn conclude(
+    harness: &str,
+    id: &str,
+    name: &str,
+    result: CaseResult,
+    not_checked: &[&'static str],
+) {
     match result {
-        Ok(Outcome::Passed) => record(harness, id, name, "passed", ""),
+        Ok(Outcome::Passed) if not_checked.is_empty() => {
+            record(harness, id, name, "passed", "");
+        }
+        Ok(Outcome::Passed) => {
+            let reason = format!("not checked: {}", not_checked.join(", "));
+            if strict() {
+                record(harness, id, name, "failed", &reason);
+                panic!("{id} {name}: under {STRICT_ENV}=1 every check must be made; {reason}");
+            }
+            record(harness, id, name, "unchecked", &reason);
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "lock-conformance: PASSED WITH CHECKS NOT MADE {id} {name} ({harness}): {reason}"
+            );
+        }
         Ok(Outcome::Skipped(skip)) => {
             let strict_failure = skip.declared_capability.filter(|_| strict());
             let outcome = if strict_failure.is_some() {
@@ -130,9 +181,10 @@ macro_rules! __stamp_tests {
             fn $case() {
                 $crate::runner::block_on(async {
                     let harness = $make;
-                    let result = $crate::cases::$group::$case(&harness).await;
+                    let (result, not_checked) =
+                        $crate::runner::run_case($crate::cases::$group::$case(&harness)).await;
                     let harness = concat!(env!("CARGO_PKG_NAME"), " ", module_path!());
-                    $crate::runner::conclude(harness, $id, stringify!($case), result);
+                    $crate::runner::conclude(harness, $id, stringify!($case), result, &not_checked);
                 });
             }
         )*

@@ -18,3 +18,44 @@ fn registry_matches_the_catalogue() {
         );
     }
 }
+
+/// The reference harness without its inspector: what a harness that cannot look at the
+/// server gets.
+struct WithoutInspector(lock_conformance::memory::MemoryHarness);
+
+#[lock_conformance::async_trait]
+impl lock_conformance::Harness for WithoutInspector {
+    async fn client(&self) -> Result<lock_conformance::Client, lock_core::LockError> {
+        self.0.client().await
+    }
+
+    fn timing(&self) -> lock_conformance::Timing {
+        self.0.timing()
+    }
+
+    fn faults(&self) -> Option<&dyn lock_conformance::Faults> {
+        self.0.faults()
+    }
+}
+
+/// A residue check that cannot be made is reported, not passed in silence.
+#[test]
+fn a_check_not_made_is_reported() {
+    let harness = WithoutInspector(lock_conformance::memory::MemoryHarness::new());
+    let b4 = lock_conformance::cases::find("B4").expect("B4");
+    let (result, not_checked) =
+        lock_conformance::runner::block_on(lock_conformance::runner::run_case((b4.run)(&harness)));
+    assert!(
+        matches!(result, Ok(lock_conformance::Outcome::Passed)),
+        "{result:?}"
+    );
+    assert_eq!(
+        not_checked,
+        ["what the server records (the harness has no inspector)"]
+    );
+    // With the inspector, B4 makes every check.
+    let harness = lock_conformance::memory::MemoryHarness::new();
+    let (_, not_checked) =
+        lock_conformance::runner::block_on(lock_conformance::runner::run_case((b4.run)(&harness)));
+    assert!(not_checked.is_empty(), "{not_checked:?}");
+}
