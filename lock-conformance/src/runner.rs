@@ -62,6 +62,50 @@ pub async fn run_case<F: Future<Output = CaseResult>>(case: F) -> (CaseResult, V
         .await
 }
 
+/// A stamped test's case, to be concluded: dropped before [`conclude`](Self::conclude) (a
+/// panic while the harness was made or the case ran), it records the case as failed, so
+/// that the verdict's tally agrees with the test's.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Recording {
+    harness: &'static str,
+    id: &'static str,
+    name: &'static str,
+    concluded: bool,
+}
+
+impl Recording {
+    /// The case `id` (`name`) of `harness`, not yet concluded.
+    pub fn new(harness: &'static str, id: &'static str, name: &'static str) -> Self {
+        Recording {
+            harness,
+            id,
+            name,
+            concluded: false,
+        }
+    }
+
+    /// Concludes the case: see [`conclude`].
+    pub fn conclude(mut self, result: CaseResult, not_checked: &[&'static str]) {
+        self.concluded = true;
+        conclude(self.harness, self.id, self.name, result, not_checked);
+    }
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        if !self.concluded {
+            record(
+                self.harness,
+                self.id,
+                self.name,
+                "failed",
+                "panicked before the case concluded",
+            );
+        }
+    }
+}
+
 /// Turns a case's result into the test's result: panics on failures and, in strict mode,
 /// on skips of declared capabilities and on checks not made; records the outcome (see
 /// [`REPORT_ENV`]).
@@ -179,12 +223,16 @@ macro_rules! __stamp_tests {
             #[doc = $summary]
             #[test]
             fn $case() {
+                let recording = $crate::runner::Recording::new(
+                    concat!(env!("CARGO_PKG_NAME"), " ", module_path!()),
+                    $id,
+                    stringify!($case),
+                );
                 $crate::runner::block_on(async {
                     let harness = $make;
                     let (result, not_checked) =
                         $crate::runner::run_case($crate::cases::$group::$case(&harness)).await;
-                    let harness = concat!(env!("CARGO_PKG_NAME"), " ", module_path!());
-                    $crate::runner::conclude(harness, $id, stringify!($case), result, &not_checked);
+                    recording.conclude(result, &not_checked);
                 });
             }
         )*

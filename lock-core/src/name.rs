@@ -108,7 +108,7 @@ impl LockName {
     /// The escaped form never contains `~`, so a shortened form never equals another name's
     /// escaped form, and two names share a shortened form only if their hashes collide. The
     /// result is the same in every process and version, so clients agree on it. `None`
-    /// when `max_len` is below [`MIN_SHORTENED_LEN`].
+    /// when the escaped form does not fit and `max_len` is below [`MIN_SHORTENED_LEN`].
     ///
     /// ```
     /// use lock_core::LockName;

@@ -36,6 +36,10 @@ struct Health {
     /// the session at that moment or later, so it cannot expire the session before this
     /// plus the session timeout.
     heard: Mutex<Instant>,
+    /// Asks [`keep_alive`] for a heartbeat now: a guard was granted while `heard` was old
+    /// (a waiter granted on an event, after a long wait, has made no request since it set
+    /// its watches).
+    heartbeat_now: tokio::sync::Notify,
 }
 
 impl Health {
@@ -46,6 +50,7 @@ impl Health {
             guards: Mutex::new(HashMap::new()),
             next_guard: AtomicU64::new(0),
             heard: Mutex::new(heard),
+            heartbeat_now: tokio::sync::Notify::new(),
         }
     }
 
@@ -143,7 +148,8 @@ impl Session {
         });
         tokio::spawn(keep_alive(
             Arc::downgrade(&session),
-            (timeout / HEARTBEATS_PER_TIMEOUT).max(Duration::from_millis(10)),
+            Arc::clone(&session.health),
+            session.heartbeat_interval(),
         ));
         Ok(session)
     }
@@ -161,6 +167,10 @@ impl Session {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(id, notifier);
+        // Registered first: the heartbeat is sent only for a session that holds something.
+        if self.health.heard().elapsed() > self.heartbeat_interval() {
+            self.health.heartbeat_now.notify_one();
+        }
         if self.is_over() {
             // Lost before it was registered: fire now rather than never.
             self.health.fire_all(&LossReason::SessionExpired);
@@ -205,19 +215,28 @@ impl Session {
     pub(crate) fn timeout(&self) -> Duration {
         self.client.session_timeout()
     }
+
+    /// How often [`keep_alive`] asks the server something while guards are held.
+    fn heartbeat_interval(&self) -> Duration {
+        (self.timeout() / HEARTBEATS_PER_TIMEOUT).max(Duration::from_millis(10))
+    }
 }
 
 /// Asks the server a trivial question (`exists /`) every `interval` while the session lives,
 /// and records when each answered one was sent: [`monitor`] measures a disconnection from
-/// the last moment the server surely heard from the session. (The client's own pings would
+/// the last moment the server surely heard from the session, and at once when a guard is
+/// granted long after the session's last answered request. (The client's own pings would
 /// do, but their replies are not visible here.) Heartbeats are not lock operations and are
 /// not counted in the metrics.
-async fn keep_alive(session: Weak<Session>, interval: Duration) {
+async fn keep_alive(session: Weak<Session>, health: Arc<Health>, interval: Duration) {
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
-        ticks.tick().await;
-        let (request, health, sent) = {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            () = health.heartbeat_now.notified() => {}
+        }
+        let (request, sent) = {
             let Some(session) = session.upgrade() else {
                 return;
             };
@@ -232,11 +251,7 @@ async fn keep_alive(session: Weak<Session>, interval: Duration) {
             // Taken before the request is handed to the client, so it is no later than the
             // moment the server receives it.
             let sent = Instant::now();
-            (
-                session.client.check_stat("/"),
-                Arc::clone(&session.health),
-                sent,
-            )
+            (session.client.check_stat("/"), sent)
         };
         // Awaited without holding the session, so that dropping the provider closes it at once.
         if request.await.is_ok() {

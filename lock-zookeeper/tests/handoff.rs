@@ -47,6 +47,7 @@ enum Side {
 
 /// A contender with its own session, and its acquisition running in a task.
 struct Contender {
+    name: String,
     client: Client,
     provider: Arc<ZkLockProvider>,
     session: i64,
@@ -76,6 +77,7 @@ impl Contender {
             }
         };
         Contender {
+            name: name.to_owned(),
             client,
             provider,
             session,
@@ -118,8 +120,9 @@ impl Contender {
     }
 
     /// Waits until the server shows this waiter queued in `dir`, watching its own node and
-    /// the node of the contender at `blocker` (an index into the queue), and its provider
-    /// has made `requests` requests. Then it is settled: the next event decides.
+    /// the node of the contender at `blocker` (an index into the queue), its provider has
+    /// made `requests` requests, and their replies have reached it. Then it is settled: the
+    /// next event decides.
     async fn settles(&self, h: &ZkHarness, dir: &str, blocker: usize, requests: u64) {
         let session = self.session;
         wait_until(
@@ -144,6 +147,13 @@ impl Contender {
             |(settled, made, _)| *settled && *made == requests,
         )
         .await;
+        // The server has set the watches; one more question on the waiter's session, which
+        // the server answers after those requests, makes sure their replies have arrived
+        // (a cut before they do would fail them with a connection loss).
+        self.provider
+            .contenders(&self.name)
+            .await
+            .expect("the waiter's session answers");
         assert!(
             !self.task.is_finished(),
             "a settled waiter is still waiting"
@@ -163,8 +173,15 @@ impl Contender {
     }
 }
 
+/// Client sessions long enough that a loaded machine's stall (the client gives up on a
+/// silent connection after 2/5 of the session) or a deliberate cut never ends one: a
+/// reconnection would make a waiter list again, and change the counts these tests check.
+const SESSION: Duration = Duration::from_secs(8);
+
 async fn harness() -> ZkHarness {
-    ZkHarness::new(ZkStrategy::SequentialPredecessor).await
+    ZkHarness::new(ZkStrategy::SequentialPredecessor)
+        .await
+        .with_session_timeout(SESSION)
 }
 
 /// The directory of the mutex named `name`.

@@ -596,6 +596,13 @@ impl ZkHarness {
             .await
     }
 
+    /// The same harness, its clients with sessions of `timeout` (at most 20 ticks, what
+    /// the test servers grant).
+    pub(crate) fn with_session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
     /// The harness's own client of the servers, for looking at and changing nodes directly.
     pub(crate) fn admin(&self) -> &ZkClient {
         &self.admin
