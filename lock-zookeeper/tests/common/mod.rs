@@ -530,7 +530,8 @@ impl ZkHarness {
     }
 
     /// A harness over `ensemble`, holding the ensemble's turn until it is dropped. A member
-    /// left killed by an earlier case that failed half-way is restarted first.
+    /// left killed by an earlier case that failed half-way is restarted first, and the
+    /// harness is ready once the ensemble has a leader.
     pub(crate) async fn on_ensemble(
         strategy: ZkStrategy,
         ensemble: &'static SharedEnsemble,
@@ -547,6 +548,9 @@ impl ZkHarness {
                                 .expect("restarting a killed member");
                         }
                     }
+                    // A case before may have paused or killed the leader: this one starts
+                    // once the ensemble serves again.
+                    members.wait_for_leader().await.expect("an ensemble leader");
                 })
             })
             .await;
