@@ -113,18 +113,11 @@ impl Drop for Recording {
 /// A skip is written straight to the process's standard error, past the test harness's
 /// capture, so that it shows between the passing tests instead of being hidden with
 /// their output: a skipped case is no proof, and must not look like one.
-#[doc(hidden)]
 #[allow(
     clippy::panic,
     reason = "this is the test runner: a failed case must fail the test"
 )]
-pub fn conclude(
-    harness: &str,
-    id: &str,
-    name: &str,
-    result: CaseResult,
-    not_checked: &[&'static str],
-) {
+fn conclude(harness: &str, id: &str, name: &str, result: CaseResult, not_checked: &[&'static str]) {
     match result {
         Ok(Outcome::Passed) if not_checked.is_empty() => {
             record(harness, id, name, "passed", "");

@@ -232,39 +232,32 @@ async fn watch_own_node(
     notifier: LostNotifier,
     releasing: Arc<AtomicBool>,
 ) {
+    // A deletion is a loss only while nobody is releasing the node.
+    let deleted = || {
+        if !releasing.load(Ordering::Acquire) {
+            notifier.fire(LossReason::EntryRemoved);
+        }
+    };
     loop {
-        let event = match set.take() {
-            Some(watch) => watch.await,
+        let watch = match set.take() {
+            Some(watch) => watch,
             None => {
-                let watched = {
-                    let Some(session) = session.upgrade() else {
-                        return;
-                    };
-                    metrics.record_server_requests(1);
-                    // Boxed: the task lives as long as the guard, and its state should hold
-                    // the small watcher, not this request's larger future.
-                    Box::pin(session.client.get_and_watch_data(&path)).await
+                let Some(session) = session.upgrade() else {
+                    return;
                 };
-                match watched {
-                    Ok((_, _, watcher)) => watcher.changed().await,
-                    Err(ZkError::NoNode) => {
-                        if !releasing.load(Ordering::Acquire) {
-                            notifier.fire(LossReason::EntryRemoved);
-                        }
-                        return;
-                    }
+                metrics.record_server_requests(1);
+                // Boxed: the task lives as long as the guard, and its state should hold the
+                // small watch, not this request's larger future.
+                match Box::pin(session.client.get_and_watch_data(&path)).await {
+                    Ok((_, _, watcher)) => Box::pin(watcher.changed()) as OwnNodeWatch,
+                    Err(ZkError::NoNode) => return deleted(),
                     // The session's monitor reports session-level losses.
                     Err(_) => return,
                 }
             }
         };
-        match event.event_type {
-            EventType::NodeDeleted => {
-                if !releasing.load(Ordering::Acquire) {
-                    notifier.fire(LossReason::EntryRemoved);
-                }
-                return;
-            }
+        match watch.await.event_type {
+            EventType::NodeDeleted => return deleted(),
             EventType::Session => return,
             // Data or children changed: watch again.
             _ => {}

@@ -93,6 +93,30 @@ impl Contender {
         (contender, guard)
     }
 
+    /// A mutex holder of `name`, and a waiter settled right behind it.
+    async fn holder_and_waiter(h: &ZkHarness, name: &str) -> (Self, Guard, Self) {
+        let (holder, held) = Self::holding(h, name, Side::Mutex).await;
+        let waiter = Self::start(h, name, Side::Mutex).await;
+        waiter.settles(h, &dir(name), 0, QUEUED).await;
+        (holder, held, waiter)
+    }
+
+    /// Cuts this contender's connection and waits until its client notices; returns the
+    /// faults, to restore the connection with.
+    async fn disconnect(&self) -> Arc<dyn lock_conformance::ClientFaults> {
+        let faults = self.client.faults.clone().expect("the harness's proxies");
+        faults.cut_connection().await.unwrap();
+        let client = self.provider.client().expect("the contender's client");
+        wait_until(
+            STEP,
+            "the contender notices the disconnection",
+            || async { client.state() },
+            |state| *state == zookeeper_client::SessionState::Disconnected,
+        )
+        .await;
+        faults
+    }
+
     /// The requests this contender's provider made since it started.
     fn requests(&self) -> u64 {
         self.provider.metrics().since(&self.before).server_requests
@@ -199,9 +223,7 @@ async fn a_waiter_behind_the_holder_holds_on_its_deletion_without_listing() {
     let h = harness().await;
     let name = unique_name("handoff-head");
     let dir = dir(&name);
-    let (holder, mut held) = Contender::holding(&h, &name, Side::Mutex).await;
-    let mut waiter = Contender::start(&h, &name, Side::Mutex).await;
-    waiter.settles(&h, &dir, 0, QUEUED).await;
+    let (holder, mut held, mut waiter) = Contender::holder_and_waiter(&h, &name).await;
     held.release().await.unwrap();
     let guard = waiter.granted().await;
     let counted = waiter.provider.metrics().since(&waiter.before);
@@ -348,9 +370,7 @@ async fn a_waiter_whose_node_was_deleted_fails_at_once() {
     let h = harness().await;
     let name = unique_name("handoff-own-deleted");
     let dir = dir(&name);
-    let (_holder, mut held) = Contender::holding(&h, &name, Side::Mutex).await;
-    let mut waiter = Contender::start(&h, &name, Side::Mutex).await;
-    waiter.settles(&h, &dir, 0, QUEUED).await;
+    let (_holder, mut held, mut waiter) = Contender::holder_and_waiter(&h, &name).await;
     let node = waiter.node(&h, &dir).await;
     h.admin().delete(&node, None).await.unwrap();
     let error = waiter.failed().await;
@@ -364,9 +384,7 @@ async fn a_waiter_whose_node_went_with_its_blocker_is_not_granted() {
     let h = harness().await;
     let name = unique_name("handoff-both-deleted");
     let dir = dir(&name);
-    let (holder, held) = Contender::holding(&h, &name, Side::Mutex).await;
-    let mut waiter = Contender::start(&h, &name, Side::Mutex).await;
-    waiter.settles(&h, &dir, 0, QUEUED).await;
+    let (holder, held, mut waiter) = Contender::holder_and_waiter(&h, &name).await;
     let (own, blocker) = (waiter.node(&h, &dir).await, holder.node(&h, &dir).await);
     // One transaction: the waiter's node first, then its blocker's. The waiter hears of
     // both; it must not take the blocker's deletion for its turn.
@@ -385,21 +403,9 @@ async fn a_waiter_whose_node_went_with_its_blocker_is_not_granted() {
 async fn a_waiter_reconnected_during_its_wait_lists_again() {
     let h = harness().await;
     let name = unique_name("handoff-reconnected");
-    let dir = dir(&name);
-    let (_holder, mut held) = Contender::holding(&h, &name, Side::Mutex).await;
-    let mut waiter = Contender::start(&h, &name, Side::Mutex).await;
-    waiter.settles(&h, &dir, 0, QUEUED).await;
+    let (_holder, mut held, mut waiter) = Contender::holder_and_waiter(&h, &name).await;
     // Released while the waiter is disconnected: the server tells it on reconnection.
-    let faults = waiter.client.faults.clone().expect("the harness's proxies");
-    faults.cut_connection().await.unwrap();
-    let client = waiter.provider.client().expect("the waiter's client");
-    wait_until(
-        STEP,
-        "the waiter notices the disconnection",
-        || async { client.state() },
-        |state| *state == zookeeper_client::SessionState::Disconnected,
-    )
-    .await;
+    let faults = waiter.disconnect().await;
     held.release().await.unwrap();
     faults.restore().await.unwrap();
     let mut guard = waiter.granted().await;
@@ -416,20 +422,9 @@ async fn a_waiter_whose_node_was_deleted_while_disconnected_is_not_granted() {
     let h = harness().await;
     let name = unique_name("handoff-reconnected-deleted");
     let dir = dir(&name);
-    let (_holder, mut held) = Contender::holding(&h, &name, Side::Mutex).await;
-    let mut waiter = Contender::start(&h, &name, Side::Mutex).await;
-    waiter.settles(&h, &dir, 0, QUEUED).await;
+    let (_holder, mut held, mut waiter) = Contender::holder_and_waiter(&h, &name).await;
     let own = waiter.node(&h, &dir).await;
-    let faults = waiter.client.faults.clone().expect("the harness's proxies");
-    faults.cut_connection().await.unwrap();
-    let client = waiter.provider.client().expect("the waiter's client");
-    wait_until(
-        STEP,
-        "the waiter notices the disconnection",
-        || async { client.state() },
-        |state| *state == zookeeper_client::SessionState::Disconnected,
-    )
-    .await;
+    let faults = waiter.disconnect().await;
     h.admin().delete(&own, None).await.unwrap();
     held.release().await.unwrap();
     faults.restore().await.unwrap();
