@@ -1,4 +1,5 @@
-//! What a backend gives the suite: clients, timing, and optionally faults and introspection.
+//! What a backend gives the suite: clients whose sessions it can end, timing, and optionally
+//! more faults and introspection.
 
 use std::fmt;
 use std::sync::Arc;
@@ -9,9 +10,10 @@ use lock_core::{LockError, LockProvider};
 
 /// How a backend plugs into the suite.
 ///
-/// Only [`client`](Harness::client) is required. Everything else has a default: generous
-/// [`Timing`], no faults, no introspection. A case that needs what the harness does not
-/// offer is skipped with the reason (see [`Outcome`](crate::Outcome)).
+/// Only [`client`](Harness::client) is required: a provider, and a way to end its session
+/// ([`SessionExpiry`]), with which the cases make a stale holder. Everything else has a
+/// default: generous [`Timing`], no further faults, no introspection. A case that needs what
+/// the harness does not offer is skipped with the reason (see [`Outcome`](crate::Outcome)).
 ///
 /// Each call of `client` stands for a separate process: a new provider with its own
 /// session or connections, never a clone of an earlier one.
@@ -45,20 +47,24 @@ pub trait Harness: Send + Sync {
     }
 }
 
-/// One client of the backend: a provider, and the faults that act on this client alone.
+/// One client of the backend: a provider, the way to end its session, and the faults that
+/// act on this client alone.
 #[derive(Clone)]
 pub struct Client {
     /// The provider, standing for one process.
     pub provider: Arc<dyn LockProvider>,
-    /// Faults on this client's session or connection, if the harness offers any.
+    /// Ends this client's session behind its back: how the cases make a stale holder.
+    pub session: Arc<dyn SessionExpiry>,
+    /// Faults on this client's connection, if the harness offers any.
     pub faults: Option<Arc<dyn ClientFaults>>,
 }
 
 impl Client {
-    /// A client without fault hooks.
-    pub fn new(provider: Arc<dyn LockProvider>) -> Self {
+    /// A client whose session `session` ends, without further fault hooks.
+    pub fn new(provider: Arc<dyn LockProvider>, session: Arc<dyn SessionExpiry>) -> Self {
         Client {
             provider,
+            session,
             faults: None,
         }
     }
@@ -196,28 +202,51 @@ pub trait Faults: Send + Sync {
         Err(FaultError::Unsupported)
     }
 
-    /// A client pointed at an address where no server listens. Constructing it may itself
+    /// A provider pointed at an address where no server listens. Constructing it may itself
     /// fail: the case accepts that as the connection error it is looking for.
-    async fn unreachable_client(&self) -> FaultResult<Result<Client, LockError>> {
+    async fn unreachable_provider(&self) -> FaultResult<Result<Arc<dyn LockProvider>, LockError>> {
         Err(FaultError::Unsupported)
     }
 
-    /// A client with wrong credentials. Constructing it may itself fail with an auth error.
-    async fn wrong_credentials_client(&self) -> FaultResult<Result<Client, LockError>> {
+    /// A provider with wrong credentials. Constructing it may itself fail with an auth error.
+    async fn wrong_credentials_provider(
+        &self,
+    ) -> FaultResult<Result<Arc<dyn LockProvider>, LockError>> {
         Err(FaultError::Unsupported)
     }
 }
 
-/// Faults on one client's session or connection. Every method defaults to
+/// The one fault every harness offers: ending a client's session behind its back.
+///
+/// Every backend can lose a client abruptly — a process dies, a partition outlasts the
+/// session or lease — and the safety cases need that to make a stale holder: a client that
+/// still has its [`Guard`](lock_core::Guard) while the lock is free for others. With it C3
+/// (conditional release), E2 and E3 (fencing) and D1 (lost signal) run against every
+/// backend.
+///
+/// How, by the kind of backend:
+/// - a server session (ZooKeeper): have the server expire it, e.g. by cutting the client's
+///   connection through a [`FaultProxy`](crate::proxy::FaultProxy) for longer than the
+///   session timeout;
+/// - a lease (Redis): cut the connection for longer than the lease, so that the key expires;
+/// - a lock owned by an open handle or connection (a file lock, a database session lock):
+///   close that handle or connection behind the provider's back, as the operating system or
+///   the server does when the process dies.
+///
+/// The provider must not be told: it has to find out, as it would in production.
+#[async_trait]
+pub trait SessionExpiry: Send + Sync {
+    /// Ends the client's session on the server side, and returns once the server has freed
+    /// the client's locks or will free them within the harness's
+    /// [`crash_release_bound`](Timing::crash_release_bound). An error fails the case:
+    /// [`FaultError::Unsupported`] is not an answer here.
+    async fn expire_session(&self) -> FaultResult;
+}
+
+/// Faults on one client's connection. Every method defaults to
 /// [`FaultError::Unsupported`].
 #[async_trait]
 pub trait ClientFaults: Send + Sync {
-    /// Ends the client's session on the server side (ZooKeeper session expiry; the lease
-    /// dropped), as a long partition would.
-    async fn expire_session(&self) -> FaultResult {
-        Err(FaultError::Unsupported)
-    }
-
     /// Cuts the client's connections and refuses new ones until [`restore`](ClientFaults::restore).
     async fn cut_connection(&self) -> FaultResult {
         Err(FaultError::Unsupported)

@@ -8,25 +8,39 @@
 //!
 //! # Plugging in a backend
 //!
-//! A harness needs one method: a new, independent client per call. This is a whole
-//! harness, in a backend crate's `tests/conformance.rs` (here over the in-memory backend;
-//! put your provider where `MemoryServer` is):
+//! A harness gives the suite new, independent clients, and for each client a way to end its
+//! session behind its back ([`SessionExpiry`]): the cases make stale holders with it, so that
+//! conditional release and fencing are proven for every backend. This is a whole harness, in
+//! a backend crate's `tests/conformance.rs` (here over the in-memory backend; put your
+//! provider where `MemoryServer` is):
 //!
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use lock_conformance::{async_trait, Client, Harness, Timing};
-//! use lock_core::{memory::MemoryServer, LockError};
+//! use lock_conformance::{async_trait, Client, FaultResult, Harness, SessionExpiry, Timing};
+//! use lock_core::{memory::{MemoryLockProvider, MemoryServer}, LockError};
 //!
 //! struct MyHarness {
 //!     server: MemoryServer, // e.g. the URL of the server your tests started
+//! }
+//!
+//! /// Ends one client's session as a crash or a long partition would.
+//! struct Expiry(MemoryLockProvider); // e.g. the client's fault proxy, or its connection
+//!
+//! #[async_trait]
+//! impl SessionExpiry for Expiry {
+//!     async fn expire_session(&self) -> FaultResult {
+//!         self.0.expire_session(); // e.g. cut the proxy for longer than the session
+//!         Ok(())
+//!     }
 //! }
 //!
 //! #[async_trait]
 //! impl Harness for MyHarness {
 //!     async fn client(&self) -> Result<Client, LockError> {
 //!         let provider = self.server.provider(); // e.g. MyLockProvider::connect(..).await?
-//!         Ok(Client::new(Arc::new(provider)))
+//!         let expiry = Arc::new(Expiry(provider.clone()));
+//!         Ok(Client::new(Arc::new(provider), expiry))
 //!     }
 //!
 //!     fn timing(&self) -> Timing {
@@ -41,16 +55,19 @@
 //!
 //! Then `cargo test --test conformance` runs every case; `cargo test --test conformance a7`
 //! runs one. Cases whose capability your provider does not declare (see
-//! [`Capabilities`](lock_core::Capabilities)) or whose fault hook your harness lacks are
-//! skipped and print why. Set `LOCK_CONFORMANCE_STRICT=1` in CI: a case that proves a
-//! capability you *declare* then fails instead of skipping.
+//! [`Capabilities`](lock_core::Capabilities)) or whose optional fault hook your harness lacks
+//! are skipped and print why. Set `LOCK_CONFORMANCE_STRICT=1` in CI: a case that proves a
+//! capability you *declare* then fails instead of skipping, and so does a check not made.
 //!
-//! To go further, implement [`Harness::faults`] ([`Faults`]: revoke a holder, pause or
-//! restart the server, an unreachable or wrongly authenticated client),
-//! [`Client::with_faults`] ([`ClientFaults`]: expire this client's session, cut or delay its
-//! connection, lose a create reply), [`Harness::inspector`] ([`Inspector`]: what the server
-//! records for a lock, for the residue checks), and [`Harness::client_in_other_namespace`].
-//! [`memory::MemoryHarness`] is a complete example.
+//! To go further, implement [`Harness::inspector`] ([`Inspector`]: what the server records
+//! for a lock, for the residue checks; without it those checks are not made),
+//! [`Harness::faults`] ([`Faults`]: revoke a holder, pause or restart the server, an
+//! unreachable or wrongly authenticated provider), [`Client::with_faults`] ([`ClientFaults`]:
+//! cut or delay this client's connection, lose a create reply), and
+//! [`Harness::client_in_other_namespace`]. [`memory::MemoryHarness`] is a complete example;
+//! `lock-conformance/tests/file_lock` in the repository is a backend from outside the
+//! workspace (a `flock` per name) with its harness and an inspector, passing under
+//! `LOCK_CONFORMANCE_STRICT=1`.
 //!
 //! Real servers come from [`servers`] (child processes from the Debian packages, or
 //! containers with the `testcontainers` feature); [`proxy::FaultProxy`] puts faults on the
@@ -77,10 +94,11 @@ mod support;
 pub use async_trait::async_trait;
 pub use harness::{
     Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind,
-    Timing,
+    SessionExpiry, Timing,
 };
 pub use outcome::{CaseFailure, CaseResult, Context, Outcome, Skip};
 pub use support::{
     FencedStore, Occupancy, Occupant, PollBudget, StaleToken, crash_release_bound, eventually,
-    expect_entries, expect_entries_of, no_residue, observe_until, take, unique_name, within,
+    expect_entries, expect_entries_of, expire_session, no_residue, observe_until, take,
+    unique_name, within,
 };

@@ -9,7 +9,7 @@ use lock_core::LockError;
 use lock_core::memory::{MemoryLockProvider, MemoryServer};
 
 use crate::harness::{
-    Client, ClientFaults, Entries, FaultResult, Faults, Harness, Inspector, Timing,
+    Client, Entries, FaultResult, Faults, Harness, Inspector, SessionExpiry, Timing,
 };
 
 /// A [`Harness`] over one private [`MemoryServer`].
@@ -43,14 +43,14 @@ impl Default for MemoryHarness {
     }
 }
 
-struct SessionFaults {
-    provider: MemoryLockProvider,
-}
+/// Ends one memory client's session, as the server would end a dead process's.
+#[derive(Debug, Clone)]
+pub struct MemorySession(pub MemoryLockProvider);
 
 #[async_trait]
-impl ClientFaults for SessionFaults {
+impl SessionExpiry for MemorySession {
     async fn expire_session(&self) -> FaultResult {
-        self.provider.expire_session();
+        self.0.expire_session();
         Ok(())
     }
 }
@@ -59,10 +59,8 @@ impl ClientFaults for SessionFaults {
 impl Harness for MemoryHarness {
     async fn client(&self) -> Result<Client, LockError> {
         let provider = self.server.provider();
-        let faults = Arc::new(SessionFaults {
-            provider: provider.clone(),
-        });
-        Ok(Client::new(Arc::new(provider)).with_faults(faults))
+        let session = Arc::new(MemorySession(provider.clone()));
+        Ok(Client::new(Arc::new(provider), session))
     }
 
     fn timing(&self) -> Timing {
@@ -83,9 +81,9 @@ impl Harness for MemoryHarness {
     }
 
     async fn client_in_other_namespace(&self) -> Option<Result<Client, LockError>> {
-        Some(Ok(Client::new(Arc::new(
-            self.server.provider_in("other-namespace"),
-        ))))
+        let provider = self.server.provider_in("other-namespace");
+        let session = Arc::new(MemorySession(provider.clone()));
+        Some(Ok(Client::new(Arc::new(provider), session)))
     }
 }
 

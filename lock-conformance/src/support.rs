@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lock_core::{DistributedLock, FencingToken, Guard, LockProvider};
 
-use crate::harness::{Entries, Harness, LockKind};
+use crate::harness::{Client, Entries, FaultError, Harness, LockKind};
 use crate::outcome::CaseFailure;
 
 /// A lock name no other case or run uses: `{case}-{process}-{time}-{counter}`.
@@ -240,6 +240,23 @@ pub fn crash_release_bound(
     }
 }
 
+/// Ends `client`'s session through its [`SessionExpiry`](crate::SessionExpiry), the hook
+/// every harness must offer.
+///
+/// # Errors
+///
+/// A [`CaseFailure`] when the hook fails, or answers that it is unsupported.
+pub async fn expire_session(client: &Client) -> Result<(), CaseFailure> {
+    match client.session.expire_session().await {
+        Ok(()) => Ok(()),
+        Err(FaultError::Unsupported) => Err(CaseFailure::new(
+            "the harness cannot end a client's session: every harness must, through the \
+             client's SessionExpiry (the cases make stale holders with it)",
+        )),
+        Err(other) => Err(other.into()),
+    }
+}
+
 /// Takes the lock with one try, failing the case if it is busy.
 ///
 /// # Errors
@@ -282,7 +299,8 @@ pub async fn expect_entries(
 }
 
 /// Waits until the server records exactly `expected` for the lock of `kind` called `name`,
-/// when the harness can look.
+/// when the harness can look. Where it cannot see waiters (no inspector, or waiters that
+/// leave no entry), it gives expected waiters half the operation slack to start waiting.
 ///
 /// # Errors
 ///
@@ -294,17 +312,19 @@ pub async fn expect_entries_of(
     expected: Entries,
     what: &str,
 ) -> Result<(), CaseFailure> {
-    let Some(inspector) = harness.inspector() else {
+    let inspector = harness.inspector();
+    let sees_waiters = inspector.is_some_and(|inspector| inspector.records_waiters(kind));
+    if expected.waiters > 0 && !sees_waiters {
+        // Nothing to see on the server: give the waiters time to start waiting.
+        tokio::time::sleep(harness.timing().operation_slack / 2).await;
+    }
+    let Some(inspector) = inspector else {
         crate::runner::not_checked("what the server records (the harness has no inspector)");
         return Ok(());
     };
-    let expected = if inspector.records_waiters(kind) {
+    let expected = if sees_waiters {
         expected
     } else {
-        if expected.waiters > 0 {
-            // Nothing to see on the server: give the waiters time to start waiting.
-            tokio::time::sleep(harness.timing().operation_slack / 2).await;
-        }
         Entries::new(expected.holders, 0)
     };
     let deadline = tokio::time::Instant::now() + harness.timing().operation_slack * 2;

@@ -216,6 +216,7 @@ impl Harness for AdaptedHarness<'_> {
                 inner: client.provider,
                 adapter: self.adapter,
             }),
+            session: client.session,
             faults: client.faults,
         })
     }

@@ -52,12 +52,7 @@ pub async fn e2_token_after_takeover_is_larger(h: &dyn Harness) -> CaseResult {
     let name = unique_name("e2");
     let (a, b) = (h.client().await?, h.client().await?);
     let stale = take(a.provider.lock(&name)?.as_ref(), "first holder").await?;
-    let Some(mut fresh) = take_over(h, &a, &b, &name).await? else {
-        return Ok(Outcome::Skipped(Skip::missing_hook(
-            "revoke or expire_session",
-            Some(CAPABILITY),
-        )));
-    };
+    let mut fresh = take_over(h, &a, &b, &name).await?;
     ensure!(
         fresh.fencing_token() > stale.fencing_token(),
         "the new holder's token {} is not above the stale holder's {}",
@@ -82,12 +77,7 @@ pub async fn e3_fenced_store_rejects_stale(h: &dyn Harness) -> CaseResult {
     store
         .write(stale.fencing_token(), "stale holder, while it held")
         .context_stale()?;
-    let Some(mut fresh) = take_over(h, &a, &b, &name).await? else {
-        return Ok(Outcome::Skipped(Skip::missing_hook(
-            "revoke or expire_session",
-            Some(CAPABILITY),
-        )));
-    };
+    let mut fresh = take_over(h, &a, &b, &name).await?;
     store
         .write(fresh.fencing_token(), "new holder")
         .context_stale()?;

@@ -24,12 +24,7 @@ pub async fn d1_revoke_fires_lost(h: &dyn Harness) -> CaseResult {
         let lost = lost.clone();
         async move { lost.wait().await }
     });
-    let Some(how) = take_away(h, &a, &name).await? else {
-        return Ok(Outcome::Skipped(Skip::missing_hook(
-            "revoke or expire_session",
-            Some(CAPABILITY),
-        )));
-    };
+    let how = take_away(h, &a, &name).await?;
     let reason = within(
         h.timing().loss_bound,
         &format!("the lost signal after a {how}"),
@@ -55,12 +50,7 @@ pub async fn d2_late_subscriber_sees_loss(h: &dyn Harness) -> CaseResult {
     }
     let name = unique_name("d2");
     let guard = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
-    let Some(how) = take_away(h, &a, &name).await? else {
-        return Ok(Outcome::Skipped(Skip::missing_hook(
-            "revoke or expire_session",
-            Some(CAPABILITY),
-        )));
-    };
+    let how = take_away(h, &a, &name).await?;
     let first = guard.lost();
     within(
         h.timing().loss_bound,

@@ -65,21 +65,21 @@ macro_rules! __with_cases {
             timeouts::b5_dropped_acquire_leaves_nothing => "B5", "dropping a waiting acquire future leaves no residue and holds nothing";
             timeouts::b6_cancel_at_every_await_point => "B6", "cancel at every await point until the acquire completes or settles in its wait (parks; a polling backend counts two retries in its metrics): no residue, no lock held, every time";
             timeouts::b7_cancel_racing_grant => "B7", "a cancel that races a grant does not strand the lock";
-            timeouts::b8_waiter_session_death => "B8", "(fault) a waiter whose session dies returns an error and never wins later";
+            timeouts::b8_waiter_session_death => "B8", "a waiter whose session ends returns an error and never wins later";
             release::c1_release_frees_without_loss => "C1", "release returns Ok, frees the lock, and does not fire the lost signal";
             release::c2_release_is_idempotent => "C2", "release twice, or drop after release: no-op; a later holder is untouched";
-            release::c3_stale_release_is_lost => "C3", "(fault) a stale guard's release returns Err(Lost) and the new holder still holds";
+            release::c3_stale_release_is_lost => "C3", "a stale guard's release (after a revoke or its session's end) returns Err(Lost) and the new holder still holds";
             release::c4_drop_releases => "C4", "drop without release frees the lock within the crash-release bound";
             release::c5_client_death_frees => "C5", "client death frees the lock within the bound and a waiting contender acquires";
             release::c6_forgotten_guard_freed_with_client => "C6", "mem::forget(guard) then drop the provider: freed within the bound";
-            loss::d1_revoke_fires_lost => "D1", "(lost_detection, fault) revoking the holder fires the lost signal within the bound";
+            loss::d1_revoke_fires_lost => "D1", "(lost_detection) taking the lock away (a revoke, or the session's end) fires the lost signal within the bound";
             loss::d2_late_subscriber_sees_loss => "D2", "(lost_detection) subscribing after the loss still sees it";
             loss::d3_release_while_waiting_on_lost => "D3", "release while a task waits on the lost signal: no panic, no hang";
             loss::d4_server_pause_fires_lost => "D4", "(fault) server paused past the session: lost fires; the stale release returns Err(Lost)";
             loss::d5_without_detection_never_fires => "D5", "(fault) without lost_detection a revoke, not the holder's doing, never fires the signal";
             fencing::e1_tokens_increase => "E1", "(fencing) tokens strictly increase across successive holders";
-            fencing::e2_token_after_takeover_is_larger => "E2", "(fencing, fault) the holder after a revoke has a larger token than the stale one";
-            fencing::e3_fenced_store_rejects_stale => "E3", "(fencing, fault) a fenced store rejects the stale holder's writes";
+            fencing::e2_token_after_takeover_is_larger => "E2", "(fencing) the holder after a take-over (a revoke, or the session's end) has a larger token than the stale one";
+            fencing::e3_fenced_store_rejects_stale => "E3", "(fencing) a fenced store rejects the stale holder's writes";
             fencing::e4_tokens_survive_restart => "E4", "(monotonic, fault) tokens keep increasing across a restart or failover";
             leases::f1_auto_extension => "F1", "(leases) holding for three lease lengths keeps the lock";
             leases::f2_valid_until_bounds => "F2", "(leases) valid_until is in the future at grant and not later than grant + ttl";
@@ -144,7 +144,10 @@ macro_rules! __catalogue {
             "run, rendered from the list behind [`CASES`](crate::cases::CASES) and ",
             "[`conformance_tests!`](crate::conformance_tests). A case marked (capability) ",
             "runs only for a provider that declares it, and one marked (fault) only with the ",
-            "harness hook it names; otherwise it is skipped with the reason.\n\n",
+            "optional harness hook it names; otherwise it is skipped with the reason. The ",
+            "others need only what every harness offers: clients, and the end of a client's ",
+            "session ([`SessionExpiry`](crate::SessionExpiry)), with which they make stale ",
+            "holders.\n\n",
             "| id | case | what it checks |\n| --- | --- | --- |\n",
             $(
                 "| ", $id, " | [`", stringify!($case), "`](crate::cases::", stringify!($group),

@@ -6,8 +6,8 @@ use lock_core::{Guard, LockError};
 
 use crate::ensure;
 use crate::harness::{Client, FaultError, Harness};
-use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
-use crate::support::{crash_release_bound, no_residue, take, unique_name, within};
+use crate::outcome::{CaseFailure, CaseResult, Outcome};
+use crate::support::{crash_release_bound, expire_session, no_residue, take, unique_name, within};
 
 /// C1: release returns Ok, frees the lock, and does not fire the lost signal.
 pub async fn c1_release_frees_without_loss(h: &dyn Harness) -> CaseResult {
@@ -58,49 +58,41 @@ pub async fn c2_release_is_idempotent(h: &dyn Harness) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// Takes the lock away from a holder with whatever the harness offers: a revoke, else an
-/// expiry of the holder's session. `None` when it offers neither.
+/// Takes the lock away from a holder: by a revoke where the harness offers one, else by
+/// ending the holder's session (which every harness can). Returns how.
 pub(crate) async fn take_away(
     h: &dyn Harness,
     holder: &Client,
     name: &str,
-) -> Result<Option<&'static str>, CaseFailure> {
+) -> Result<&'static str, CaseFailure> {
     if let Some(faults) = h.faults() {
         match faults.revoke(name).await {
-            Ok(_) => return Ok(Some("revoke")),
+            Ok(_) => return Ok("revoke"),
             Err(FaultError::Unsupported) => {}
             Err(other) => return Err(other.into()),
         }
     }
-    if let Some(faults) = &holder.faults {
-        match faults.expire_session().await {
-            Ok(()) => return Ok(Some("session expiry")),
-            Err(FaultError::Unsupported) => {}
-            Err(other) => return Err(other.into()),
-        }
-    }
-    Ok(None)
+    expire_session(holder).await?;
+    Ok("session expiry")
 }
 
 /// Takes the lock away from `holder` (see [`take_away`]) and returns `next`'s grant once
-/// the lock is free again; `None` when the harness offers no way to take it away.
+/// the lock is free again.
 pub(crate) async fn take_over(
     h: &dyn Harness,
     holder: &Client,
     next: &Client,
     name: &str,
-) -> Result<Option<Guard>, CaseFailure> {
-    if take_away(h, holder, name).await?.is_none() {
-        return Ok(None);
-    }
+) -> Result<Guard, CaseFailure> {
+    take_away(h, holder, name).await?;
     let bound = crash_release_bound(h, next.provider.as_ref())? + h.timing().handoff_bound;
-    let grant = within(
+    within(
         bound,
         "another client's acquire after the take-over",
         next.provider.lock(name)?.acquire(None),
     )
-    .await??;
-    Ok(Some(grant))
+    .await?
+    .map_err(CaseFailure::from)
 }
 
 /// C3 (fault): stale guard — after its lock was revoked and another client acquired,
@@ -110,12 +102,7 @@ pub async fn c3_stale_release_is_lost(h: &dyn Harness) -> CaseResult {
     let timing = h.timing();
     let (a, b, c) = (h.client().await?, h.client().await?, h.client().await?);
     let mut stale = take(a.provider.lock(&name)?.as_ref(), "first holder").await?;
-    let Some(mut fresh) = take_over(h, &a, &b, &name).await? else {
-        return Ok(Outcome::Skipped(Skip::missing_hook(
-            "revoke or expire_session",
-            None,
-        )));
-    };
+    let mut fresh = take_over(h, &a, &b, &name).await?;
     match stale.release().await {
         Err(LockError::Lost { .. }) => {}
         Ok(()) => return Err(CaseFailure::new("the stale guard's release returned Ok")),

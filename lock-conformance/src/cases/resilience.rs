@@ -50,23 +50,23 @@ pub async fn h1_unreachable_is_connection_error(h: &dyn Harness) -> CaseResult {
     let Some(made) = skip_unsupported(
         within(
             bound,
-            "creating a client of an unreachable server",
-            faults.unreachable_client(),
+            "creating a provider of an unreachable server",
+            faults.unreachable_provider(),
         )
         .await?,
-        "unreachable_client",
+        "unreachable_provider",
     )?
     else {
         return Ok(Outcome::Skipped(Skip::missing_hook(
-            "unreachable_client",
+            "unreachable_provider",
             None,
         )));
     };
     let error = match made {
         Err(error) => error,
-        Ok(client) => {
+        Ok(provider) => {
             let name = unique_name("h1");
-            let lock = client.provider.lock(&name)?;
+            let lock = provider.lock(&name)?;
             match within(
                 bound,
                 "acquire on an unreachable server",
@@ -106,20 +106,20 @@ pub async fn h2_wrong_credentials(h: &dyn Harness) -> CaseResult {
     };
     let timing = h.timing();
     let Some(made) = skip_unsupported(
-        faults.wrong_credentials_client().await,
-        "wrong_credentials_client",
+        faults.wrong_credentials_provider().await,
+        "wrong_credentials_provider",
     )?
     else {
         return Ok(Outcome::Skipped(Skip::missing_hook(
-            "wrong_credentials_client",
+            "wrong_credentials_provider",
             None,
         )));
     };
     let name = unique_name("h2");
     let error = match made {
         Err(error) => error,
-        Ok(client) => {
-            let lock = client.provider.lock(&name)?;
+        Ok(provider) => {
+            let lock = provider.lock(&name)?;
             match within(
                 timing.loss_bound,
                 "acquire with wrong credentials",

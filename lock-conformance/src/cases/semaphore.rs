@@ -7,9 +7,9 @@ use std::time::Duration;
 use lock_core::{FencingToken, LockError};
 
 use crate::ensure;
-use crate::harness::{Entries, FaultError, Harness, LockKind};
+use crate::harness::{Entries, Harness, LockKind};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
-use crate::support::{expect_entries_of, no_residue, unique_name, within};
+use crate::support::{expect_entries_of, expire_session, no_residue, unique_name, within};
 
 const CAPABILITY: &str = "semaphore";
 
@@ -196,22 +196,7 @@ pub async fn j3_permits_are_full_guards(h: &dyn Harness) -> CaseResult {
         .try_acquire()
         .await?
         .ok_or_else(|| CaseFailure::new("a permit of a free semaphore was refused"))?;
-    let Some(faults) = a.faults.clone() else {
-        return Ok(Outcome::Skipped(Skip::missing_hook(
-            "client fault",
-            Some("lost_detection"),
-        )));
-    };
-    match faults.expire_session().await {
-        Ok(()) => {}
-        Err(FaultError::Unsupported) => {
-            return Ok(Outcome::Skipped(Skip::missing_hook(
-                "expire_session",
-                Some("lost_detection"),
-            )));
-        }
-        Err(other) => return Err(other.into()),
-    }
+    expire_session(&a).await?;
     let reason = within(
         timing.loss_bound,
         "a permit's lost signal after session expiry",

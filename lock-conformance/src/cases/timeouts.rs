@@ -8,9 +8,11 @@ use lock_core::{DistributedLock, Guard, LockError, LockProvider, WaitKind};
 use tokio::time::Instant;
 
 use crate::ensure;
-use crate::harness::{Entries, FaultError, Harness};
-use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
-use crate::support::{PollBudget, expect_entries, no_residue, take, unique_name, within};
+use crate::harness::{Entries, Harness};
+use crate::outcome::{CaseFailure, CaseResult, Outcome};
+use crate::support::{
+    PollBudget, expect_entries, expire_session, no_residue, take, unique_name, within,
+};
 
 /// B1: acquire(Some(t)) while held fails with Timeout after at least t and at most t + slack.
 pub async fn b1_timeout_bounds(h: &dyn Harness) -> CaseResult {
@@ -348,22 +350,11 @@ pub async fn b8_waiter_session_death(h: &dyn Harness) -> CaseResult {
     let name = unique_name("b8");
     let timing = h.timing();
     let (a, b, c) = (h.client().await?, h.client().await?, h.client().await?);
-    let Some(faults) = b.faults.clone() else {
-        return Ok(Outcome::Skipped(Skip::missing_hook("client fault", None)));
-    };
     let mut held = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
     let lock = b.provider.lock(&name)?;
     let waiting = tokio::spawn(async move { lock.acquire(None).await });
     expect_entries(h, &name, Entries::new(1, 1), "the waiter is queued").await?;
-    match faults.expire_session().await {
-        Ok(()) => {}
-        Err(FaultError::Unsupported) => {
-            waiting.abort();
-            held.release().await?;
-            return Ok(Outcome::Skipped(Skip::missing_hook("expire_session", None)));
-        }
-        Err(other) => return Err(other.into()),
-    }
+    expire_session(&b).await?;
     let result = within(
         timing.loss_bound,
         "the dead waiter's acquire to fail",

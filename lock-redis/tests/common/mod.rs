@@ -17,9 +17,9 @@ use lock_conformance::proxy::{FaultProxy, ReplyKind};
 use lock_conformance::servers::{RedisOptions, RedisServer, RedisTarget, free_port};
 use lock_conformance::{
     Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind,
-    Timing, async_trait, observe_until,
+    SessionExpiry, Timing, async_trait, observe_until,
 };
-use lock_core::{LockError, LockName};
+use lock_core::{LockError, LockName, LockProvider};
 use lock_redis::{RedisConfig, RedisLockProvider, RedisServer as ServerConfig, RedisStrategy};
 use redis::AsyncCommands;
 
@@ -143,7 +143,7 @@ fn timing(ttl: Duration) -> Timing {
 pub(crate) struct Proxy(pub(crate) FaultProxy);
 
 #[async_trait]
-impl ClientFaults for Proxy {
+impl SessionExpiry for Proxy {
     /// A partition longer than the lease: the key expires on the server.
     async fn expire_session(&self) -> FaultResult {
         self.0.cut();
@@ -151,7 +151,10 @@ impl ClientFaults for Proxy {
         self.0.pass();
         Ok(())
     }
+}
 
+#[async_trait]
+impl ClientFaults for Proxy {
     async fn cut_connection(&self) -> FaultResult {
         self.0.cut();
         Ok(())
@@ -199,7 +202,8 @@ impl RedisHarness {
         let proxy = FaultProxy::start(([127, 0, 0, 1], self.port).into()).expect("a fault proxy");
         let config = config(proxy.address().port(), self.strategy).with_key_prefix(prefix);
         let provider = RedisLockProvider::connect(config).await?;
-        Ok(Client::new(Arc::new(provider)).with_faults(Arc::new(Proxy(proxy))))
+        let proxy = Arc::new(Proxy(proxy));
+        Ok(Client::new(Arc::new(provider), proxy.clone()).with_faults(proxy))
     }
 
     fn admin(&self) -> redis::aio::ConnectionManager {
@@ -272,19 +276,21 @@ impl Faults for RedisHarness {
         self.server.lock().await.restart().await.map_err(failed)
     }
 
-    async fn unreachable_client(&self) -> FaultResult<Result<Client, LockError>> {
+    async fn unreachable_provider(&self) -> FaultResult<Result<Arc<dyn LockProvider>, LockError>> {
         let port = free_port().map_err(failed)?;
         Ok(RedisLockProvider::connect(config(port, self.strategy))
             .await
-            .map(|provider| Client::new(Arc::new(provider))))
+            .map(|provider| Arc::new(provider) as Arc<dyn LockProvider>))
     }
 
-    async fn wrong_credentials_client(&self) -> FaultResult<Result<Client, LockError>> {
+    async fn wrong_credentials_provider(
+        &self,
+    ) -> FaultResult<Result<Arc<dyn LockProvider>, LockError>> {
         let mut config = config(self.port, self.strategy);
         config.server.password = Some("wrong".into());
         Ok(RedisLockProvider::connect(config)
             .await
-            .map(|provider| Client::new(Arc::new(provider))))
+            .map(|provider| Arc::new(provider) as Arc<dyn LockProvider>))
     }
 }
 
@@ -347,14 +353,18 @@ impl Proxies {
 }
 
 #[async_trait]
-impl ClientFaults for Proxies {
+impl SessionExpiry for Proxies {
+    /// A partition from every server, longer than the lease.
     async fn expire_session(&self) -> FaultResult {
         self.0.iter().for_each(|proxy| proxy.cut());
         tokio::time::sleep(REDLOCK_TTL * 2).await;
         self.0.iter().for_each(|proxy| proxy.pass());
         Ok(())
     }
+}
 
+#[async_trait]
+impl ClientFaults for Proxies {
     async fn cut_connection(&self) -> FaultResult {
         self.0.iter().for_each(|proxy| proxy.cut());
         Ok(())
@@ -406,7 +416,8 @@ impl RedlockHarness {
         let proxies = Proxies::start(&self.ports);
         let config = redlock_config(&proxies.ports()).with_key_prefix(prefix);
         let provider = lock_redis::RedlockProvider::connect(config).await?;
-        Ok(Client::new(Arc::new(provider)).with_faults(Arc::new(proxies)))
+        let proxies = Arc::new(proxies);
+        Ok(Client::new(Arc::new(provider), proxies.clone()).with_faults(proxies))
     }
 }
 
@@ -471,23 +482,25 @@ impl Faults for RedlockHarness {
         Ok(())
     }
 
-    async fn unreachable_client(&self) -> FaultResult<Result<Client, LockError>> {
+    async fn unreachable_provider(&self) -> FaultResult<Result<Arc<dyn LockProvider>, LockError>> {
         let ports = (0..3)
             .map(|_| free_port().map_err(failed))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(lock_redis::RedlockProvider::connect(redlock_config(&ports))
             .await
-            .map(|provider| Client::new(Arc::new(provider))))
+            .map(|provider| Arc::new(provider) as Arc<dyn LockProvider>))
     }
 
-    async fn wrong_credentials_client(&self) -> FaultResult<Result<Client, LockError>> {
+    async fn wrong_credentials_provider(
+        &self,
+    ) -> FaultResult<Result<Arc<dyn LockProvider>, LockError>> {
         let mut config = redlock_config(&self.ports);
         for server in &mut config.servers {
             server.password = Some("wrong".into());
         }
         Ok(lock_redis::RedlockProvider::connect(config)
             .await
-            .map(|provider| Client::new(Arc::new(provider))))
+            .map(|provider| Arc::new(provider) as Arc<dyn LockProvider>))
     }
 }
 

@@ -23,7 +23,7 @@ use lock_conformance::servers::{
 };
 use lock_conformance::{
     Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind,
-    Timing, async_trait, observe_until,
+    SessionExpiry, Timing, async_trait, observe_until,
 };
 use lock_core::LockProvider;
 use lock_core::{LockError, LockName};
@@ -218,7 +218,7 @@ pub(crate) async fn waking(providers: &[Arc<ZkLockProvider>], name: &str) -> Vec
 /// standalone server). The client is given the proxies' addresses instead of the servers'.
 pub(crate) struct Proxies {
     proxies: Vec<FaultProxy>,
-    /// The client's session timeout, for [`ClientFaults::expire_session`].
+    /// The client's session timeout, for [`SessionExpiry::expire_session`].
     session_timeout: Duration,
 }
 
@@ -292,7 +292,7 @@ impl Proxies {
 }
 
 #[async_trait]
-impl ClientFaults for Proxies {
+impl SessionExpiry for Proxies {
     /// A partition longer than the session: the server expires the session, and the client
     /// learns it when it reconnects.
     async fn expire_session(&self) -> FaultResult {
@@ -302,7 +302,10 @@ impl ClientFaults for Proxies {
         self.pass();
         Ok(())
     }
+}
 
+#[async_trait]
+impl ClientFaults for Proxies {
     async fn cut_connection(&self) -> FaultResult {
         self.cut();
         Ok(())
@@ -588,8 +591,12 @@ impl ZkHarness {
         let mut config = config;
         config.hosts = proxies.hosts();
         let provider = Arc::new(ZkLockProvider::connect(config).await?);
-        let client = Client::new(Arc::clone(&provider) as Arc<dyn LockProvider>)
-            .with_faults(Arc::new(proxies));
+        let proxies = Arc::new(proxies);
+        let client = Client::new(
+            Arc::clone(&provider) as Arc<dyn LockProvider>,
+            proxies.clone(),
+        )
+        .with_faults(proxies);
         Ok((client, provider))
     }
 
@@ -814,7 +821,7 @@ impl Faults for ZkHarness {
             .await
     }
 
-    async fn unreachable_client(&self) -> FaultResult<Result<Client, LockError>> {
+    async fn unreachable_provider(&self) -> FaultResult<Result<Arc<dyn LockProvider>, LockError>> {
         let port = free_port().map_err(|e| FaultError::Failed(e.to_string()))?;
         let config = ZkConfig::new([format!("127.0.0.1:{port}")])
             .with_strategy(self.strategy)
@@ -822,10 +829,12 @@ impl Faults for ZkHarness {
         // Directly: a proxy would make it reachable.
         Ok(ZkLockProvider::connect(config)
             .await
-            .map(|provider| Client::new(Arc::new(provider))))
+            .map(|provider| Arc::new(provider) as Arc<dyn LockProvider>))
     }
 
-    async fn wrong_credentials_client(&self) -> FaultResult<Result<Client, LockError>> {
+    async fn wrong_credentials_provider(
+        &self,
+    ) -> FaultResult<Result<Arc<dyn LockProvider>, LockError>> {
         // The root is created by the rightful user with a creator-only ACL.
         let root = "/distlock-secure";
         let rightful = self
@@ -850,7 +859,10 @@ impl Faults for ZkHarness {
             .config(root)
             .with_auth(DigestAuth::new("locker", "wrong"))
             .with_acl(AclPolicy::CreatorAll);
-        Ok(self.client_with(wrong).await)
+        // Directly: no fault on the wire is wanted here.
+        Ok(ZkLockProvider::connect(wrong)
+            .await
+            .map(|provider| Arc::new(provider) as Arc<dyn LockProvider>))
     }
 }
 

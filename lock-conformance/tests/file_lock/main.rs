@@ -1,0 +1,108 @@
+//! The whole suite against a backend from outside the workspace: a file lock (see
+//! `backend.rs`), plugged in as the crate docs say. It is the example to copy for a backend
+//! of your own: a harness of a client per call, the session expiry every harness must
+//! offer, and an inspector, so that it passes under `LOCK_CONFORMANCE_STRICT=1`.
+#![allow(
+    clippy::expect_used,
+    reason = "a test harness fails the test when it cannot start"
+)]
+
+mod backend;
+
+use std::os::unix::fs::MetadataExt;
+use std::sync::{Arc, Weak};
+
+use backend::FileLockProvider;
+use lock_conformance::{
+    Client, Entries, FaultError, FaultResult, Harness, Inspector, LockKind, SessionExpiry,
+    async_trait,
+};
+use lock_core::{LockError, LockName};
+
+/// Every test gets a directory of its own.
+struct FileHarness {
+    dir: tempfile::TempDir,
+}
+
+impl FileHarness {
+    fn new() -> Self {
+        FileHarness {
+            dir: tempfile::tempdir().expect("a temporary directory"),
+        }
+    }
+
+    fn client_in(&self, namespace: &str) -> Result<Client, LockError> {
+        let provider = Arc::new(FileLockProvider::open(self.dir.path().join(namespace))?);
+        let session = Arc::new(ProcessDeath(Arc::downgrade(&provider)));
+        Ok(Client::new(provider, session))
+    }
+}
+
+/// Ends a client's session the way its process's death would.
+struct ProcessDeath(Weak<FileLockProvider>);
+
+#[async_trait]
+impl SessionExpiry for ProcessDeath {
+    async fn expire_session(&self) -> FaultResult {
+        let provider = self.0.upgrade().ok_or_else(|| {
+            FaultError::Failed("the client was dropped before its session ended".into())
+        })?;
+        provider.end_abruptly();
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Harness for FileHarness {
+    async fn client(&self) -> Result<Client, LockError> {
+        self.client_in("locks")
+    }
+
+    fn inspector(&self) -> Option<&dyn Inspector> {
+        Some(self)
+    }
+
+    async fn client_in_other_namespace(&self) -> Option<Result<Client, LockError>> {
+        Some(self.client_in("other-locks"))
+    }
+}
+
+/// The "server" is the kernel: its lock table (`/proc/locks`) lists every `flock` with the
+/// process that holds it and the file's inode.
+#[async_trait]
+impl Inspector for FileHarness {
+    async fn entries(&self, name: &str) -> Result<Entries, LockError> {
+        let name = LockName::new(name)?;
+        let path = FileLockProvider::path_of(&self.dir.path().join("locks"), &name)?;
+        let Ok(file) = std::fs::metadata(&path) else {
+            return Ok(Entries::new(0, 0));
+        };
+        let table = std::fs::read_to_string("/proc/locks").map_err(|e| LockError::Backend {
+            backend: "file",
+            name: None,
+            message: format!("reading /proc/locks: {e}"),
+            retryable: false,
+            source: None,
+        })?;
+        let pid = std::process::id().to_string();
+        let inode = format!(":{}", file.ino());
+        let holders = table
+            .lines()
+            .map(|line| line.split_whitespace().collect::<Vec<_>>())
+            .filter(|fields| {
+                // "1: FLOCK  ADVISORY  WRITE 4242 00:23:1234 0 EOF"
+                fields.get(1) == Some(&"FLOCK")
+                    && fields.get(4) == Some(&pid.as_str())
+                    && fields.get(5).is_some_and(|id| id.ends_with(&inode))
+            })
+            .count();
+        Ok(Entries::new(holders, 0))
+    }
+
+    /// Waiters poll: they leave nothing in the lock table.
+    fn records_waiters(&self, _kind: LockKind) -> bool {
+        false
+    }
+}
+
+lock_conformance::conformance_tests!(FileHarness::new());
