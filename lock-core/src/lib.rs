@@ -43,12 +43,15 @@
 //!
 //! # Writing a backend
 //!
-//! Implement [`LockProvider`] and [`DistributedLock`], and a [`GuardBackend`] per grant;
-//! make a [`LostNotifier`]/[`LostSignal`] pair per grant with [`lost_signal`], count with
-//! [`Metrics`], and map names with [`LockName::escaped`] ([`LockName::escaped_within`]
-//! where keys or file names are limited in length). The traits' async methods are
-//! written with [`async_trait`](macro@async_trait) (re-exported here). Then run the `lock-conformance` suite
-//! against it.
+//! Implement [`LockProvider`]; for each kind of lock, one attempt that takes it or gives up
+//! at a deadline ([`kit::MutexAttempt`], [`kit::RwAttempt`], [`kit::SemaphoreAttempt`]: the
+//! [`kit`] derives [`DistributedLock`] and the others from it); and a [`GuardBackend`] per
+//! grant. Make a [`LostNotifier`]/[`LostSignal`] pair per grant with [`lost_signal`], count
+//! with [`Metrics`], and map names with [`LockName::escaped`] ([`LockName::escaped_within`]
+//! where keys or file names are limited in length). The [`kit`] also ends the session with
+//! the last provider handle, cleans up after dropped attempts and counts wake-ups. The
+//! traits' async methods are written with [`async_trait`](macro@async_trait) (re-exported
+//! here). Then run the `lock-conformance` suite against it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::fmt;
@@ -64,6 +67,7 @@ pub mod deadline;
 pub mod error;
 pub mod fencing;
 pub mod guard;
+pub mod kit;
 pub mod lost;
 #[cfg(feature = "memory")]
 #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]

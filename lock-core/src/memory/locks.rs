@@ -2,16 +2,13 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 
 use super::server::{Entry, Grant, LockKey, Mode, Refusal, ServerInner, Withdrawal};
 use super::{BACKEND, ProviderShared, lock};
-use crate::{
-    Deadline, DistributedLock, DistributedRwLock, DistributedSemaphore, Guard, GuardBackend,
-    LockError, LockName, LossReason, LostSignal, Metrics,
-};
+use crate::kit::{Abandon, Cleanup, MutexAttempt, RwAttempt, RwSide, SemaphoreAttempt};
+use crate::{Deadline, Guard, GuardBackend, LockError, LockName, LossReason, LostSignal, Metrics};
 
 /// What every lock handle shares: its name, its key on the server, and its provider.
 pub(super) struct Handle {
@@ -22,26 +19,18 @@ pub(super) struct Handle {
 }
 
 impl Handle {
-    async fn try_enter(&self, mode: Mode) -> Result<Option<Guard>, LockError> {
-        match self.enter(mode, false)? {
-            Entry::Granted(grant) => Ok(Some(self.guard(grant))),
-            Entry::Busy | Entry::Queued { .. } => Ok(None),
-        }
-    }
-
-    async fn wait(&self, mode: Mode, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        let deadline = Deadline::after(timeout);
+    /// Takes the hold, or gives up at the deadline with `Ok(None)`, leaving no queue slot.
+    async fn attempt(&self, mode: Mode, deadline: Deadline) -> Result<Option<Guard>, LockError> {
         let (id, mut receiver) = match self.enter(mode, !deadline.is_immediate())? {
-            Entry::Granted(grant) => return Ok(self.guard(grant)),
-            Entry::Busy => return Err(self.timeout_error(timeout)),
+            Entry::Granted(grant) => return Ok(Some(self.guard(grant))),
+            Entry::Busy => return Ok(None),
             Entry::Queued { id, grant } => (id, grant),
         };
-        let mut ticket = WaitTicket {
+        let mut ticket = Cleanup::new(WaitTicket {
             server: Arc::clone(&self.provider.server),
             key: self.key.clone(),
             id,
-            armed: true,
-        };
+        });
         let woken = tokio::select! {
             biased;
             grant = &mut receiver => Some(grant.ok()),
@@ -54,7 +43,7 @@ impl Handle {
                 match self.provider.server.withdraw(&self.key, id) {
                     Withdrawal::Removed => {
                         ticket.disarm();
-                        return Err(self.timeout_error(timeout));
+                        return Ok(None);
                     }
                     // The grant raced the deadline: it is ours, take it.
                     Withdrawal::Granted | Withdrawal::Gone => receiver.try_recv().ok(),
@@ -65,7 +54,7 @@ impl Handle {
         match grant {
             Some(grant) => {
                 self.provider.metrics.record_wakeup();
-                Ok(self.guard(grant))
+                Ok(Some(self.guard(grant)))
             }
             // The sender went without a grant: our session ended while we waited.
             None => Err(self.session_expired()),
@@ -109,10 +98,6 @@ impl Handle {
         )
     }
 
-    fn timeout_error(&self, timeout: Option<Duration>) -> LockError {
-        LockError::timed_out(BACKEND, &self.name, timeout)
-    }
-
     fn session_expired(&self) -> LockError {
         LockError::SessionExpired {
             backend: BACKEND,
@@ -138,17 +123,17 @@ impl fmt::Debug for Handle {
 pub struct MemoryLock(pub(super) Handle);
 
 #[async_trait]
-impl DistributedLock for MemoryLock {
+impl MutexAttempt for MemoryLock {
     fn name(&self) -> &LockName {
         &self.0.name
     }
 
-    async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
-        self.0.try_enter(Mode::Exclusive).await
+    fn backend(&self) -> &'static str {
+        BACKEND
     }
 
-    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        self.0.wait(Mode::Exclusive, timeout).await
+    async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
+        self.0.attempt(Mode::Exclusive, deadline).await
     }
 }
 
@@ -157,25 +142,21 @@ impl DistributedLock for MemoryLock {
 pub struct MemoryRwLock(pub(super) Handle);
 
 #[async_trait]
-impl DistributedRwLock for MemoryRwLock {
+impl RwAttempt for MemoryRwLock {
     fn name(&self) -> &LockName {
         &self.0.name
     }
 
-    async fn try_read(&self) -> Result<Option<Guard>, LockError> {
-        self.0.try_enter(Mode::Read).await
+    fn backend(&self) -> &'static str {
+        BACKEND
     }
 
-    async fn read(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        self.0.wait(Mode::Read, timeout).await
-    }
-
-    async fn try_write(&self) -> Result<Option<Guard>, LockError> {
-        self.0.try_enter(Mode::Write).await
-    }
-
-    async fn write(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        self.0.wait(Mode::Write, timeout).await
+    async fn attempt(&self, side: RwSide, deadline: Deadline) -> Result<Option<Guard>, LockError> {
+        let mode = match side {
+            RwSide::Read => Mode::Read,
+            RwSide::Write => Mode::Write,
+        };
+        self.0.attempt(mode, deadline).await
     }
 }
 
@@ -184,21 +165,21 @@ impl DistributedRwLock for MemoryRwLock {
 pub struct MemorySemaphore(pub(super) Handle);
 
 #[async_trait]
-impl DistributedSemaphore for MemorySemaphore {
+impl SemaphoreAttempt for MemorySemaphore {
     fn name(&self) -> &LockName {
         &self.0.name
+    }
+
+    fn backend(&self) -> &'static str {
+        BACKEND
     }
 
     fn permits(&self) -> u32 {
         self.0.permits
     }
 
-    async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
-        self.0.try_enter(Mode::Permit).await
-    }
-
-    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        self.0.wait(Mode::Permit, timeout).await
+    async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
+        self.0.attempt(Mode::Permit, deadline).await
     }
 }
 
@@ -246,26 +227,17 @@ impl GuardBackend for MemoryGuard {
     }
 }
 
-/// A queued waiter's claim; dropping it while armed withdraws the waiter, and passes the
-/// lock on if a grant raced the cancellation.
+/// A queued waiter's claim; abandoned (its attempt dropped), it withdraws the waiter, and
+/// passes the lock on if a grant raced the cancellation.
 struct WaitTicket {
     server: Arc<ServerInner>,
     key: LockKey,
     id: u64,
-    armed: bool,
 }
 
-impl WaitTicket {
-    fn disarm(&mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for WaitTicket {
-    fn drop(&mut self) {
-        if self.armed
-            && let Withdrawal::Granted = self.server.withdraw(&self.key, self.id)
-        {
+impl Abandon for WaitTicket {
+    fn abandon(self) {
+        if let Withdrawal::Granted = self.server.withdraw(&self.key, self.id) {
             self.server.release(&self.key, self.id);
         }
     }

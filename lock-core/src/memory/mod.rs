@@ -45,6 +45,7 @@ use crate::{
 mod locks;
 mod server;
 
+use crate::kit::SessionOwner;
 use locks::Handle;
 pub use locks::{MemoryLock, MemoryRwLock, MemorySemaphore};
 use server::{Family, LockKey, ServerInner};
@@ -110,10 +111,13 @@ impl MemoryServer {
             session: Mutex::new(self.inner.open_session()),
             metrics: Arc::new(Metrics::new()),
         });
+        let ending = Arc::clone(&shared);
+        let owner = SessionOwner::new(move || {
+            let session = *lock(&ending.session);
+            ending.server.end_session(session);
+        });
         MemoryLockProvider {
-            _owner: Arc::new(SessionOwner {
-                shared: Arc::clone(&shared),
-            }),
+            _owner: owner,
             shared,
         }
     }
@@ -149,19 +153,7 @@ impl fmt::Debug for MemoryServer {
 #[derive(Clone)]
 pub struct MemoryLockProvider {
     shared: Arc<ProviderShared>,
-    _owner: Arc<SessionOwner>,
-}
-
-/// Held only by the provider's handles: the session ends when the last one goes.
-struct SessionOwner {
-    shared: Arc<ProviderShared>,
-}
-
-impl Drop for SessionOwner {
-    fn drop(&mut self) {
-        let session = *lock(&self.shared.session);
-        self.shared.server.end_session(session);
-    }
+    _owner: SessionOwner,
 }
 
 impl MemoryLockProvider {

@@ -1,0 +1,567 @@
+//! The backend kit: everything a backend needs besides its own algorithm.
+//!
+//! A backend writes, for each kind of lock it offers, *one attempt*: take the lock, or give
+//! up at a [`Deadline`] with `Ok(None)`, leaving nothing behind. The kit turns that into the
+//! public traits ([`MutexAttempt`] into [`DistributedLock`], [`RwAttempt`] into
+//! [`DistributedRwLock`], [`SemaphoreAttempt`] into [`DistributedSemaphore`]): `try_*` is
+//! one attempt with a zero deadline, and a wait that comes back empty becomes
+//! [`LockError::Timeout`]. Around the attempt the kit gives:
+//!
+//! - [`SessionOwner`] and [`Closed`]: the provider *is* the session; the session ends when
+//!   the last provider handle goes, and lock handles then fail with
+//!   [`LockError::SessionExpired`];
+//! - [`Cleanup`]: removes a waiter's server-side entry unless the attempt disarms it, so that
+//!   a dropped `acquire` leaves nothing behind (the cancel-safety contract);
+//! - [`retry_in_background`]: the best-effort clean-up that outlives a dropped future,
+//!   retried until it succeeds or its deadline passes;
+//! - [`Wakeups`]: the wake-up and futile wake-up counts of a wait loop, for the herd
+//!   measurements.
+//!
+//! ```
+//! use std::time::Duration;
+//! use lock_core::kit::{Closed, MutexAttempt, Wakeups};
+//! use lock_core::{async_trait, Deadline, DistributedLock, Guard, LockError, LockName, Metrics};
+//!
+//! /// A lock whose every attempt finds it busy, polling until the deadline.
+//! #[derive(Debug)]
+//! struct AlwaysBusy {
+//!     name: LockName,
+//!     closed: Closed,
+//!     metrics: Metrics,
+//! }
+//!
+//! #[async_trait]
+//! impl MutexAttempt for AlwaysBusy {
+//!     fn name(&self) -> &LockName {
+//!         &self.name
+//!     }
+//!
+//!     fn backend(&self) -> &'static str {
+//!         "always-busy"
+//!     }
+//!
+//!     async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
+//!         self.closed.check(self.backend(), &self.name)?;
+//!         let mut wakeups = Wakeups::new(&self.metrics);
+//!         loop {
+//!             wakeups.busy(); // the try after each wake-up found the lock held
+//!             if deadline.is_immediate() || deadline.has_passed() {
+//!                 return Ok(None);
+//!             }
+//!             let nap = deadline.remaining().map_or(Duration::from_millis(10), |left| left.min(Duration::from_millis(10)));
+//!             tokio::time::sleep(nap).await;
+//!             wakeups.woke();
+//!         }
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), LockError> {
+//! let lock = AlwaysBusy { name: LockName::new("jobs")?, closed: Closed::new(), metrics: Metrics::new() };
+//! assert!(lock.try_acquire().await?.is_none());
+//! let waited = lock.acquire(Some(Duration::from_millis(30))).await;
+//! assert!(matches!(waited, Err(LockError::Timeout { .. })));
+//! assert!(lock.metrics.snapshot().futile_wakeups >= 2);
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use crate::{
+    Deadline, DistributedLock, DistributedRwLock, DistributedSemaphore, Guard, LockError, LockName,
+    Metrics,
+};
+
+/// One attempt at a mutex: what a backend writes; the kit derives [`DistributedLock`].
+///
+/// The attempt takes the lock, or gives up at `deadline` with `Ok(None)` and leaves nothing
+/// behind. A `deadline` that [`is_immediate`](Deadline::is_immediate) asks for a single try
+/// that never waits for a holder. The attempt must be cancel-safe as
+/// [`DistributedLock::acquire`] describes ([`Cleanup`] helps).
+#[async_trait]
+pub trait MutexAttempt: Send + Sync + fmt::Debug {
+    /// The lock's name.
+    fn name(&self) -> &LockName;
+
+    /// The backend's name, as in [`LockError`] messages.
+    fn backend(&self) -> &'static str;
+
+    /// Takes the lock, or gives up at `deadline` with `Ok(None)`.
+    async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError>;
+}
+
+#[async_trait]
+impl<T: MutexAttempt> DistributedLock for T {
+    fn name(&self) -> &LockName {
+        MutexAttempt::name(self)
+    }
+
+    async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
+        self.attempt(Deadline::after(Some(Duration::ZERO))).await
+    }
+
+    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
+        self.attempt(Deadline::after(timeout))
+            .await?
+            .ok_or_else(|| LockError::timed_out(self.backend(), MutexAttempt::name(self), timeout))
+    }
+}
+
+/// Which side of a read-write lock an attempt is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RwSide {
+    /// A read hold, shared with other readers.
+    Read,
+    /// The write hold, exclusive.
+    Write,
+}
+
+/// One attempt at either side of a read-write lock; the kit derives [`DistributedRwLock`].
+///
+/// As [`MutexAttempt::attempt`], for a read or a write hold.
+#[async_trait]
+pub trait RwAttempt: Send + Sync + fmt::Debug {
+    /// The lock's name.
+    fn name(&self) -> &LockName;
+
+    /// The backend's name, as in [`LockError`] messages.
+    fn backend(&self) -> &'static str;
+
+    /// Takes a hold on `side`, or gives up at `deadline` with `Ok(None)`.
+    async fn attempt(&self, side: RwSide, deadline: Deadline) -> Result<Option<Guard>, LockError>;
+}
+
+#[async_trait]
+impl<T: RwAttempt> DistributedRwLock for T {
+    fn name(&self) -> &LockName {
+        RwAttempt::name(self)
+    }
+
+    async fn try_read(&self) -> Result<Option<Guard>, LockError> {
+        self.attempt(RwSide::Read, Deadline::after(Some(Duration::ZERO)))
+            .await
+    }
+
+    async fn read(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
+        self.attempt(RwSide::Read, Deadline::after(timeout))
+            .await?
+            .ok_or_else(|| LockError::timed_out(self.backend(), RwAttempt::name(self), timeout))
+    }
+
+    async fn try_write(&self) -> Result<Option<Guard>, LockError> {
+        self.attempt(RwSide::Write, Deadline::after(Some(Duration::ZERO)))
+            .await
+    }
+
+    async fn write(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
+        self.attempt(RwSide::Write, Deadline::after(timeout))
+            .await?
+            .ok_or_else(|| LockError::timed_out(self.backend(), RwAttempt::name(self), timeout))
+    }
+}
+
+/// One attempt at a semaphore's permit; the kit derives [`DistributedSemaphore`].
+///
+/// As [`MutexAttempt::attempt`], for one permit.
+#[async_trait]
+pub trait SemaphoreAttempt: Send + Sync + fmt::Debug {
+    /// The semaphore's name.
+    fn name(&self) -> &LockName;
+
+    /// The backend's name, as in [`LockError`] messages.
+    fn backend(&self) -> &'static str;
+
+    /// How many permits the semaphore has.
+    fn permits(&self) -> u32;
+
+    /// Takes a permit, or gives up at `deadline` with `Ok(None)`.
+    async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError>;
+}
+
+#[async_trait]
+impl<T: SemaphoreAttempt> DistributedSemaphore for T {
+    fn name(&self) -> &LockName {
+        SemaphoreAttempt::name(self)
+    }
+
+    fn permits(&self) -> u32 {
+        SemaphoreAttempt::permits(self)
+    }
+
+    async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
+        self.attempt(Deadline::after(Some(Duration::ZERO))).await
+    }
+
+    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
+        self.attempt(Deadline::after(timeout))
+            .await?
+            .ok_or_else(|| {
+                LockError::timed_out(self.backend(), SemaphoreAttempt::name(self), timeout)
+            })
+    }
+}
+
+/// Whether a provider's session is over: set once, never cleared, awaitable.
+///
+/// ```
+/// use lock_core::{kit::Closed, LockError, LockName};
+///
+/// let closed = Closed::new();
+/// let name = LockName::new("jobs")?;
+/// assert!(closed.check("demo", &name).is_ok());
+/// closed.close();
+/// assert!(matches!(closed.check("demo", &name), Err(LockError::SessionExpired { .. })));
+/// # Ok::<(), LockError>(())
+/// ```
+#[derive(Debug)]
+pub struct Closed(watch::Sender<bool>);
+
+impl Closed {
+    /// Open.
+    pub fn new() -> Self {
+        Closed(watch::channel(false).0)
+    }
+
+    /// Marks the session over and wakes every [`wait`](Closed::wait). Returns whether this
+    /// call closed it (false if it was closed already).
+    pub fn close(&self) -> bool {
+        !self.0.send_replace(true)
+    }
+
+    /// Whether the session is over.
+    pub fn is_closed(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Completes once the session is over.
+    ///
+    /// Cancel safety: cancel-safe, it only waits.
+    pub async fn wait(&self) {
+        let mut closed = self.0.subscribe();
+        let _ = closed.wait_for(|closed| *closed).await;
+    }
+
+    /// [`LockError::SessionExpired`] for the lock `name` once the session is over: the
+    /// answer of a lock handle that outlived its provider.
+    ///
+    /// # Errors
+    ///
+    /// As above.
+    pub fn check(&self, backend: &'static str, name: &LockName) -> Result<(), LockError> {
+        if self.is_closed() {
+            return Err(LockError::SessionExpired {
+                backend,
+                name: Some(name.as_str().to_owned()),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Default for Closed {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Ends a provider's session when the last provider handle goes.
+///
+/// A provider keeps one clone in each of its handles, and lock handles and guards keep
+/// none: so that a forgotten guard cannot keep a session (and its locks) alive. Dropping the
+/// last clone runs the backend's `end` (close the connection, mark [`Closed`], fire the
+/// guards' lost signals) once.
+///
+/// ```
+/// use std::sync::Arc;
+/// use lock_core::kit::{Closed, SessionOwner};
+///
+/// let closed = Arc::new(Closed::new());
+/// let owner = SessionOwner::new({
+///     let closed = Arc::clone(&closed);
+///     move || {
+///         closed.close();
+///     }
+/// });
+/// let clone = owner.clone();
+/// drop(owner);
+/// assert!(!closed.is_closed());
+/// drop(clone);
+/// assert!(closed.is_closed());
+/// ```
+#[derive(Clone)]
+pub struct SessionOwner(Arc<EndOnDrop>);
+
+struct EndOnDrop(Option<Box<dyn FnOnce() + Send + Sync>>);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        if let Some(end) = self.0.take() {
+            end();
+        }
+    }
+}
+
+impl SessionOwner {
+    /// An owner that runs `end` when its last clone is dropped.
+    pub fn new(end: impl FnOnce() + Send + Sync + 'static) -> Self {
+        SessionOwner(Arc::new(EndOnDrop(Some(Box::new(end)))))
+    }
+}
+
+impl fmt::Debug for SessionOwner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionOwner")
+            .field("handles", &Arc::strong_count(&self.0))
+            .finish()
+    }
+}
+
+/// What a [`Cleanup`] does with an entry that nobody will use: start its removal, without
+/// blocking (typically [`retry_in_background`]).
+pub trait Abandon: Send + 'static {
+    /// Starts removing the entry. Must not block, panic or print.
+    fn abandon(self);
+}
+
+/// A server-side entry that is removed unless the attempt disarms it.
+///
+/// Arm it before the first request that may create the entry (a queued node, a queue slot,
+/// a vote); disarm it once the entry became a grant or was removed. Dropped while armed (the
+/// attempt's future was dropped, or it returned an error) it hands the entry to
+/// [`Abandon::abandon`].
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use lock_core::kit::{Abandon, Cleanup};
+///
+/// struct Slot(Arc<Mutex<Vec<&'static str>>>);
+/// impl Abandon for Slot {
+///     fn abandon(self) {
+///         self.0.lock().unwrap().push("removed");
+///     }
+/// }
+///
+/// let log = Arc::new(Mutex::new(Vec::new()));
+/// drop(Cleanup::new(Slot(Arc::clone(&log))));
+/// let mut granted = Cleanup::new(Slot(Arc::clone(&log)));
+/// granted.disarm();
+/// drop(granted);
+/// assert_eq!(*log.lock().unwrap(), ["removed"]);
+/// ```
+pub struct Cleanup<E: Abandon>(Option<E>);
+
+impl<E: Abandon> Cleanup<E> {
+    /// Armed over `entry`.
+    pub fn new(entry: E) -> Self {
+        Cleanup(Some(entry))
+    }
+
+    /// The entry, while armed.
+    pub fn entry(&self) -> Option<&E> {
+        self.0.as_ref()
+    }
+
+    /// The entry, while armed, to update (a node's name once its create is confirmed).
+    pub fn entry_mut(&mut self) -> Option<&mut E> {
+        self.0.as_mut()
+    }
+
+    /// Leaves the entry alone from now on, and hands it back.
+    pub fn disarm(&mut self) -> Option<E> {
+        self.0.take()
+    }
+}
+
+impl<E: Abandon> Drop for Cleanup<E> {
+    fn drop(&mut self) {
+        if let Some(entry) = self.0.take() {
+            entry.abandon();
+        }
+    }
+}
+
+impl<E: Abandon + fmt::Debug> fmt::Debug for Cleanup<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Cleanup").field(&self.0).finish()
+    }
+}
+
+/// What one try of a background job came to.
+#[derive(Debug)]
+pub enum Retry {
+    /// Done, or nothing left to do (the session is over, the entry is gone).
+    Done,
+    /// Failed in a way that may pass (a connection error): try again after the pause.
+    Again(String),
+    /// Failed for good: give up, and say why.
+    GiveUp(String),
+}
+
+/// Runs `job` on the current Tokio runtime, again every `pause` while it answers
+/// [`Retry::Again`] and `give_up` has not passed. Failures are logged at debug level; without
+/// a runtime (a guard dropped outside one) nothing runs, and the session or lease is the
+/// backstop. Never blocks, panics or prints: fit for `Drop`.
+///
+/// `what` names the job in the logs ("clean-up of lock jobs").
+pub fn retry_in_background<F, Fut>(
+    backend: &'static str,
+    what: String,
+    pause: Duration,
+    give_up: Deadline,
+    mut job: F,
+) where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = Retry> + Send + 'static,
+{
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::debug!(
+            backend,
+            what,
+            "no runtime to run it on; the session or lease will see to it"
+        );
+        return;
+    };
+    runtime.spawn(async move {
+        loop {
+            match job().await {
+                Retry::Done => return,
+                Retry::Again(error) if !give_up.has_passed() => {
+                    tracing::debug!(backend, what, error, "failed; retrying");
+                    tokio::time::sleep(pause).await;
+                }
+                Retry::Again(error) | Retry::GiveUp(error) => {
+                    tracing::debug!(
+                        backend,
+                        what,
+                        error,
+                        "abandoned; the session or lease will see to it"
+                    );
+                    return;
+                }
+            }
+        }
+    });
+}
+
+/// The wake-up bookkeeping of one wait loop: every wake-up is counted, and a wake-up after
+/// which the lock was still busy is counted as futile (the herd measurements compare the
+/// two).
+///
+/// Call [`woke`](Wakeups::woke) when the waiter wakes (a watch event, a message, a poll
+/// timer), and [`busy`](Wakeups::busy) when an attempt finds the lock held.
+#[derive(Debug)]
+pub struct Wakeups<'m> {
+    metrics: &'m Metrics,
+    woken: bool,
+}
+
+impl<'m> Wakeups<'m> {
+    /// Counting into `metrics`; nothing counted yet.
+    pub fn new(metrics: &'m Metrics) -> Self {
+        Wakeups {
+            metrics,
+            woken: false,
+        }
+    }
+
+    /// The waiter woke up.
+    pub fn woke(&mut self) {
+        self.metrics.record_wakeup();
+        self.woken = true;
+    }
+
+    /// The attempt found the lock held: the last wake-up, if any, was futile.
+    pub fn busy(&mut self) {
+        if std::mem::take(&mut self.woken) {
+            self.metrics.record_futile_wakeup();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn background_retries_stop_at_the_deadline() {
+        let tries = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counted = Arc::clone(&tries);
+        retry_in_background(
+            "test",
+            "job".into(),
+            Duration::from_millis(100),
+            Deadline::after(Some(Duration::from_millis(450))),
+            move || {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async { Retry::Again("down".into()) }
+            },
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        // At 0, 100, 200, 300, 400 and 500 ms; the one at 500 finds the deadline passed.
+        assert_eq!(tries.load(std::sync::atomic::Ordering::SeqCst), 6);
+    }
+
+    #[tokio::test]
+    async fn done_stops_at_once_and_no_runtime_runs_nothing() {
+        let tries = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counted = Arc::clone(&tries);
+        retry_in_background(
+            "test",
+            "job".into(),
+            Duration::ZERO,
+            Deadline::after(None),
+            move || {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async { Retry::Done }
+            },
+        );
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(tries.load(std::sync::atomic::Ordering::SeqCst), 1);
+        std::thread::spawn(|| {
+            retry_in_background(
+                "test",
+                "job".into(),
+                Duration::ZERO,
+                Deadline::after(None),
+                || async { Retry::Done },
+            );
+        })
+        .join()
+        .expect("no panic without a runtime");
+    }
+
+    #[test]
+    fn futile_only_after_a_wakeup() {
+        let metrics = Metrics::new();
+        let mut wakeups = Wakeups::new(&metrics);
+        wakeups.busy();
+        wakeups.woke();
+        wakeups.busy();
+        wakeups.busy();
+        wakeups.woke();
+        let counted = metrics.snapshot();
+        assert_eq!((counted.wakeups, counted.futile_wakeups), (2, 1));
+    }
+
+    #[test]
+    fn the_session_ends_once_with_the_last_owner() {
+        let ends = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let owner = SessionOwner::new({
+            let ends = Arc::clone(&ends);
+            move || {
+                ends.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        let clones = vec![owner.clone(), owner.clone()];
+        drop(owner);
+        drop(clones);
+        assert_eq!(ends.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+}
