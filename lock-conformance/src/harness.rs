@@ -221,7 +221,8 @@ pub trait Faults: Send + Sync {
 /// Every backend can lose a client abruptly — a process dies, a partition outlasts the
 /// session or lease — and the safety cases need that to make a stale holder: a client that
 /// still has its [`Guard`](lock_core::Guard) while the lock is free for others. With it C3
-/// (conditional release), E2 and E3 (fencing) and D1 (lost signal) run against every
+/// (conditional release), E2 and E3 (fencing), B8 (a waiter whose session ends), and for
+/// backends that declare lost detection D1, D2 and J3 (the lost signal) run against every
 /// backend.
 ///
 /// How, by the kind of backend:
@@ -233,7 +234,11 @@ pub trait Faults: Send + Sync {
 ///   close that handle or connection behind the provider's back, as the operating system or
 ///   the server does when the process dies.
 ///
-/// The provider must not be told: it has to find out, as it would in production.
+/// The provider has to find out as it would in production. An in-process backend may offer
+/// a hook that stands for the crash (the memory backend's
+/// [`expire_session`](lock_core::memory::MemoryLockProvider::expire_session)), as long as the
+/// hook does not tell the guards: their lost signals fire only if the backend would notice
+/// the loss in production (its declared lost detection).
 #[async_trait]
 pub trait SessionExpiry: Send + Sync {
     /// Ends the client's session on the server side, and returns once the server has freed

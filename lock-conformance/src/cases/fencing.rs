@@ -44,7 +44,8 @@ pub async fn e1_tokens_increase(h: &dyn Harness) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// E2 (fault): the holder after a revoke or expiry has a larger token than the stale holder.
+/// E2: the holder after a take-over (a revoke, or the stale holder's session's end) has a
+/// larger token than the stale holder.
 pub async fn e2_token_after_takeover_is_larger(h: &dyn Harness) -> CaseResult {
     if fencing_of(h).await? == Fencing::None {
         return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));
@@ -65,7 +66,7 @@ pub async fn e2_token_after_takeover_is_larger(h: &dyn Harness) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// E3 (fault): a fenced store accepts the new holder's writes and rejects the stale holder's.
+/// E3: a fenced store accepts the new holder's writes and rejects the stale holder's.
 pub async fn e3_fenced_store_rejects_stale(h: &dyn Harness) -> CaseResult {
     if fencing_of(h).await? == Fencing::None {
         return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));

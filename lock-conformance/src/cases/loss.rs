@@ -11,7 +11,8 @@ use crate::support::{no_residue, take, unique_name, within};
 
 const CAPABILITY: &str = "lost_detection";
 
-/// D1 (fault): revoking the holder fires the lost signal within the bound.
+/// D1: taking the lock away (a revoke where the harness offers one, else the holder's
+/// session's end) fires the lost signal within the bound.
 pub async fn d1_revoke_fires_lost(h: &dyn Harness) -> CaseResult {
     let a = h.client().await?;
     if !a.provider.capabilities().lost_detection {

@@ -95,8 +95,9 @@ pub(crate) async fn take_over(
     .map_err(CaseFailure::from)
 }
 
-/// C3 (fault): stale guard — after its lock was revoked and another client acquired,
-/// release returns Err(Lost) and the new holder still holds.
+/// C3: stale guard — after its lock was taken away (a revoke where the harness offers one,
+/// else its session's end) and another client acquired, release returns Err(Lost) and the
+/// new holder still holds.
 pub async fn c3_stale_release_is_lost(h: &dyn Harness) -> CaseResult {
     let name = unique_name("c3");
     let timing = h.timing();

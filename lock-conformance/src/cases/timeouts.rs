@@ -344,8 +344,7 @@ pub async fn b7_cancel_racing_grant(h: &dyn Harness) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// B8 (fault): a waiter whose own session or connection dies while waiting returns an error
-/// and never wins later.
+/// B8: a waiter whose own session ends while it waits returns an error and never wins later.
 pub async fn b8_waiter_session_death(h: &dyn Harness) -> CaseResult {
     let name = unique_name("b8");
     let timing = h.timing();

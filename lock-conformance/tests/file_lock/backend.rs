@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use nix::errno::Errno;
-use nix::fcntl::{Flock, FlockArg};
+use lock_core::kit::{MutexAttempt, Wakeups};
+use rustix::fs::{FlockOperation, flock};
 
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Fencing, FencingToken, Guard, GuardBackend, LockError,
@@ -46,13 +46,13 @@ struct Session {
     /// Counts abrupt ends; a waiter that started before one gives up.
     ends: AtomicU64,
     next_grant: AtomicU64,
-    metrics: Metrics,
+    metrics: Arc<Metrics>,
 }
 
 #[derive(Debug)]
 struct Held {
-    /// Unlocked when dropped.
-    _file: Flock<File>,
+    /// Locked; closing it unlocks.
+    _file: File,
     lost: LostNotifier,
 }
 
@@ -67,7 +67,7 @@ impl FileLockProvider {
                 held: Mutex::default(),
                 ends: AtomicU64::new(0),
                 next_grant: AtomicU64::new(0),
-                metrics: Metrics::new(),
+                metrics: Arc::new(Metrics::new()),
             }),
         })
     }
@@ -84,8 +84,10 @@ impl FileLockProvider {
     /// closed, and so unlocked. Its guards are not told (a release finds out); its waiters
     /// give up.
     pub(crate) fn end_abruptly(&self) {
+        let mut held = self.session.held();
         self.session.ends.fetch_add(1, Ordering::SeqCst);
-        let ended = std::mem::take(&mut *self.session.held());
+        let ended = std::mem::take(&mut *held);
+        drop(held);
         // Their notifiers go unfired: the loss was not noticed.
         drop(ended);
     }
@@ -109,6 +111,7 @@ impl LockProvider for FileLockProvider {
         let path = Self::path_of(&self.session.dir, &name)?;
         Ok(Arc::new(FileLock {
             session: Arc::downgrade(&self.session),
+            metrics: Arc::clone(&self.session.metrics),
             name,
             path,
         }))
@@ -125,11 +128,13 @@ impl Session {
     }
 
     /// One try: the guard if the file was free. Synchronous, so a dropped `acquire` never
-    /// leaves a grant half made.
+    /// leaves a grant half made. `ends` is the count of abrupt ends when the attempt began:
+    /// a grant after another end would outlive the session it was asked for.
     fn try_lock(
         self: &Arc<Self>,
         name: &LockName,
         path: &Path,
+        ends: u64,
     ) -> Result<Option<Guard>, LockError> {
         let file = OpenOptions::new()
             .read(true)
@@ -138,22 +143,29 @@ impl Session {
             .truncate(false)
             .open(path)
             .map_err(|e| io_error(Some(name), &e))?;
-        let mut file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(locked) => locked,
-            Err((_, Errno::EWOULDBLOCK)) => return Ok(None),
-            Err((_, errno)) => return Err(io_error(Some(name), &errno.into())),
-        };
+        match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => return Ok(None),
+            Err(errno) => return Err(io_error(Some(name), &errno.into())),
+        }
+        let mut file = file;
         // An error from here on closes the file, which unlocks it.
         let token = next_token(&mut file).map_err(|e| io_error(Some(name), &e))?;
         let (notifier, signal) = lost_signal();
         let grant = self.next_grant.fetch_add(1, Ordering::Relaxed);
-        self.held().insert(
+        let mut held = self.held();
+        if self.ends.load(Ordering::SeqCst) != ends {
+            // Ended while we locked the file: closing it gives the lock up.
+            return Err(session_expired(name));
+        }
+        held.insert(
             grant,
             Held {
                 _file: file,
                 lost: notifier,
             },
         );
+        drop(held);
         self.metrics.record_grant();
         let backend = FileGuard {
             session: Arc::downgrade(self),
@@ -220,6 +232,7 @@ fn session_expired(name: &LockName) -> LockError {
 struct FileLock {
     /// Lock handles do not keep the session alive.
     session: Weak<Session>,
+    metrics: Arc<Metrics>,
     name: LockName,
     path: PathBuf,
 }
@@ -232,44 +245,40 @@ impl FileLock {
     }
 }
 
+/// The algorithm: try to lock the file; while it is busy, poll with back-off. The kit
+/// makes `try_acquire` (one try) and `acquire` (the timeout error) of it.
 #[async_trait]
-impl DistributedLock for FileLock {
+impl MutexAttempt for FileLock {
     fn name(&self) -> &LockName {
         &self.name
     }
 
-    async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
-        self.session()?.try_lock(&self.name, &self.path)
+    fn backend(&self) -> &'static str {
+        BACKEND
     }
 
-    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        let deadline = Deadline::after(timeout);
+    async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
         let ends = self.session()?.ends.load(Ordering::SeqCst);
+        let mut wakeups = Wakeups::new(&self.metrics);
         let mut pause = FIRST_PAUSE;
-        let mut retry = false;
         loop {
             // Not held across the pause: a closed provider ends the wait.
             let session = self.session()?;
             if session.ends.load(Ordering::SeqCst) != ends {
                 return Err(session_expired(&self.name));
             }
-            if retry {
-                session.metrics.record_wakeup();
+            if let Some(guard) = session.try_lock(&self.name, &self.path, ends)? {
+                return Ok(Some(guard));
             }
-            if let Some(guard) = session.try_lock(&self.name, &self.path)? {
-                return Ok(guard);
-            }
-            if retry {
-                session.metrics.record_futile_wakeup();
-            }
+            wakeups.busy();
             if deadline.is_immediate() || deadline.has_passed() {
-                return Err(LockError::timed_out(BACKEND, &self.name, timeout));
+                return Ok(None);
             }
             drop(session);
             let nap = deadline.remaining().map_or(pause, |left| left.min(pause));
             tokio::time::sleep(nap).await;
             pause = (pause * 2).min(LONGEST_PAUSE);
-            retry = true;
+            wakeups.woke();
         }
     }
 }
