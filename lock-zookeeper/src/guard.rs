@@ -7,9 +7,10 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lock_core::kit::{Abandon, Cleanup, Retry, retry_in_background};
 use lock_core::{
-    Guard, GuardBackend, LockError, LockName, LossReason, LostNotifier, LostSignal, Metrics,
-    lost_signal,
+    Deadline, Guard, GuardBackend, LockError, LockName, LossReason, LostNotifier, LostSignal,
+    Metrics, lost_signal,
 };
 use uuid::Uuid;
 use zookeeper_client::{Error as ZkError, EventType};
@@ -35,55 +36,63 @@ pub(crate) enum Claim {
     Granted { path: String, czxid: i64 },
 }
 
-/// An acquisition in progress. Dropped while armed, it removes the contender's node in the
-/// background.
-pub(crate) struct Pending {
+/// What a contender made on the server, to be removed if nobody will use it.
+#[derive(Debug)]
+pub(crate) struct Entry {
     session: Weak<Session>,
     dir: String,
     claim: Claim,
-    armed: bool,
 }
+
+impl Abandon for Entry {
+    fn abandon(self) {
+        clean_up_in_background(self.session, self.dir, self.claim);
+    }
+}
+
+/// An acquisition in progress: its entry is removed in the background unless disarmed.
+pub(crate) struct Pending(Cleanup<Entry>);
 
 impl Pending {
     pub(crate) fn new(session: &Arc<Session>, dir: &str, claim: Claim) -> Self {
-        Pending {
+        Pending(Cleanup::new(Entry {
             session: Arc::downgrade(session),
             dir: dir.to_owned(),
             claim,
-            armed: true,
-        }
+        }))
     }
 
     pub(crate) fn set_node(&mut self, name: String) {
-        if let Claim::Sequential { node, .. } = &mut self.claim {
+        if let Some(Entry {
+            claim: Claim::Sequential { node, .. },
+            ..
+        }) = self.0.entry_mut()
+        {
             *node = Some(name);
         }
     }
 
     pub(crate) fn disarm(&mut self) {
-        self.armed = false;
+        self.0.disarm();
     }
 
     /// Removes the node now (timeout, try that lost); on failure leaves it to the background.
     pub(crate) async fn remove_now(&mut self, metrics: &Metrics) {
-        let Some(session) = self.session.upgrade() else {
-            self.armed = false;
+        let Some(entry) = self.0.entry() else {
+            return;
+        };
+        let Some(session) = entry.session.upgrade() else {
+            self.0.disarm();
             return;
         };
         metrics.record_server_requests(1);
-        match remove(&session, &self.dir, &self.claim).await {
-            Ok(()) => self.armed = false,
+        match remove(&session, &entry.dir, &entry.claim).await {
+            Ok(()) => {
+                self.0.disarm();
+            }
             Err(error) => {
                 tracing::debug!(%error, "zookeeper: removal failed; retrying in the background")
             }
-        }
-    }
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        if self.armed {
-            clean_up_in_background(self.session.clone(), self.dir.clone(), self.claim.clone());
         }
     }
 }
@@ -137,32 +146,24 @@ fn ignore_gone(result: Result<(), ZkError>) -> Result<(), ZkError> {
 
 /// Retries [`remove`] until it succeeds or the session is gone (which removes the node anyway).
 fn clean_up_in_background(session: Weak<Session>, dir: String, claim: Claim) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        tracing::debug!(
-            ?claim,
-            "zookeeper: no runtime for clean-up; the session's end will remove the node"
-        );
-        return;
-    };
-    runtime.spawn(async move {
-        loop {
-            let Some(session) = session.upgrade() else {
-                return;
+    let what = format!("clean-up of {claim:?}");
+    // Until the session ends: then the server removes the node itself.
+    let give_up = Deadline::after(None);
+    retry_in_background(BACKEND, what, CLEANUP_PAUSE, give_up, move || {
+        let (session, dir, claim) = (session.clone(), dir.clone(), claim.clone());
+        async move {
+            let Some(session) = session.upgrade().filter(|session| !session.is_over()) else {
+                return Retry::Done;
             };
-            if session.is_over() {
-                return;
-            }
             match remove(&session, &dir, &claim).await {
-                Ok(()) => return,
-                Err(error) if session_over(&error) => return,
-                Err(error) if outcome_unknown(&error) => {}
+                Ok(()) => Retry::Done,
+                Err(error) if session_over(&error) => Retry::Done,
+                Err(error) if outcome_unknown(&error) => Retry::Again(error.to_string()),
                 Err(error) => {
                     tracing::warn!(%error, ?claim, "zookeeper: cannot remove an abandoned node");
-                    return;
+                    Retry::GiveUp(error.to_string())
                 }
             }
-            drop(session);
-            tokio::time::sleep(CLEANUP_PAUSE).await;
         }
     });
 }

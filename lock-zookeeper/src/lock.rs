@@ -2,10 +2,10 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{Deadline, DistributedLock, FencingToken, Guard, LockError, LockName};
+use lock_core::kit::{MutexAttempt, Wakeups};
+use lock_core::{Deadline, FencingToken, Guard, LockError, LockName};
 use uuid::Uuid;
 use zookeeper_client::{CreateMode, Error as ZkError};
 
@@ -35,35 +35,17 @@ impl fmt::Debug for ZkLock {
 }
 
 #[async_trait]
-impl DistributedLock for ZkLock {
+impl MutexAttempt for ZkLock {
     fn name(&self) -> &LockName {
         &self.place.name
     }
 
-    async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
-        self.run(Deadline::after(Some(Duration::ZERO))).await
-    }
-
-    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        match self.run(Deadline::after(timeout)).await? {
-            Some(guard) => Ok(guard),
-            None => Err(timed_out(&self.place.name, timeout)),
-        }
-    }
-}
-
-/// The error of an acquisition that waited `timeout` in vain.
-pub(crate) fn timed_out(name: &LockName, timeout: Option<Duration>) -> LockError {
-    LockError::timed_out(BACKEND, name, timeout)
-}
-
-impl ZkLock {
-    pub(crate) fn new(place: Place) -> Self {
-        ZkLock { place }
+    fn backend(&self) -> &'static str {
+        BACKEND
     }
 
     /// Takes the lock, or gives up at the deadline with `Ok(None)`, leaving nothing behind.
-    async fn run(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
+    async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
         let place = &self.place;
         let session = place.shared.session(&place.name).await?;
         let strategy = place.shared.config.strategy;
@@ -84,6 +66,12 @@ impl ZkLock {
         }?;
         Ok(granted.map(|granted| grant(&place.shared, &session, &place.name, granted)))
     }
+}
+
+impl ZkLock {
+    pub(crate) fn new(place: Place) -> Self {
+        ZkLock { place }
+    }
 
     /// The naive lock: whoever creates `{dir}/lock` holds it; every waiter watches it.
     async fn single_node(
@@ -96,7 +84,7 @@ impl ZkLock {
         let path = format!("{}/{SINGLE_NODE}", place.dir);
         let options = CreateMode::Ephemeral.with_acls(session.acls);
         let mut pending = Pending::new(session, &place.dir, Claim::Single { uuid });
-        let mut woken = false;
+        let mut wakeups = Wakeups::new(&place.shared.metrics);
         let mut unknown = 0;
         loop {
             place.count();
@@ -141,10 +129,7 @@ impl ZkLock {
                     own_watch: None,
                 }));
             }
-            if woken {
-                place.shared.metrics.record_futile_wakeup();
-                woken = false;
-            }
+            wakeups.busy();
             if deadline.is_immediate() || deadline.has_passed() {
                 pending.disarm();
                 return Ok(None);
@@ -160,8 +145,7 @@ impl ZkLock {
                 pending.disarm();
                 return Ok(None);
             }
-            place.shared.metrics.record_wakeup();
-            woken = true;
+            wakeups.woke();
         }
     }
 }

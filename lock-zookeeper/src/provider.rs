@@ -1,9 +1,9 @@
 //! The ZooKeeper lock provider: one session, shared by its locks.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use lock_core::kit::{Closed, SessionOwner};
 use lock_core::{
     Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Fencing, FencingToken,
     LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
@@ -41,7 +41,7 @@ use crate::session::Session;
 #[derive(Clone)]
 pub struct ZkLockProvider {
     shared: Arc<Shared>,
-    _owner: Arc<Owner>,
+    _owner: SessionOwner,
 }
 
 /// What the provider's lock handles share.
@@ -51,21 +51,16 @@ pub(crate) struct Shared {
     session: Mutex<Option<Arc<Session>>>,
     /// Serialises opening a replacement session.
     opening: tokio::sync::Mutex<()>,
-    closed: AtomicBool,
+    closed: Closed,
 }
 
-/// Held only by the provider's handles: the session closes when the last one goes.
-struct Owner {
-    shared: Arc<Shared>,
-}
-
-impl Drop for Owner {
-    fn drop(&mut self) {
-        self.shared.closed.store(true, Ordering::Release);
-        // Dropping the last client of the session closes it on the server; in-flight calls
-        // finish first. The guards learn of it here, whether or not the close gets through.
+impl Shared {
+    /// The end of the provider's last handle: dropping the last client of the session closes
+    /// it on the server (in-flight calls finish first). The guards learn of it here, whether
+    /// or not the close gets through.
+    fn close(&self) {
+        self.closed.close();
         let session = self
-            .shared
             .session
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -91,12 +86,11 @@ impl ZkLockProvider {
             metrics: Arc::new(Metrics::new()),
             session: Mutex::new(Some(session)),
             opening: tokio::sync::Mutex::new(()),
-            closed: AtomicBool::new(false),
+            closed: Closed::new(),
         });
+        let closing = Arc::clone(&shared);
         Ok(ZkLockProvider {
-            _owner: Arc::new(Owner {
-                shared: Arc::clone(&shared),
-            }),
+            _owner: SessionOwner::new(move || closing.close()),
             shared,
         })
     }
@@ -245,13 +239,7 @@ impl Shared {
 
     /// The live session, opening a new one if the last one is over.
     pub(crate) async fn session(&self, name: &LockName) -> Result<Arc<Session>, LockError> {
-        let closed = || LockError::SessionExpired {
-            backend: BACKEND,
-            name: Some(name.to_string()),
-        };
-        if self.closed.load(Ordering::Acquire) {
-            return Err(closed());
-        }
+        self.closed.check(BACKEND, name)?;
         if let Some(session) = self.current()
             && !session.is_over()
         {
@@ -263,9 +251,7 @@ impl Shared {
         {
             return Ok(session);
         }
-        if self.closed.load(Ordering::Acquire) {
-            return Err(closed());
-        }
+        self.closed.check(BACKEND, name)?;
         tracing::info!(lock = %name, "zookeeper: the session is over; opening a new one");
         let session = Session::open(&self.config).await?;
         *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&session));

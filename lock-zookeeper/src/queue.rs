@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use lock_core::kit::Wakeups;
 use lock_core::{Deadline, LockError, LockName};
 use uuid::Uuid;
 use zookeeper_client::{CreateMode, Error as ZkError, EventType, OneshotWatcher, WatchedEvent};
@@ -205,7 +206,7 @@ impl Place {
         pending.set_node(node.clone());
         let path = format!("{}/{node}", self.dir);
         let mut own_watch = None;
-        let mut woken = false;
+        let mut wakeups = Wakeups::new(&self.shared.metrics);
         loop {
             let Listing {
                 children,
@@ -222,12 +223,9 @@ impl Place {
             };
             let Some(blocker) = role.blocker(&queue, position) else {
                 pending.disarm();
-                return Ok(Some(self.granted(path, czxid, asked, own_watch, woken)));
+                return Ok(Some(self.granted(path, czxid, asked, own_watch)));
             };
-            if woken {
-                self.shared.metrics.record_futile_wakeup();
-                woken = false;
-            }
+            wakeups.busy();
             if deadline.is_immediate() || deadline.has_passed() {
                 pending.remove_now(&self.shared.metrics).await;
                 return Ok(None);
@@ -254,14 +252,11 @@ impl Place {
                     return Err(self.node_deleted(&node));
                 }
                 Wake::BlockerDeleted { asked } if alone => {
-                    self.shared.metrics.record_wakeup();
+                    wakeups.woke();
                     pending.disarm();
-                    return Ok(Some(self.granted(path, czxid, asked, own_watch, true)));
+                    return Ok(Some(self.granted(path, czxid, asked, own_watch)));
                 }
-                Wake::BlockerDeleted { .. } | Wake::Changed => {
-                    self.shared.metrics.record_wakeup();
-                    woken = true;
-                }
+                Wake::BlockerDeleted { .. } | Wake::Changed => wakeups.woke(),
                 Wake::BlockerGoneAlready => {}
             }
         }
@@ -274,11 +269,7 @@ impl Place {
         czxid: i64,
         asked: tokio::time::Instant,
         own_watch: Option<OwnNodeWatch>,
-        woken: bool,
     ) -> Granted {
-        if woken {
-            tracing::trace!(lock = %self.name, "zookeeper: woken and granted");
-        }
         Granted {
             path,
             czxid,

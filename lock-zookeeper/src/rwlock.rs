@@ -1,14 +1,14 @@
 //! The read-write lock: ZooKeeper's shared-lock recipe, with Curator's node names.
 
 use std::fmt;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{Deadline, DistributedRwLock, Guard, LockError, LockName};
+use lock_core::kit::{RwAttempt, RwSide};
+use lock_core::{Deadline, Guard, LockError, LockName};
 use uuid::Uuid;
 
+use crate::error::BACKEND;
 use crate::guard::grant;
-use crate::lock::timed_out;
 use crate::node::NodeKind;
 use crate::queue::{Place, Role, Waiting};
 
@@ -55,15 +55,25 @@ impl ZkRwLock {
     pub(crate) fn new(place: Place) -> Self {
         ZkRwLock { place }
     }
+}
+
+#[async_trait]
+impl RwAttempt for ZkRwLock {
+    fn name(&self) -> &LockName {
+        &self.place.name
+    }
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
 
     /// Takes a read (`Role::Shared`) or write hold, or gives up at the deadline with
     /// `Ok(None)`, leaving nothing behind.
-    async fn run(
-        &self,
-        kind: NodeKind,
-        role: Role,
-        deadline: Deadline,
-    ) -> Result<Option<Guard>, LockError> {
+    async fn attempt(&self, side: RwSide, deadline: Deadline) -> Result<Option<Guard>, LockError> {
+        let (kind, role) = match side {
+            RwSide::Read => (NodeKind::Read, Role::Shared),
+            RwSide::Write => (NodeKind::Write, Role::Exclusive),
+        };
         let place = &self.place;
         let session = place.shared.session(&place.name).await?;
         let waiting = Waiting::of(place.shared.config.strategy);
@@ -71,41 +81,5 @@ impl ZkRwLock {
             .wait_turn(&session, kind, role, Uuid::new_v4(), deadline, waiting)
             .await?;
         Ok(granted.map(|granted| grant(&place.shared, &session, &place.name, granted)))
-    }
-
-    async fn wait(
-        &self,
-        kind: NodeKind,
-        role: Role,
-        timeout: Option<Duration>,
-    ) -> Result<Guard, LockError> {
-        self.run(kind, role, Deadline::after(timeout))
-            .await?
-            .ok_or_else(|| timed_out(&self.place.name, timeout))
-    }
-}
-
-#[async_trait]
-impl DistributedRwLock for ZkRwLock {
-    fn name(&self) -> &LockName {
-        &self.place.name
-    }
-
-    async fn try_read(&self) -> Result<Option<Guard>, LockError> {
-        let once = Deadline::after(Some(Duration::ZERO));
-        self.run(NodeKind::Read, Role::Shared, once).await
-    }
-
-    async fn read(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        self.wait(NodeKind::Read, Role::Shared, timeout).await
-    }
-
-    async fn try_write(&self) -> Result<Option<Guard>, LockError> {
-        let once = Deadline::after(Some(Duration::ZERO));
-        self.run(NodeKind::Write, Role::Exclusive, once).await
-    }
-
-    async fn write(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        self.wait(NodeKind::Write, Role::Exclusive, timeout).await
     }
 }

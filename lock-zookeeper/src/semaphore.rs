@@ -2,14 +2,14 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{Deadline, DistributedSemaphore, Guard, LockError, LockName};
+use lock_core::kit::{SemaphoreAttempt, Wakeups};
+use lock_core::{Deadline, Guard, LockError, LockName};
 use uuid::Uuid;
 
+use crate::error::BACKEND;
 use crate::guard::{Claim, Granted, Pending, grant};
-use crate::lock::timed_out;
 use crate::node::{NodeKind, contenders};
 use crate::queue::{Place, Role, Waiting};
 use crate::session::Session;
@@ -70,9 +70,24 @@ impl ZkSemaphore {
             leases: at("leases"),
         }
     }
+}
+
+#[async_trait]
+impl SemaphoreAttempt for ZkSemaphore {
+    fn name(&self) -> &LockName {
+        &self.leases.name
+    }
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn permits(&self) -> u32 {
+        self.permits
+    }
 
     /// Takes a permit, or gives up at the deadline with `Ok(None)`, leaving nothing behind.
-    async fn run(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
+    async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
         let place = &self.leases;
         let session = place.shared.session(&place.name).await?;
         // One uuid for both nodes of this contender: an inspection can tell the mutex
@@ -111,7 +126,9 @@ impl ZkSemaphore {
             grant(&place.shared, &session, &place.name, granted)
         }))
     }
+}
 
+impl ZkSemaphore {
     /// With the mutex held: creates this contender's lease and waits until it is among the
     /// first `permits`, watching the lease directory. The granted lease comes with its
     /// clean-up still armed.
@@ -127,7 +144,7 @@ impl ZkSemaphore {
             .create_sequential(session, uuid, NodeKind::Lease)
             .await?;
         pending.set_node(node.clone());
-        let mut woken = false;
+        let mut wakeups = Wakeups::new(&place.shared.metrics);
         loop {
             place.count();
             let asked = tokio::time::Instant::now();
@@ -151,9 +168,7 @@ impl ZkSemaphore {
                 };
                 return Ok(Some((granted, pending)));
             }
-            if woken {
-                place.shared.metrics.record_futile_wakeup();
-            }
+            wakeups.busy();
             if deadline.is_immediate() || deadline.has_passed() {
                 pending.remove_now(&place.shared.metrics).await;
                 return Ok(None);
@@ -162,29 +177,7 @@ impl ZkSemaphore {
                 pending.remove_now(&place.shared.metrics).await;
                 return Ok(None);
             }
-            place.shared.metrics.record_wakeup();
-            woken = true;
+            wakeups.woke();
         }
-    }
-}
-
-#[async_trait]
-impl DistributedSemaphore for ZkSemaphore {
-    fn name(&self) -> &LockName {
-        &self.leases.name
-    }
-
-    fn permits(&self) -> u32 {
-        self.permits
-    }
-
-    async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
-        self.run(Deadline::after(Some(Duration::ZERO))).await
-    }
-
-    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        self.run(Deadline::after(timeout))
-            .await?
-            .ok_or_else(|| timed_out(&self.leases.name, timeout))
     }
 }
