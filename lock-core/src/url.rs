@@ -8,10 +8,18 @@
 //! addresses go in brackets. User, password, path and parameter values are
 //! percent-decoded. Errors are [`LockError::Config`] naming the bad part, and never repeat
 //! the password.
+//!
+//! A backend declares its parameters as a struct deriving [`serde::Deserialize`] with
+//! `#[serde(deny_unknown_fields)]` and reads them with [`LockUrl::query`]: values are parsed
+//! by type (numbers, `true`/`false`, enum variants by their serde names ignoring ASCII case,
+//! durations with [`duration`]), and every error names the parameter, the scheme and what
+//! was expected; an unknown parameter's error lists the known ones.
 
+use std::fmt;
 use std::time::Duration;
 
 use percent_encoding::percent_decode_str;
+use serde::de::{self, DeserializeOwned, IntoDeserializer, Visitor};
 
 use crate::LockError;
 
@@ -47,6 +55,33 @@ impl HostPort {
 /// assert_eq!(url.username.as_deref(), Some("alice"));
 /// assert_eq!(url.duration_param("session_timeout")?, Some(std::time::Duration::from_secs(10)));
 /// url.check_params(&["session_timeout"])?;
+/// # Ok::<(), lock_core::LockError>(())
+/// ```
+///
+/// Typed parameters, with their defaults:
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::url::{LockUrl, duration};
+///
+/// #[derive(Debug, serde::Deserialize)]
+/// #[serde(default, deny_unknown_fields)]
+/// struct Params {
+///     #[serde(with = "duration")]
+///     session_timeout: Duration,
+///     retries: u32,
+/// }
+///
+/// impl Default for Params {
+///     fn default() -> Self {
+///         Params { session_timeout: Duration::from_secs(10), retries: 3 }
+///     }
+/// }
+///
+/// let params: Params = LockUrl::parse("zk://h?session_timeout=6s")?.query()?;
+/// assert_eq!((params.session_timeout, params.retries), (Duration::from_secs(6), 3));
+/// let e = LockUrl::parse("zk://h?retry=1")?.query::<Params>().unwrap_err();
+/// assert!(e.to_string().contains(r#"unknown parameter "retry" for zk:// (known: session_timeout, retries)"#));
 /// # Ok::<(), lock_core::LockError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq)]
@@ -213,6 +248,17 @@ impl LockUrl {
             .transpose()
     }
 
+    /// The query parameters deserialised into `T`, typically a struct with
+    /// `#[serde(default, deny_unknown_fields)]` (see the [module docs](self)).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] naming the scheme and the parameter: an unknown one (listing
+    /// the known ones), or a value that does not parse (saying what was expected).
+    pub fn query<T: DeserializeOwned>(&self) -> Result<T, LockError> {
+        T::deserialize(Query { url: self, next: 0 }).map_err(bad)
+    }
+
     /// Fails on any parameter not in `known`, so that typos are not silently ignored.
     ///
     /// # Errors
@@ -225,17 +271,18 @@ impl LockUrl {
             .find(|(k, _)| !known.contains(&k.as_str()))
         {
             None => Ok(()),
-            Some((key, _)) => Err(bad(format!(
-                "unknown parameter {key:?} for {}:// (known: {})",
-                self.scheme,
-                if known.is_empty() {
-                    "none".to_owned()
-                } else {
-                    known.join(", ")
-                }
-            ))),
+            Some((key, _)) => Err(bad(unknown_parameter(key, &self.scheme, known))),
         }
     }
+}
+
+/// The error message for parameter `key`, not among the `known` ones of `scheme`.
+fn unknown_parameter(key: &str, scheme: &str, known: &[&str]) -> String {
+    let known = match known {
+        [] => "none".to_owned(),
+        known => known.join(", "),
+    };
+    format!("unknown parameter {key:?} for {scheme}:// (known: {known})")
 }
 
 /// Shows at most the start of an unparseable URL, without anything that looks like a password.
@@ -309,6 +356,347 @@ fn parse_query(query: &str) -> Result<Vec<(String, String)>, LockError> {
         params.push((key, value));
     }
     Ok(params)
+}
+
+/// Serde helpers for a [`Duration`] written as in `10s`, `500ms` or `1m 30s` (humantime's
+/// format): `#[serde(with = "lock_core::url::duration")]`.
+pub mod duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    /// Writes `duration` as humantime text, such as `1m 30s`.
+    ///
+    /// # Errors
+    ///
+    /// The serializer's.
+    pub fn serialize<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&humantime::format_duration(*duration))
+    }
+
+    /// Reads humantime text, such as `10s` or `500ms`.
+    ///
+    /// # Errors
+    ///
+    /// A text that is not a duration, saying so.
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        humantime::parse_duration(&text).map_err(|e| {
+            D::Error::custom(format_args!("not a duration such as 10s or 500ms ({e})"))
+        })
+    }
+}
+
+/// Defines a fieldless enum written in URLs by the given names: one `#[serde(rename)]` per
+/// variant, `as_str` (the name), `Display` (the same) and `FromStr` (through serde, ignoring
+/// ASCII case, with errors naming the parameter). The enum's own attributes, such as its
+/// derives, are kept; `Serialize` and `Deserialize` are added, so the crate needs `serde`.
+///
+/// ```
+/// lock_core::url_enum! {
+///     /// How to wait.
+///     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///     pub enum Waiting for "waiting" {
+///         /// Poll.
+///         Polling = "poll",
+///         /// Be told.
+///         Notified = "notify",
+///     }
+/// }
+/// assert_eq!("NOTIFY".parse::<Waiting>()?, Waiting::Notified);
+/// assert_eq!(Waiting::Polling.to_string(), "poll");
+/// let e = "push".parse::<Waiting>().unwrap_err().to_string();
+/// assert!(e.contains(r#"waiting "push": expected poll or notify"#), "{e}");
+/// # Ok::<(), lock_core::LockError>(())
+/// ```
+#[macro_export]
+macro_rules! url_enum {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident for $param:literal {
+            $($(#[$variant_meta:meta])* $variant:ident = $value:literal,)*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(::serde::Serialize, ::serde::Deserialize)]
+        $vis enum $name {
+            $($(#[$variant_meta])* #[serde(rename = $value)] $variant,)*
+        }
+
+        impl $name {
+            /// The value used in URLs and by serde.
+            $vis fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $value,)*
+                }
+            }
+        }
+
+        impl ::std::fmt::Display for $name {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl ::std::str::FromStr for $name {
+            type Err = $crate::LockError;
+
+            /// Parses a URL value, ignoring ASCII case.
+            fn from_str(s: &str) -> ::std::result::Result<Self, $crate::LockError> {
+                $crate::url::parse_value($param, s)
+            }
+        }
+    };
+}
+
+/// Builder methods that each set one field of a configuration and return it, all
+/// `#[must_use]`: `METHOD(ARG: TYPE) => FIELD = VALUE;` after each method's docs.
+///
+/// ```
+/// #[derive(Debug, Default)]
+/// pub struct Config {
+///     /// The name.
+///     pub name: String,
+///     /// The retries.
+///     pub retries: Option<u32>,
+/// }
+///
+/// lock_core::setters! { Config {
+///     /// Sets the name.
+///     with_name(name: impl Into<String>) => name = name.into();
+///     /// Sets the retries.
+///     with_retries(count: u32) => retries = Some(count);
+/// }}
+///
+/// let config = Config::default().with_name("a").with_retries(3);
+/// assert_eq!((config.name.as_str(), config.retries), ("a", Some(3)));
+/// ```
+#[macro_export]
+macro_rules! setters {
+    ($ty:ty { $($(#[$meta:meta])* $method:ident($arg:ident: $arg_ty:ty) => $field:ident = $value:expr;)* }) => {
+        impl $ty {
+            $(
+                $(#[$meta])*
+                #[must_use]
+                pub fn $method(mut self, $arg: $arg_ty) -> Self {
+                    self.$field = $value;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+/// `a, b or c`.
+fn one_of(names: &[&str]) -> String {
+    match names {
+        [] => "nothing".to_owned(),
+        [one] => (*one).to_owned(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
+    }
+}
+
+/// An error inside [`LockUrl::query`], before the scheme and the parameter are added.
+#[derive(Debug)]
+enum QueryError {
+    /// A parameter that is not a field; the fields.
+    Unknown(&'static [&'static str]),
+    /// Anything else.
+    Message(String),
+}
+
+impl fmt::Display for QueryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QueryError::Unknown(known) => write!(f, "unknown parameter (known: {known:?})"),
+            QueryError::Message(message) => f.write_str(message),
+        }
+    }
+}
+
+impl std::error::Error for QueryError {}
+
+impl de::Error for QueryError {
+    fn custom<T: fmt::Display>(message: T) -> Self {
+        QueryError::Message(message.to_string())
+    }
+
+    fn invalid_type(_: de::Unexpected<'_>, expected: &dyn de::Expected) -> Self {
+        QueryError::Message(format!("expected {expected}"))
+    }
+
+    fn invalid_value(_: de::Unexpected<'_>, expected: &dyn de::Expected) -> Self {
+        QueryError::Message(format!("expected {expected}"))
+    }
+
+    fn unknown_variant(_: &str, expected: &'static [&'static str]) -> Self {
+        QueryError::Message(format!("expected {}", one_of(expected)))
+    }
+
+    fn unknown_field(_: &str, expected: &'static [&'static str]) -> Self {
+        QueryError::Unknown(expected)
+    }
+}
+
+/// The parameters of a URL as a map, for [`LockUrl::query`].
+struct Query<'a> {
+    url: &'a LockUrl,
+    next: usize,
+}
+
+impl<'de> de::Deserializer<'de> for Query<'_> {
+    type Error = QueryError;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, QueryError> {
+        visitor.visit_map(self)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map struct enum
+        identifier ignored_any
+    }
+}
+
+impl<'de> de::MapAccess<'de> for Query<'_> {
+    type Error = QueryError;
+
+    fn next_key_seed<K: de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, QueryError> {
+        let Some((key, _)) = self.url.params.get(self.next) else {
+            return Ok(None);
+        };
+        seed.deserialize(key.as_str().into_deserializer())
+            .map(Some)
+            .map_err(|e| match e {
+                QueryError::Unknown(known) => {
+                    QueryError::Message(unknown_parameter(key, &self.url.scheme, known))
+                }
+                other => other,
+            })
+    }
+
+    fn next_value_seed<V: de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: V,
+    ) -> Result<V::Value, QueryError> {
+        let (key, value) = &self.url.params[self.next];
+        self.next += 1;
+        seed.deserialize(Value(value)).map_err(|e| {
+            QueryError::Message(format!(
+                "parameter {key}={value:?} for {}://: {e}",
+                self.url.scheme
+            ))
+        })
+    }
+}
+
+/// One parameter value, parsed by the type asked for.
+struct Value<'a>(&'a str);
+
+impl Value<'_> {
+    /// The value parsed with `FromStr`, or an error saying what was `expected`.
+    fn parse<T: std::str::FromStr>(
+        &self,
+        expected: impl FnOnce() -> String,
+    ) -> Result<T, QueryError> {
+        self.0
+            .parse()
+            .map_err(|_| QueryError::Message(format!("expected {}", expected())))
+    }
+}
+
+/// `deserialize_*` methods for numbers, parsed with `FromStr`.
+macro_rules! numbers {
+    ($($method:ident $visit:ident $ty:ty, $expected:expr;)*) => {$(
+        fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, QueryError> {
+            visitor.$visit(self.parse::<$ty>(|| $expected.into())?)
+        }
+    )*};
+}
+
+/// The expectation for an integer type.
+fn whole(min: impl fmt::Display, max: impl fmt::Display) -> String {
+    format!("a whole number from {min} to {max}")
+}
+
+impl<'de> de::Deserializer<'de> for Value<'_> {
+    type Error = QueryError;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, QueryError> {
+        visitor.visit_str(self.0)
+    }
+
+    fn deserialize_bool<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, QueryError> {
+        visitor.visit_bool(self.parse(|| "true or false".into())?)
+    }
+
+    numbers! {
+        deserialize_u8 visit_u8 u8, whole(0, u8::MAX);
+        deserialize_u16 visit_u16 u16, whole(0, u16::MAX);
+        deserialize_u32 visit_u32 u32, whole(0, u32::MAX);
+        deserialize_u64 visit_u64 u64, whole(0, u64::MAX);
+        deserialize_i8 visit_i8 i8, whole(i8::MIN, i8::MAX);
+        deserialize_i16 visit_i16 i16, whole(i16::MIN, i16::MAX);
+        deserialize_i32 visit_i32 i32, whole(i32::MIN, i32::MAX);
+        deserialize_i64 visit_i64 i64, whole(i64::MIN, i64::MAX);
+        deserialize_f32 visit_f32 f32, "a number";
+        deserialize_f64 visit_f64 f64, "a number";
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, QueryError> {
+        visitor.visit_some(self)
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        visitor: V,
+    ) -> Result<V::Value, QueryError> {
+        visitor.visit_newtype_struct(self)
+    }
+
+    /// A unit variant by its serde name, ignoring ASCII case.
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        variants: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, QueryError> {
+        match variants.iter().find(|v| v.eq_ignore_ascii_case(self.0)) {
+            Some(variant) => visitor.visit_enum((*variant).into_deserializer()),
+            None => Err(de::Error::unknown_variant(self.0, variants)),
+        }
+    }
+
+    serde::forward_to_deserialize_any! {
+        i128 u128 char str string bytes byte_buf unit unit_struct seq tuple tuple_struct map
+        struct identifier ignored_any
+    }
+}
+
+/// Parses `value` as the value of parameter `key` would be parsed by [`LockUrl::query`]
+/// (enum variants by their serde names ignoring ASCII case): for `FromStr` impls.
+///
+/// ```
+/// #[derive(Debug, PartialEq, serde::Deserialize)]
+/// #[serde(rename_all = "lowercase")]
+/// enum Mode { Fast, Safe }
+///
+/// assert_eq!(lock_core::url::parse_value::<Mode>("mode", "SAFE")?, Mode::Safe);
+/// let e = lock_core::url::parse_value::<Mode>("mode", "slow").unwrap_err();
+/// assert!(e.to_string().contains(r#"mode "slow": expected fast or safe"#), "{e}");
+/// # Ok::<(), lock_core::LockError>(())
+/// ```
+///
+/// # Errors
+///
+/// [`LockError::Config`] naming `key` and the value, and saying what was expected.
+pub fn parse_value<T: DeserializeOwned>(key: &str, value: &str) -> Result<T, LockError> {
+    T::deserialize(Value(value))
+        .map_err(|e| LockError::config(format!("invalid {key} {value:?}: {e}")))
 }
 
 #[cfg(test)]
@@ -403,5 +791,101 @@ mod tests {
             unknown.contains("unknown parameter \"bad\"") && unknown.contains("t, n"),
             "{unknown}"
         );
+    }
+
+    #[derive(Debug, PartialEq, serde::Deserialize)]
+    #[serde(rename_all = "kebab-case")]
+    enum Mode {
+        Fast,
+        #[serde(rename = "safe")]
+        VerySafe,
+    }
+
+    #[derive(Debug, PartialEq, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Params {
+        #[serde(default, with = "duration")]
+        ttl: Duration,
+        count: Option<u32>,
+        ratio: Option<f64>,
+        tls: Option<bool>,
+        mode: Option<Mode>,
+        name: Option<String>,
+    }
+
+    fn query(url: &str) -> Result<Params, String> {
+        LockUrl::parse(url)
+            .unwrap()
+            .query()
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn query_parses_by_type() {
+        let params =
+            query("x://h?ttl=1m+30s&count=3&ratio=0.5&tls=true&mode=SAFE&name=a%26b").unwrap();
+        assert_eq!(
+            params,
+            Params {
+                ttl: Duration::from_secs(90),
+                count: Some(3),
+                ratio: Some(0.5),
+                tls: Some(true),
+                mode: Some(Mode::VerySafe),
+                name: Some("a&b".to_owned()),
+            }
+        );
+        let params = query("x://h?mode=fast").unwrap();
+        assert_eq!(
+            (params.ttl, params.mode),
+            (Duration::ZERO, Some(Mode::Fast))
+        );
+    }
+
+    #[test]
+    fn query_errors_name_the_scheme_and_the_parameter() {
+        for (url, expected) in [
+            (
+                "zk://h?cuont=1",
+                r#"unknown parameter "cuont" for zk:// (known: ttl, count, ratio, tls, mode, name)"#,
+            ),
+            (
+                "x://h?ttl=soon",
+                r#"parameter ttl="soon" for x://: not a duration such as 10s"#,
+            ),
+            (
+                "x://h?count=-1",
+                r#"parameter count="-1" for x://: expected a whole number from 0 to 4294967295"#,
+            ),
+            (
+                "x://h?ratio=lots",
+                r#"parameter ratio="lots" for x://: expected a number"#,
+            ),
+            (
+                "x://h?tls=yes",
+                r#"parameter tls="yes" for x://: expected true or false"#,
+            ),
+            (
+                "x://h?mode=slow",
+                r#"parameter mode="slow" for x://: expected fast or safe"#,
+            ),
+        ] {
+            let e = query(url).unwrap_err();
+            assert!(e.contains("invalid connection URL: "), "{url}: {e}");
+            assert!(e.contains(expected), "{url}: {e}");
+        }
+    }
+
+    #[test]
+    fn parse_value_uses_the_same_rules() {
+        assert_eq!(parse_value::<Mode>("mode", "Fast").unwrap(), Mode::Fast);
+        assert_eq!(parse_value::<u32>("n", "7").unwrap(), 7);
+        let e = parse_value::<Mode>("mode", "x").unwrap_err().to_string();
+        assert!(
+            e.contains(r#"invalid mode "x": expected fast or safe"#),
+            "{e}"
+        );
+        assert_eq!(one_of(&["a"]), "a");
+        assert_eq!(one_of(&["a", "b", "c"]), "a, b or c");
     }
 }
