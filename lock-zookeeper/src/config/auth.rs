@@ -1,0 +1,140 @@
+//! Who may touch the nodes distlock creates: [`AclPolicy`] and [`DigestAuth`].
+
+use std::fmt;
+
+use lock_core::LockError;
+
+use super::config_error;
+
+lock_core::url_enum! {
+    /// The ACL put on the nodes distlock creates.
+    ///
+    /// In a URL: `acl=open` or `acl=creator`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    #[non_exhaustive]
+    pub enum AclPolicy for "acl" {
+        /// `world:anyone` with all permissions (ZooKeeper's `OPEN_ACL_UNSAFE`). The default.
+        #[default]
+        Open = "open",
+        /// `auth` with all permissions (ZooKeeper's `CREATOR_ALL_ACL`): only clients
+        /// authenticated as the creator can read, change or delete the nodes. Requires
+        /// [digest authentication](DigestAuth).
+        CreatorAll = "creator",
+    }
+}
+
+/// Credentials for ZooKeeper's `digest` authentication scheme.
+///
+/// `Debug` shows the user but never the password.
+///
+/// ```
+/// use lock_zookeeper::DigestAuth;
+/// let auth = DigestAuth::new("app", "s3cret");
+/// assert!(!format!("{auth:?}").contains("s3cret"));
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct DigestAuth {
+    /// The user name; it must not contain `:`.
+    pub user: String,
+    /// The password.
+    pub password: String,
+}
+
+impl DigestAuth {
+    /// Credentials for `user` with `password`.
+    pub fn new(user: impl Into<String>, password: impl Into<String>) -> Self {
+        DigestAuth {
+            user: user.into(),
+            password: password.into(),
+        }
+    }
+
+    /// The credentials in a URL's `user:password@`, if any.
+    pub(super) fn from_url(
+        user: Option<String>,
+        password: Option<String>,
+    ) -> Result<Option<DigestAuth>, LockError> {
+        let missing = match (user, password) {
+            (None, None) => return Ok(None),
+            (Some(user), Some(password)) => return Ok(Some(DigestAuth::new(user, password))),
+            (Some(_), None) => "a user name but no password",
+            (None, Some(_)) => "a password but no user name",
+        };
+        Err(config_error(format!(
+            "the URL has {missing}; digest auth needs user:password@"
+        )))
+    }
+
+    pub(super) fn validate(&self) -> Result<(), LockError> {
+        if self.user.is_empty() {
+            return Err(config_error("the digest auth user name is empty"));
+        }
+        if self.user.contains(':') || self.user.chars().any(char::is_control) {
+            return Err(config_error(
+                "the digest auth user name must not contain ':' or control characters",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for DigestAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DigestAuth")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ZkConfig;
+    use super::super::tests::{from, rejects};
+    use super::*;
+
+    #[test]
+    fn each_acl_value_and_credentials() {
+        for (url, acl) in [
+            ("zk://h?acl=open", AclPolicy::Open),
+            ("zk://u:p@h?acl=CREATOR", AclPolicy::CreatorAll),
+        ] {
+            assert_eq!(from(url).acl, acl);
+            assert_eq!(acl.as_str().parse::<AclPolicy>().unwrap(), acl);
+            assert_eq!(acl.to_string(), acl.as_str());
+        }
+        // Credentials with the open ACL are kept; the password may be empty.
+        let config = from("zk://u:@h");
+        assert_eq!(
+            (config.auth, config.acl),
+            (Some(DigestAuth::new("u", "")), AclPolicy::Open)
+        );
+    }
+
+    #[test]
+    fn rejected_credentials() {
+        for case in [
+            "zk://alice@h|a user name but no password",
+            "zk://:topsecret@h|a password but no user name",
+            "zk://a%3Ab:topsecret@h|':'",
+            "zk://a%01b:topsecret@h|control",
+            "zk://u:topsecret@h?acl=closed|acl|\"closed\"|open or creator",
+            "zk://h?acl=creator|acl=creator|credentials",
+        ] {
+            let (url, parts) = case.split_once('|').unwrap();
+            rejects(url, parts);
+        }
+        let config = ZkConfig::new(["h:2181"]).with_acl(AclPolicy::CreatorAll);
+        assert!(config.validate().is_err());
+        assert!(
+            config
+                .with_auth(DigestAuth::new("u", "p"))
+                .validate()
+                .is_ok()
+        );
+        let e = ZkConfig::new(["h:1"])
+            .with_auth(DigestAuth::new("", "p"))
+            .validate();
+        assert!(e.unwrap_err().to_string().contains("user name is empty"));
+    }
+}
