@@ -1,0 +1,352 @@
+//! [`RedlockConfig`]: Redlock over several independent servers, and its URL.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lock_core::LockError;
+use lock_core::url::{LockUrl, duration};
+use serde::Deserialize;
+
+use super::{DEFAULT_TIMEOUT, RedisConfig, RedisServer, check_lease, config_error, servers};
+
+/// Longest accepted retry delay.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
+/// Largest accepted clock drift factor.
+const MAX_DRIFT_FACTOR: f64 = 0.5;
+
+/// How to lock with Redlock over several independent Redis servers.
+///
+/// A lock is held when a majority ([`quorum`](RedlockConfig::quorum)) of the servers
+/// granted it within its validity, `ttl − elapsed − clock_drift_factor × ttl`. Fencing
+/// tokens are not monotonic under Redlock. Use an odd number of servers, at least three:
+/// with fewer, or an even number, a failed server costs more than it should (the URL
+/// parser warns).
+///
+/// ```
+/// use lock_redis::{RedisServer, RedlockConfig};
+/// let config = RedlockConfig::new(["r1", "r2", "r3", "r4", "r5"].map(RedisServer::new));
+/// assert_eq!(config.quorum(), 3);
+/// config.validate()?;
+/// # Ok::<(), lock_core::LockError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct RedlockConfig {
+    /// The servers; at least one.
+    pub servers: Vec<RedisServer>,
+    /// The key prefix, as for [`RedisConfig::key_prefix`]. Default `lock`.
+    pub key_prefix: String,
+    /// The lease, as for [`RedisConfig::ttl`]. Default 30 s.
+    pub ttl: Duration,
+    /// The share of the ttl subtracted from a grant's validity for clock drift between the
+    /// servers; from 0 to 0.5. Default 0.01.
+    pub clock_drift_factor: f64,
+    /// How many more rounds to try when a round reaches no quorum (contenders split the
+    /// votes) before the lock counts as busy. Default 3.
+    pub retry_count: u32,
+    /// The delay before such a retry (randomised by the provider); more than 0 and at most
+    /// 1 minute. Default 200 ms.
+    pub retry_delay: Duration,
+    /// The request timeout, as for [`RedisConfig::timeout`]. Default 5 s.
+    pub timeout: Duration,
+}
+
+impl RedlockConfig {
+    /// The default clock drift factor, 0.01.
+    pub const DEFAULT_CLOCK_DRIFT_FACTOR: f64 = 0.01;
+    /// The default retry count, 3.
+    pub const DEFAULT_RETRY_COUNT: u32 = 3;
+    /// The default retry delay, 200 ms.
+    pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(200);
+
+    /// A configuration for `servers` with every other setting at its default.
+    pub fn new(servers: impl IntoIterator<Item = RedisServer>) -> Self {
+        RedlockConfig {
+            servers: servers.into_iter().collect(),
+            key_prefix: RedisConfig::DEFAULT_KEY_PREFIX.to_owned(),
+            ttl: RedisConfig::DEFAULT_TTL,
+            clock_drift_factor: Self::DEFAULT_CLOCK_DRIFT_FACTOR,
+            retry_count: Self::DEFAULT_RETRY_COUNT,
+            retry_delay: Self::DEFAULT_RETRY_DELAY,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// The number of servers that must grant a lock: N/2 + 1 for N servers.
+    pub fn quorum(&self) -> usize {
+        self.servers.len() / 2 + 1
+    }
+
+    /// Parses a `redlock://` connection URL and [validates](Self::validate) the result.
+    ///
+    /// ```text
+    /// redlock://[user[:password]@]host1[:port],host2[:port],host3[:port][/db]?prefix=lock&ttl=30s
+    ///     &retry_count=3&retry_delay=200ms&drift_factor=0.01&tls=false
+    /// ```
+    ///
+    /// | part | meaning | default |
+    /// |---|---|---|
+    /// | `user:password@` | credentials, the same for every server | none |
+    /// | hosts | the independent servers, comma-separated, IPv6 in brackets | port 6379 |
+    /// | `/db` | logical database on every server | 0 |
+    /// | `prefix`, `ttl`, `timeout` | as for [`redis://`](RedisConfig::from_url) | `lock`, `30s`, `5s` |
+    /// | `retry_count` | retries of a round without quorum | `3` |
+    /// | `retry_delay` | delay before such a retry, more than 0 and at most 1m | `200ms` |
+    /// | `drift_factor` | clock drift share of the ttl, from 0 to 0.5 | `0.01` |
+    /// | `tls` | `true` to connect to every server with TLS | `false` |
+    /// | `tls_ca` | with `tls=true`, a PEM file of the authorities to trust | the system's |
+    ///
+    /// Fewer than three servers, or an even number, is accepted with a `tracing` warning.
+    ///
+    /// ```
+    /// use lock_redis::RedlockConfig;
+    /// let config = RedlockConfig::from_url("redlock://:s3cret@r1,r2:6380,r3/4?tls=true&retry_count=5")?;
+    /// assert_eq!(config.servers.len(), 3);
+    /// assert!(config.servers.iter().all(|s| s.tls && s.db == 4));
+    /// assert_eq!(config.servers[1].address(), "r2:6380");
+    /// assert_eq!(config.retry_count, 5);
+    /// # Ok::<(), lock_core::LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] naming the bad part (never repeating the password): another
+    /// scheme, a malformed URL, no host, a bad database, a user name without a password,
+    /// an unknown parameter or value, a setting out of bounds.
+    pub fn from_url(url: &str) -> Result<RedlockConfig, LockError> {
+        let url = LockUrl::parse(url)?;
+        if url.scheme != "redlock" {
+            return Err(config_error(
+                "redlock",
+                format!("the URL scheme is {:?}; expected redlock://", url.scheme),
+            ));
+        }
+        let params: RedlockParams = url.query()?;
+        let config = RedlockConfig {
+            servers: servers(&url, params.tls, params.tls_ca, "redlock")?,
+            key_prefix: params.prefix,
+            ttl: params.ttl,
+            clock_drift_factor: params.drift_factor,
+            retry_count: params.retry_count,
+            retry_delay: params.retry_delay,
+            timeout: params.timeout,
+        };
+        config.validate()?;
+        if let Some(warning) = config.quorum_warning() {
+            tracing::warn!(servers = config.servers.len(), "redlock: {warning}");
+        }
+        Ok(config)
+    }
+
+    /// Checks every setting.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] naming the bad setting: no server, a bad server (see
+    /// [`RedisServer::validate`]), a key prefix, ttl, timeout, drift factor or retry delay
+    /// out of bounds.
+    pub fn validate(&self) -> Result<(), LockError> {
+        if self.servers.is_empty() {
+            return Err(config_error("redlock", "at least one server is required"));
+        }
+        for server in &self.servers {
+            server.validate_for("redlock")?;
+        }
+        check_lease("redlock", &self.key_prefix, self.ttl, self.timeout)?;
+        let factor = self.clock_drift_factor;
+        if !(0.0..=MAX_DRIFT_FACTOR).contains(&factor) {
+            let rule = format!("it must be from 0 to {MAX_DRIFT_FACTOR}");
+            return Err(config_error(
+                "redlock",
+                format!("drift_factor is {factor}; {rule}"),
+            ));
+        }
+        if self.retry_delay.is_zero() || self.retry_delay > MAX_RETRY_DELAY {
+            let delay = self.retry_delay;
+            let rule = "it must be more than 0 and at most 1m";
+            return Err(config_error(
+                "redlock",
+                format!("retry_delay is {delay:?}; {rule}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Why the number of servers is a poor choice, if it is.
+    fn quorum_warning(&self) -> Option<String> {
+        let n = self.servers.len();
+        if n < 3 {
+            Some(format!(
+                "{n} server(s): Redlock tolerates no server failure with fewer than 3; use 3 or 5"
+            ))
+        } else if n.is_multiple_of(2) {
+            Some(format!(
+                "{n} servers (an even number): the quorum is {}, so it tolerates no more \
+                 failures than {} servers would",
+                self.quorum(),
+                n - 1
+            ))
+        } else {
+            None
+        }
+    }
+}
+
+lock_core::setters! { RedlockConfig {
+    /// Sets the clock drift factor.
+    with_clock_drift_factor(factor: f64) => clock_drift_factor = factor;
+    /// Sets the retry count.
+    with_retry_count(count: u32) => retry_count = count;
+    /// Sets the retry delay.
+    with_retry_delay(delay: Duration) => retry_delay = delay;
+}}
+
+/// The query parameters of a `redlock://` URL; their defaults are [`RedlockConfig::new`]'s.
+#[derive(Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RedlockParams {
+    prefix: String,
+    #[serde(with = "duration")]
+    ttl: Duration,
+    retry_count: u32,
+    #[serde(with = "duration")]
+    retry_delay: Duration,
+    drift_factor: f64,
+    tls: bool,
+    tls_ca: Option<PathBuf>,
+    #[serde(with = "duration")]
+    timeout: Duration,
+}
+
+impl Default for RedlockParams {
+    fn default() -> Self {
+        RedlockParams {
+            prefix: RedisConfig::DEFAULT_KEY_PREFIX.to_owned(),
+            ttl: RedisConfig::DEFAULT_TTL,
+            retry_count: RedlockConfig::DEFAULT_RETRY_COUNT,
+            retry_delay: RedlockConfig::DEFAULT_RETRY_DELAY,
+            drift_factor: RedlockConfig::DEFAULT_CLOCK_DRIFT_FACTOR,
+            tls: false,
+            tls_ca: None,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::rejects;
+    use super::*;
+
+    fn redlock(url: &str) -> RedlockConfig {
+        RedlockConfig::from_url(url).unwrap()
+    }
+
+    #[test]
+    fn minimal_redlock_url_takes_every_default() {
+        let config = redlock("redlock://r1,r2:6380,r3");
+        let servers = [
+            RedisServer::new("r1"),
+            RedisServer::new("r2").with_port(6380),
+        ];
+        let expected = RedlockConfig::new(servers.into_iter().chain([RedisServer::new("r3")]));
+        assert_eq!(config, expected);
+        assert_eq!(
+            (config.key_prefix.as_str(), config.ttl),
+            ("lock", Duration::from_secs(30))
+        );
+        assert_eq!(config.clock_drift_factor, 0.01);
+        assert_eq!(config.retry_count, 3);
+        assert_eq!(config.retry_delay, Duration::from_millis(200));
+        assert_eq!(config.timeout, Duration::from_secs(5));
+        assert_eq!((config.quorum(), config.quorum_warning()), (2, None));
+    }
+
+    #[test]
+    fn full_redlock_url() {
+        let config = redlock(
+            "redlock://locker:p%40ss@r1,r2,r3,r4,r5/3?prefix=jobs&ttl=10s&retry_count=0\
+             &retry_delay=50ms&drift_factor=0.05&tls=true&tls_ca=/ca.pem&timeout=1s",
+        );
+        let server = |host| {
+            RedisServer::new(host)
+                .with_tls(true)
+                .with_tls_ca("/ca.pem")
+                .with_db(3)
+                .with_username("locker")
+                .with_password("p@ss")
+        };
+        let expected = RedlockConfig::new(["r1", "r2", "r3", "r4", "r5"].map(server))
+            .with_key_prefix("jobs")
+            .with_ttl(Duration::from_secs(10))
+            .with_retry_count(0)
+            .with_retry_delay(Duration::from_millis(50))
+            .with_clock_drift_factor(0.05)
+            .with_timeout(Duration::from_secs(1));
+        assert_eq!(config, expected);
+        assert_eq!(config.quorum(), 3);
+        assert!(!format!("{config:?}").contains("p@ss"));
+        let plain = redlock("redlock://r1,r2,r3?tls=false");
+        assert!(plain.servers.iter().all(|s| !s.tls));
+    }
+
+    #[test]
+    fn quorum_is_a_majority_and_weak_counts_warn() {
+        for (n, quorum) in [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (6, 4), (7, 4)] {
+            let config = RedlockConfig::new((0..n).map(|i| RedisServer::new(format!("r{i}"))));
+            assert_eq!(config.quorum(), quorum, "{n} servers");
+        }
+        for (url, warns) in [
+            ("redlock://r1", true),
+            ("redlock://r1,r2", true),
+            ("redlock://r1,r2,r3", false),
+            ("redlock://r1,r2,r3,r4", true),
+            ("redlock://r1,r2,r3,r4,r5", false),
+        ] {
+            assert_eq!(redlock(url).quorum_warning().is_some(), warns, "{url}");
+        }
+    }
+
+    #[test]
+    fn rejected_redlock_urls() {
+        for case in [
+            "redis://r1,r2,r3|expected redlock://",
+            "redlock://|no host",
+            "redlock://r1,,r3|empty host",
+            "redlock://u:topsecret@r1?strategy=queue|unknown parameter \"strategy\" for redlock://\
+             |known: prefix, ttl, retry_count, retry_delay, drift_factor, tls, tls_ca, timeout",
+            "redlock://r1?tls=yes|tls|true or false",
+            "redlock://r1?retry_count=-1|retry_count|whole number",
+            "redlock://r1?retry_delay=0s|retry_delay",
+            "redlock://r1?retry_delay=2m|at most 1m",
+            "redlock://r1?drift_factor=0.6|drift_factor|from 0 to 0.5",
+            "redlock://r1?drift_factor=-0.1|drift_factor",
+            "redlock://r1?drift_factor=NaN|drift_factor",
+            "redlock://r1?drift_factor=lots|drift_factor|a number",
+            "redlock://r1?ttl=50ms|at least 100ms",
+            "redlock://r1?timeout=1h|timeout",
+            "redlock://r1?prefix=|must not be empty",
+        ] {
+            rejects(RedlockConfig::from_url, case);
+        }
+    }
+
+    #[test]
+    fn redlock_validate_checks_hand_built_configs() {
+        let ok = RedlockConfig::new([RedisServer::new("r1")]);
+        assert!(ok.validate().is_ok());
+        assert!(RedlockConfig::new([]).validate().is_err());
+        let e = RedlockConfig::new([RedisServer::new("r1").with_port(0)]).validate();
+        assert!(e.unwrap_err().to_string().contains("redlock: port 0"));
+        for config in [
+            ok.clone().with_clock_drift_factor(f64::INFINITY),
+            ok.clone().with_retry_delay(Duration::ZERO),
+            ok.clone().with_ttl(Duration::ZERO),
+            ok.clone().with_timeout(Duration::ZERO),
+            ok.clone().with_key_prefix("{x}"),
+        ] {
+            assert!(config.validate().is_err(), "{config:?}");
+        }
+        assert!(ok.with_retry_count(10).validate().is_ok());
+    }
+}
