@@ -49,8 +49,8 @@ pub(crate) async fn run(options: RunOptions) -> u8 {
     };
     // Everything that can be checked without a server is checked first.
     let config = match LockName::new(&options.name)
-        .and_then(|_| with_ttl(&options.url, options.ttl))
-        .and_then(|url| BackendConfig::from_url(&url))
+        .and_then(|_| BackendConfig::from_url(&options.url))
+        .and_then(|config| with_ttl(config, options.ttl))
     {
         Ok(config) => config,
         Err(error) => {
@@ -349,34 +349,34 @@ impl Signals {
     }
 }
 
-/// `url` with `--ttl` applied: `ttl=` for the Redis schemes, `session_timeout=` for
-/// ZooKeeper, replacing the URL's own value.
-pub(crate) fn with_ttl(url: &str, ttl: Option<Duration>) -> Result<String, LockError> {
+/// `config` with `--ttl` applied through its setter, and checked again: the lease of the
+/// Redis schemes, the session timeout of ZooKeeper, replacing the URL's own value.
+pub(crate) fn with_ttl(
+    config: BackendConfig,
+    ttl: Option<Duration>,
+) -> Result<BackendConfig, LockError> {
     let Some(ttl) = ttl else {
-        return Ok(url.to_owned());
+        return Ok(config);
     };
-    // The scheme as the URL parser reads it (lower-cased, validated).
-    let scheme = lock_core::url::LockUrl::parse(url)?.scheme;
-    let key = match scheme.as_str() {
-        "redis" | "rediss" | "redlock" => "ttl",
-        "zk" | "zookeeper" => "session_timeout",
-        other => {
-            return Err(LockError::config(format!(
-                "--ttl has no meaning for {other}:// (it sets the lease of redis://, rediss:// \
-                 and redlock:// locks and the session timeout of zk:// locks)"
-            )));
+    match config {
+        BackendConfig::ZooKeeper(config) => {
+            let config = config.with_session_timeout(ttl);
+            config.validate().map(|()| BackendConfig::ZooKeeper(config))
         }
-    };
-    let value = format!("{}ms", ttl.as_millis());
-    let url = url.trim();
-    let (base, query) = url.split_once('?').unwrap_or((url, ""));
-    let mut params: Vec<&str> = query
-        .split('&')
-        .filter(|param| !param.is_empty() && param.split('=').next() != Some(key))
-        .collect();
-    let setting = format!("{key}={value}");
-    params.push(&setting);
-    Ok(format!("{base}?{}", params.join("&")))
+        BackendConfig::Redis(config) => {
+            let config = config.with_ttl(ttl);
+            config.validate().map(|()| BackendConfig::Redis(config))
+        }
+        BackendConfig::Redlock(config) => {
+            let config = config.with_ttl(ttl);
+            config.validate().map(|()| BackendConfig::Redlock(config))
+        }
+        other => Err(LockError::config(format!(
+            "--ttl has no meaning for {}:// (it sets the lease of redis://, rediss:// \
+             and redlock:// locks and the session timeout of zk:// locks)",
+            other.backend()
+        ))),
+    }
 }
 
 /// The servers a URL names, for messages (never its credentials).
@@ -469,5 +469,50 @@ impl Connection {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ttl(url: &str, ttl: Option<Duration>) -> Result<BackendConfig, String> {
+        let config = BackendConfig::from_url(url).map_err(|e| e.to_string())?;
+        with_ttl(config, ttl).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn ttl_sets_the_lease_or_the_session_timeout() {
+        let secs = |n| Some(Duration::from_secs(n));
+        let Ok(BackendConfig::Redis(redis)) = ttl("redis://h?ttl=30s&prefix=p", secs(2)) else {
+            panic!("not a Redis config");
+        };
+        assert_eq!(
+            (redis.ttl, redis.key_prefix.as_str()),
+            (Duration::from_secs(2), "p")
+        );
+        let Ok(BackendConfig::Redlock(redlock)) = ttl("redlock://a,b,c", secs(3)) else {
+            panic!("not a Redlock config");
+        };
+        assert_eq!(redlock.ttl, Duration::from_secs(3));
+        let url = "zk://h?session_timeout=10s";
+        let Ok(BackendConfig::ZooKeeper(zk)) = ttl(url, secs(4)) else {
+            panic!("not a ZooKeeper config");
+        };
+        assert_eq!(zk.session_timeout, Duration::from_secs(4));
+        assert_eq!(
+            ttl(url, None),
+            BackendConfig::from_url(url).map_err(|e| e.to_string())
+        );
+    }
+
+    #[test]
+    fn ttl_is_checked_and_only_where_it_means_something() {
+        let e = ttl("redis://h", Some(Duration::from_millis(1))).unwrap_err();
+        assert!(e.contains("ttl is 1ms"), "{e}");
+        let e = ttl("zk://h", Some(Duration::from_secs(7200))).unwrap_err();
+        assert!(e.contains("session_timeout is 7200s"), "{e}");
+        let e = ttl("memory://", Some(Duration::from_secs(1))).unwrap_err();
+        assert!(e.contains("--ttl has no meaning for memory://"), "{e}");
     }
 }
