@@ -6,8 +6,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lock_core::kit::{Retry, retry_in_background};
 use lock_core::{
-    FencingToken, Guard, GuardBackend, LockError, LockName, LossReason, LostNotifier, lost_signal,
+    Deadline, FencingToken, Guard, GuardBackend, LockError, LockName, LossReason, LostNotifier,
+    lost_signal,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -222,26 +224,15 @@ async fn watchdog(
 /// Releases `lease` in the background, retrying failures until the lease would have run
 /// out anyway.
 pub(crate) fn release_in_background(lease: Arc<dyn Lease>) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        tracing::debug!(
-            ?lease,
-            "redis: no runtime for the release; the lease will expire"
-        );
-        return;
-    };
-    runtime.spawn(async move {
-        let give_up = Instant::now() + lease.ttl();
-        loop {
+    let what = format!("release of {lease:?}");
+    let give_up = Deadline::after(Some(lease.ttl()));
+    retry_in_background(lease.backend(), what, RETRY_PAUSE, give_up, move || {
+        let lease = Arc::clone(&lease);
+        async move {
             match lease.release().await {
-                Ok(_) => return,
-                Err(error) if error.is_retryable() && Instant::now() < give_up => {
-                    tracing::debug!(%error, "redis: background release failed; retrying");
-                    tokio::time::sleep(RETRY_PAUSE).await;
-                }
-                Err(error) => {
-                    tracing::debug!(%error, "redis: background release failed; the lease will expire");
-                    return;
-                }
+                Ok(_) => Retry::Done,
+                Err(error) if error.is_retryable() => Retry::Again(error.to_string()),
+                Err(error) => Retry::GiveUp(error.to_string()),
             }
         }
     });

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{Deadline, DistributedLock, Guard, LockError, LockName};
+use lock_core::kit::{Abandon, Cleanup, MutexAttempt, Retry, Wakeups, retry_in_background};
+use lock_core::{Deadline, Guard, LockError, LockName};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -81,62 +82,28 @@ impl fmt::Debug for RedisLock {
     }
 }
 
-#[async_trait]
-impl DistributedLock for RedisLock {
-    fn name(&self) -> &LockName {
-        &self.name
-    }
+/// An acquisition's owner id on the server, until it is granted or gives up.
+struct Contender(Arc<Grant>);
 
-    async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
-        self.run(Deadline::after(Some(Duration::ZERO))).await
-    }
-
-    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        self.run(Deadline::after(timeout))
-            .await?
-            .ok_or_else(|| LockError::timed_out(BACKEND, &self.name, timeout))
-    }
-}
-
-/// One acquisition: its owner id, and the clean-up armed until it is granted or gives up.
-struct Attempt {
-    grant: Arc<Grant>,
-    armed: bool,
-}
-
-impl Drop for Attempt {
-    fn drop(&mut self) {
-        if self.armed {
-            // Cancelled, or failed: leave the queue, and pass on a grant that raced us.
-            cancel_in_background(Arc::clone(&self.grant));
-        }
-    }
-}
-
-/// Runs [`Grant::cancel`] in the background, retrying failures until the waiter's place and
-/// any grant to it would have expired anyway.
-fn cancel_in_background(grant: Arc<Grant>) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        tracing::debug!(lock = %grant.name, "redis: no runtime for the clean-up; the entries will expire");
-        return;
-    };
-    runtime.spawn(async move {
-        let ttl = grant.shared.config.ttl;
-        let give_up = Instant::now() + ttl.max(liveness(ttl, grant.shared.config.timeout));
-        loop {
-            match grant.cancel().await {
-                Ok(_) => return,
-                Err(error) if error.is_retryable() && Instant::now() < give_up && !grant.shared.is_closed() => {
-                    tracing::debug!(lock = %grant.name, %error, "redis: clean-up failed; retrying");
-                    tokio::time::sleep(RETRY_PAUSE).await;
-                }
-                Err(error) => {
-                    tracing::debug!(lock = %grant.name, %error, "redis: clean-up abandoned; the entries will expire");
-                    return;
+/// Cancelled, or failed: leave the queue, and pass on a grant that raced the cancellation,
+/// retrying until the waiter's place and any grant to it would have expired anyway.
+impl Abandon for Contender {
+    fn abandon(self) {
+        let ttl = self.0.shared.config.ttl;
+        let give_up = Deadline::after(Some(ttl.max(liveness(ttl, self.0.shared.config.timeout))));
+        let what = format!("clean-up of lock {}", self.0.name);
+        retry_in_background(BACKEND, what, RETRY_PAUSE, give_up, move || {
+            let grant = Arc::clone(&self.0);
+            async move {
+                match grant.cancel().await {
+                    Ok(_) => Retry::Done,
+                    Err(_) if grant.shared.is_closed() => Retry::Done,
+                    Err(error) if error.is_retryable() => Retry::Again(error.to_string()),
+                    Err(error) => Retry::GiveUp(error.to_string()),
                 }
             }
-        }
-    });
+        });
+    }
 }
 
 impl RedisLock {
@@ -144,14 +111,20 @@ impl RedisLock {
         let keys = Arc::new(LockKeys::new(&shared.config.key_prefix, &name));
         RedisLock { shared, name, keys }
     }
+}
 
-    async fn run(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
-        if self.shared.is_closed() {
-            return Err(LockError::SessionExpired {
-                backend: BACKEND,
-                name: Some(self.name.to_string()),
-            });
-        }
+#[async_trait]
+impl MutexAttempt for RedisLock {
+    fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
+        self.shared.closed.check(BACKEND, &self.name)?;
         let grant = Arc::new(Grant {
             shared: Arc::clone(&self.shared),
             keys: Arc::clone(&self.keys),
@@ -159,10 +132,7 @@ impl RedisLock {
             id: Uuid::new_v4().simple().to_string(),
         });
         // Armed from before the first request is sent.
-        let mut attempt = Attempt {
-            grant: Arc::clone(&grant),
-            armed: true,
-        };
+        let mut attempt = Cleanup::new(Contender(Arc::clone(&grant)));
         let granted = match self.shared.config.strategy {
             RedisStrategy::Polling => self.poll(&grant, deadline).await,
             RedisStrategy::PubSub => self.subscribe_and_wait(&grant, deadline).await,
@@ -170,7 +140,7 @@ impl RedisLock {
         };
         match granted {
             Ok(Some((token, sent, length))) => {
-                attempt.armed = false;
+                attempt.disarm();
                 self.shared.metrics.record_grant();
                 make_guard(grant, &self.name, token, sent, length).map(Some)
             }
@@ -181,25 +151,25 @@ impl RedisLock {
                     && !deadline.is_immediate();
                 // Gave up: clean up now, so that the next contender is not delayed.
                 if !queued || grant.cancel().await.is_ok() {
-                    attempt.armed = false;
+                    attempt.disarm();
                 }
                 Ok(None)
             }
             Err(error) => Err(error),
         }
     }
+}
 
+impl RedisLock {
     /// `GRANT` until granted or the deadline; jittered exponential back-off.
     async fn poll(&self, grant: &Grant, deadline: Deadline) -> Result<Option<Grant3>, LockError> {
         let mut pause = POLL_MIN;
-        let mut woken = false;
+        let mut wakeups = Wakeups::new(&self.shared.metrics);
         loop {
             if let Some(granted) = grant.try_grant().await? {
                 return Ok(Some(granted));
             }
-            if woken {
-                self.shared.metrics.record_futile_wakeup();
-            }
+            wakeups.busy();
             if deadline.is_immediate() || deadline.has_passed() {
                 return Ok(None);
             }
@@ -209,8 +179,7 @@ impl RedisLock {
                 .map_or(jittered, |left| left.min(jittered));
             tokio::time::sleep(nap).await;
             pause = (pause * 2).min(POLL_MAX);
-            self.shared.metrics.record_wakeup();
-            woken = true;
+            wakeups.woke();
         }
     }
 
@@ -222,16 +191,13 @@ impl RedisLock {
         deadline: Deadline,
     ) -> Result<Option<Grant3>, LockError> {
         let mut pubsub = None;
-        let mut woken = false;
+        let mut wakeups = Wakeups::new(&self.shared.metrics);
         let period = refresh_period(self.shared.config.ttl);
         loop {
             if let Some(granted) = grant.try_grant().await? {
                 return Ok(Some(granted));
             }
-            if woken {
-                self.shared.metrics.record_futile_wakeup();
-                woken = false;
-            }
+            wakeups.busy();
             if deadline.is_immediate() || deadline.has_passed() {
                 return Ok(None);
             }
@@ -252,10 +218,7 @@ impl RedisLock {
                 () = tokio::time::sleep(nap) => None,
             };
             match heard {
-                Some(Heard::Release) => {
-                    self.shared.metrics.record_wakeup();
-                    woken = true;
-                }
+                Some(Heard::Release) => wakeups.woke(),
                 // The subscription connection ended: join again.
                 Some(Heard::Ended) => pubsub = None,
                 None => {}

@@ -4,11 +4,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_core::kit::{Closed, SessionOwner};
 use lock_core::{
     Capabilities, DistributedLock, Fencing, LockError, LockName, LockProvider, Metrics,
     MetricsSnapshot, WaitKind,
 };
-use tokio::sync::watch;
 
 use crate::config::{RedisConfig, RedisStrategy};
 use crate::error::BACKEND;
@@ -40,7 +40,7 @@ use crate::node::Node;
 #[derive(Clone)]
 pub struct RedisLockProvider {
     shared: Arc<Shared>,
-    _owner: Arc<Owner>,
+    _owner: SessionOwner,
 }
 
 /// What the provider's lock handles and guards share.
@@ -48,7 +48,7 @@ pub(crate) struct Shared {
     pub(crate) config: RedisConfig,
     pub(crate) node: Node,
     pub(crate) metrics: Arc<Metrics>,
-    closed: Closed,
+    pub(crate) closed: Closed,
 }
 
 impl Shared {
@@ -62,45 +62,11 @@ impl Shared {
     }
 }
 
-/// Whether a provider's last handle is gone: the end of its "session".
-#[derive(Debug)]
-pub(crate) struct Closed(watch::Sender<bool>);
-
-impl Closed {
-    pub(crate) fn new() -> Self {
-        Closed(watch::channel(false).0)
-    }
-
-    pub(crate) fn close(&self) {
-        self.0.send_replace(true);
-    }
-
-    pub(crate) fn is_closed(&self) -> bool {
-        *self.0.borrow()
-    }
-
-    pub(crate) async fn wait(&self) {
-        let mut closed = self.0.subscribe();
-        let _ = closed.wait_for(|closed| *closed).await;
-    }
-}
-
 impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Shared")
             .field("server", &self.node.address())
             .finish()
-    }
-}
-
-/// Held only by the provider's handles.
-struct Owner {
-    shared: Arc<Shared>,
-}
-
-impl Drop for Owner {
-    fn drop(&mut self) {
-        self.shared.closed.close();
     }
 }
 
@@ -128,9 +94,10 @@ impl RedisLockProvider {
             metrics,
             closed: Closed::new(),
         });
+        let closing = Arc::clone(&shared);
         Ok(RedisLockProvider {
-            _owner: Arc::new(Owner {
-                shared: Arc::clone(&shared),
+            _owner: SessionOwner::new(move || {
+                closing.closed.close();
             }),
             shared,
         })

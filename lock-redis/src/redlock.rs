@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::join_all;
+use lock_core::kit::{Abandon, Cleanup, Closed, MutexAttempt, SessionOwner, Wakeups};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Fencing, Guard, LockError, LockName, LockProvider,
     Metrics, MetricsSnapshot, WaitKind,
@@ -18,7 +19,6 @@ use crate::config::RedlockConfig;
 use crate::guard::{Lease, Renewal, grant as make_guard};
 use crate::keys::LockKeys;
 use crate::node::Node;
-use crate::provider::Closed;
 use crate::scripts::{EXTEND, RELEASE, VOTE};
 
 pub(crate) const REDLOCK: &str = "redlock";
@@ -54,7 +54,7 @@ fn millis(duration: Duration) -> u64 {
 #[derive(Clone)]
 pub struct RedlockProvider {
     shared: Arc<Shared>,
-    _owner: Arc<Owner>,
+    _owner: SessionOwner,
 }
 
 struct Shared {
@@ -150,16 +150,6 @@ fn worst(errors: Vec<LockError>, name: &LockName, what: &str) -> LockError {
     }
 }
 
-struct Owner {
-    shared: Arc<Shared>,
-}
-
-impl Drop for Owner {
-    fn drop(&mut self) {
-        self.shared.closed.close();
-    }
-}
-
 impl RedlockProvider {
     /// Prepares a connection to every server and checks that a majority answers.
     ///
@@ -206,9 +196,10 @@ impl RedlockProvider {
                 source: errors.into_iter().next().map(|e| Box::new(e) as _),
             });
         }
+        let closing = Arc::clone(&shared);
         Ok(RedlockProvider {
-            _owner: Arc::new(Owner {
-                shared: Arc::clone(&shared),
+            _owner: SessionOwner::new(move || {
+                closing.closed.close();
             }),
             shared,
         })
@@ -298,46 +289,28 @@ enum Round {
     Split { errors: Vec<LockError>, kept: bool },
 }
 
+/// Votes not yet a grant: given up on every server if abandoned, so that a cancelled round
+/// leaves no partial grant.
+struct Votes(Arc<RedlockGrant>);
+
+impl Abandon for Votes {
+    fn abandon(self) {
+        crate::guard::release_in_background(self.0 as Arc<dyn Lease>);
+    }
+}
+
 #[async_trait]
-impl DistributedLock for RedlockLock {
+impl MutexAttempt for RedlockLock {
     fn name(&self) -> &LockName {
         &self.name
     }
 
-    async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
-        self.run(Deadline::after(Some(Duration::ZERO))).await
+    fn backend(&self) -> &'static str {
+        REDLOCK
     }
 
-    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        self.run(Deadline::after(timeout))
-            .await?
-            .ok_or_else(|| LockError::timed_out(REDLOCK, &self.name, timeout))
-    }
-}
-
-/// Gives a grant up on every server if it is dropped before it is held: a cancelled round
-/// leaves no partial grant.
-struct Pending {
-    grant: Arc<RedlockGrant>,
-    armed: bool,
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        if self.armed {
-            crate::guard::release_in_background(Arc::clone(&self.grant) as Arc<dyn Lease>);
-        }
-    }
-}
-
-impl RedlockLock {
-    async fn run(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
-        if self.shared.closed.is_closed() {
-            return Err(LockError::SessionExpired {
-                backend: REDLOCK,
-                name: Some(self.name.to_string()),
-            });
-        }
+    async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
+        self.shared.closed.check(REDLOCK, &self.name)?;
         let grant = Arc::new(RedlockGrant {
             shared: Arc::clone(&self.shared),
             keys: Arc::clone(&self.keys),
@@ -345,19 +318,16 @@ impl RedlockLock {
             id: Uuid::new_v4().simple().to_string(),
             released: Mutex::new(vec![false; self.shared.nodes.len()]),
         });
-        let mut pending = Pending {
-            grant: Arc::clone(&grant),
-            armed: true,
-        };
+        let mut votes = Cleanup::new(Votes(Arc::clone(&grant)));
         let mut split_rounds = 0;
-        let mut woken = false;
+        let mut wakeups = Wakeups::new(&self.shared.metrics);
         let mut first_vote = None;
         loop {
             let (round, asked) = grant.round(first_vote).await;
             let mut kept_votes = false;
             match round {
                 Round::Held(token, asked) => {
-                    pending.armed = false;
+                    votes.disarm();
                     self.shared.metrics.record_grant();
                     return make_guard(grant, &self.name, token, asked, self.shared.config.ttl)
                         .map(Some);
@@ -373,9 +343,7 @@ impl RedlockLock {
                 }
             }
             first_vote = kept_votes.then_some(asked);
-            if woken {
-                self.shared.metrics.record_futile_wakeup();
-            }
+            wakeups.busy();
             // A try retries split votes `retry_count` times; a wait goes on to its deadline.
             let retrying = split_rounds > 0 && split_rounds <= self.shared.config.retry_count;
             let gave_up = if deadline.is_immediate() {
@@ -401,8 +369,7 @@ impl RedlockLock {
             };
             let nap = deadline.remaining().map_or(delay, |left| left.min(delay));
             tokio::time::sleep(nap).await;
-            self.shared.metrics.record_wakeup();
-            woken = true;
+            wakeups.woke();
         }
     }
 }
