@@ -1,0 +1,56 @@
+-- ATTEMPT(id, ttl, liveness, prefix, mode, channel, claim, queue) -> a token, 0, or -1.
+-- The queue strategy's grant and a waiter's refresh in one (after handoff.lua):
+--   already the owner (a hand-off raced the caller's wait): take the token from the list;
+--   the lock free and nobody live ahead: take it, leaving the queue;
+--   the lock free with a live waiter ahead (its holder's lease ran out): hand it over;
+--   otherwise, with queue = '1', join the queue; with queue = '2' (a waiter's refresh), stay
+--   in it, or answer -1 when one's place is gone (deleted by someone, or dropped as dead
+--   after refreshing too late); either way push one's deadline to now + liveness.
+local id, ttl, liveness, prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local claim, queue = ARGV[7], ARGV[8]
+
+local now = now_ms()
+if redis.call('GET', owner_key) == id then
+  -- A hand-off this waiter had not picked up: its lease restarts now.
+  redis.call('PEXPIRE', owner_key, ttl)
+  local token = redis.call('LPOP', prefix .. id)
+  redis.call('DEL', prefix .. id)
+  redis.call('LREM', queue_key, 1, id)
+  redis.call('HDEL', deadlines_key, id)
+  return tonumber(token) or tonumber(redis.call('GET', counter_key))
+end
+-- Drop dead waiters at the head, so that they keep nobody out.
+while true do
+  local head = redis.call('LINDEX', queue_key, 0)
+  if not head then break end
+  local deadline = redis.call('HGET', deadlines_key, head)
+  if head == id or (deadline and tonumber(deadline) >= now) then break end
+  redis.call('LPOP', queue_key)
+  redis.call('HDEL', deadlines_key, head)
+  redis.call('DEL', prefix .. head)
+end
+if redis.call('EXISTS', owner_key) == 0 then
+  local head = redis.call('LINDEX', queue_key, 0)
+  if not head or head == id then
+    redis.call('SET', owner_key, id, 'PX', ttl)
+    redis.call('LREM', queue_key, 1, id)
+    redis.call('HDEL', deadlines_key, id)
+    return redis.call('INCR', counter_key)
+  end
+  handoff(claim, liveness, prefix, now)
+end
+-- The list, not the deadline hash, says whether one is queued: an entry removed by
+-- someone else must be noticed.
+local queued = redis.call('LPOS', queue_key, id)
+if queue == '1' then
+  if not queued then redis.call('RPUSH', queue_key, id) end
+elseif queue == '2' then
+  if not queued then
+    redis.call('HDEL', deadlines_key, id)
+    return -1
+  end
+else
+  return 0
+end
+redis.call('HSET', deadlines_key, id, now + tonumber(liveness))
+return 0

@@ -1,0 +1,43 @@
+-- Shared by the scripts that hand the lock on (ATTEMPT, RELEASE, CANCEL): the keys, in the
+-- order every one of them is given them (all share the lock's hash tag), and the hand-off.
+local owner_key = KEYS[1]     -- the holder's owner id; its expiry is the lease
+local counter_key = KEYS[2]   -- the fencing counter
+local queue_key = KEYS[3]     -- the waiters' owner ids, first come first
+local deadlines_key = KEYS[4] -- owner id -> server time (ms) until which the waiter is live
+local receipt_key = KEYS[5]   -- the owner id of the last release
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Gives the lock to the first live waiter: the owner key becomes its id with the short
+-- `claim` lease (the waiter renews it to the full ttl once it has the token, so a waiter
+-- that died since its last refresh holds the lock no longer than that), the counter goes
+-- up, and the token is pushed onto the waiter's own list. Dead waiters are dropped on the
+-- way. Returns the new owner's id, or false when nobody waits.
+local function handoff(claim, liveness, prefix, now)
+  while true do
+    local head = redis.call('LPOP', queue_key)
+    if not head then return false end
+    local deadline = redis.call('HGET', deadlines_key, head)
+    redis.call('HDEL', deadlines_key, head)
+    if deadline and tonumber(deadline) >= now then
+      redis.call('SET', owner_key, head, 'PX', claim)
+      local token = redis.call('INCR', counter_key)
+      redis.call('RPUSH', prefix .. head, token)
+      redis.call('PEXPIRE', prefix .. head, liveness)
+      return head
+    end
+    redis.call('DEL', prefix .. head)
+  end
+end
+
+-- Tells the waiters the lock is free, the way the strategy `mode` waits.
+local function announce(mode, claim, liveness, prefix, channel)
+  if mode == 'queue' then
+    handoff(claim, liveness, prefix, now_ms())
+  elseif mode == 'pubsub' then
+    redis.call('PUBLISH', channel, '1')
+  end
+end

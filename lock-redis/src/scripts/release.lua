@@ -1,0 +1,14 @@
+-- RELEASE(id, ttl, liveness, prefix, mode, channel, claim) -> 1 released, 0 not the owner.
+-- Compare-and-delete (after handoff.lua), leaving a receipt so that the same release sent
+-- again (its reply was lost) answers 1 too; then the waiters are told the way `mode` says.
+local id, ttl, liveness, prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local mode, channel, claim = ARGV[5], ARGV[6], ARGV[7]
+
+if redis.call('GET', owner_key) ~= id then
+  if redis.call('GET', receipt_key) == id then return 1 end
+  return 0
+end
+redis.call('DEL', owner_key)
+redis.call('SET', receipt_key, id, 'PX', ttl)
+announce(mode, claim, liveness, prefix, channel)
+return 1
