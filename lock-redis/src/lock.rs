@@ -43,7 +43,7 @@ pub(crate) fn liveness(ttl: Duration, timeout: Duration) -> Duration {
 /// The lease a hand-off gives the waiter until it has picked the token up and renewed it:
 /// two refresh periods (at most the ttl), so that a hand-off to a waiter that died since its
 /// last refresh holds the lock no longer than that.
-pub(crate) fn claim(ttl: Duration) -> Duration {
+pub(crate) fn handoff_lease(ttl: Duration) -> Duration {
     (refresh_period(ttl) * 2).min(ttl)
 }
 
@@ -82,8 +82,8 @@ impl fmt::Debug for RedisLock {
     }
 }
 
-/// An acquisition's owner id on the server, until it is granted or gives up.
-struct Contender(Arc<Grant>);
+/// A contender whose claim is not (yet) a grant.
+struct Contender(Arc<Claim>);
 
 /// Cancelled, or failed: leave the queue, and pass on a grant that raced the cancellation,
 /// retrying until the waiter's place and any grant to it would have expired anyway.
@@ -125,7 +125,7 @@ impl MutexAttempt for RedisLock {
 
     async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
         self.shared.closed.check(BACKEND, &self.name)?;
-        let grant = Arc::new(Grant {
+        let grant = Arc::new(Claim {
             shared: Arc::clone(&self.shared),
             keys: Arc::clone(&self.keys),
             name: self.name.clone(),
@@ -139,10 +139,10 @@ impl MutexAttempt for RedisLock {
             _ => self.queue(&grant, deadline).await,
         };
         match granted {
-            Ok(Some((token, sent, length))) => {
+            Ok(Some(Found { token, sent, lease })) => {
                 attempt.disarm();
                 self.shared.metrics.record_grant();
-                make_guard(grant, &self.name, token, sent, length).map(Some)
+                make_guard(grant, &self.name, token, sent, lease).map(Some)
             }
             Ok(None) => {
                 // Only a queue waiter leaves anything behind (its place, maybe a grant that
@@ -162,7 +162,7 @@ impl MutexAttempt for RedisLock {
 
 impl RedisLock {
     /// `GRANT` until granted or the deadline; jittered exponential back-off.
-    async fn poll(&self, grant: &Grant, deadline: Deadline) -> Result<Option<Grant3>, LockError> {
+    async fn poll(&self, grant: &Claim, deadline: Deadline) -> Result<Option<Found>, LockError> {
         let mut pause = POLL_MIN;
         let mut wakeups = Wakeups::new(&self.shared.metrics);
         loop {
@@ -187,9 +187,9 @@ impl RedisLock {
     /// broadcast (and every refresh period, for leases that run out unannounced).
     async fn subscribe_and_wait(
         &self,
-        grant: &Grant,
+        grant: &Claim,
         deadline: Deadline,
-    ) -> Result<Option<Grant3>, LockError> {
+    ) -> Result<Option<Found>, LockError> {
         let mut pubsub = None;
         let mut wakeups = Wakeups::new(&self.shared.metrics);
         let period = refresh_period(self.shared.config.ttl);
@@ -228,7 +228,7 @@ impl RedisLock {
 
     /// `ATTEMPT`, queueing; then block on this waiter's own list, refreshing the place in
     /// the queue every refresh period.
-    async fn queue(&self, grant: &Grant, deadline: Deadline) -> Result<Option<Grant3>, LockError> {
+    async fn queue(&self, grant: &Claim, deadline: Deadline) -> Result<Option<Found>, LockError> {
         let ttl = self.shared.config.ttl;
         let period = refresh_period(ttl);
         let queue = !deadline.is_immediate();
@@ -251,7 +251,11 @@ impl RedisLock {
                     // learns of it now, as it would have on its list.
                     self.shared.metrics.record_wakeup();
                 }
-                return Ok(Some((token.unsigned_abs(), sent, self.shared.config.ttl)));
+                return Ok(Some(Found {
+                    token: token.unsigned_abs(),
+                    sent,
+                    lease: self.shared.config.ttl,
+                }));
             }
             if token < 0 {
                 return Err(LockError::Backend {
@@ -312,15 +316,25 @@ impl RedisLock {
                     self.shared.node.give_back(done);
                 }
                 self.shared.metrics.record_wakeup();
-                return Ok(Some((token, sent, claim(self.shared.config.ttl))));
+                return Ok(Some(Found {
+                    token,
+                    sent,
+                    lease: handoff_lease(self.shared.config.ttl),
+                }));
             }
         }
     }
 }
 
-/// A grant as a waiting strategy found it: the token, when the request that confirmed it
-/// was sent, and the lease the server set from no earlier than then.
-type Grant3 = (u64, Instant, Duration);
+/// A grant as a waiting strategy found it.
+struct Found {
+    /// The fencing token.
+    token: u64,
+    /// When the request that confirmed the grant was sent: the lease runs from no earlier.
+    sent: Instant,
+    /// The lease the server set.
+    lease: Duration,
+}
 
 /// What an `ATTEMPT` does when the lock is busy.
 #[derive(Debug, Clone, Copy)]
@@ -333,16 +347,17 @@ enum Queueing {
     Refresh,
 }
 
-/// One acquisition's owner id and keys: the lease once granted, and what a cancel removes.
+/// A contender's claim: its owner id and the lock's keys; the lease once granted, and what a
+/// cancel removes.
 #[derive(Debug)]
-pub(crate) struct Grant {
+pub(crate) struct Claim {
     shared: Arc<Shared>,
     keys: Arc<LockKeys>,
     name: LockName,
     id: String,
 }
 
-impl Grant {
+impl Claim {
     /// Runs the script `invocation` builds, sending it again (same owner id) after a
     /// connection error.
     async fn retrying<T, F>(&self, invocation: F) -> Result<T, LockError>
@@ -364,7 +379,7 @@ impl Grant {
     }
 
     /// One `GRANT` (sent again after a lost reply): the grant, if the lock was free.
-    async fn try_grant(&self) -> Result<Option<Grant3>, LockError> {
+    async fn try_grant(&self) -> Result<Option<Found>, LockError> {
         let ttl = self.shared.config.ttl;
         let sent = Instant::now();
         let token: u64 = self
@@ -378,7 +393,11 @@ impl Grant {
                 invocation
             })
             .await?;
-        Ok((token > 0).then_some((token, sent, ttl)))
+        Ok((token > 0).then_some(Found {
+            token,
+            sent,
+            lease: ttl,
+        }))
     }
 
     /// The arguments every queue script takes after the owner id.
@@ -399,7 +418,7 @@ impl Grant {
             .arg(&self.keys.waiter_prefix)
             .arg(mode)
             .arg(&self.keys.channel)
-            .arg(millis(claim(ttl)));
+            .arg(millis(handoff_lease(ttl)));
     }
 
     /// `ATTEMPT`: a token, 0, or -1 when a refreshing waiter's place is gone.
@@ -427,7 +446,7 @@ impl Grant {
 }
 
 #[async_trait]
-impl Lease for Grant {
+impl Lease for Claim {
     fn backend(&self) -> &'static str {
         BACKEND
     }

@@ -291,7 +291,7 @@ enum Round {
 
 /// Votes not yet a grant: given up on every server if abandoned, so that a cancelled round
 /// leaves no partial grant.
-struct Votes(Arc<RedlockGrant>);
+struct Votes(Arc<RedlockClaim>);
 
 impl Abandon for Votes {
     fn abandon(self) {
@@ -311,7 +311,7 @@ impl MutexAttempt for RedlockLock {
 
     async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
         self.shared.closed.check(REDLOCK, &self.name)?;
-        let grant = Arc::new(RedlockGrant {
+        let grant = Arc::new(RedlockClaim {
             shared: Arc::clone(&self.shared),
             keys: Arc::clone(&self.keys),
             name: self.name.clone(),
@@ -374,9 +374,9 @@ impl MutexAttempt for RedlockLock {
     }
 }
 
-/// One acquisition's owner id on every server: the lease once held.
+/// A contender's claim on every server: its owner id; the lease once held.
 #[derive(Debug)]
-struct RedlockGrant {
+struct RedlockClaim {
     shared: Arc<Shared>,
     keys: Arc<LockKeys>,
     name: LockName,
@@ -385,7 +385,7 @@ struct RedlockGrant {
     released: Mutex<Vec<bool>>,
 }
 
-impl RedlockGrant {
+impl RedlockClaim {
     /// One round: `VOTE` on every server at once; held with a majority inside the validity
     /// (counted from `first_vote`, when votes kept from an earlier round were asked for).
     /// Otherwise the votes are taken back, unless this contender has the smallest owner id
@@ -510,7 +510,7 @@ impl RedlockGrant {
 }
 
 #[async_trait]
-impl Lease for RedlockGrant {
+impl Lease for RedlockClaim {
     fn backend(&self) -> &'static str {
         REDLOCK
     }
