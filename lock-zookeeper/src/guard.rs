@@ -2,6 +2,8 @@
 //! an error, or a guard dropped without release.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -13,14 +15,11 @@ use lock_core::{
     Metrics, lost_signal,
 };
 use uuid::Uuid;
-use zookeeper_client::{Error as ZkError, EventType};
+use zookeeper_client::{Error as ZkError, EventType, WatchedEvent};
 
 use crate::error::{BACKEND, lock_error, outcome_unknown, session_over};
-use crate::lock::token;
-use crate::node::{SINGLE_NODE, has_uuid};
-use crate::provider::Shared;
-use crate::queue::OwnNodeWatch;
-use crate::session::Session;
+use crate::node::{SINGLE_NODE, has_uuid, token};
+use crate::session::{Session, Shared};
 
 /// How a background clean-up backs off while the connection is down.
 const CLEANUP_PAUSE: Duration = Duration::from_millis(200);
@@ -167,6 +166,9 @@ fn clean_up_in_background(session: Weak<Session>, dir: String, claim: Claim) {
         }
     });
 }
+
+/// A watch on a waiter's own node, set while it queues and handed on to its guard.
+pub(crate) type OwnNodeWatch = Pin<Box<dyn Future<Output = WatchedEvent> + Send>>;
 
 /// A node the server granted the lock to, as a strategy found it.
 pub(crate) struct Granted {

@@ -48,6 +48,14 @@
 //! - A held guard never moves to a new session; the provider opens a new session only for
 //!   new acquisitions.
 //!
+//! # Inside
+//!
+//! The modules are layers, each using only those before it: `node` (node names and order),
+//! `session` (the session, its heartbeat and the guards' loss), `guard` (held nodes, and the
+//! clean-up of nodes nobody will use), `queue` (a lock's directory and its contenders'
+//! nodes; `queue/turn.rs` is the wait for one's turn, the herd-free algorithm), then the
+//! three kinds of lock (`lock`, `rwlock`, `semaphore`) and the `provider`.
+//!
 //! # URL
 //!
 //! ```text

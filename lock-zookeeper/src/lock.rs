@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lock_core::kit::{MutexAttempt, Wakeups};
-use lock_core::{Deadline, FencingToken, Guard, LockError, LockName};
+use lock_core::{Deadline, Guard, LockError, LockName};
 use uuid::Uuid;
 use zookeeper_client::{CreateMode, Error as ZkError};
 
@@ -87,10 +87,9 @@ impl ZkLock {
         let mut wakeups = Wakeups::new(&place.shared.metrics);
         let mut unknown = 0;
         loop {
-            place.count();
             let mut asked = tokio::time::Instant::now();
-            let ours = match session
-                .client
+            let ours = match place
+                .ask(session)
                 .create(&path, uuid.as_bytes(), &options)
                 .await
             {
@@ -104,9 +103,8 @@ impl ZkLock {
                     unknown += 1;
                     tokio::time::sleep(RETRY_PAUSE).await;
                     // Decided by the node's owner and content, never by assumption.
-                    place.count();
                     asked = tokio::time::Instant::now();
-                    match session.client.get_data(&path).await {
+                    match place.ask(session).get_data(&path).await {
                         Ok((data, stat))
                             if stat.ephemeral_owner == session.id && data == uuid.as_bytes() =>
                         {
@@ -134,8 +132,7 @@ impl ZkLock {
                 pending.disarm();
                 return Ok(None);
             }
-            place.count();
-            let watcher = match session.client.check_and_watch_stat(&path).await {
+            let watcher = match place.ask(session).check_and_watch_stat(&path).await {
                 Ok((Some(_), watcher)) => watcher,
                 // Freed in between: try again at once.
                 Ok((None, _)) => continue,
@@ -148,9 +145,4 @@ impl ZkLock {
             wakeups.woke();
         }
     }
-}
-
-/// The fencing token of a grant: the lock node's creation zxid.
-pub(crate) fn token(czxid: i64) -> FencingToken {
-    FencingToken(u64::try_from(czxid).unwrap_or_default())
 }

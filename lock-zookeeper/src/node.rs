@@ -1,6 +1,6 @@
 //! Lock directories and contender nodes: names, sequence numbers, order.
 
-use lock_core::LockName;
+use lock_core::{FencingToken, LockName};
 use uuid::Uuid;
 
 use crate::config::NodeNameFormat;
@@ -98,6 +98,11 @@ pub(crate) fn contenders(children: Vec<String>) -> Vec<(i64, String)> {
         .collect();
     contenders.sort();
     contenders
+}
+
+/// The fencing token of a grant: the lock node's creation zxid.
+pub(crate) fn token(czxid: i64) -> FencingToken {
+    FencingToken(u64::try_from(czxid).unwrap_or_default())
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The ZooKeeper lock provider: one session, shared by its locks.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use lock_core::kit::{Closed, SessionOwner};
 use lock_core::{
@@ -12,12 +12,12 @@ use zookeeper_client::Error as ZkError;
 
 use crate::config::{ZkConfig, ZkStrategy};
 use crate::error::{BACKEND, lock_error};
-use crate::lock::{ZkLock, token};
-use crate::node::{SINGLE_NODE, contenders, lock_dir, rw_lock_dir, semaphore_dir};
+use crate::lock::ZkLock;
+use crate::node::{SINGLE_NODE, contenders, lock_dir, rw_lock_dir, semaphore_dir, token};
 use crate::queue::Place;
 use crate::rwlock::ZkRwLock;
 use crate::semaphore::ZkSemaphore;
-use crate::session::Session;
+use crate::session::{Session, Shared};
 
 /// A distlock provider on a ZooKeeper ensemble: one ZooKeeper session, shared by every
 /// lock it hands out.
@@ -42,33 +42,6 @@ use crate::session::Session;
 pub struct ZkLockProvider {
     shared: Arc<Shared>,
     _owner: SessionOwner,
-}
-
-/// What the provider's lock handles share.
-pub(crate) struct Shared {
-    pub(crate) config: ZkConfig,
-    pub(crate) metrics: Arc<Metrics>,
-    session: Mutex<Option<Arc<Session>>>,
-    /// Serialises opening a replacement session.
-    opening: tokio::sync::Mutex<()>,
-    closed: Closed,
-}
-
-impl Shared {
-    /// The end of the provider's last handle: dropping the last client of the session closes
-    /// it on the server (in-flight calls finish first). The guards learn of it here, whether
-    /// or not the close gets through.
-    fn close(&self) {
-        self.closed.close();
-        let session = self
-            .session
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(session) = session {
-            session.close();
-        }
-    }
 }
 
 impl ZkLockProvider {
@@ -226,36 +199,6 @@ impl Contender {
     /// its holder: the node's creation zxid.
     pub fn fencing_token(&self) -> FencingToken {
         token(self.czxid)
-    }
-}
-
-impl Shared {
-    fn current(&self) -> Option<Arc<Session>> {
-        self.session
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// The live session, opening a new one if the last one is over.
-    pub(crate) async fn session(&self, name: &LockName) -> Result<Arc<Session>, LockError> {
-        self.closed.check(BACKEND, name)?;
-        if let Some(session) = self.current()
-            && !session.is_over()
-        {
-            return Ok(session);
-        }
-        let _opening = self.opening.lock().await;
-        if let Some(session) = self.current()
-            && !session.is_over()
-        {
-            return Ok(session);
-        }
-        self.closed.check(BACKEND, name)?;
-        tracing::info!(lock = %name, "zookeeper: the session is over; opening a new one");
-        let session = Session::open(&self.config).await?;
-        *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&session));
-        Ok(session)
     }
 }
 

@@ -146,10 +146,9 @@ impl ZkSemaphore {
         pending.set_node(node.clone());
         let mut wakeups = Wakeups::new(&place.shared.metrics);
         loop {
-            place.count();
             let asked = tokio::time::Instant::now();
-            let (children, watcher) = session
-                .client
+            let (children, watcher) = place
+                .ask(session)
                 .list_and_watch_children(&place.dir)
                 .await
                 .map_err(|e| place.error(e))?;

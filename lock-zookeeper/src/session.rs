@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use lock_core::{LockError, LossReason, LostNotifier};
+use lock_core::kit::Closed;
+use lock_core::{LockError, LockName, LossReason, LostNotifier, Metrics};
 use tokio::time::{Instant, MissedTickBehavior};
 use zookeeper_client::{Acls, Client, SessionState};
 
@@ -315,5 +316,62 @@ async fn monitor(
                 return;
             }
         }
+    }
+}
+
+/// What the provider's lock handles share.
+pub(crate) struct Shared {
+    pub(crate) config: ZkConfig,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) session: Mutex<Option<Arc<Session>>>,
+    /// Serialises opening a replacement session.
+    pub(crate) opening: tokio::sync::Mutex<()>,
+    pub(crate) closed: Closed,
+}
+
+impl Shared {
+    /// The end of the provider's last handle: dropping the last client of the session closes
+    /// it on the server (in-flight calls finish first). The guards learn of it here, whether
+    /// or not the close gets through.
+    pub(crate) fn close(&self) {
+        self.closed.close();
+        let session = self
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(session) = session {
+            session.close();
+        }
+    }
+}
+
+impl Shared {
+    pub(crate) fn current(&self) -> Option<Arc<Session>> {
+        self.session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The live session, opening a new one if the last one is over.
+    pub(crate) async fn session(&self, name: &LockName) -> Result<Arc<Session>, LockError> {
+        self.closed.check(BACKEND, name)?;
+        if let Some(session) = self.current()
+            && !session.is_over()
+        {
+            return Ok(session);
+        }
+        let _opening = self.opening.lock().await;
+        if let Some(session) = self.current()
+            && !session.is_over()
+        {
+            return Ok(session);
+        }
+        self.closed.check(BACKEND, name)?;
+        tracing::info!(lock = %name, "zookeeper: the session is over; opening a new one");
+        let session = Session::open(&self.config).await?;
+        *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&session));
+        Ok(session)
     }
 }

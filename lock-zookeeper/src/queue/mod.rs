@@ -1,0 +1,262 @@
+//! The sequential-node queue that the mutex, the read-write lock and the semaphore share: a
+//! directory on the server ([`Place`]), connection-safe creation of a contender's node, and
+//! the requests, each counted through [`Place::ask`]. How a contender waits for its turn, the
+//! herd-free algorithm, is in [`turn`].
+
+mod turn;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{Deadline, LockError, LockName};
+use uuid::Uuid;
+use zookeeper_client::{CreateMode, Error as ZkError, EventType, OneshotWatcher, WatchedEvent};
+
+use crate::error::{BACKEND, lock_error, outcome_unknown};
+use crate::node::{NodeKind, has_uuid, node_prefix};
+use crate::session::{Session, Shared};
+
+pub(crate) use turn::{Role, Waiting};
+
+/// How many times a create is retried when the directory vanished or the reply was lost.
+const CREATE_ATTEMPTS: usize = 10;
+/// Pause before retrying a request whose outcome was unknown (the client reconnects).
+pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// A listing of the lock directory, with the watch on its children that herd waiting sets,
+/// and when it was asked for.
+struct Listing {
+    children: Vec<String>,
+    watcher: Option<OneshotWatcher>,
+    asked: tokio::time::Instant,
+}
+
+/// One directory on the server where contenders queue, on behalf of one named lock.
+#[derive(Clone)]
+pub(crate) struct Place {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) name: LockName,
+    pub(crate) dir: String,
+}
+
+impl Place {
+    pub(crate) fn error(&self, error: ZkError) -> LockError {
+        lock_error(error, Some(self.name.as_str()))
+    }
+
+    /// The session's client, for one request. Every request of an acquisition goes through
+    /// here, so that the metrics count each one.
+    pub(crate) fn ask<'s>(&self, session: &'s Session) -> &'s zookeeper_client::Client {
+        self.shared.metrics.record_server_requests(1);
+        &session.client
+    }
+
+    /// Creates the directory, a container that the server removes once it is empty, and if
+    /// need be its container parents below the root, and the root and its parents as
+    /// persistent nodes.
+    ///
+    /// The root must not be a container: the server would remove it (and then its parents)
+    /// along with its last lock directory, and its creator-only ACL with it, so that any
+    /// client could create the root again as its own and lock under it.
+    pub(crate) async fn ensure_dir(&self, session: &Session) -> Result<(), LockError> {
+        let container = CreateMode::Container.with_acls(session.acls);
+        match self.ask(session).create(&self.dir, &[], &container).await {
+            Ok(_) | Err(ZkError::NodeExists) => return Ok(()),
+            Err(ZkError::NoNode) => {}
+            Err(error) => return Err(self.error(error)),
+        }
+        let root = &self.shared.config.root;
+        let persistent = CreateMode::Persistent.with_acls(session.acls);
+        self.ask(session)
+            .mkdir(root, &persistent)
+            .await
+            .map_err(|e| self.error(e))?;
+        // The containers between the root and the directory, outermost first.
+        let below_root = self.dir.strip_prefix(root.as_str()).unwrap_or(&self.dir);
+        let mut path = root.clone();
+        for part in below_root.split('/').filter(|part| !part.is_empty()) {
+            path.push('/');
+            path.push_str(part);
+            match self.ask(session).create(&path, &[], &container).await {
+                Ok(_) | Err(ZkError::NodeExists) => {}
+                Err(error) => return Err(self.error(error)),
+            }
+        }
+        Ok(())
+    }
+
+    /// `SessionExpired` for a watch event that reports the session's end.
+    fn check_session(&self, event: &WatchedEvent) -> Result<(), LockError> {
+        if event.event_type == EventType::Session && event.session_state.is_terminated() {
+            return Err(LockError::SessionExpired {
+                backend: BACKEND,
+                name: Some(self.name.to_string()),
+            });
+        }
+        Ok(())
+    }
+
+    /// The error of a waiter or holder whose node another client deleted.
+    pub(crate) fn node_deleted(&self, node: &str) -> LockError {
+        LockError::Backend {
+            backend: BACKEND,
+            name: Some(self.name.to_string()),
+            message: format!("this waiter's node {node} was deleted by another client"),
+            retryable: true,
+            source: None,
+        }
+    }
+
+    /// Waits for the watch to fire (`true`) or the deadline (`false`).
+    pub(crate) async fn wait_for(
+        &self,
+        watcher: OneshotWatcher,
+        deadline: &Deadline,
+    ) -> Result<bool, LockError> {
+        tokio::select! {
+            event = watcher.changed() => {
+                self.check_session(&event)?;
+                Ok(true)
+            }
+            () = deadline.sleep() => Ok(false),
+        }
+    }
+
+    /// Creates a sequential node of `kind` and lists the directory in one round trip: the
+    /// list is sent right behind the create on the same session, and the server answers a
+    /// session's requests in order, so the list already holds the new node. A missing
+    /// directory is made and both sent again; other failures fall back to
+    /// [`create_sequential`](Self::create_sequential) (and no listing).
+    async fn create_and_list(
+        &self,
+        session: &Session,
+        uuid: Uuid,
+        kind: NodeKind,
+        waiting: Waiting,
+    ) -> Result<(String, i64, Option<Listing>), LockError> {
+        let prefix = node_prefix(self.shared.config.node_format, uuid, kind);
+        let path = format!("{}/{prefix}", self.dir);
+        let options = CreateMode::EphemeralSequential.with_acls(session.acls);
+        // An idle lock's directory (a container) may be gone: make it once, then try again.
+        let mut made_dir = false;
+        loop {
+            let asked = tokio::time::Instant::now();
+            // Both requests are sent here, in this order, before either is awaited.
+            let creating = self.ask(session).create(&path, &[], &options);
+            let (created, listed) = match waiting {
+                Waiting::Children => {
+                    let listing = self.ask(session).list_and_watch_children(&self.dir);
+                    let (created, listed) = tokio::join!(creating, listing);
+                    (
+                        created,
+                        listed.map(|(children, watcher)| (children, Some(watcher))),
+                    )
+                }
+                Waiting::Predecessor => {
+                    let listing = self.ask(session).list_children(&self.dir);
+                    let (created, listed) = tokio::join!(creating, listing);
+                    (created, listed.map(|children| (children, None)))
+                }
+            };
+            return match created {
+                Ok((stat, sequence)) => {
+                    let node = format!("{prefix}{sequence}");
+                    let listing = match listed {
+                        Ok((children, watcher)) if children.contains(&node) => Some(Listing {
+                            children,
+                            watcher,
+                            asked,
+                        }),
+                        _ => None,
+                    };
+                    Ok((node, stat.czxid, listing))
+                }
+                Err(ZkError::NoNode) if !made_dir => {
+                    self.ensure_dir(session).await?;
+                    made_dir = true;
+                    continue;
+                }
+                Err(ZkError::NoNode) => {
+                    let (node, czxid) = self.create_sequential(session, uuid, kind).await?;
+                    Ok((node, czxid, None))
+                }
+                Err(error) if outcome_unknown(&error) => {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    let found = match self.find_own(session, uuid).await? {
+                        Some(found) => found,
+                        None => self.create_sequential(session, uuid, kind).await?,
+                    };
+                    Ok((found.0, found.1, None))
+                }
+                Err(error) => Err(self.error(error)),
+            };
+        }
+    }
+
+    /// Creates a sequential node of `kind`, protected against lost replies: after a
+    /// connection loss the node is looked up by its uuid and adopted only if this session
+    /// owns it. Returns the node's name and creation zxid.
+    pub(crate) async fn create_sequential(
+        &self,
+        session: &Session,
+        uuid: Uuid,
+        kind: NodeKind,
+    ) -> Result<(String, i64), LockError> {
+        let prefix = node_prefix(self.shared.config.node_format, uuid, kind);
+        let path = format!("{}/{prefix}", self.dir);
+        let options = CreateMode::EphemeralSequential.with_acls(session.acls);
+        let mut last = None;
+        for _ in 0..CREATE_ATTEMPTS {
+            match self.ask(session).create(&path, &[], &options).await {
+                Ok((stat, sequence)) => return Ok((format!("{prefix}{sequence}"), stat.czxid)),
+                Err(ZkError::NoNode) => self.ensure_dir(session).await?,
+                Err(error) if outcome_unknown(&error) => {
+                    tracing::debug!(lock = %self.name, %error, "zookeeper: create reply lost; looking for the node");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    if let Some(found) = self.find_own(session, uuid).await? {
+                        return Ok(found);
+                    }
+                    last = Some(error);
+                }
+                Err(error) => return Err(self.error(error)),
+            }
+        }
+        Err(self.error(last.unwrap_or(ZkError::ConnectionLoss)))
+    }
+
+    /// This session's node with `uuid`, if the server created it.
+    async fn find_own(
+        &self,
+        session: &Session,
+        uuid: Uuid,
+    ) -> Result<Option<(String, i64)>, LockError> {
+        for _ in 0..CREATE_ATTEMPTS {
+            let children = match self.ask(session).list_children(&self.dir).await {
+                Ok(children) => children,
+                Err(ZkError::NoNode) => return Ok(None),
+                Err(error) if outcome_unknown(&error) => {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    continue;
+                }
+                Err(error) => return Err(self.error(error)),
+            };
+            let Some(child) = children.into_iter().find(|child| has_uuid(child, uuid)) else {
+                return Ok(None);
+            };
+            match self
+                .ask(session)
+                .check_stat(&format!("{}/{child}", self.dir))
+                .await
+            {
+                Ok(Some(stat)) if stat.ephemeral_owner == session.id => {
+                    return Ok(Some((child, stat.czxid)));
+                }
+                // Not ours (cannot normally happen: the uuid is fresh) or already gone.
+                Ok(_) => return Ok(None),
+                Err(error) if outcome_unknown(&error) => tokio::time::sleep(RETRY_PAUSE).await,
+                Err(error) => return Err(self.error(error)),
+            }
+        }
+        Err(self.error(ZkError::ConnectionLoss))
+    }
+}
