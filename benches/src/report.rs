@@ -1,10 +1,17 @@
 //! Reports of the herd scenario: aligned tables for the terminal, SVG line plots drawn
-//! by hand, and a markdown summary whose findings are computed from the measurements.
+//! with plotters, and a markdown summary whose findings are computed from the measurements.
 
 use std::collections::BTreeSet;
 use std::fs;
 use std::io;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+
+use plotters::coord::Shift;
+use plotters::coord::ranged1d::ValueFormatter;
+use plotters::coord::types::RangedCoordf64;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::measure::{Measurement, ScaleMeasurement};
 use crate::strategy::Strategy;
@@ -188,56 +195,56 @@ fn markdown_table(columns: &[(&str, bool)], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// `text` with the characters XML gives a meaning escaped.
-fn xml_escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            _ => out.push(c),
-        }
-    }
-    out
-}
+/// What drawing on the SVG backend can fail with.
+type DrawError = DrawingAreaErrorKind<io::Error>;
 
-const SVG_WIDTH: f64 = 760.0;
-const SVG_HEIGHT: f64 = 460.0;
-const PLOT_LEFT: f64 = 80.0;
-const PLOT_RIGHT: f64 = SVG_WIDTH - 200.0;
-const PLOT_TOP: f64 = 50.0;
-const PLOT_BOTTOM: f64 = SVG_HEIGHT - 60.0;
+/// Size of each plot, in pixels.
+const SVG_SIZE: (u32, u32) = (760, 460);
+/// Room right of the plotting area, where the legend goes so that it hides no data.
+const LEGEND_WIDTH: u32 = 190;
+/// Space around the plotting area and its axis labels, in pixels.
+const MARGIN: i32 = 12;
+/// The font of every text in the plots.
+const FONT: &str = "sans-serif";
+/// The size of labels and legend, as handed to plotters, whose SVG backend writes
+/// `font-size` as the size given divided by 1.24: 12 px text.
+const TEXT_SIZE: f64 = 15.0;
+/// The size of the title, likewise: 16 px text.
+const TITLE_SIZE: f64 = 20.0;
+/// The colour of the gridlines.
+const GRID: RGBColor = RGBColor(0xe3, 0xe3, 0xe3);
+/// The colour of the axes, the frame and the labels.
+const INK: RGBColor = RGBColor(0x33, 0x33, 0x33);
+/// The colour of the "no data" note.
+const NOTE: RGBColor = RGBColor(0x55, 0x55, 0x55);
 
 /// Colours for series without a colour of their own (Okabe–Ito and a few more).
-const PALETTE: [&str; 10] = [
-    "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#7F7F7F",
-    "#8C564B", "#B8A800",
+const PALETTE: [RGBColor; 10] = [
+    RGBColor(0x00, 0x72, 0xB2),
+    RGBColor(0xD5, 0x5E, 0x00),
+    RGBColor(0x00, 0x9E, 0x73),
+    RGBColor(0xCC, 0x79, 0xA7),
+    RGBColor(0xE6, 0x9F, 0x00),
+    RGBColor(0x56, 0xB4, 0xE9),
+    RGBColor(0x00, 0x00, 0x00),
+    RGBColor(0x7F, 0x7F, 0x7F),
+    RGBColor(0x8C, 0x56, 0x4B),
+    RGBColor(0xB8, 0xA8, 0x00),
 ];
 
 /// The colour of a series: the known strategies keep theirs across plots (herd ones warm,
 /// herd-free ones cool); others take one from the palette by position.
-fn colour(name: &str, index: usize) -> &'static str {
+fn colour(name: &str, index: usize) -> RGBColor {
     match name {
-        "zk-single" => "#D55E00",
-        "zk-children" => "#E69F00",
-        "zk-predecessor" => "#0072B2",
-        "zk-recipe" => "#56B4E9",
-        "redis-polling" => "#7F7F7F",
-        "redis-pubsub" => "#CC79A7",
-        "redis-queue" => "#009E73",
-        _ => PALETTE
-            .get(index % PALETTE.len())
-            .copied()
-            .unwrap_or("#000000"),
+        "zk-single" => RGBColor(0xD5, 0x5E, 0x00),
+        "zk-children" => RGBColor(0xE6, 0x9F, 0x00),
+        "zk-predecessor" => RGBColor(0x00, 0x72, 0xB2),
+        "zk-recipe" => RGBColor(0x56, 0xB4, 0xE9),
+        "redis-polling" => RGBColor(0x7F, 0x7F, 0x7F),
+        "redis-pubsub" => RGBColor(0xCC, 0x79, 0xA7),
+        "redis-queue" => RGBColor(0x00, 0x9E, 0x73),
+        _ => PALETTE[index % PALETTE.len()],
     }
-}
-
-/// A number for a coordinate attribute.
-fn coord(value: f64) -> String {
-    format!("{value:.1}")
 }
 
 /// A tick label: short, without trailing zeros.
@@ -268,7 +275,8 @@ fn log_floor(values: impl Iterator<Item = f64>) -> f64 {
 }
 
 /// Ticks of the 1-2-5 sequence within `[lo, hi]` (both positive); decades only when that
-/// would give too many.
+/// would give too many. (Plotters' own log axis ticks only decades, or every integer
+/// multiple of one, which crowds the labels.)
 fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
     let first = lo.log10().floor();
     let last = hi.log10().ceil();
@@ -295,121 +303,55 @@ fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
         .collect()
 }
 
-/// A step of 1, 2 or 5 times a power of ten near `raw`.
-fn nice_step(raw: f64) -> f64 {
-    if !(raw.is_finite() && raw > 0.0) {
-        return 1.0;
-    }
-    let power = 10f64.powf(raw.log10().floor());
-    let fraction = raw / power;
-    let nice = if fraction <= 1.0 {
-        1.0
-    } else if fraction <= 2.0 {
-        2.0
-    } else if fraction <= 5.0 {
-        5.0
+/// The x range for the positive values `lo..=hi` on a log axis, padded a little each side.
+fn log_x_range(lo: f64, hi: f64) -> Range<f64> {
+    let (lo, hi) = if hi / lo < 1.0001 {
+        (lo / 2.0, hi * 2.0)
     } else {
-        10.0
+        (lo, hi)
     };
-    nice * power
+    let padding = (hi / lo).log10() * 0.06;
+    lo / 10f64.powf(padding)..hi * 10f64.powf(padding)
 }
 
-/// One axis: its range in plotting units (log10 of the value on a log axis) and its ticks
-/// as values.
-struct Axis {
-    log: bool,
-    lo: f64,
-    hi: f64,
-    ticks: Vec<f64>,
+/// The y range for the positive values `lo..=hi` on a log axis, widened to whole decades.
+fn log_y_range(lo: f64, hi: f64) -> Range<f64> {
+    let l = lo.log10().floor();
+    let mut h = hi.log10().ceil();
+    if h <= l {
+        h = l + 1.0;
+    }
+    10f64.powf(l)..10f64.powf(h)
 }
 
-impl Axis {
-    /// Where `value` falls along the axis, from 0 at `lo` to 1 at `hi`.
-    fn fraction(&self, value: f64) -> f64 {
-        let v = if self.log { value.log10() } else { value };
-        let span = self.hi - self.lo;
-        if span > 0.0 && span.is_finite() {
-            (v - self.lo) / span
-        } else {
-            0.5
-        }
-    }
-
-    /// A log axis over the positive values `lo..=hi`, padded a little each side.
-    fn log_x(lo: f64, hi: f64) -> Axis {
-        let (lo, hi) = if hi / lo < 1.0001 {
-            (lo / 2.0, hi * 2.0)
-        } else {
-            (lo, hi)
-        };
-        let (l, h) = (lo.log10(), hi.log10());
-        let padding = (h - l) * 0.06;
-        let (l, h) = (l - padding, h + padding);
-        let ticks = log_ticks(10f64.powf(l), 10f64.powf(h));
-        Axis {
-            log: true,
-            lo: l,
-            hi: h,
-            ticks,
-        }
-    }
-
-    /// A log axis over the positive values `lo..=hi`, widened to whole decades.
-    fn log_y(lo: f64, hi: f64) -> Axis {
-        let l = lo.log10().floor();
-        let mut h = hi.log10().ceil();
-        if h <= l {
-            h = l + 1.0;
-        }
-        let ticks = log_ticks(10f64.powf(l), 10f64.powf(h));
-        Axis {
-            log: true,
-            lo: l,
-            hi: h,
-            ticks,
-        }
-    }
-
-    /// A linear axis from zero (or below, for negative values) to past `hi`, in round
-    /// steps.
-    fn linear_y(lo: f64, hi: f64) -> Axis {
-        let lo = lo.min(0.0);
-        let hi = if hi > lo { hi } else { lo + 1.0 };
-        let step = nice_step((hi - lo) / 5.0);
-        let start = (lo / step).floor() * step;
-        let mut end = (hi / step).ceil() * step;
-        if end <= start {
-            end = start + step;
-        }
-        let ticks = (0..=50)
-            .map(|i| start + f64::from(i) * step)
-            .take_while(|t| *t <= end + step * 1e-9)
-            .collect();
-        Axis {
-            log: false,
-            lo: start,
-            hi: end,
-            ticks,
-        }
-    }
+/// The y range for `lo..=hi` on a linear axis: from zero (or below, for negative values)
+/// to a little past `hi`.
+fn linear_y_range(lo: f64, hi: f64) -> Range<f64> {
+    let lo = lo.min(0.0);
+    let hi = if hi > lo { hi } else { lo + 1.0 };
+    lo..hi + (hi - lo) * 0.05
 }
 
 /// A self-contained SVG line plot of `series` (name and `(contenders, value)` points)
-/// against the number of contenders, written without a plotting library.
+/// against the number of contenders, drawn with plotters' SVG backend.
 ///
 /// The x axis is logarithmic with ticks at 1, 2, 5, 10, 20, 50, 100, … within the range
-/// of the data; the y axis is logarithmic when `log_y` is set and linear otherwise. Each
-/// series is a coloured line with point markers and an entry in the legend; the plot has
-/// a title, axis labels and gridlines. On a log axis, zero and negative values are drawn
-/// at a small positive floor (a tenth of the smallest positive value). Points that are not
-/// finite are left out; when no point remains the SVG says "no data". Text is escaped for
-/// XML.
+/// of the data; the y axis is logarithmic (whole decades, the same ticks) when `log_y` is
+/// set and linear from zero otherwise. Each series is a coloured line with point markers
+/// and an entry in the legend, right of the plotting area; the plot has a title, axis
+/// labels and gridlines. On a log axis, zero and negative values are drawn at a small
+/// positive floor (a tenth of the smallest positive value). Points that are not finite are
+/// left out; when no point remains the SVG says "no data". Text is escaped for XML.
+///
+/// # Errors
+///
+/// An error of the drawing, as [`io::ErrorKind::Other`].
 pub fn svg_plot(
     title: &str,
     y_label: &str,
     series: &[(String, Vec<(f64, f64)>)],
     log_y: bool,
-) -> String {
+) -> io::Result<String> {
     let cleaned: Vec<(&str, Vec<(f64, f64)>)> = series
         .iter()
         .map(|(name, points)| {
@@ -423,26 +365,33 @@ pub fn svg_plot(
         })
         .filter(|(_, points)| !points.is_empty())
         .collect();
+    let mut svg = String::new();
+    draw_plot(&mut svg, title, y_label, cleaned, log_y)
+        .map_err(|error| io::Error::other(format!("drawing the plot {title:?}: {error}")))?;
+    Ok(svg.trim_end().to_owned())
+}
 
-    let mut out = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" \
-         viewBox=\"0 0 {w} {h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{cx}\" y=\"28\" text-anchor=\"middle\" font-size=\"16\" \
-         font-weight=\"bold\">{title}</text>\n",
-        w = SVG_WIDTH,
-        h = SVG_HEIGHT,
-        cx = coord(SVG_WIDTH / 2.0),
-        title = xml_escape(title),
-    );
+/// Draws the plot of [`svg_plot`] from its finite, sorted, non-empty series into `svg`.
+fn draw_plot(
+    svg: &mut String,
+    title: &str,
+    y_label: &str,
+    cleaned: Vec<(&str, Vec<(f64, f64)>)>,
+    log_y: bool,
+) -> Result<(), DrawError> {
+    let root = SVGBackend::with_string(svg, SVG_SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let title_style = (FONT, TITLE_SIZE)
+        .into_font()
+        .style(FontStyle::Bold)
+        .color(&BLACK);
     if cleaned.is_empty() {
-        out.push_str(&format!(
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"14\" \
-             fill=\"#555\">no data</text>\n</svg>",
-            coord(SVG_WIDTH / 2.0),
-            coord(SVG_HEIGHT / 2.0),
-        ));
-        return out;
+        let centre = |style: TextStyle<'static>| style.pos(Pos::new(HPos::Center, VPos::Center));
+        let (w, h) = (SVG_SIZE.0 as i32, SVG_SIZE.1 as i32);
+        root.draw_text(title, &centre(title_style), (w / 2, MARGIN + 10))?;
+        let note = (FONT, TEXT_SIZE * 14.0 / 12.0).into_font().color(&NOTE);
+        root.draw_text("no data", &centre(note), (w / 2, h / 2))?;
+        return root.present();
     }
 
     let x_floor = log_floor(cleaned.iter().flat_map(|(_, p)| p.iter().map(|(x, _)| *x)));
@@ -457,136 +406,122 @@ pub fn svg_plot(
             (name, points)
         })
         .collect();
-
-    let (mut x_lo, mut x_hi, mut y_lo, mut y_hi) = (
-        f64::INFINITY,
-        f64::NEG_INFINITY,
-        f64::INFINITY,
-        f64::NEG_INFINITY,
-    );
-    for (x, y) in plotted.iter().flat_map(|(_, p)| p.iter()) {
-        x_lo = x_lo.min(*x);
-        x_hi = x_hi.max(*x);
-        y_lo = y_lo.min(*y);
-        y_hi = y_hi.max(*y);
-    }
-    let x_axis = Axis::log_x(x_lo, x_hi);
-    let y_axis = if log_y {
-        Axis::log_y(y_lo, y_hi)
-    } else {
-        Axis::linear_y(y_lo, y_hi)
+    let bounds = |pick: fn(&(f64, f64)) -> f64| {
+        plotted
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(pick))
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(v), hi.max(v))
+            })
     };
-    let to_x = |x: f64| PLOT_LEFT + x_axis.fraction(x) * (PLOT_RIGHT - PLOT_LEFT);
-    let to_y = |y: f64| PLOT_BOTTOM - y_axis.fraction(y) * (PLOT_BOTTOM - PLOT_TOP);
+    let (x_lo, x_hi) = bounds(|p| p.0);
+    let (y_lo, y_hi) = bounds(|p| p.1);
 
+    let x_range = log_x_range(x_lo, x_hi);
     // The data's own x values label the axis when no 1-2-5 tick falls within it.
-    let x_ticks: Vec<f64> = if x_axis.ticks.is_empty() {
+    let mut x_ticks = log_ticks(x_range.start, x_range.end);
+    if x_ticks.is_empty() {
         let distinct: BTreeSet<u64> = plotted
             .iter()
             .flat_map(|(_, p)| p.iter().map(|(x, _)| x.to_bits()))
             .collect();
-        distinct.into_iter().map(f64::from_bits).collect()
-    } else {
-        x_axis.ticks.clone()
+        x_ticks = distinct.into_iter().map(f64::from_bits).collect();
+    }
+    let x = x_range.log_scale().with_key_points(x_ticks);
+    let parts = Parts {
+        title,
+        title_style,
+        plotted: &plotted,
     };
-
-    // Gridlines and tick labels.
-    out.push_str("<g stroke=\"#e3e3e3\" stroke-width=\"1\">\n");
-    for t in &x_ticks {
-        let x = coord(to_x(*t));
-        out.push_str(&format!(
-            "<line x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\"/>\n",
-            coord(PLOT_TOP),
-            coord(PLOT_BOTTOM)
-        ));
-    }
-    for t in &y_axis.ticks {
-        let y = coord(to_y(*t));
-        out.push_str(&format!(
-            "<line x1=\"{}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\"/>\n",
-            coord(PLOT_LEFT),
-            coord(PLOT_RIGHT)
-        ));
-    }
-    out.push_str("</g>\n<g fill=\"#333\">\n");
-    for t in &x_ticks {
-        out.push_str(&format!(
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
-            coord(to_x(*t)),
-            coord(PLOT_BOTTOM + 18.0),
-            xml_escape(&tick_label(*t))
-        ));
-    }
-    for t in &y_axis.ticks {
-        out.push_str(&format!(
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n",
-            coord(PLOT_LEFT - 8.0),
-            coord(to_y(*t) + 4.0),
-            xml_escape(&tick_label(*t))
-        ));
-    }
-    out.push_str("</g>\n");
-    out.push_str(&format!(
-        "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n",
-        coord(PLOT_LEFT),
-        coord(PLOT_TOP),
-        coord(PLOT_RIGHT - PLOT_LEFT),
-        coord(PLOT_BOTTOM - PLOT_TOP)
-    ));
-
-    // Axis labels.
-    out.push_str(&format!(
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">contenders N (log scale)</text>\n",
-        coord((PLOT_LEFT + PLOT_RIGHT) / 2.0),
-        coord(SVG_HEIGHT - 18.0)
-    ));
-    let y_text = if log_y {
-        format!("{y_label} (log scale)")
+    if log_y {
+        let range = log_y_range(y_lo, y_hi);
+        let ticks = log_ticks(range.start, range.end);
+        let y = range.log_scale().with_key_points(ticks);
+        parts.draw(&root, x, y, &format!("{y_label} (log scale)"))?;
     } else {
-        y_label.to_owned()
-    };
-    out.push_str(&format!(
-        "<text transform=\"translate(20,{}) rotate(-90)\" text-anchor=\"middle\">{}</text>\n",
-        coord((PLOT_TOP + PLOT_BOTTOM) / 2.0),
-        xml_escape(&y_text)
-    ));
+        let y: RangedCoordf64 = linear_y_range(y_lo, y_hi).into();
+        parts.draw(&root, x, y, y_label)?;
+    }
+    root.present()
+}
 
-    // Lines, markers and legend.
-    for (index, (name, points)) in plotted.iter().enumerate() {
-        let colour = colour(name, index);
-        let coords: Vec<(String, String)> = points
-            .iter()
-            .map(|(x, y)| (coord(to_x(*x)), coord(to_y(*y))))
-            .collect();
-        let list: Vec<String> = coords.iter().map(|(x, y)| format!("{x},{y}")).collect();
-        out.push_str(&format!(
-            "<g>\n<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" \
-             points=\"{}\"/>\n",
-            list.join(" ")
-        ));
-        for (x, y) in &coords {
-            out.push_str(&format!(
-                "<circle cx=\"{x}\" cy=\"{y}\" r=\"3.5\" fill=\"{colour}\"/>\n"
-            ));
+/// What a plot shows besides its axes.
+struct Parts<'a> {
+    /// The title, above the plot.
+    title: &'a str,
+    /// The title's font, size and colour.
+    title_style: TextStyle<'a>,
+    /// The series, by name, with their points as they are drawn.
+    plotted: &'a [(&'a str, Vec<(f64, f64)>)],
+}
+
+impl Parts<'_> {
+    /// Draws the title, the mesh and axes, the series and the legend on `root`.
+    fn draw<X, Y>(
+        &self,
+        root: &DrawingArea<SVGBackend<'_>, Shift>,
+        x: X,
+        y: Y,
+        y_text: &str,
+    ) -> Result<(), DrawError>
+    where
+        X: Ranged<ValueType = f64> + ValueFormatter<f64>,
+        Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    {
+        let body = root
+            .margin(MARGIN, 0, 0, 0)
+            .titled(self.title, self.title_style.clone())?;
+        let (plot_area, legend_area) = body.split_horizontally(SVG_SIZE.0 - LEGEND_WIDTH);
+        let mut chart = ChartBuilder::on(&plot_area)
+            .margin(MARGIN)
+            .x_label_area_size(48)
+            .y_label_area_size(72)
+            .build_cartesian_2d(x, y)?;
+        let label_style = (FONT, TEXT_SIZE).into_font().color(&INK);
+        let formatter = |v: &f64| tick_label(*v);
+        chart
+            .configure_mesh()
+            .max_light_lines(0)
+            // Log axes have their ticks bound above; this leaves plotters' own on a linear y.
+            .y_labels(8)
+            .bold_line_style(GRID)
+            .axis_style(INK)
+            .label_style(label_style.clone())
+            .axis_desc_style(label_style.clone())
+            .x_label_formatter(&formatter)
+            .y_label_formatter(&formatter)
+            .x_desc("contenders N (log scale)")
+            .y_desc(y_text)
+            .draw()?;
+        // The axes close the plotting area left and below; a line closes it above and right.
+        let frame = chart.plotting_area().strip_coord_spec();
+        let (width, height) = frame.dim_in_pixel();
+        let last = |pixels: u32| i32::try_from(pixels).unwrap_or(i32::MAX) - 1;
+        let (right, bottom) = (last(width), last(height));
+        frame.draw(&PathElement::new(
+            [(0, 0), (right, 0), (right, bottom)],
+            INK.stroke_width(1),
+        ))?;
+        let legend_text = label_style.pos(Pos::new(HPos::Left, VPos::Center));
+        for (index, (name, points)) in self.plotted.iter().enumerate() {
+            let colour = colour(name, index);
+            let line = colour.stroke_width(2);
+            chart.draw_series(LineSeries::new(points.iter().copied(), line))?;
+            chart.draw_series(
+                points
+                    .iter()
+                    .map(|point| Circle::new(*point, 3, colour.filled())),
+            )?;
+            // The legend lies right of the plotting area (plotters keeps what is drawn on that
+            // area within it), so that it hides no data: a line, a marker and the name.
+            let row = i32::try_from(index).unwrap_or(i32::MAX);
+            let y = row.saturating_mul(20).saturating_add(MARGIN + 12);
+            legend_area.draw(&PathElement::new([(4, y), (28, y)], line))?;
+            legend_area.draw(&Circle::new((16, y), 3, colour.filled()))?;
+            legend_area.draw(&Text::new(*name, (36, y), legend_text.clone()))?;
         }
-        let legend_y = PLOT_TOP + 12.0 + 20.0 * index as f64;
-        let (start, end) = (PLOT_RIGHT + 16.0, PLOT_RIGHT + 40.0);
-        out.push_str(&format!(
-            "<line x1=\"{}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"{colour}\" \
-             stroke-width=\"2\"/>\n\
-             <circle cx=\"{}\" cy=\"{y}\" r=\"3.5\" fill=\"{colour}\"/>\n\
-             <text x=\"{}\" y=\"{}\">{}</text>\n</g>\n",
-            coord(start),
-            coord(end),
-            coord((start + end) / 2.0),
-            coord(end + 6.0),
-            coord(legend_y + 4.0),
-            xml_escape(name),
-            y = coord(legend_y),
-        ));
+        Ok(())
     }
-    out.push_str("</svg>");
-    out
 }
 
 /// One series per strategy, in the order the strategies first appear, of the points
@@ -845,7 +780,7 @@ pub fn write_report(
         ),
     ];
     for (file, title, y_label, series, log_y) in plots {
-        write(file, svg_plot(title, y_label, &series, log_y) + "\n")?;
+        write(file, svg_plot(title, y_label, &series, log_y)? + "\n")?;
     }
     write(
         "results.json",
@@ -978,41 +913,141 @@ mod tests {
         ]
     }
 
+    /// `svg` parsed as XML, which it must be, with an `svg` root.
+    fn parse(svg: &str) -> roxmltree::Document<'_> {
+        let doc = roxmltree::Document::parse(svg).expect("the plot is not well-formed XML");
+        assert_eq!(doc.root_element().tag_name().name(), "svg");
+        doc
+    }
+
+    /// The text of each `<text>` element of `svg`, trimmed, in order.
+    fn texts(svg: &str) -> Vec<String> {
+        parse(svg)
+            .descendants()
+            .filter(|n| n.tag_name().name() == "text")
+            .map(|n| n.text().unwrap_or_default().trim().to_owned())
+            .collect()
+    }
+
+    /// Series drawn in `svg`: each draws two lines 2 px wide in its colour, its own and the
+    /// one of its legend entry. `colour` picks the series of one colour; `None` counts all.
+    fn series_drawn(svg: &str, colour: Option<&str>) -> usize {
+        let lines = parse(svg)
+            .descendants()
+            .filter(|n| {
+                n.tag_name().name() == "polyline"
+                    && n.attribute("stroke-width") == Some("2")
+                    && colour.is_none_or(|c| n.attribute("stroke") == Some(c))
+            })
+            .count();
+        assert_eq!(
+            lines % 2,
+            0,
+            "a line without a legend entry, or the reverse"
+        );
+        lines / 2
+    }
+
+    /// Where the numeric tick labels with `anchor` (`middle`: x axis, `end`: y axis) are
+    /// placed along their axis, by value.
+    fn ticks(svg: &str, anchor: &str) -> Vec<(f64, f64)> {
+        let along = if anchor == "end" { "y" } else { "x" };
+        parse(svg)
+            .descendants()
+            .filter(|n| n.tag_name().name() == "text" && n.attribute("text-anchor") == Some(anchor))
+            .filter_map(|n| {
+                let value: f64 = n.text()?.trim().parse().ok()?;
+                let at: f64 = n.attribute(along)?.parse().ok()?;
+                Some((value, at))
+            })
+            .collect()
+    }
+
+    /// The position of the tick labelled `value`.
+    fn at(ticks: &[(f64, f64)], value: f64) -> f64 {
+        ticks
+            .iter()
+            .find(|(v, _)| *v == value)
+            .map(|(_, at)| *at)
+            .unwrap_or_else(|| panic!("no tick {value} in {ticks:?}"))
+    }
+
     #[test]
     fn svg_has_a_line_per_series_and_escapes_text() {
         for log_y in [false, true] {
-            let svg = svg_plot("wake-ups <&> N", "per \"handoff\"", &two_series(), log_y);
+            let svg = svg_plot("wake-ups <&> N", "per \"handoff\"", &two_series(), log_y).unwrap();
             assert!(svg.starts_with("<svg"));
             assert!(svg.ends_with("</svg>"));
-            assert_eq!(svg.matches("<polyline").count(), 2);
+            assert_eq!(series_drawn(&svg, None), 2);
+            assert_eq!(series_drawn(&svg, Some("#D55E00")), 1, "zk-single's colour");
+            assert_eq!(
+                series_drawn(&svg, Some("#0072B2")),
+                1,
+                "zk-predecessor's colour"
+            );
             assert!(svg.contains("wake-ups &lt;&amp;&gt; N"));
             assert!(!svg.contains("<&"));
             assert!(svg.contains("per &quot;handoff&quot;"));
-            assert!(svg.contains(">zk-single</text>"));
-            assert!(svg.contains(">zk-predecessor</text>"));
             assert!(!svg.contains("NaN"));
             assert!(!svg.contains("inf"));
-            for tick in [
-                ">1</text>",
-                ">2</text>",
-                ">5</text>",
-                ">10</text>",
-                ">100</text>",
+
+            let texts = texts(&svg);
+            let y_title = if log_y {
+                "per \"handoff\" (log scale)"
+            } else {
+                "per \"handoff\""
+            };
+            for text in [
+                "wake-ups <&> N",
+                "contenders N (log scale)",
+                y_title,
+                "zk-single",
+                "zk-predecessor",
             ] {
-                assert!(svg.contains(tick), "missing x tick {tick}");
+                assert!(
+                    texts.iter().any(|t| t == text),
+                    "missing {text:?} in {texts:?}"
+                );
             }
-            assert!(!svg.contains(">200</text>"));
+
+            // The x axis is logarithmic with 1-2-5 ticks within the data.
+            let x = ticks(&svg, "middle");
+            let values: Vec<f64> = x.iter().map(|(v, _)| *v).collect();
+            assert_eq!(values, [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]);
+            let decade = at(&x, 10.0) - at(&x, 1.0);
+            assert!(decade > 100.0);
+            assert!((at(&x, 100.0) - at(&x, 10.0) - decade).abs() <= 1.0);
+            assert!((at(&x, 2.0) - at(&x, 1.0) - decade * 2f64.log10()).abs() <= 1.0);
+
+            let y = ticks(&svg, "end");
+            if log_y {
+                // Whole decades, as many pixels each.
+                let (low, high) = (at(&y, 1.0), at(&y, 100.0));
+                assert!(y.iter().all(|(_, at)| (high..=low).contains(at)));
+                assert!((low - at(&y, 10.0) - (at(&y, 10.0) - high)).abs() <= 1.0);
+                assert!((low - at(&y, 2.0) - (low - high) / 2.0 * 2f64.log10()).abs() <= 1.0);
+            } else {
+                // Linear from zero: equal steps in value take equal steps in pixels.
+                assert_eq!(y.first().map(|(v, _)| *v), Some(0.0));
+                let per_unit: Vec<f64> = y
+                    .windows(2)
+                    .map(|w| (w[0].1 - w[1].1) / (w[1].0 - w[0].0))
+                    .collect();
+                assert!(per_unit.len() >= 3);
+                assert!(per_unit.iter().all(|p| (p - per_unit[0]).abs() < 0.05));
+                assert!(y.iter().any(|(v, _)| *v >= 98.7 * 0.8));
+            }
         }
     }
 
     #[test]
     fn svg_of_nothing_says_no_data() {
-        let svg = svg_plot("empty", "y", &[], true);
+        let svg = svg_plot("empty", "y", &[], true).unwrap();
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
-        assert!(svg.contains("no data"));
+        assert_eq!(texts(&svg), ["empty", "no data"]);
         let only_nan = vec![("s".to_owned(), vec![(f64::NAN, 1.0), (2.0, f64::INFINITY)])];
-        let svg = svg_plot("empty", "y", &only_nan, false);
-        assert!(svg.contains("no data"));
+        let svg = svg_plot("empty", "y", &only_nan, false).unwrap();
+        assert_eq!(texts(&svg), ["empty", "no data"]);
         assert_eq!(svg.matches("<polyline").count(), 0);
     }
 
@@ -1020,9 +1055,10 @@ mod tests {
     fn svg_of_a_single_point_and_of_zeros_draws() {
         for log_y in [false, true] {
             let single = vec![("one".to_owned(), vec![(5.0, 42.0)])];
-            let svg = svg_plot("one", "y", &single, log_y);
+            let svg = svg_plot("one", "y", &single, log_y).unwrap();
             assert!(svg.ends_with("</svg>"));
-            assert_eq!(svg.matches("<polyline").count(), 1);
+            assert_eq!(series_drawn(&svg, None), 1);
+            assert!(texts(&svg).iter().any(|t| t == "one"));
             assert!(!svg.contains("NaN"));
 
             let zeros = vec![
@@ -1032,8 +1068,8 @@ mod tests {
                 ),
                 ("same".to_owned(), vec![(3.0, 7.0), (4.0, 7.0)]),
             ];
-            let svg = svg_plot("zeros", "y", &zeros, log_y);
-            assert_eq!(svg.matches("<polyline").count(), 2);
+            let svg = svg_plot("zeros", "y", &zeros, log_y).unwrap();
+            assert_eq!(series_drawn(&svg, None), 2);
             assert!(!svg.contains("NaN"));
             assert!(!svg.contains("inf"));
         }
@@ -1075,10 +1111,31 @@ mod tests {
 
         let wakeups = fs::read_to_string(out.join("wakeups.svg")).unwrap();
         // zk-recipe keeps no count: five lines, not six.
-        assert_eq!(wakeups.matches("<polyline").count(), 5);
+        assert_eq!(series_drawn(&wakeups, None), 5);
         assert!(!wakeups.contains("zk-recipe"));
         let throughput = fs::read_to_string(out.join("throughput.svg")).unwrap();
-        assert_eq!(throughput.matches("<polyline").count(), 6);
+        assert_eq!(series_drawn(&throughput, None), 6);
+        let legend = texts(&throughput);
+        for name in [
+            "zk-single",
+            "zk-children",
+            "zk-predecessor",
+            "zk-recipe",
+            "redis-pubsub",
+            "redis-queue",
+        ] {
+            assert!(legend.iter().any(|t| t == name), "{name} not in the legend");
+        }
+        for (file, y_title) in [
+            ("throughput.svg", "grants per second (log scale)"),
+            ("wakeups.svg", "wake-ups per handoff (log scale)"),
+            ("handoff_p50.svg", "median handoff (µs)"),
+        ] {
+            let svg = fs::read_to_string(out.join(file)).unwrap();
+            let texts = texts(&svg);
+            assert!(texts.iter().any(|t| t == y_title), "{file}: {texts:?}");
+            assert!(texts.iter().any(|t| t == "contenders N (log scale)"));
+        }
 
         let json: serde_json::Value =
             serde_json::from_str(&fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
