@@ -124,7 +124,7 @@ impl Strategy {
         if let Some(strategy) = redis_strategy {
             let mut config = RedisConfig::from_url(&redis()?)?;
             config.strategy = strategy;
-            config.ttl = Duration::from_secs(10);
+            config.lease.ttl = Duration::from_secs(10);
             return Ok(Arc::new(RedisLockProvider::connect(config).await?));
         }
         Ok(Arc::new(RecipeProvider::connect(&zk()?).await?))

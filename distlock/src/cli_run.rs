@@ -488,13 +488,13 @@ mod tests {
             panic!("not a Redis config");
         };
         assert_eq!(
-            (redis.ttl, redis.key_prefix.as_str()),
+            (redis.lease.ttl, redis.lease.key_prefix.as_str()),
             (Duration::from_secs(2), "p")
         );
         let Ok(BackendConfig::Redlock(redlock)) = ttl("redlock://a,b,c", secs(3)) else {
             panic!("not a Redlock config");
         };
-        assert_eq!(redlock.ttl, Duration::from_secs(3));
+        assert_eq!(redlock.lease.ttl, Duration::from_secs(3));
         let url = "zk://h?session_timeout=10s";
         let Ok(BackendConfig::ZooKeeper(zk)) = ttl(url, secs(4)) else {
             panic!("not a ZooKeeper config");

@@ -374,7 +374,7 @@ mod redis {
         assert!(config.server.tls);
         assert_eq!(config.server.port, 6380);
         assert_eq!(config.server.db, 2);
-        assert_eq!(config.ttl, Duration::from_secs(5));
+        assert_eq!(config.lease.ttl, Duration::from_secs(5));
         assert_eq!(config.strategy, RedisStrategy::PubSub);
         let BackendConfig::Redlock(config) =
             BackendConfig::from_url("redlock://r1,r2,r3?retry_count=1").unwrap()

@@ -1,8 +1,8 @@
 //! Configuration of the Redis and Redlock backends, and their connection URLs.
 //!
-//! [`RedisConfig`] (one server) and [`RedlockConfig`] (several) share the lease settings,
-//! `key_prefix`, `ttl` and `timeout`: their setters, their bounds and their URL parameters
-//! (`prefix`, `ttl`, `timeout`, and `tls_ca` for the servers) are the same.
+//! [`RedisConfig`] (one server) and [`RedlockConfig`] (several) share their lease settings,
+//! [`LeaseOptions`]: the same setters, bounds and URL parameters (`prefix`, `ttl`, `timeout`;
+//! and `tls_ca` for the servers).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -29,11 +29,92 @@ const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// Shortest and longest accepted request timeout.
 const MIN_TIMEOUT: Duration = Duration::from_millis(10);
 const MAX_TIMEOUT: Duration = Duration::from_secs(10 * 60);
-/// The default request timeout.
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn config_error(backend: &str, message: impl fmt::Display) -> LockError {
     LockError::config(format!("{backend}: {message}"))
+}
+
+/// The lease settings of [`RedisConfig`] and [`RedlockConfig`]: the same fields, defaults,
+/// bounds and URL parameters (`prefix`, `ttl`, `timeout`) for both.
+///
+/// Both configurations have setters for each field too (`with_key_prefix`, `with_ttl`,
+/// `with_timeout`), and `with_lease` for all three.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_redis::{LeaseOptions, RedisConfig, RedisServer, RedlockConfig};
+///
+/// let lease = LeaseOptions::default().with_ttl(Duration::from_secs(5));
+/// let redis = RedisConfig::new(RedisServer::new("cache")).with_lease(lease.clone());
+/// let redlock = RedlockConfig::new(["r1", "r2", "r3"].map(RedisServer::new)).with_lease(lease);
+/// assert_eq!(redis.lease, redlock.lease);
+/// assert_eq!(redis.lease.key_prefix, "lock");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseOptions {
+    /// The first part of every key: the lock called `N` uses keys tagged `{prefix:N}`.
+    /// Non-empty, at most 128 bytes, without `{`, `}` or control characters. Default `lock`.
+    pub key_prefix: String,
+    /// The lease: how long a lock outlives its holder's crash. The watchdog renews it at
+    /// ttl/3 while the guard lives. From 100 ms to 1 day; default 30 s.
+    pub ttl: Duration,
+    /// How long connecting, or one request, may take before it fails with a retryable
+    /// [`LockError::Connection`]; from 10 ms to 10 minutes. Default 5 s.
+    pub timeout: Duration,
+}
+
+impl LeaseOptions {
+    /// The default key prefix, `lock`.
+    pub const DEFAULT_KEY_PREFIX: &'static str = "lock";
+    /// The default lease, 30 s.
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+    /// The default request timeout, 5 s.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// Checks every setting, with errors naming `backend`.
+    fn validate_for(&self, backend: &str) -> Result<(), LockError> {
+        let prefix = &self.key_prefix;
+        let problem = if prefix.is_empty() {
+            Some("must not be empty")
+        } else if prefix.len() > MAX_PREFIX_LEN {
+            Some("is longer than 128 bytes")
+        } else if prefix.contains(['{', '}']) {
+            Some("must not contain '{' or '}' (they would break the key's hash tag)")
+        } else if prefix.chars().any(char::is_control) {
+            Some("must not contain control characters")
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            let shown: String = prefix.chars().take(40).collect();
+            return Err(config_error(backend, format!("prefix {shown:?} {problem}")));
+        }
+        let ttl = self.ttl;
+        if !(MIN_TTL..=MAX_TTL).contains(&ttl) {
+            let rule = "it must be at least 100ms (the watchdog renews at ttl/3) and at most 1 day";
+            return Err(config_error(backend, format!("ttl is {ttl:?}; {rule}")));
+        }
+        let timeout = self.timeout;
+        if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&timeout) {
+            let rule = "it must be from 10ms to 10 minutes";
+            return Err(config_error(
+                backend,
+                format!("timeout is {timeout:?}; {rule}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for LeaseOptions {
+    fn default() -> Self {
+        LeaseOptions {
+            key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
+            ttl: Self::DEFAULT_TTL,
+            timeout: Self::DEFAULT_TIMEOUT,
+        }
+    }
 }
 
 lock_core::url_enum! {
@@ -86,33 +167,19 @@ lock_core::url_enum! {
 pub struct RedisConfig {
     /// The server.
     pub server: RedisServer,
-    /// The first part of every key: the lock called `N` uses keys tagged `{prefix:N}`.
-    /// Non-empty, at most 128 bytes, without `{`, `}` or control characters. Default `lock`.
-    pub key_prefix: String,
-    /// The lease: how long a lock outlives its holder's crash. The watchdog renews it at
-    /// ttl/3 while the guard lives. From 100 ms to 1 day; default 30 s.
-    pub ttl: Duration,
+    /// The key prefix, the lease and the request timeout.
+    pub lease: LeaseOptions,
     /// How waiters wait. Default [`RedisStrategy::Queue`].
     pub strategy: RedisStrategy,
-    /// How long connecting, or one request, may take before it fails with a retryable
-    /// [`LockError::Connection`]; from 10 ms to 10 minutes. Default 5 s.
-    pub timeout: Duration,
 }
 
 impl RedisConfig {
-    /// The default key prefix, `lock`.
-    pub const DEFAULT_KEY_PREFIX: &'static str = "lock";
-    /// The default lease, 30 s.
-    pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
-
     /// A configuration for `server` with every other setting at its default.
     pub fn new(server: RedisServer) -> Self {
         RedisConfig {
             server,
-            key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
-            ttl: Self::DEFAULT_TTL,
+            lease: LeaseOptions::default(),
             strategy: RedisStrategy::default(),
-            timeout: DEFAULT_TIMEOUT,
         }
     }
 
@@ -143,7 +210,7 @@ impl RedisConfig {
     /// assert_eq!(config.server.address(), "localhost:6380");
     /// assert_eq!(config.server.username.as_deref(), Some("locker"));
     /// assert_eq!(config.server.db, 1);
-    /// assert_eq!(config.key_prefix, "jobs");
+    /// assert_eq!(config.lease.key_prefix, "jobs");
     /// # Ok::<(), lock_core::LockError>(())
     /// ```
     ///
@@ -179,10 +246,12 @@ impl RedisConfig {
         let mut servers = servers(&url, tls, params.tls_ca, "redis")?;
         let config = RedisConfig {
             server: servers.remove(0),
-            key_prefix: params.prefix,
-            ttl: params.ttl,
+            lease: LeaseOptions {
+                key_prefix: params.prefix,
+                ttl: params.ttl,
+                timeout: params.timeout,
+            },
             strategy: params.strategy,
-            timeout: params.timeout,
         };
         config.validate()?;
         Ok(config)
@@ -196,30 +265,47 @@ impl RedisConfig {
     /// key prefix, ttl or timeout out of bounds.
     pub fn validate(&self) -> Result<(), LockError> {
         self.server.validate()?;
-        check_lease("redis", &self.key_prefix, self.ttl, self.timeout)
+        self.lease.validate_for("redis")
     }
 }
 
 lock_core::setters! { RedisConfig {
     /// Sets the waiting strategy.
     with_strategy(strategy: RedisStrategy) => strategy = strategy;
+    /// Sets the lease settings: key prefix, lease and request timeout.
+    with_lease(lease: LeaseOptions) => lease = lease;
 }}
 
-/// The setters of the lease settings, the same for [`RedisConfig`] and [`RedlockConfig`].
+/// The setters of the lease settings: on [`LeaseOptions`], and the same on [`RedisConfig`]
+/// and [`RedlockConfig`] for their `lease`.
 macro_rules! lease_setters {
-    ($($config:ty),*) => {$(
-        lock_core::setters! { $config {
+    ($($ty:ty $({ $lease:ident })?),*) => {$(
+        impl $ty {
             /// Sets the key prefix.
-            with_key_prefix(prefix: impl Into<String>) => key_prefix = prefix.into();
+            #[must_use]
+            pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+                self$(.$lease)?.key_prefix = prefix.into();
+                self
+            }
+
             /// Sets the lease.
-            with_ttl(ttl: Duration) => ttl = ttl;
+            #[must_use]
+            pub fn with_ttl(mut self, ttl: Duration) -> Self {
+                self$(.$lease)?.ttl = ttl;
+                self
+            }
+
             /// Sets the request timeout.
-            with_timeout(timeout: Duration) => timeout = timeout;
-        }}
+            #[must_use]
+            pub fn with_timeout(mut self, timeout: Duration) -> Self {
+                self$(.$lease)?.timeout = timeout;
+                self
+            }
+        }
     )*};
 }
 
-lease_setters!(RedisConfig, RedlockConfig);
+lease_setters!(LeaseOptions, RedisConfig { lease }, RedlockConfig { lease });
 
 /// The query parameters of a `redis://` or `rediss://` URL; their defaults are
 /// [`RedisConfig::new`]'s.
@@ -237,50 +323,15 @@ struct RedisParams {
 
 impl Default for RedisParams {
     fn default() -> Self {
+        let lease = LeaseOptions::default();
         RedisParams {
-            prefix: RedisConfig::DEFAULT_KEY_PREFIX.to_owned(),
-            ttl: RedisConfig::DEFAULT_TTL,
+            prefix: lease.key_prefix,
+            ttl: lease.ttl,
             strategy: RedisStrategy::default(),
-            timeout: DEFAULT_TIMEOUT,
+            timeout: lease.timeout,
             tls_ca: None,
         }
     }
-}
-
-/// Checks the lease settings both configurations share.
-fn check_lease(
-    backend: &str,
-    prefix: &str,
-    ttl: Duration,
-    timeout: Duration,
-) -> Result<(), LockError> {
-    let problem = if prefix.is_empty() {
-        Some("must not be empty")
-    } else if prefix.len() > MAX_PREFIX_LEN {
-        Some("is longer than 128 bytes")
-    } else if prefix.contains(['{', '}']) {
-        Some("must not contain '{' or '}' (they would break the key's hash tag)")
-    } else if prefix.chars().any(char::is_control) {
-        Some("must not contain control characters")
-    } else {
-        None
-    };
-    if let Some(problem) = problem {
-        let shown: String = prefix.chars().take(40).collect();
-        return Err(config_error(backend, format!("prefix {shown:?} {problem}")));
-    }
-    if !(MIN_TTL..=MAX_TTL).contains(&ttl) {
-        let rule = "it must be at least 100ms (the watchdog renews at ttl/3) and at most 1 day";
-        return Err(config_error(backend, format!("ttl is {ttl:?}; {rule}")));
-    }
-    if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&timeout) {
-        let rule = "it must be from 10ms to 10 minutes";
-        return Err(config_error(
-            backend,
-            format!("timeout is {timeout:?}; {rule}"),
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -310,10 +361,10 @@ pub(super) mod tests {
         let config = redis("redis://localhost");
         assert_eq!(config, RedisConfig::new(RedisServer::new("localhost")));
         assert_eq!(redis("redis://localhost/"), config);
-        assert_eq!(config.key_prefix, "lock");
-        assert_eq!(config.ttl, Duration::from_secs(30));
+        assert_eq!(config.lease.key_prefix, "lock");
+        assert_eq!(config.lease.ttl, Duration::from_secs(30));
         assert_eq!(config.strategy, RedisStrategy::Queue);
-        assert_eq!(config.timeout, Duration::from_secs(5));
+        assert_eq!(config.lease.timeout, Duration::from_secs(5));
     }
 
     #[test]
@@ -360,19 +411,20 @@ pub(super) mod tests {
 
     #[test]
     fn lease_bounds() {
-        assert_eq!(redis("redis://h?ttl=100ms").ttl, Duration::from_millis(100));
-        assert_eq!(redis("redis://h?ttl=1day").ttl, Duration::from_secs(86_400));
+        let lease = |url: &str| redis(url).lease;
+        assert_eq!(lease("redis://h?ttl=100ms").ttl, Duration::from_millis(100));
+        assert_eq!(lease("redis://h?ttl=1day").ttl, Duration::from_secs(86_400));
         assert_eq!(
-            redis("redis://h?timeout=10ms").timeout,
+            lease("redis://h?timeout=10ms").timeout,
             Duration::from_millis(10)
         );
         assert_eq!(
-            redis("redis://h?timeout=10m").timeout,
+            lease("redis://h?timeout=10m").timeout,
             Duration::from_secs(600)
         );
         let prefix = "p".repeat(128);
         assert_eq!(
-            redis(&format!("redis://h?prefix={prefix}")).key_prefix,
+            lease(&format!("redis://h?prefix={prefix}")).key_prefix,
             prefix
         );
         let config = || RedisConfig::new(RedisServer::new("h"));

@@ -21,7 +21,7 @@
 //!
 //! let config = RedisConfig::from_url("redis://cache.internal:6380/2?ttl=10s&strategy=pubsub")?;
 //! assert_eq!(config.server.db, 2);
-//! assert_eq!(config.ttl, Duration::from_secs(10));
+//! assert_eq!(config.lease.ttl, Duration::from_secs(10));
 //! assert_eq!(config.strategy, RedisStrategy::PubSub);
 //!
 //! let redlock = RedlockConfig::from_url("redlock://r1,r2,r3")?;
@@ -105,7 +105,7 @@ mod redlock;
 mod scripts;
 mod subscriber;
 
-pub use config::{RedisConfig, RedisServer, RedisStrategy, RedlockConfig};
+pub use config::{LeaseOptions, RedisConfig, RedisServer, RedisStrategy, RedlockConfig};
 pub use lock::RedisLock;
 pub use provider::{RedisHolders, RedisLockProvider};
 pub use redlock::{RedlockLock, RedlockProvider};

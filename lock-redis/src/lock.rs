@@ -89,8 +89,10 @@ struct Contender(Arc<Claim>);
 /// retrying until the waiter's place and any grant to it would have expired anyway.
 impl Abandon for Contender {
     fn abandon(self) {
-        let ttl = self.0.shared.config.ttl;
-        let give_up = Deadline::after(Some(ttl.max(liveness(ttl, self.0.shared.config.timeout))));
+        let ttl = self.0.shared.config.lease.ttl;
+        let give_up = Deadline::after(Some(
+            ttl.max(liveness(ttl, self.0.shared.config.lease.timeout)),
+        ));
         let what = format!("clean-up of lock {}", self.0.name);
         retry_in_background(BACKEND, what, RETRY_PAUSE, give_up, move || {
             let grant = Arc::clone(&self.0);
@@ -108,7 +110,7 @@ impl Abandon for Contender {
 
 impl RedisLock {
     pub(crate) fn new(shared: Arc<Shared>, name: LockName) -> Self {
-        let keys = Arc::new(LockKeys::new(&shared.config.key_prefix, &name));
+        let keys = Arc::new(LockKeys::new(&shared.config.lease.key_prefix, &name));
         RedisLock { shared, name, keys }
     }
 }
@@ -192,7 +194,7 @@ impl RedisLock {
     ) -> Result<Option<Found>, LockError> {
         let mut pubsub = None;
         let mut wakeups = Wakeups::new(&self.shared.metrics);
-        let period = refresh_period(self.shared.config.ttl);
+        let period = refresh_period(self.shared.config.lease.ttl);
         loop {
             if let Some(granted) = grant.try_grant().await? {
                 return Ok(Some(granted));
@@ -229,7 +231,7 @@ impl RedisLock {
     /// `ATTEMPT`, queueing; then block on this waiter's own list, refreshing the place in
     /// the queue every refresh period.
     async fn queue(&self, grant: &Claim, deadline: Deadline) -> Result<Option<Found>, LockError> {
-        let ttl = self.shared.config.ttl;
+        let ttl = self.shared.config.lease.ttl;
         let period = refresh_period(ttl);
         let queue = !deadline.is_immediate();
         let mut mode = if queue { Queueing::Join } else { Queueing::No };
@@ -254,7 +256,7 @@ impl RedisLock {
                 return Ok(Some(Found {
                     token: token.unsigned_abs(),
                     sent,
-                    lease: self.shared.config.ttl,
+                    lease: self.shared.config.lease.ttl,
                 }));
             }
             if token < 0 {
@@ -319,7 +321,7 @@ impl RedisLock {
                 return Ok(Some(Found {
                     token,
                     sent,
-                    lease: handoff_lease(self.shared.config.ttl),
+                    lease: handoff_lease(self.shared.config.lease.ttl),
                 }));
             }
         }
@@ -380,7 +382,7 @@ impl Claim {
 
     /// One `GRANT` (sent again after a lost reply): the grant, if the lock was free.
     async fn try_grant(&self) -> Result<Option<Found>, LockError> {
-        let ttl = self.shared.config.ttl;
+        let ttl = self.shared.config.lease.ttl;
         let sent = Instant::now();
         let token: u64 = self
             .retrying(|| {
@@ -402,7 +404,7 @@ impl Claim {
 
     /// The arguments every queue script takes after the owner id.
     fn queue_args(&self, invocation: &mut redis::ScriptInvocation<'static>) {
-        let ttl = self.shared.config.ttl;
+        let ttl = self.shared.config.lease.ttl;
         let mode = match self.shared.config.strategy {
             RedisStrategy::Polling => "polling",
             RedisStrategy::PubSub => "pubsub",
@@ -414,7 +416,7 @@ impl Claim {
         invocation
             .arg(&self.id)
             .arg(millis(ttl))
-            .arg(millis(liveness(ttl, self.shared.config.timeout)))
+            .arg(millis(liveness(ttl, self.shared.config.lease.timeout)))
             .arg(&self.keys.waiter_prefix)
             .arg(mode)
             .arg(&self.keys.channel)
@@ -452,11 +454,11 @@ impl Lease for Claim {
     }
 
     fn ttl(&self) -> Duration {
-        self.shared.config.ttl
+        self.shared.config.lease.ttl
     }
 
     fn drift(&self) -> Duration {
-        drift(self.shared.config.ttl)
+        drift(self.shared.config.lease.ttl)
     }
 
     fn is_closed(&self) -> bool {
@@ -473,7 +475,7 @@ impl Lease for Claim {
             .key(&self.keys.owner)
             .key(&self.keys.released)
             .arg(&self.id)
-            .arg(millis(self.shared.config.ttl));
+            .arg(millis(self.shared.config.lease.ttl));
         let renewed: u64 = self.shared.node.run(invocation, self.name.as_str()).await?;
         Ok(renewal(renewed))
     }

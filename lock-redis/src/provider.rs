@@ -83,7 +83,7 @@ impl RedisLockProvider {
         let metrics = Arc::new(Metrics::new());
         let node = Node::connect(
             &config.server,
-            config.timeout,
+            config.lease.timeout,
             BACKEND,
             Arc::clone(&metrics),
         )
@@ -150,7 +150,7 @@ impl RedisLockProvider {
     /// user may not run these commands on the lock's keys.
     pub async fn holders(&self, name: &str) -> Result<RedisHolders, LockError> {
         let name = LockName::new(name)?;
-        let keys = LockKeys::new(&self.shared.config.key_prefix, &name);
+        let keys = LockKeys::new(&self.shared.config.lease.key_prefix, &name);
         let mut pipeline = redis::pipe();
         pipeline
             .atomic()
@@ -193,8 +193,8 @@ impl fmt::Debug for RedisLockProvider {
         f.debug_struct("RedisLockProvider")
             .field("server", &self.shared.node.address())
             .field("db", &self.shared.config.server.db)
-            .field("key_prefix", &self.shared.config.key_prefix)
-            .field("ttl", &self.shared.config.ttl)
+            .field("key_prefix", &self.shared.config.lease.key_prefix)
+            .field("ttl", &self.shared.config.lease.ttl)
             .field("strategy", &self.shared.config.strategy)
             .finish()
     }
@@ -219,7 +219,7 @@ impl LockProvider for RedisLockProvider {
             .with_leases(true)
             // A crashed holder's key expires after the ttl; a waiter notices within one
             // refresh period.
-            .with_crash_release_bound(Some(config.ttl + refresh_period(config.ttl)))
+            .with_crash_release_bound(Some(config.lease.ttl + refresh_period(config.lease.ttl)))
     }
 
     fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {

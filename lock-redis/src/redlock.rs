@@ -78,6 +78,7 @@ impl Shared {
 
     fn drift(&self) -> Duration {
         self.config
+            .lease
             .ttl
             .mul_f64(self.config.clock_drift_factor)
             .saturating_add(Duration::from_millis(2))
@@ -86,7 +87,7 @@ impl Shared {
     /// How long one round waits for the servers: short against the ttl, so that a dead
     /// server does not eat the validity.
     fn round_budget(&self) -> Duration {
-        self.config.timeout.min(self.config.ttl / 3)
+        self.config.lease.timeout.min(self.config.lease.ttl / 3)
     }
 
     /// Runs `request` on every server at once, each bounded by the round budget.
@@ -164,7 +165,7 @@ impl RedlockProvider {
         let nodes = config
             .servers
             .iter()
-            .map(|server| Node::lazy(server, config.timeout, REDLOCK, Arc::clone(&metrics)))
+            .map(|server| Node::lazy(server, config.lease.timeout, REDLOCK, Arc::clone(&metrics)))
             .collect::<Result<Vec<_>, _>>()?;
         let shared = Arc::new(Shared {
             config,
@@ -226,8 +227,8 @@ impl fmt::Debug for RedlockProvider {
         f.debug_struct("RedlockProvider")
             .field("servers", &servers)
             .field("quorum", &self.shared.quorum())
-            .field("key_prefix", &self.shared.config.key_prefix)
-            .field("ttl", &self.shared.config.ttl)
+            .field("key_prefix", &self.shared.config.lease.key_prefix)
+            .field("ttl", &self.shared.config.lease.ttl)
             .finish()
     }
 }
@@ -244,12 +245,12 @@ impl LockProvider for RedlockProvider {
             .with_lost_detection(true)
             .with_fifo(false)
             .with_leases(true)
-            .with_crash_release_bound(Some(config.ttl + config.retry_delay))
+            .with_crash_release_bound(Some(config.lease.ttl + config.retry_delay))
     }
 
     fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
         let name = LockName::new(name)?;
-        let keys = Arc::new(LockKeys::new(&self.shared.config.key_prefix, &name));
+        let keys = Arc::new(LockKeys::new(&self.shared.config.lease.key_prefix, &name));
         Ok(Arc::new(RedlockLock {
             shared: Arc::clone(&self.shared),
             name,
@@ -329,8 +330,14 @@ impl MutexAttempt for RedlockLock {
                 Round::Held(token, asked) => {
                     votes.disarm();
                     self.shared.metrics.record_grant();
-                    return make_guard(grant, &self.name, token, asked, self.shared.config.ttl)
-                        .map(Some);
+                    return make_guard(
+                        grant,
+                        &self.name,
+                        token,
+                        asked,
+                        self.shared.config.lease.ttl,
+                    )
+                    .map(Some);
                 }
                 Round::Busy => split_rounds = 0,
                 Round::Split { errors, kept } => {
@@ -394,7 +401,7 @@ impl RedlockClaim {
     async fn round(&self, first_vote: Option<Instant>) -> (Round, Instant) {
         let asked = Instant::now();
         let began = first_vote.unwrap_or(asked);
-        let ttl = millis(self.shared.config.ttl);
+        let ttl = millis(self.shared.config.lease.ttl);
         let answers = self
             .shared
             .on_all(|node| {
@@ -421,6 +428,7 @@ impl RedlockClaim {
         let valid = self
             .shared
             .config
+            .lease
             .ttl
             .checked_sub(began.elapsed())
             .and_then(|left| left.checked_sub(self.shared.drift()))
@@ -470,7 +478,7 @@ impl RedlockClaim {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let ttl = millis(self.shared.config.ttl);
+        let ttl = millis(self.shared.config.lease.ttl);
         let answers = self
             .shared
             .on_all(|node| {
@@ -516,7 +524,7 @@ impl Lease for RedlockClaim {
     }
 
     fn ttl(&self) -> Duration {
-        self.shared.config.ttl
+        self.shared.config.lease.ttl
     }
 
     fn drift(&self) -> Duration {
@@ -532,7 +540,7 @@ impl Lease for RedlockClaim {
     }
 
     async fn extend(&self) -> Result<Renewal, LockError> {
-        let ttl = millis(self.shared.config.ttl);
+        let ttl = millis(self.shared.config.lease.ttl);
         let answers = self
             .shared
             .on_all(|node| {

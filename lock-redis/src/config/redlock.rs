@@ -7,7 +7,7 @@ use lock_core::LockError;
 use lock_core::url::{LockUrl, duration};
 use serde::Deserialize;
 
-use super::{DEFAULT_TIMEOUT, RedisConfig, RedisServer, check_lease, config_error, servers};
+use super::{LeaseOptions, RedisServer, config_error, servers};
 
 /// Longest accepted retry delay.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
@@ -34,10 +34,9 @@ const MAX_DRIFT_FACTOR: f64 = 0.5;
 pub struct RedlockConfig {
     /// The servers; at least one.
     pub servers: Vec<RedisServer>,
-    /// The key prefix, as for [`RedisConfig::key_prefix`]. Default `lock`.
-    pub key_prefix: String,
-    /// The lease, as for [`RedisConfig::ttl`]. Default 30 s.
-    pub ttl: Duration,
+    /// The key prefix, the lease and the request timeout, as for
+    /// [`RedisConfig`](super::RedisConfig).
+    pub lease: LeaseOptions,
     /// The share of the ttl subtracted from a grant's validity for clock drift between the
     /// servers; from 0 to 0.5. Default 0.01.
     pub clock_drift_factor: f64,
@@ -47,8 +46,6 @@ pub struct RedlockConfig {
     /// The delay before such a retry (randomised by the provider); more than 0 and at most
     /// 1 minute. Default 200 ms.
     pub retry_delay: Duration,
-    /// The request timeout, as for [`RedisConfig::timeout`]. Default 5 s.
-    pub timeout: Duration,
 }
 
 impl RedlockConfig {
@@ -63,12 +60,10 @@ impl RedlockConfig {
     pub fn new(servers: impl IntoIterator<Item = RedisServer>) -> Self {
         RedlockConfig {
             servers: servers.into_iter().collect(),
-            key_prefix: RedisConfig::DEFAULT_KEY_PREFIX.to_owned(),
-            ttl: RedisConfig::DEFAULT_TTL,
+            lease: LeaseOptions::default(),
             clock_drift_factor: Self::DEFAULT_CLOCK_DRIFT_FACTOR,
             retry_count: Self::DEFAULT_RETRY_COUNT,
             retry_delay: Self::DEFAULT_RETRY_DELAY,
-            timeout: DEFAULT_TIMEOUT,
         }
     }
 
@@ -89,7 +84,7 @@ impl RedlockConfig {
     /// | `user:password@` | credentials, the same for every server | none |
     /// | hosts | the independent servers, comma-separated, IPv6 in brackets | port 6379 |
     /// | `/db` | logical database on every server | 0 |
-    /// | `prefix`, `ttl`, `timeout` | as for [`redis://`](RedisConfig::from_url) | `lock`, `30s`, `5s` |
+    /// | `prefix`, `ttl`, `timeout` | as for [`redis://`](super::RedisConfig::from_url) | `lock`, `30s`, `5s` |
     /// | `retry_count` | retries of a round without quorum | `3` |
     /// | `retry_delay` | delay before such a retry, more than 0 and at most 1m | `200ms` |
     /// | `drift_factor` | clock drift share of the ttl, from 0 to 0.5 | `0.01` |
@@ -124,12 +119,14 @@ impl RedlockConfig {
         let params: RedlockParams = url.query()?;
         let config = RedlockConfig {
             servers: servers(&url, params.tls, params.tls_ca, "redlock")?,
-            key_prefix: params.prefix,
-            ttl: params.ttl,
+            lease: LeaseOptions {
+                key_prefix: params.prefix,
+                ttl: params.ttl,
+                timeout: params.timeout,
+            },
             clock_drift_factor: params.drift_factor,
             retry_count: params.retry_count,
             retry_delay: params.retry_delay,
-            timeout: params.timeout,
         };
         config.validate()?;
         if let Some(warning) = config.quorum_warning() {
@@ -152,7 +149,7 @@ impl RedlockConfig {
         for server in &self.servers {
             server.validate_for("redlock")?;
         }
-        check_lease("redlock", &self.key_prefix, self.ttl, self.timeout)?;
+        self.lease.validate_for("redlock")?;
         let factor = self.clock_drift_factor;
         if !(0.0..=MAX_DRIFT_FACTOR).contains(&factor) {
             let rule = format!("it must be from 0 to {MAX_DRIFT_FACTOR}");
@@ -199,6 +196,8 @@ lock_core::setters! { RedlockConfig {
     with_retry_count(count: u32) => retry_count = count;
     /// Sets the retry delay.
     with_retry_delay(delay: Duration) => retry_delay = delay;
+    /// Sets the lease settings: key prefix, lease and request timeout.
+    with_lease(lease: LeaseOptions) => lease = lease;
 }}
 
 /// The query parameters of a `redlock://` URL; their defaults are [`RedlockConfig::new`]'s.
@@ -220,15 +219,16 @@ struct RedlockParams {
 
 impl Default for RedlockParams {
     fn default() -> Self {
+        let lease = LeaseOptions::default();
         RedlockParams {
-            prefix: RedisConfig::DEFAULT_KEY_PREFIX.to_owned(),
-            ttl: RedisConfig::DEFAULT_TTL,
+            prefix: lease.key_prefix,
+            ttl: lease.ttl,
             retry_count: RedlockConfig::DEFAULT_RETRY_COUNT,
             retry_delay: RedlockConfig::DEFAULT_RETRY_DELAY,
             drift_factor: RedlockConfig::DEFAULT_CLOCK_DRIFT_FACTOR,
             tls: false,
             tls_ca: None,
-            timeout: DEFAULT_TIMEOUT,
+            timeout: lease.timeout,
         }
     }
 }
@@ -252,13 +252,13 @@ mod tests {
         let expected = RedlockConfig::new(servers.into_iter().chain([RedisServer::new("r3")]));
         assert_eq!(config, expected);
         assert_eq!(
-            (config.key_prefix.as_str(), config.ttl),
+            (config.lease.key_prefix.as_str(), config.lease.ttl),
             ("lock", Duration::from_secs(30))
         );
         assert_eq!(config.clock_drift_factor, 0.01);
         assert_eq!(config.retry_count, 3);
         assert_eq!(config.retry_delay, Duration::from_millis(200));
-        assert_eq!(config.timeout, Duration::from_secs(5));
+        assert_eq!(config.lease.timeout, Duration::from_secs(5));
         assert_eq!((config.quorum(), config.quorum_warning()), (2, None));
     }
 
