@@ -16,7 +16,7 @@ use crate::error::BACKEND;
 use crate::guard::{Lease, Renewal, grant as make_guard};
 use crate::keys::LockKeys;
 use crate::provider::Shared;
-use crate::scripts::{ATTEMPT, CANCEL, EXTEND, GRANT, RELEASE};
+use crate::scripts::{self, ATTEMPT, CANCEL, QueueArgs, RELEASE};
 use crate::subscriber::Heard;
 
 /// How many times a request whose reply was lost is sent again (with the same owner id, so
@@ -50,19 +50,6 @@ pub(crate) fn handoff_lease(ttl: Duration) -> Duration {
 /// The clock-drift margin taken off every validity: 1% of the ttl and 2 ms.
 pub(crate) fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
-}
-
-/// What `EXTEND` answered.
-pub(crate) fn renewal(answer: u64) -> Renewal {
-    match answer {
-        1 => Renewal::Renewed,
-        2 => Renewal::Released,
-        _ => Renewal::Gone,
-    }
-}
-
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A lock handle from a [`RedisLockProvider`](crate::RedisLockProvider).
@@ -360,6 +347,14 @@ pub(crate) struct Claim {
 }
 
 impl Claim {
+    /// Runs `invocation` on the server.
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        invocation: redis::ScriptInvocation<'_>,
+    ) -> Result<T, LockError> {
+        self.shared.node.run(invocation, self.name.as_str()).await
+    }
+
     /// Runs the script `invocation` builds, sending it again (same owner id) after a
     /// connection error.
     async fn retrying<T, F>(&self, invocation: F) -> Result<T, LockError>
@@ -370,7 +365,7 @@ impl Claim {
         let mut tries = 0;
         loop {
             tries += 1;
-            match self.shared.node.run(invocation(), self.name.as_str()).await {
+            match self.run(invocation()).await {
                 Err(error @ LockError::Connection { .. }) if tries < ATTEMPTS => {
                     tracing::debug!(lock = %self.name, %error, "redis: no reply; sending again");
                     tokio::time::sleep(RETRY_PAUSE).await;
@@ -384,16 +379,8 @@ impl Claim {
     async fn try_grant(&self) -> Result<Option<Found>, LockError> {
         let ttl = self.shared.config.lease.ttl;
         let sent = Instant::now();
-        let token: u64 = self
-            .retrying(|| {
-                let mut invocation = GRANT.prepare_invoke();
-                invocation
-                    .key(&self.keys.owner)
-                    .key(&self.keys.fence)
-                    .arg(&self.id)
-                    .arg(millis(ttl));
-                invocation
-            })
+        let (token, _holder): (u64, String) = self
+            .retrying(|| scripts::grant(&self.keys, &self.id, ttl))
             .await?;
         Ok((token > 0).then_some(Found {
             token,
@@ -402,32 +389,22 @@ impl Claim {
         }))
     }
 
-    /// The arguments every queue script takes after the owner id.
-    fn queue_args(&self, invocation: &mut redis::ScriptInvocation<'static>) {
-        let ttl = self.shared.config.lease.ttl;
-        let mode = match self.shared.config.strategy {
-            RedisStrategy::Polling => "polling",
-            RedisStrategy::PubSub => "pubsub",
-            _ => "queue",
-        };
-        for key in self.keys.script_keys() {
-            invocation.key(key);
+    /// What every queue script takes after the owner id.
+    fn queue_args(&self) -> QueueArgs {
+        let lease = &self.shared.config.lease;
+        QueueArgs {
+            ttl: lease.ttl,
+            liveness: liveness(lease.ttl, lease.timeout),
+            mode: self.shared.config.strategy.as_str(),
+            claim: handoff_lease(lease.ttl),
         }
-        invocation
-            .arg(&self.id)
-            .arg(millis(ttl))
-            .arg(millis(liveness(ttl, self.shared.config.lease.timeout)))
-            .arg(&self.keys.waiter_prefix)
-            .arg(mode)
-            .arg(&self.keys.channel)
-            .arg(millis(handoff_lease(ttl)));
     }
 
     /// `ATTEMPT`: a token, 0, or -1 when a refreshing waiter's place is gone.
     async fn attempt(&self, mode: Queueing) -> Result<i64, LockError> {
+        let args = self.queue_args();
         self.retrying(|| {
-            let mut invocation = ATTEMPT.prepare_invoke();
-            self.queue_args(&mut invocation);
+            let mut invocation = scripts::queue(&ATTEMPT, &self.keys, &self.id, &args);
             invocation.arg(match mode {
                 Queueing::No => "0",
                 Queueing::Join => "1",
@@ -440,9 +417,10 @@ impl Claim {
 
     /// Leaves the queue and passes on a grant that raced the cancel.
     async fn cancel(&self) -> Result<bool, LockError> {
-        let mut invocation = CANCEL.prepare_invoke();
-        self.queue_args(&mut invocation);
-        let passed_on: u64 = self.shared.node.run(invocation, self.name.as_str()).await?;
+        let args = self.queue_args();
+        let passed_on: u64 = self
+            .run(scripts::queue(&CANCEL, &self.keys, &self.id, &args))
+            .await?;
         Ok(passed_on == 1)
     }
 }
@@ -470,20 +448,20 @@ impl Lease for Claim {
     }
 
     async fn extend(&self) -> Result<Renewal, LockError> {
-        let mut invocation = EXTEND.prepare_invoke();
-        invocation
-            .key(&self.keys.owner)
-            .key(&self.keys.released)
-            .arg(&self.id)
-            .arg(millis(self.shared.config.lease.ttl));
-        let renewed: u64 = self.shared.node.run(invocation, self.name.as_str()).await?;
-        Ok(renewal(renewed))
+        let ttl = self.shared.config.lease.ttl;
+        let renewed: u64 = self.run(scripts::extend(&self.keys, &self.id, ttl)).await?;
+        Ok(match renewed {
+            1 => Renewal::Renewed,
+            2 => Renewal::Released,
+            _ => Renewal::Gone,
+        })
     }
 
     async fn release(&self) -> Result<bool, LockError> {
-        let mut invocation = RELEASE.prepare_invoke();
-        self.queue_args(&mut invocation);
-        let released: u64 = self.shared.node.run(invocation, self.name.as_str()).await?;
+        let args = self.queue_args();
+        let released: u64 = self
+            .run(scripts::queue(&RELEASE, &self.keys, &self.id, &args))
+            .await?;
         Ok(released == 1)
     }
 }

@@ -19,13 +19,9 @@ use crate::config::RedlockConfig;
 use crate::guard::{Lease, Renewal, grant as make_guard};
 use crate::keys::LockKeys;
 use crate::node::Node;
-use crate::scripts::{EXTEND, RELEASE, VOTE};
+use crate::scripts::{self, QueueArgs, RELEASE};
 
 pub(crate) const REDLOCK: &str = "redlock";
-
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
 
 /// A distlock provider running Redlock over several independent Redis servers.
 ///
@@ -393,25 +389,21 @@ struct RedlockClaim {
 }
 
 impl RedlockClaim {
-    /// One round: `VOTE` on every server at once; held with a majority inside the validity
-    /// (counted from `first_vote`, when votes kept from an earlier round were asked for).
-    /// Otherwise the votes are taken back, unless this contender has the smallest owner id
-    /// among the holders: then it keeps them and the others give theirs up, so that split
-    /// votes settle. Returns the outcome and when the earliest vote was asked for.
+    /// One round: `GRANT` on every server at once, each answer a vote; held with a majority
+    /// inside the validity (counted from `first_vote`, when votes kept from an earlier round
+    /// were asked for). Otherwise the votes are taken back, unless this contender has the
+    /// smallest owner id among the holders: then it keeps them and the others give theirs
+    /// up, so that split votes settle. Returns the outcome and when the earliest vote was
+    /// asked for.
     async fn round(&self, first_vote: Option<Instant>) -> (Round, Instant) {
         let asked = Instant::now();
         let began = first_vote.unwrap_or(asked);
-        let ttl = millis(self.shared.config.lease.ttl);
+        let ttl = self.shared.config.lease.ttl;
         let answers = self
             .shared
             .on_all(|node| {
-                let mut invocation = VOTE.prepare_invoke();
-                invocation
-                    .key(&self.keys.owner)
-                    .key(&self.keys.fence)
-                    .arg(&self.id)
-                    .arg(ttl);
-                node.run::<(u64, String)>(invocation, self.name.as_str())
+                let vote = scripts::grant(&self.keys, &self.id, ttl);
+                node.run::<(u64, String)>(vote, self.name.as_str())
             })
             .await;
         let tokens: Vec<u64> = answers
@@ -478,23 +470,19 @@ impl RedlockClaim {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let ttl = millis(self.shared.config.lease.ttl);
+        let ttl = self.shared.config.lease.ttl;
+        // No waiters to tell: Redlock's wait polls.
+        let args = QueueArgs {
+            ttl,
+            liveness: ttl,
+            mode: "none",
+            claim: ttl,
+        };
         let answers = self
             .shared
             .on_all(|node| {
-                let mut invocation = RELEASE.prepare_invoke();
-                for key in self.keys.script_keys() {
-                    invocation.key(key);
-                }
-                invocation
-                    .arg(&self.id)
-                    .arg(ttl)
-                    .arg(ttl)
-                    .arg(&self.keys.waiter_prefix)
-                    .arg("none")
-                    .arg(&self.keys.channel)
-                    .arg(ttl);
-                node.run::<u64>(invocation, self.name.as_str())
+                let release = scripts::queue(&RELEASE, &self.keys, &self.id, &args);
+                node.run::<u64>(release, self.name.as_str())
             })
             .await;
         let mut released = self.released.lock().unwrap_or_else(PoisonError::into_inner);
@@ -540,17 +528,14 @@ impl Lease for RedlockClaim {
     }
 
     async fn extend(&self) -> Result<Renewal, LockError> {
-        let ttl = millis(self.shared.config.lease.ttl);
+        let ttl = self.shared.config.lease.ttl;
         let answers = self
             .shared
             .on_all(|node| {
-                let mut invocation = EXTEND.prepare_invoke();
-                invocation
-                    .key(&self.keys.owner)
-                    .key(&self.keys.released)
-                    .arg(&self.id)
-                    .arg(ttl);
-                node.run::<u64>(invocation, self.name.as_str())
+                node.run::<u64>(
+                    scripts::extend(&self.keys, &self.id, ttl),
+                    self.name.as_str(),
+                )
             })
             .await;
         let renewed = answers.iter().filter(|a| matches!(a, Ok(1))).count();

@@ -7,15 +7,18 @@
 //! fencing counter, the waiter queue (a list of owner ids), the waiters' deadlines (a hash:
 //! owner id → server time in ms) and the receipt of the last release (its owner id, kept for
 //! a lease's length). Their arguments are `id, ttl, liveness, prefix, mode, channel, claim`
-//! (see `RedisLock::queue_args`), and `ATTEMPT` adds `queue`. A waiter's own list, where a
+//! (see `queue` below), and `ATTEMPT` adds `queue`. A waiter's own list, where a
 //! hand-off pushes its token, is `prefix .. id`.
 //!
 //! An id is in the queue at most once (it joins only when not found there), so removing it
 //! stops at its one occurrence.
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
-use redis::Script;
+use redis::{Script, ScriptInvocation};
+
+use crate::keys::LockKeys;
 
 /// The keys and the hand-off shared by the queue scripts.
 const HANDOFF: &str = include_str!("scripts/handoff.lua");
@@ -25,13 +28,10 @@ fn with_handoff(body: &str) -> Script {
     Script::new(&format!("{HANDOFF}\n{body}"))
 }
 
-/// `GRANT(id, ttl)` → token, or 0 when held: the polling and pub/sub strategies' grant.
+/// `GRANT(id, ttl)` → `{token, ""}` or `{0, holder}`: the polling and pub/sub strategies'
+/// grant, and Redlock's vote on one server.
 pub(crate) static GRANT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/grant.lua")));
-
-/// `VOTE(id, ttl)` → `{token, ""}` or `{0, holder}`: Redlock's grant on one server.
-pub(crate) static VOTE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/vote.lua")));
 
 /// `ATTEMPT(…, queue)` → token, 0, or -1: the queue strategy's grant and a waiter's refresh.
 pub(crate) static ATTEMPT: LazyLock<Script> =
@@ -49,3 +49,66 @@ pub(crate) static CANCEL: LazyLock<Script> =
 /// already, 0 gone or someone else's.
 pub(crate) static EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/extend.lua")));
+
+/// A duration as the scripts take it: whole milliseconds.
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `GRANT(id, ttl)` on the lock's owner key and fencing counter.
+pub(crate) fn grant(keys: &LockKeys, id: &str, ttl: Duration) -> ScriptInvocation<'static> {
+    let mut invocation = GRANT.prepare_invoke();
+    invocation
+        .key(&keys.owner)
+        .key(&keys.fence)
+        .arg(id)
+        .arg(millis(ttl));
+    invocation
+}
+
+/// `EXTEND(id, ttl)` on the lock's owner key and release receipt.
+pub(crate) fn extend(keys: &LockKeys, id: &str, ttl: Duration) -> ScriptInvocation<'static> {
+    let mut invocation = EXTEND.prepare_invoke();
+    invocation
+        .key(&keys.owner)
+        .key(&keys.released)
+        .arg(id)
+        .arg(millis(ttl));
+    invocation
+}
+
+/// What the queue scripts take after the owner id, but for the keys' names.
+pub(crate) struct QueueArgs {
+    /// The lease.
+    pub(crate) ttl: Duration,
+    /// How long a waiter that stopped refreshing keeps its place.
+    pub(crate) liveness: Duration,
+    /// How a release tells the waiters: `queue` (a hand-off), `pubsub` (a broadcast), or
+    /// anything else for not at all.
+    pub(crate) mode: &'static str,
+    /// The lease a hand-off gives the waiter until it has picked the token up.
+    pub(crate) claim: Duration,
+}
+
+/// A queue script (`ATTEMPT`, `RELEASE`, `CANCEL`) for owner `id` on the lock's five keys:
+/// `id, ttl, liveness, prefix, mode, channel, claim` (`ATTEMPT` takes one more).
+pub(crate) fn queue(
+    script: &'static Script,
+    keys: &LockKeys,
+    id: &str,
+    args: &QueueArgs,
+) -> ScriptInvocation<'static> {
+    let mut invocation = script.prepare_invoke();
+    for key in keys.script_keys() {
+        invocation.key(key);
+    }
+    invocation
+        .arg(id)
+        .arg(millis(args.ttl))
+        .arg(millis(args.liveness))
+        .arg(&keys.waiter_prefix)
+        .arg(args.mode)
+        .arg(&keys.channel)
+        .arg(millis(args.claim));
+    invocation
+}
