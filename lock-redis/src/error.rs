@@ -64,12 +64,22 @@ pub(crate) fn is_connection(error: &RedisError) -> bool {
         || error.is_connection_refusal()
 }
 
-/// The error of a request that got no answer within the configured timeout.
-pub(crate) fn timed_out_request(backend: &'static str, name: Option<&str>) -> LockError {
+/// A [`LockError::Connection`] (retryable) without a source, naming the lock if any.
+pub(crate) fn connection(
+    backend: &'static str,
+    name: Option<&str>,
+    message: impl Into<String>,
+) -> LockError {
     LockError::Connection {
         backend,
         name: name.map(str::to_owned),
-        message: "the server did not answer within the request timeout".to_owned(),
+        message: message.into(),
         source: None,
     }
+}
+
+/// The error of a request that got no answer within the configured timeout.
+pub(crate) fn timed_out_request(backend: &'static str, name: Option<&str>) -> LockError {
+    let message = "the server did not answer within the request timeout";
+    connection(backend, name, message)
 }

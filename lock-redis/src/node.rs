@@ -13,7 +13,7 @@ use redis::{
 };
 
 use crate::config::RedisServer;
-use crate::error::{lock_error, timed_out_request};
+use crate::error::{connection, lock_error, timed_out_request};
 use crate::subscriber::{Subscriber, Subscription};
 
 /// A connection to one server, counting its requests.
@@ -98,16 +98,31 @@ fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
 }
 
 impl Node {
-    fn new(
+    /// Connects to `server`, giving up after `timeout`; with `lazy`, on the first request
+    /// instead (Redlock: a server that is down at start must not keep the others from being
+    /// used).
+    pub(crate) async fn connect(
         server: &RedisServer,
-        client: Client,
-        manager: ConnectionManager,
         timeout: Duration,
         backend: &'static str,
         metrics: Arc<Metrics>,
-    ) -> Self {
+        lazy: bool,
+    ) -> Result<Self, LockError> {
+        let client = client(server, backend)?;
+        let config = manager_config(timeout);
+        let manager = if lazy {
+            ConnectionManager::new_lazy_with_config(client.clone(), config)
+                .map_err(|error| lock_error(backend, error, None))?
+        } else {
+            let connecting = ConnectionManager::new_with_config(client.clone(), config);
+            let Ok(connected) = tokio::time::timeout(timeout, connecting).await else {
+                let message = format!("no connection to {} within {timeout:?}", server.address());
+                return Err(connection(backend, None, message));
+            };
+            connected.map_err(|error| lock_error(backend, error, None))?
+        };
         let subscriber = Subscriber::new(client.clone(), timeout, backend, Arc::clone(&metrics));
-        Node {
+        Ok(Node {
             client,
             manager,
             timeout,
@@ -116,51 +131,7 @@ impl Node {
             metrics,
             idle: Arc::default(),
             subscriber: Arc::new(subscriber),
-        }
-    }
-
-    /// Connects to `server`, giving up after `timeout`.
-    pub(crate) async fn connect(
-        server: &RedisServer,
-        timeout: Duration,
-        backend: &'static str,
-        metrics: Arc<Metrics>,
-    ) -> Result<Self, LockError> {
-        let client = client(server, backend)?;
-        let connecting =
-            ConnectionManager::new_with_config(client.clone(), manager_config(timeout));
-        let manager = match tokio::time::timeout(timeout, connecting).await {
-            Ok(Ok(manager)) => manager,
-            Ok(Err(error)) => return Err(lock_error(backend, error, None)),
-            Err(_) => {
-                return Err(LockError::Connection {
-                    backend,
-                    name: None,
-                    message: format!("no connection to {} within {timeout:?}", server.address()),
-                    source: None,
-                });
-            }
-        };
-        Ok(Node::new(
-            server, client, manager, timeout, backend, metrics,
-        ))
-    }
-
-    /// A node that connects on its first request (Redlock: a server that is down at start
-    /// must not keep the others from being used).
-    pub(crate) fn lazy(
-        server: &RedisServer,
-        timeout: Duration,
-        backend: &'static str,
-        metrics: Arc<Metrics>,
-    ) -> Result<Self, LockError> {
-        let client = client(server, backend)?;
-        let manager =
-            ConnectionManager::new_lazy_with_config(client.clone(), manager_config(timeout))
-                .map_err(|error| lock_error(backend, error, None))?;
-        Ok(Node::new(
-            server, client, manager, timeout, backend, metrics,
-        ))
+        })
     }
 
     /// The server's `host:port`.
@@ -181,11 +152,8 @@ impl Node {
     ) -> Result<T, LockError> {
         self.metrics.record_server_requests(1);
         let mut connection = self.manager.clone();
-        match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(lock_error(self.backend, error, Some(name))),
-            Err(_) => Err(timed_out_request(self.backend, Some(name))),
-        }
+        self.within(Some(name), invocation.invoke_async(&mut connection))
+            .await
     }
 
     /// Runs `pipeline` on the shared connection, within the request timeout, for read-only
@@ -196,27 +164,18 @@ impl Node {
         name: &str,
     ) -> Result<T, LockError> {
         let mut connection = self.manager.clone();
-        match tokio::time::timeout(self.timeout, pipeline.query_async(&mut connection)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(lock_error(self.backend, error, Some(name))),
-            Err(_) => Err(timed_out_request(self.backend, Some(name))),
-        }
+        self.within(Some(name), pipeline.query_async(&mut connection))
+            .await
     }
 
     /// `PING`, within the request timeout.
     pub(crate) async fn ping(&self) -> Result<(), LockError> {
         self.metrics.record_server_requests(1);
         let mut connection = self.manager.clone();
-        match tokio::time::timeout(
-            self.timeout,
-            redis::cmd("PING").query_async::<String>(&mut connection),
-        )
-        .await
-        {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(error)) => Err(lock_error(self.backend, error, None)),
-            Err(_) => Err(timed_out_request(self.backend, None)),
-        }
+        let ping = redis::cmd("PING");
+        self.within(None, ping.query_async::<String>(&mut connection))
+            .await?;
+        Ok(())
     }
 
     /// A connection of its own, for a request that blocks on the server (`BLPOP`): an idle
@@ -235,16 +194,21 @@ impl Node {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeout))
             .set_response_timeout(None);
-        match tokio::time::timeout(
-            self.timeout,
-            self.client
-                .get_multiplexed_async_connection_with_config(&config),
-        )
-        .await
-        {
-            Ok(Ok(connection)) => Ok(connection),
-            Ok(Err(error)) => Err(lock_error(self.backend, error, Some(name))),
-            Err(_) => Err(timed_out_request(self.backend, Some(name))),
+        let connecting = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config);
+        self.within(Some(name), connecting).await
+    }
+
+    /// `request` within the request timeout, its errors as lock errors naming `name`.
+    async fn within<T>(
+        &self,
+        name: Option<&str>,
+        request: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, LockError> {
+        match tokio::time::timeout(self.timeout, request).await {
+            Ok(answer) => answer.map_err(|error| lock_error(self.backend, error, name)),
+            Err(_) => Err(timed_out_request(self.backend, name)),
         }
     }
 

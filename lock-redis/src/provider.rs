@@ -81,11 +81,13 @@ impl RedisLockProvider {
     pub async fn connect(config: RedisConfig) -> Result<Self, LockError> {
         config.validate()?;
         let metrics = Arc::new(Metrics::new());
+        let timeout = config.lease.timeout;
         let node = Node::connect(
             &config.server,
-            config.lease.timeout,
+            timeout,
             BACKEND,
             Arc::clone(&metrics),
+            false,
         )
         .await?;
         let shared = Arc::new(Shared {

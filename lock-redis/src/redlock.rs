@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures_util::future::join_all;
+use futures_util::future::{join_all, try_join_all};
 use lock_core::kit::{Abandon, Cleanup, Closed, MutexAttempt, SessionOwner, Wakeups};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Fencing, Guard, LockError, LockName, LockProvider,
@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::RedlockConfig;
+use crate::error::connection;
 use crate::guard::{Lease, Renewal, grant as make_guard};
 use crate::keys::LockKeys;
 use crate::node::Node;
@@ -96,15 +97,13 @@ impl Shared {
         let calls = self.nodes.iter().map(|node| {
             let call = request(node);
             async move {
-                match tokio::time::timeout(budget, call).await {
-                    Ok(result) => result,
-                    Err(_) => Err(LockError::Connection {
-                        backend: REDLOCK,
-                        name: None,
-                        message: format!("{} did not answer within {budget:?}", node.address()),
-                        source: None,
-                    }),
-                }
+                tokio::time::timeout(budget, call)
+                    .await
+                    .unwrap_or_else(|_| {
+                        let message =
+                            format!("{} did not answer within {budget:?}", node.address());
+                        Err(connection(REDLOCK, None, message))
+                    })
             }
         });
         join_all(calls).await
@@ -114,6 +113,7 @@ impl Shared {
 /// The most telling of several servers' errors: credentials first, then permissions, then
 /// the rest.
 fn worst(errors: Vec<LockError>, name: &LockName, what: &str) -> LockError {
+    // The errors that tell more than "no majority answered", most telling first.
     let rank = |error: &LockError| match error {
         LockError::Auth { .. } => 0,
         LockError::PermissionDenied { .. } => 1,
@@ -122,27 +122,17 @@ fn worst(errors: Vec<LockError>, name: &LockName, what: &str) -> LockError {
         } => 2,
         _ => 3,
     };
-    let count = errors.len();
-    let first = errors.into_iter().min_by_key(rank);
-    match first {
-        Some(
-            error @ (LockError::Auth { .. }
-            | LockError::PermissionDenied { .. }
-            | LockError::Backend {
-                retryable: false, ..
-            }),
-        ) => error,
-        Some(error) => LockError::Connection {
+    let failed = match errors.len() {
+        0 => String::new(),
+        count => format!(" ({count} failed)"),
+    };
+    match errors.into_iter().min_by_key(rank) {
+        Some(error) if rank(&error) < 3 => error,
+        error => LockError::Connection {
             backend: REDLOCK,
             name: Some(name.to_string()),
-            message: format!("{what}: no majority of the servers answered ({count} failed)"),
-            source: Some(Box::new(error)),
-        },
-        None => LockError::Connection {
-            backend: REDLOCK,
-            name: Some(name.to_string()),
-            message: format!("{what}: no majority of the servers answered"),
-            source: None,
+            message: format!("{what}: no majority of the servers answered{failed}"),
+            source: error.map(|error| Box::new(error) as _),
         },
     }
 }
@@ -158,11 +148,11 @@ impl RedlockProvider {
     pub async fn connect(config: RedlockConfig) -> Result<Self, LockError> {
         config.validate()?;
         let metrics = Arc::new(Metrics::new());
-        let nodes = config
-            .servers
-            .iter()
-            .map(|server| Node::lazy(server, config.lease.timeout, REDLOCK, Arc::clone(&metrics)))
-            .collect::<Result<Vec<_>, _>>()?;
+        // Each connects on its first request: a server that is down must not keep the others
+        // from being used.
+        let timeout = config.lease.timeout;
+        let lazy = |server| Node::connect(server, timeout, REDLOCK, Arc::clone(&metrics), true);
+        let nodes = try_join_all(config.servers.iter().map(lazy)).await?;
         let shared = Arc::new(Shared {
             config,
             nodes,
@@ -563,12 +553,8 @@ impl Lease for RedlockClaim {
         } else if not_ours > self.shared.nodes.len() - self.shared.quorum() {
             Ok(false)
         } else {
-            Err(LockError::Connection {
-                backend: REDLOCK,
-                name: Some(self.name.to_string()),
-                message: "release: no majority of the servers confirmed".to_owned(),
-                source: None,
-            })
+            let message = "release: no majority of the servers confirmed";
+            Err(connection(REDLOCK, Some(self.name.as_str()), message))
         }
     }
 }

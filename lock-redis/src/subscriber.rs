@@ -18,7 +18,7 @@ use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use crate::error::{lock_error, timed_out_request};
+use crate::error::{connection, lock_error, timed_out_request};
 
 /// Release messages a slow waiter may fall behind by before they merge into one.
 const BACKLOG: usize = 16;
@@ -151,12 +151,7 @@ impl Subscriber {
     }
 
     fn task_gone(&self, name: &str) -> LockError {
-        LockError::Connection {
-            backend: self.link.backend,
-            name: Some(name.to_owned()),
-            message: "the subscription task ended".into(),
-            source: None,
-        }
+        connection(self.link.backend, Some(name), "the subscription task ended")
     }
 }
 
