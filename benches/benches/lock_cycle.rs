@@ -13,9 +13,9 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use distlock_benches::measure_handoffs;
 use distlock_benches::strategy::{Servers, Strategy};
-use lock_conformance::servers::{shared_redis, shared_zk};
 use lock_core::LockProvider;
 use lock_core::memory::MemoryServer;
+use lock_testbed::servers::{shared_redis, shared_zk};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()

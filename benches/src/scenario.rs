@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use lock_conformance::servers::ZkTarget;
 use lock_core::{LockError, LockName, LockProvider, MetricsSnapshot};
+use lock_testbed::servers::ZkTarget;
 use redis::AsyncCommands;
 
 use crate::measure::Measurement;

@@ -17,12 +17,12 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use lock_conformance::proxy::FaultProxy;
 use lock_conformance::runner::strict;
-use lock_conformance::servers::{
+use lock_conformance::{eventually, unique_name};
+use lock_testbed::proxy::FaultProxy;
+use lock_testbed::servers::{
     LocalServer, RedisOptions, RedisServer, free_port, shared_redis, shared_zk,
 };
-use lock_conformance::{eventually, unique_name};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;

@@ -307,7 +307,7 @@ mod zookeeper {
 
     #[tokio::test]
     async fn an_unreachable_ensemble_is_a_bounded_retryable_connection_error() {
-        let port = lock_conformance::servers::free_port().unwrap();
+        let port = lock_testbed::servers::free_port().unwrap();
         let started = std::time::Instant::now();
         let e = distlock::connect(&format!("zk://127.0.0.1:{port}?connect_timeout=1s"))
             .await
@@ -327,7 +327,7 @@ mod zookeeper {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_real_server_serves_locks_through_the_facade() {
-        let server = lock_conformance::servers::shared_zk().unwrap();
+        let server = lock_testbed::servers::shared_zk().unwrap();
         let url = format!("zk://{}?session_timeout=2s", server.connect_string());
         let (a, b) = (
             distlock::connect(&url).await.unwrap(),
@@ -432,7 +432,7 @@ mod redis {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn real_servers_serve_locks_through_the_facade() {
-        use lock_conformance::servers::{LocalServer, RedisOptions, RedisServer};
+        use lock_testbed::servers::{LocalServer, RedisOptions, RedisServer};
 
         let mut servers = Vec::new();
         for _ in 0..3 {
@@ -471,7 +471,7 @@ mod redis {
 
     #[tokio::test]
     async fn an_unreachable_server_is_a_bounded_retryable_connection_error() {
-        let port = lock_conformance::servers::free_port().unwrap();
+        let port = lock_testbed::servers::free_port().unwrap();
         for url in [
             format!("redis://127.0.0.1:{port}?timeout=1s"),
             format!("redlock://127.0.0.1:{port}?timeout=1s"),

@@ -227,8 +227,8 @@ pub trait Faults: Send + Sync {
 ///
 /// How, by the kind of backend:
 /// - a server session (ZooKeeper): have the server expire it, e.g. by cutting the client's
-///   connection through a [`FaultProxy`](crate::proxy::FaultProxy) for longer than the
-///   session timeout;
+///   connection through a fault proxy (e.g. `lock_testbed::proxy::FaultProxy`) for longer
+///   than the session timeout;
 /// - a lease (Redis): cut the connection for longer than the lease, so that the key expires;
 /// - a lock owned by an open handle or connection (a file lock, a database session lock):
 ///   close that handle or connection behind the provider's back, as the operating system or

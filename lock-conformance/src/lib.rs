@@ -69,12 +69,12 @@
 //! workspace (a `flock` per name) with its harness and an inspector, passing under
 //! `LOCK_CONFORMANCE_STRICT=1`.
 //!
-//! Real servers come from [`servers`] (child processes from the Debian packages, or
-//! containers with the `testcontainers` feature); [`proxy::FaultProxy`] puts faults on the
-//! wire between a client and its server. A harness that starts its servers with
-//! [`servers::Target::start`] (or uses [`servers::shared_zk`] / [`servers::shared_redis`])
-//! runs them as processes or, under `LOCK_TEST_SERVERS=containers`, in containers, with the
-//! same faults through the container engine.
+//! Real servers to run against, and faults on the wire, come from the `lock-testbed` crate
+//! (ZooKeeper, Redis and etcd as child processes or containers, and a fault-injecting TCP
+//! proxy), which this crate does not depend on: use it in your tests, or bring your own
+//! servers. A harness that starts its servers with `lock_testbed::servers::Target::start`
+//! runs them as processes or, under `LOCK_TEST_SERVERS=containers`, in containers, with
+//! the same faults through the container engine.
 //!
 //! # Pinning the suite
 //!
@@ -86,9 +86,7 @@ pub mod cases;
 mod harness;
 pub mod memory;
 mod outcome;
-pub mod proxy;
 pub mod runner;
-pub mod servers;
 mod support;
 
 pub use async_trait::async_trait;

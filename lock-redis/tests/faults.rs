@@ -21,11 +21,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{TTL, admin, config, keys_of, start_server, tag, wait_until};
-use lock_conformance::proxy::FaultProxy;
-use lock_conformance::servers::LocalServer;
 use lock_conformance::{Occupancy, unique_name};
 use lock_core::{Guard, LockError, LockProvider, LossReason, MetricsSnapshot};
 use lock_redis::{RedisLockProvider, RedisStrategy};
+use lock_testbed::proxy::FaultProxy;
+use lock_testbed::servers::LocalServer;
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use tokio::sync::watch;
@@ -1054,7 +1054,7 @@ async fn herd_evidence_queue_vs_pubsub() {
 /// never `Lost`, and the lost signal stays quiet through the watchdog's next renewals.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_whose_reply_is_lost_is_no_loss() {
-    use lock_conformance::proxy::ReplyKind;
+    use lock_testbed::proxy::ReplyKind;
 
     let server = start_server().await;
     let mut admin = admin(&server).await;

@@ -14,10 +14,10 @@ mod common;
 use std::time::Duration;
 
 use common::{REDLOCK_TTL, admin, redlock_config, start_server, tag};
-use lock_conformance::servers::LocalServer;
 use lock_conformance::unique_name;
 use lock_core::{LockError, LockProvider};
 use lock_redis::RedlockProvider;
+use lock_testbed::servers::LocalServer;
 use redis::AsyncCommands;
 use tokio::time::{Instant, sleep};
 

@@ -13,10 +13,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use lock_conformance::servers::{RedisOptions, RedisServer, free_port};
 use lock_conformance::unique_name;
 use lock_core::{LockError, LockProvider};
 use lock_redis::{RedisLockProvider, RedlockProvider};
+use lock_testbed::servers::{RedisOptions, RedisServer, free_port};
 
 /// How long a waiter may wait, and the bound on it queueing.
 const BOUND: Duration = Duration::from_secs(5);

@@ -19,13 +19,13 @@ use std::sync::OnceLock;
 
 use common::{SharedEnsemble, ZkHarness};
 use lock_conformance::Outcome;
-use lock_conformance::servers::ServerError;
+use lock_testbed::servers::ServerError;
 use lock_zookeeper::ZkStrategy;
 
 static ENSEMBLE: OnceLock<Result<SharedEnsemble, ServerError>> = OnceLock::new();
 
 /// The binary's three-member ensemble, started on first use. Like
-/// `lock_conformance::servers::shared_zk`, it lives in a static and is tied to no test's
+/// `lock_testbed::servers::shared_zk`, it lives in a static and is tied to no test's
 /// runtime; a start-up failure is kept and reported to every test.
 fn shared_ensemble() -> &'static SharedEnsemble {
     match ENSEMBLE.get_or_init(|| SharedEnsemble::start_blocking(3)) {

@@ -21,10 +21,10 @@ use std::time::Duration;
 use common::{
     Proxies, SESSION_TIMEOUT, TICK_TIME, admin_client, children, lock_dir, wait_until, zk_options,
 };
-use lock_conformance::proxy::ReplyKind;
-use lock_conformance::servers::{LocalServer, ZkEnsemble, ZkServer, free_port};
 use lock_conformance::{Occupancy, PollBudget, unique_name};
 use lock_core::{DistributedLock, Guard, LockError, LockProvider};
+use lock_testbed::proxy::ReplyKind;
+use lock_testbed::servers::{LocalServer, ZkEnsemble, ZkServer, free_port};
 use lock_zookeeper::{AclPolicy, DigestAuth, ZkConfig, ZkLockProvider, ZkStrategy};
 use tokio::time::{Instant, sleep, timeout};
 use zookeeper_client::{Acls, Client as ZkClient, CreateMode};
@@ -1102,7 +1102,7 @@ async fn unreachable_server_is_a_retryable_connection_error() {
     let bound = Duration::from_secs(3);
     let refused = format!("127.0.0.1:{}", free_port().unwrap());
     // A listener that accepts and then says nothing.
-    let silent = lock_conformance::proxy::FaultProxy::start(
+    let silent = lock_testbed::proxy::FaultProxy::start(
         format!("127.0.0.1:{}", free_port().unwrap())
             .parse()
             .unwrap(),

@@ -7,9 +7,9 @@ mod common;
 use std::time::Duration;
 
 use common::{data_watches, owned_queue, wait_until, watches_in};
-use lock_conformance::servers::shared_zk;
 use lock_conformance::unique_name;
 use lock_core::{LockName, LockProvider};
+use lock_testbed::servers::shared_zk;
 use lock_zookeeper::{ZkConfig, ZkLockProvider, ZkStrategy};
 use zookeeper_client::{Acls, Client, CreateMode, LockOptions, LockPrefix};
 

@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use common::{admin_client, children, lock_dir, zk_options};
 use lock_conformance::observe_until;
-use lock_conformance::servers::containers::{self, ZkContainerEnsemble};
 use lock_core::{Guard, LockError, LockProvider};
+use lock_testbed::servers::containers::{self, ZkContainerEnsemble};
 use lock_zookeeper::{ZkConfig, ZkLockProvider, ZkStrategy};
 use tokio::time::Instant;
 

@@ -15,7 +15,7 @@ use clap::Parser;
 use distlock_benches::scenario::{self, RunOptions};
 use distlock_benches::strategy::{Backend, Servers, Strategy};
 use distlock_benches::{Measurement, ScaleMeasurement, report, scale};
-use lock_conformance::servers::{RedisOptions, RedisServer, ZkOptions, ZkServer};
+use lock_testbed::servers::{RedisOptions, RedisServer, ZkOptions, ZkServer};
 
 /// The herd comparison: N contenders, each its own client, pass one lock around.
 ///

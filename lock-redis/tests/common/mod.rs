@@ -13,14 +13,14 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_conformance::proxy::{FaultProxy, ReplyKind};
-use lock_conformance::servers::{RedisOptions, RedisServer, RedisTarget, free_port};
 use lock_conformance::{
     Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind,
     SessionExpiry, Timing, async_trait, observe_until,
 };
 use lock_core::{LockError, LockName, LockProvider};
 use lock_redis::{RedisConfig, RedisLockProvider, RedisServer as ServerConfig, RedisStrategy};
+use lock_testbed::proxy::{FaultProxy, ReplyKind};
+use lock_testbed::servers::{RedisOptions, RedisServer, RedisTarget, free_port};
 use redis::AsyncCommands;
 
 /// The lease of the test clients: short, so that expiry cases finish quickly.

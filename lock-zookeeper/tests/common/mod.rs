@@ -16,17 +16,15 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_conformance::proxy::{FaultProxy, ReplyKind, SwallowHandle};
-use lock_conformance::servers::containers::ZkContainerEnsemble;
-use lock_conformance::servers::{
-    ServerError, ServerMode, ZkEnsemble, ZkOptions, free_port, shared_zk,
-};
 use lock_conformance::{
     Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind,
     SessionExpiry, Timing, async_trait, observe_until,
 };
 use lock_core::LockProvider;
 use lock_core::{LockError, LockName};
+use lock_testbed::proxy::{FaultProxy, ReplyKind, SwallowHandle};
+use lock_testbed::servers::containers::ZkContainerEnsemble;
+use lock_testbed::servers::{ServerError, ServerMode, ZkEnsemble, ZkOptions, free_port, shared_zk};
 use lock_zookeeper::{AclPolicy, DigestAuth, ZkConfig, ZkLockProvider, ZkStrategy};
 use zookeeper_client::{Client as ZkClient, Error as ZkError};
 

@@ -39,10 +39,10 @@ const NETWORK_WATCHDOG_SCRIPT: &str = "read -r _ignored; n=0; \
 /// test process ends without dropping it.
 ///
 /// ```no_run
-/// use lock_conformance::servers::ZkOptions;
-/// use lock_conformance::servers::containers::ZkContainerEnsemble;
+/// use lock_testbed::servers::ZkOptions;
+/// use lock_testbed::servers::containers::ZkContainerEnsemble;
 ///
-/// # async fn demo() -> Result<(), lock_conformance::servers::ServerError> {
+/// # async fn demo() -> Result<(), lock_testbed::servers::ServerError> {
 /// let ensemble = ZkContainerEnsemble::start(3, ZkOptions::default()).await?;
 /// let leader = ensemble.wait_for_leader(std::time::Duration::from_secs(30)).await?;
 /// ensemble.partition(leader).await?; // the leader loses its followers

@@ -57,9 +57,9 @@ const CREATE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Where a container engine is expected: `DOCKER_HOST`, or the usual socket paths.
 ///
 /// ```no_run
-/// use lock_conformance::servers::containers::ContainerEngine;
+/// use lock_testbed::servers::containers::ContainerEngine;
 ///
-/// # async fn demo() -> Result<(), lock_conformance::servers::ServerError> {
+/// # async fn demo() -> Result<(), lock_testbed::servers::ServerError> {
 /// let engine = ContainerEngine::from_env()?;
 /// engine.check().await?; // NoContainerEngine when nothing answers
 /// let present = engine.has_image("redis", "7").await?;
@@ -221,7 +221,7 @@ impl ContainerEngine {
 ///
 /// ```no_run
 /// # async fn demo() {
-/// if let Err(why) = lock_conformance::servers::containers::check_ready().await {
+/// if let Err(why) = lock_testbed::servers::containers::check_ready().await {
 ///     eprintln!("skipped: {why}");
 /// }
 /// # }
@@ -344,7 +344,7 @@ impl Watchdog {
         let spawned = Command::new("/bin/sh")
             .arg("-c")
             .arg(script)
-            .arg("lock-conformance-watchdog")
+            .arg("lock-testbed-watchdog")
             .arg(arg)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())

@@ -1,4 +1,4 @@
-//! Tests of `lock_conformance::servers` against real processes: ZooKeeper (standalone and
+//! Tests of `lock_testbed::servers` against real processes: ZooKeeper (standalone and
 //! a 3-member ensemble), Redis (plain, with a password and an ACL user), etcd.
 #![allow(
     clippy::unwrap_used,
@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lock_conformance::servers::{
+use lock_testbed::servers::{
     EtcdOptions, EtcdServer, LocalServer, REDIS_ENV, RedisOptions, RedisServer, RedisTarget,
     SERVERS_ENV, ServerError, ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget, shared_redis,
     shared_zk,
@@ -73,6 +73,55 @@ fn assert_stopped(what: &str, pid: u32, ports: &[u16]) {
             eventually(Duration::from_secs(2), || port_free(port)),
             "{what}: port {port} still in use after drop"
         );
+    }
+}
+
+/// Runs `future` on a fresh multi-threaded runtime, as `#[tokio::test]` would.
+fn block_on<F: Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(future)
+}
+
+/// Whether `LOCK_CONFORMANCE_STRICT` is set to a true value: what is only skipped here
+/// otherwise (no container engine, no image) must then work.
+#[cfg(feature = "testcontainers")]
+fn strict() -> bool {
+    std::env::var("LOCK_CONFORMANCE_STRICT")
+        .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes" | "on"))
+}
+
+/// Polls `observe` until `done` accepts what it returns, for at most `bound`, and returns
+/// that observation; past `bound`, an error naming `what` and the last observation.
+#[cfg(feature = "testcontainers")]
+async fn observe_until<T, F, Fut>(
+    bound: Duration,
+    what: &str,
+    mut observe: F,
+    done: impl Fn(&T) -> bool,
+) -> Result<T, String>
+where
+    T: std::fmt::Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let deadline = tokio::time::Instant::now() + bound;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        let observed = observe().await;
+        if done(&observed) {
+            return Ok(observed);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "{what}: not so within {bound:?}; last seen: {observed:?}"
+            ));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
     }
 }
 
@@ -553,7 +602,7 @@ fn helper_start_shared_servers_then_die() {
             "EXTERNAL zk={} zk_external={} zk_pause={} redis={} redis_external={}",
             zk.connect_string(),
             zk.is_external(),
-            lock_conformance::runner::block_on(zk.pause()).unwrap_err(),
+            block_on(zk.pause()).unwrap_err(),
             redis.url(),
             redis.is_external()
         )
@@ -720,7 +769,7 @@ fn env_overrides_select_external_servers() {
 #[cfg(feature = "testcontainers")]
 #[tokio::test]
 async fn containers_no_engine_is_a_quick_clear_error() {
-    use lock_conformance::servers::containers::ContainerEngine;
+    use lock_testbed::servers::containers::ContainerEngine;
 
     let dir = tempfile::tempdir().unwrap();
     let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -752,7 +801,7 @@ async fn containers_no_engine_is_a_quick_clear_error() {
 #[cfg(feature = "testcontainers")]
 #[tokio::test]
 async fn containers_engine_without_the_image_is_told_apart() {
-    use lock_conformance::servers::containers::ContainerEngine;
+    use lock_testbed::servers::containers::ContainerEngine;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let dir = tempfile::tempdir().unwrap();
@@ -792,9 +841,9 @@ async fn containers_engine_without_the_image_is_told_apart() {
 #[cfg(feature = "testcontainers")]
 #[tokio::test]
 async fn containers_start_or_say_what_is_missing() {
-    use lock_conformance::servers::containers::{RedisContainer, ZkContainer, check_engine};
+    use lock_testbed::servers::containers::{RedisContainer, ZkContainer, check_engine};
 
-    let strict = lock_conformance::runner::strict();
+    let strict = strict();
     let began = Instant::now();
     if let Err(err) = check_engine().await {
         assert!(!strict, "containers are required under STRICT: {err}");
@@ -874,13 +923,10 @@ fn container_exists(id: &str) -> bool {
 /// under `LOCK_CONFORMANCE_STRICT`, where they must.
 #[cfg(feature = "testcontainers")]
 async fn containers_available() -> bool {
-    match lock_conformance::servers::containers::check_ready().await {
+    match lock_testbed::servers::containers::check_ready().await {
         Ok(()) => true,
         Err(why) => {
-            assert!(
-                !lock_conformance::runner::strict(),
-                "containers are required under STRICT: {why}"
-            );
+            assert!(!strict(), "containers are required under STRICT: {why}");
             eprintln!("skip reason: {why}");
             false
         }
@@ -956,11 +1002,11 @@ fn answers_ping(port: u16) -> bool {
 #[cfg(feature = "testcontainers")]
 #[test]
 fn a_panicking_test_leaves_no_container() {
-    use lock_conformance::servers::containers::RedisContainer;
+    use lock_testbed::servers::containers::RedisContainer;
 
     let (started, id) = std::sync::mpsc::channel();
     let outcome = std::thread::spawn(move || {
-        lock_conformance::runner::block_on(async move {
+        block_on(async move {
             if !containers_available().await {
                 started.send(None).unwrap();
                 return;
@@ -984,7 +1030,7 @@ fn a_panicking_test_leaves_no_container() {
 #[cfg(feature = "testcontainers")]
 #[test]
 fn no_leftover_containers_after_sigkill() {
-    if !lock_conformance::runner::block_on(containers_available()) {
+    if !block_on(containers_available()) {
         return;
     }
     let (mut child, line) = helper("containers", &[(SERVERS_ENV, "containers")]);
@@ -1012,8 +1058,7 @@ fn no_leftover_containers_after_sigkill() {
 #[cfg(feature = "testcontainers")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn container_ensemble_partitions_and_heals() {
-    use lock_conformance::observe_until;
-    use lock_conformance::servers::containers::ZkContainerEnsemble;
+    use lock_testbed::servers::containers::ZkContainerEnsemble;
 
     if !containers_available().await {
         return;

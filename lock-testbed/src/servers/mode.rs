@@ -10,7 +10,7 @@ pub const SERVERS_ENV: &str = "LOCK_TEST_SERVERS";
 /// Where [`Target::start`](super::Target::start) runs a server.
 ///
 /// ```
-/// use lock_conformance::servers::ServerMode;
+/// use lock_testbed::servers::ServerMode;
 ///
 /// // `LOCK_TEST_SERVERS` unset or empty: processes.
 /// # if std::env::var_os("LOCK_TEST_SERVERS").is_none() {

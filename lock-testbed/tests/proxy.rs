@@ -1,4 +1,4 @@
-//! Tests of `lock_conformance::proxy::FaultProxy`: every fault mode against tiny in-test
+//! Tests of `lock_testbed::proxy::FaultProxy`: every fault mode against tiny in-test
 //! servers (an echo server and a fake framed ZooKeeper server), plus one swallowed create
 //! against a real ZooKeeper server started as a child process.
 
@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lock_conformance::proxy::{FaultProxy, Mode, ReplyKind};
+use lock_testbed::proxy::{FaultProxy, Mode, ReplyKind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;

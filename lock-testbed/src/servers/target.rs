@@ -102,7 +102,7 @@ impl<S: TargetServer> Target<S> {
         drop(opts);
         Err(ServerError::Unsupported {
             operation: format!("starting {} in a container", S::NAME),
-            reason: "lock-conformance was built without its `testcontainers` feature".to_owned(),
+            reason: "lock-testbed was built without its `testcontainers` feature".to_owned(),
         })
     }
 

@@ -209,7 +209,7 @@ impl Proc {
         let mut log_file = OpenOptions::new().create(true).append(true).open(log)?;
         writeln!(
             log_file,
-            "--- lock-conformance: launching {server}: {} {}",
+            "--- lock-testbed: launching {server}: {} {}",
             launch.program.display(),
             launch
                 .args
@@ -239,7 +239,7 @@ impl Proc {
         match Command::new("/bin/sh")
             .arg("-c")
             .arg(WATCHDOG_SCRIPT)
-            .arg("lock-conformance-watchdog")
+            .arg("lock-testbed-watchdog")
             .arg(pid.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())

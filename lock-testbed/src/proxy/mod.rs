@@ -1,4 +1,4 @@
-//! A fault-injecting TCP proxy for the conformance suite.
+//! A fault-injecting TCP proxy for tests: faults on the wire between a client and its server.
 //!
 //! [`FaultProxy`] listens on `127.0.0.1` (a free port) in front of one upstream server. A client
 //! connects to [`FaultControl::address`] instead of the server, and the test switches faults on and
@@ -19,7 +19,7 @@
 //!
 //! ```no_run
 //! # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-//! use lock_conformance::proxy::{FaultProxy, ReplyKind};
+//! use lock_testbed::proxy::{FaultProxy, ReplyKind};
 //! use std::time::Duration;
 //!
 //! let proxy = FaultProxy::start(server)?;
@@ -55,7 +55,7 @@ use tokio::task::{JoinHandle, JoinSet};
 /// What the proxy currently does with connections and bytes.
 ///
 /// ```
-/// use lock_conformance::proxy::Mode;
+/// use lock_testbed::proxy::Mode;
 /// use std::time::Duration;
 ///
 /// assert_eq!(Mode::default(), Mode::Pass);
@@ -79,7 +79,7 @@ pub enum Mode {
 /// Which reply [`FaultControl::swallow_next_reply`] drops.
 ///
 /// ```
-/// use lock_conformance::proxy::ReplyKind;
+/// use lock_testbed::proxy::ReplyKind;
 ///
 /// let kind = ReplyKind::ZkCreate;
 /// assert_ne!(kind, ReplyKind::AnyNextReply);
@@ -103,7 +103,7 @@ pub enum ReplyKind {
 /// What happened when a reply was swallowed.
 ///
 /// ```
-/// # fn show(event: lock_conformance::proxy::SwallowEvent) {
+/// # fn show(event: lock_testbed::proxy::SwallowEvent) {
 /// println!("connection {} lost the reply to xid {:?}", event.connection, event.xid);
 /// # }
 /// ```
@@ -126,7 +126,7 @@ pub struct SwallowEvent {
 ///
 /// ```
 /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-/// let proxy = lock_conformance::proxy::FaultProxy::start(server)?;
+/// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
 /// let stats = proxy.stats();
 /// assert_eq!(stats.accepted, 0);
 /// # Ok(())
@@ -202,7 +202,7 @@ struct Slot {
 ///
 /// ```no_run
 /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-/// let proxy = lock_conformance::proxy::FaultProxy::start(server)?;
+/// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
 /// let control = proxy.control();
 /// tokio::spawn(async move {
 ///     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -231,7 +231,7 @@ impl FaultControl {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_conformance::proxy::FaultProxy::start(server)?;
+    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
     /// assert!(proxy.address().ip().is_loopback());
     /// # Ok(())
     /// # }
@@ -244,7 +244,7 @@ impl FaultControl {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_conformance::proxy::FaultProxy::start(server)?;
+    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
     /// assert_eq!(proxy.upstream(), server);
     /// # Ok(())
     /// # }
@@ -257,7 +257,7 @@ impl FaultControl {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// use lock_conformance::proxy::{FaultProxy, Mode};
+    /// use lock_testbed::proxy::{FaultProxy, Mode};
     /// let proxy = FaultProxy::start(server)?;
     /// proxy.black_hole();
     /// assert_eq!(proxy.mode(), Mode::BlackHole);
@@ -272,7 +272,7 @@ impl FaultControl {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// use lock_conformance::proxy::{FaultProxy, Mode};
+    /// use lock_testbed::proxy::{FaultProxy, Mode};
     /// let proxy = FaultProxy::start(server)?;
     /// proxy.set_mode(Mode::Cut);
     /// # Ok(())
@@ -289,7 +289,7 @@ impl FaultControl {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_conformance::proxy::FaultProxy::start(server)?;
+    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
     /// proxy.cut();
     /// proxy.pass(); // connections are accepted and forwarded again
     /// # Ok(())
@@ -304,7 +304,7 @@ impl FaultControl {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_conformance::proxy::FaultProxy::start(server)?;
+    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
     /// proxy.cut(); // clients see EOF
     /// # Ok(())
     /// # }
@@ -321,7 +321,7 @@ impl FaultControl {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_conformance::proxy::FaultProxy::start(server)?;
+    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
     /// proxy.black_hole();
     /// # Ok(())
     /// # }
@@ -336,7 +336,7 @@ impl FaultControl {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_conformance::proxy::FaultProxy::start(server)?;
+    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
     /// proxy.delay(std::time::Duration::from_millis(200));
     /// # Ok(())
     /// # }
@@ -352,7 +352,7 @@ impl FaultControl {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// use lock_conformance::proxy::{FaultProxy, ReplyKind};
+    /// use lock_testbed::proxy::{FaultProxy, ReplyKind};
     /// use std::time::Duration;
     /// let proxy = FaultProxy::start(server)?;
     /// let swallow = proxy.swallow_next_reply(ReplyKind::AnyNextReply);
@@ -381,7 +381,7 @@ impl FaultControl {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// use lock_conformance::proxy::{FaultProxy, ReplyKind};
+    /// use lock_testbed::proxy::{FaultProxy, ReplyKind};
     /// let proxy = FaultProxy::start(server)?;
     /// let _ = proxy.swallow_next_reply(ReplyKind::ZkCreate);
     /// assert_eq!(proxy.disarm_all(), 1);
@@ -402,7 +402,7 @@ impl FaultControl {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_conformance::proxy::FaultProxy::start(server)?;
+    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
     /// let stats = proxy.stats();
     /// println!("{} open, {} bytes up", stats.open, stats.bytes_to_upstream);
     /// # Ok(())
@@ -425,7 +425,7 @@ impl FaultControl {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_conformance::proxy::FaultProxy::start(server)?;
+    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
     /// assert_eq!(proxy.connections_accepted(), 0);
     /// # Ok(())
     /// # }
@@ -438,7 +438,7 @@ impl FaultControl {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_conformance::proxy::FaultProxy::start(server)?;
+    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
     /// assert_eq!(proxy.open_connections(), 0);
     /// # Ok(())
     /// # }
@@ -451,7 +451,7 @@ impl FaultControl {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_conformance::proxy::FaultProxy::start(server)?;
+    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
     /// assert_eq!(proxy.bytes_to_upstream(), 0);
     /// # Ok(())
     /// # }
@@ -464,7 +464,7 @@ impl FaultControl {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_conformance::proxy::FaultProxy::start(server)?;
+    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
     /// assert_eq!(proxy.bytes_to_client(), 0);
     /// # Ok(())
     /// # }
@@ -477,7 +477,7 @@ impl FaultControl {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_conformance::proxy::FaultProxy::start(server)?;
+    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
     /// assert_eq!(proxy.swallowed_count(), 0);
     /// # Ok(())
     /// # }
@@ -491,7 +491,7 @@ impl FaultControl {
 ///
 /// ```no_run
 /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-/// use lock_conformance::proxy::{FaultProxy, ReplyKind};
+/// use lock_testbed::proxy::{FaultProxy, ReplyKind};
 /// use std::time::Duration;
 /// let proxy = FaultProxy::start(server)?;
 /// let swallow = proxy.swallow_next_reply(ReplyKind::ZkCreate);
@@ -521,7 +521,7 @@ impl SwallowHandle {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// use lock_conformance::proxy::{FaultProxy, ReplyKind};
+    /// use lock_testbed::proxy::{FaultProxy, ReplyKind};
     /// let proxy = FaultProxy::start(server)?;
     /// let swallow = proxy.swallow_next_reply(ReplyKind::ZkCreate);
     /// assert_eq!(swallow.kind(), ReplyKind::ZkCreate);
@@ -536,7 +536,7 @@ impl SwallowHandle {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// use lock_conformance::proxy::{FaultProxy, ReplyKind};
+    /// use lock_testbed::proxy::{FaultProxy, ReplyKind};
     /// let proxy = FaultProxy::start(server)?;
     /// let swallow = proxy.swallow_next_reply(ReplyKind::AnyNextReply);
     /// assert_eq!(swallow.event(), None);
@@ -552,7 +552,7 @@ impl SwallowHandle {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// use lock_conformance::proxy::{FaultProxy, ReplyKind};
+    /// use lock_testbed::proxy::{FaultProxy, ReplyKind};
     /// use std::time::Duration;
     /// let proxy = FaultProxy::start(server)?;
     /// let swallow = proxy.swallow_next_reply(ReplyKind::AnyNextReply);
@@ -577,7 +577,7 @@ impl SwallowHandle {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// use lock_conformance::proxy::{FaultProxy, ReplyKind};
+    /// use lock_testbed::proxy::{FaultProxy, ReplyKind};
     /// let proxy = FaultProxy::start(server)?;
     /// let swallow = proxy.swallow_next_reply(ReplyKind::ZkCreate);
     /// assert!(swallow.disarm());
@@ -605,7 +605,7 @@ impl SwallowHandle {
 ///
 /// ```no_run
 /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-/// use lock_conformance::proxy::FaultProxy;
+/// use lock_testbed::proxy::FaultProxy;
 /// let proxy = FaultProxy::start(server)?;
 /// let mut stream = tokio::net::TcpStream::connect(proxy.address()).await?;
 /// proxy.cut();
@@ -647,7 +647,7 @@ impl FaultProxy {
     /// ```no_run
     /// # async fn demo() -> std::io::Result<()> {
     /// let server: std::net::SocketAddr = "127.0.0.1:2181".parse().map_err(std::io::Error::other)?;
-    /// let proxy = lock_conformance::proxy::FaultProxy::start(server)?;
+    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
     /// println!("connect to {}", proxy.address());
     /// # Ok(())
     /// # }
@@ -689,7 +689,7 @@ impl FaultProxy {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_conformance::proxy::FaultProxy::start(server)?;
+    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
     /// let control = proxy.control();
     /// control.black_hole();
     /// # Ok(())
@@ -704,7 +704,7 @@ impl FaultProxy {
     ///
     /// ```no_run
     /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_conformance::proxy::FaultProxy::start(server)?;
+    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
     /// let address = proxy.address();
     /// proxy.shutdown().await;
     /// assert!(tokio::net::TcpStream::connect(address).await.is_err());
