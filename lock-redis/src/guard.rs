@@ -2,11 +2,11 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::kit::{Retry, retry_in_background};
+use lock_core::kit::{Closed, Retry, retry_in_background};
 use lock_core::{
     Deadline, FencingToken, Guard, GuardBackend, LockError, LockName, LossReason, LostNotifier,
     lost_signal,
@@ -26,10 +26,8 @@ pub(crate) trait Lease: Send + Sync + fmt::Debug + 'static {
     fn ttl(&self) -> Duration;
     /// The margin taken off every validity for clock drift.
     fn drift(&self) -> Duration;
-    /// Whether the provider is gone (its last handle dropped).
-    fn is_closed(&self) -> bool;
-    /// Resolves when the provider is gone.
-    async fn closed(&self);
+    /// The provider's session, closed once its last handle is dropped.
+    fn session(&self) -> &Closed;
     /// Renews the lease.
     async fn extend(&self) -> Result<Renewal, LockError>;
     /// Gives the grant up: `Ok(true)` released, `Ok(false)` it was no longer ours.
@@ -57,18 +55,18 @@ struct LeaseState {
 }
 
 impl LeaseState {
-    fn valid_until(&self) -> Instant {
-        *self
-            .valid_until
+    fn until(&self) -> MutexGuard<'_, Instant> {
+        self.valid_until
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn valid_until(&self) -> Instant {
+        *self.until()
+    }
+
     fn renewed(&self, valid_until: Instant) {
-        *self
-            .valid_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = valid_until;
+        *self.until() = valid_until;
         self.suspect.store(false, Ordering::Release);
     }
 
@@ -79,10 +77,7 @@ impl LeaseState {
 
     /// The backend no longer vouches for the lock: its validity ends now.
     fn lost(&self, notifier: &LostNotifier, reason: LossReason) {
-        *self
-            .valid_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        *self.until() = Instant::now();
         notifier.fire(reason);
     }
 }
@@ -165,7 +160,7 @@ async fn watchdog(
         }
         tokio::select! {
             () = &mut stopped => return,
-            () = lease.closed() => {
+            () = lease.session().wait() => {
                 // The provider is the session: its end frees the lock at once, and the
                 // guard can no longer vouch for it.
                 state.lost(&notifier, LossReason::SessionExpired);
@@ -271,7 +266,7 @@ impl GuardBackend for RedisGuard {
     }
 
     async fn release(&mut self) -> Result<(), LockError> {
-        if self.lease.is_closed() {
+        if self.lease.session().is_closed() {
             // The provider's end gives the lock up; make sure of it.
             self.state.stop();
             release_in_background(Arc::clone(&self.lease));

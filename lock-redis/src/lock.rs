@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::kit::{Abandon, Cleanup, MutexAttempt, Retry, Wakeups, retry_in_background};
+use lock_core::kit::{Abandon, Cleanup, Closed, MutexAttempt, Retry, Wakeups, retry_in_background};
 use lock_core::{Deadline, Guard, LockError, LockName};
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -86,7 +86,7 @@ impl Abandon for Contender {
             async move {
                 match grant.cancel().await {
                     Ok(_) => Retry::Done,
-                    Err(_) if grant.shared.is_closed() => Retry::Done,
+                    Err(_) if grant.shared.closed.is_closed() => Retry::Done,
                     Err(error) if error.is_retryable() => Retry::Again(error.to_string()),
                     Err(error) => Retry::GiveUp(error.to_string()),
                 }
@@ -123,8 +123,7 @@ impl MutexAttempt for RedisLock {
         // Armed from before the first request is sent.
         let mut attempt = Cleanup::new(Contender(Arc::clone(&grant)));
         let granted = match self.shared.config.strategy {
-            RedisStrategy::Polling => self.poll(&grant, deadline).await,
-            RedisStrategy::PubSub => self.subscribe_and_wait(&grant, deadline).await,
+            RedisStrategy::Polling | RedisStrategy::PubSub => self.retry(&grant, deadline).await,
             _ => self.queue(&grant, deadline).await,
         };
         match granted {
@@ -150,38 +149,16 @@ impl MutexAttempt for RedisLock {
 }
 
 impl RedisLock {
-    /// `GRANT` until granted or the deadline; jittered exponential back-off.
-    async fn poll(&self, grant: &Claim, deadline: Deadline) -> Result<Option<Found>, LockError> {
+    /// `GRANT` until granted or the deadline. Between two tries, a polling waiter sleeps
+    /// (jittered exponential back-off); a pub/sub waiter subscribes to the release channel,
+    /// then tries again on every broadcast (and every refresh period, for leases that run
+    /// out unannounced).
+    async fn retry(&self, grant: &Claim, deadline: Deadline) -> Result<Option<Found>, LockError> {
+        let polling = self.shared.config.strategy == RedisStrategy::Polling;
+        let period = refresh_period(self.shared.config.lease.ttl);
         let mut pause = POLL_MIN;
-        let mut wakeups = Wakeups::new(&self.shared.metrics);
-        loop {
-            if let Some(granted) = grant.try_grant().await? {
-                return Ok(Some(granted));
-            }
-            wakeups.busy();
-            if deadline.is_immediate() || deadline.has_passed() {
-                return Ok(None);
-            }
-            let jittered = pause.mul_f64(0.5 + fastrand::f64());
-            let nap = deadline
-                .remaining()
-                .map_or(jittered, |left| left.min(jittered));
-            tokio::time::sleep(nap).await;
-            pause = (pause * 2).min(POLL_MAX);
-            wakeups.woke();
-        }
-    }
-
-    /// `GRANT`; on failure subscribe to the release channel, then `GRANT` again on every
-    /// broadcast (and every refresh period, for leases that run out unannounced).
-    async fn subscribe_and_wait(
-        &self,
-        grant: &Claim,
-        deadline: Deadline,
-    ) -> Result<Option<Found>, LockError> {
         let mut pubsub = None;
         let mut wakeups = Wakeups::new(&self.shared.metrics);
-        let period = refresh_period(self.shared.config.lease.ttl);
         loop {
             if let Some(granted) = grant.try_grant().await? {
                 return Ok(Some(granted));
@@ -189,6 +166,16 @@ impl RedisLock {
             wakeups.busy();
             if deadline.is_immediate() || deadline.has_passed() {
                 return Ok(None);
+            }
+            if polling {
+                let jittered = pause.mul_f64(0.5 + fastrand::f64());
+                let nap = deadline
+                    .remaining()
+                    .map_or(jittered, |left| left.min(jittered));
+                tokio::time::sleep(nap).await;
+                pause = (pause * 2).min(POLL_MAX);
+                wakeups.woke();
+                continue;
             }
             let Some(subscription) = pubsub.as_mut() else {
                 // Subscribe, then try once more: a release between the first try and the
@@ -240,10 +227,11 @@ impl RedisLock {
                     // learns of it now, as it would have on its list.
                     self.shared.metrics.record_wakeup();
                 }
+                let token = token.unsigned_abs();
                 return Ok(Some(Found {
-                    token: token.unsigned_abs(),
+                    token,
                     sent,
-                    lease: self.shared.config.lease.ttl,
+                    lease: ttl,
                 }));
             }
             if token < 0 {
@@ -305,11 +293,8 @@ impl RedisLock {
                     self.shared.node.give_back(done);
                 }
                 self.shared.metrics.record_wakeup();
-                return Ok(Some(Found {
-                    token,
-                    sent,
-                    lease: handoff_lease(self.shared.config.lease.ttl),
-                }));
+                let lease = handoff_lease(ttl);
+                return Ok(Some(Found { token, sent, lease }));
             }
         }
     }
@@ -439,12 +424,8 @@ impl Lease for Claim {
         drift(self.shared.config.lease.ttl)
     }
 
-    fn is_closed(&self) -> bool {
-        self.shared.is_closed()
-    }
-
-    async fn closed(&self) {
-        self.shared.closed().await;
+    fn session(&self) -> &Closed {
+        &self.shared.closed
     }
 
     async fn extend(&self) -> Result<Renewal, LockError> {

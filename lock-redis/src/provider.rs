@@ -51,17 +51,6 @@ pub(crate) struct Shared {
     pub(crate) closed: Closed,
 }
 
-impl Shared {
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed.is_closed()
-    }
-
-    /// Resolves once the provider's last handle is gone.
-    pub(crate) async fn closed(&self) {
-        self.closed.wait().await;
-    }
-}
-
 impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Shared")

@@ -509,12 +509,8 @@ impl Lease for RedlockClaim {
         self.shared.drift()
     }
 
-    fn is_closed(&self) -> bool {
-        self.shared.closed.is_closed()
-    }
-
-    async fn closed(&self) {
-        self.shared.closed.wait().await;
+    fn session(&self) -> &Closed {
+        &self.shared.closed
     }
 
     async fn extend(&self) -> Result<Renewal, LockError> {
