@@ -279,6 +279,13 @@ fn image_from_env(var: &str, default: &str) -> (String, String) {
     }
 }
 
+/// How the runtime reports a freeze that timed out (and was undone).
+const FREEZE_FAILED: &str = "unable to freeze";
+/// How often [`Container::pause`] tries a freeze that timed out.
+const PAUSE_ATTEMPTS: u32 = 5;
+/// The pause before the second attempt; it grows by as much per attempt.
+const PAUSE_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
 fn container_error(err: impl std::fmt::Display) -> ServerError {
     ServerError::Container {
         detail: err.to_string(),
@@ -589,8 +596,23 @@ impl<K> Container<K> {
 
     /// Freezes the container (`docker pause`): the server stops answering, its connections
     /// stay open.
+    ///
+    /// The runtime's freeze can time out while a process of the container is in the middle
+    /// of a system call (it happens on a loaded machine); the runtime then thaws the
+    /// container and reports "unable to freeze", and the pause is tried again, a few times.
     pub async fn pause(&self) -> Result<(), ServerError> {
-        self.container().pause().await.map_err(container_error)
+        let mut attempt = 1;
+        loop {
+            match self.container().pause().await {
+                Ok(()) => return Ok(()),
+                Err(err) if attempt < PAUSE_ATTEMPTS && err.to_string().contains(FREEZE_FAILED) => {
+                    warn!(attempt, error = %err, "the container did not freeze; trying again");
+                    tokio::time::sleep(PAUSE_RETRY_PAUSE * attempt).await;
+                    attempt += 1;
+                }
+                Err(err) => return Err(container_error(err)),
+            }
+        }
     }
 
     /// Continues a paused container (`docker unpause`).
