@@ -132,7 +132,10 @@ impl ZkLock {
                 pending.disarm();
                 return Ok(None);
             }
-            let watcher = match place.ask(session).check_and_watch_stat(&path).await {
+            let watcher = match place
+                .read(session, |client| client.check_and_watch_stat(&path))
+                .await
+            {
                 Ok((Some(_), watcher)) => watcher,
                 // Freed in between: try again at once.
                 Ok((None, _)) => continue,

@@ -148,8 +148,7 @@ impl ZkSemaphore {
         loop {
             let asked = tokio::time::Instant::now();
             let (children, watcher) = place
-                .ask(session)
-                .list_and_watch_children(&place.dir)
+                .read(session, |client| client.list_and_watch_children(&place.dir))
                 .await
                 .map_err(|e| place.error(e))?;
             let leases = contenders(children);

@@ -5,6 +5,7 @@
 
 mod turn;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +19,8 @@ use crate::session::{Session, Shared};
 
 pub(crate) use turn::{Role, Waiting};
 
-/// How many times a create is retried when the directory vanished or the reply was lost.
+/// How many times a create is retried when the directory vanished or the reply was lost,
+/// and a read whose answer did not come.
 const CREATE_ATTEMPTS: usize = 10;
 /// Pause before retrying a request whose outcome was unknown (the client reconnects).
 pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(100);
@@ -49,6 +51,38 @@ impl Place {
     pub(crate) fn ask<'s>(&self, session: &'s Session) -> &'s zookeeper_client::Client {
         self.shared.metrics.record_server_requests(1);
         &session.client
+    }
+
+    /// A request that changes nothing on the server (a read, a watch), sent again while its
+    /// outcome is unknown: the connection dropped or went silent, and the session, which
+    /// outlives a connection, may well be fine. Bounded by [`CREATE_ATTEMPTS`] and by the
+    /// session timeout, past which a session without answers is over for the server too:
+    /// then the last error is returned (a retryable `Connection` error once mapped).
+    pub(crate) async fn read<'s, T, F, Fut>(
+        &self,
+        session: &'s Session,
+        mut request: F,
+    ) -> Result<T, ZkError>
+    where
+        F: FnMut(&'s zookeeper_client::Client) -> Fut,
+        Fut: Future<Output = Result<T, ZkError>>,
+    {
+        let began = tokio::time::Instant::now();
+        let mut attempt = 1;
+        loop {
+            match request(self.ask(session)).await {
+                Err(error)
+                    if outcome_unknown(&error)
+                        && attempt < CREATE_ATTEMPTS
+                        && began.elapsed() < session.timeout() =>
+                {
+                    tracing::debug!(lock = %self.name, %error, attempt, "zookeeper: no answer to a read; asking again");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Creates the directory, a container that the server removes once it is empty, and if
@@ -230,33 +264,23 @@ impl Place {
         session: &Session,
         uuid: Uuid,
     ) -> Result<Option<(String, i64)>, LockError> {
-        for _ in 0..CREATE_ATTEMPTS {
-            let children = match self.ask(session).list_children(&self.dir).await {
-                Ok(children) => children,
-                Err(ZkError::NoNode) => return Ok(None),
-                Err(error) if outcome_unknown(&error) => {
-                    tokio::time::sleep(RETRY_PAUSE).await;
-                    continue;
-                }
-                Err(error) => return Err(self.error(error)),
-            };
-            let Some(child) = children.into_iter().find(|child| has_uuid(child, uuid)) else {
-                return Ok(None);
-            };
-            match self
-                .ask(session)
-                .check_stat(&format!("{}/{child}", self.dir))
-                .await
-            {
-                Ok(Some(stat)) if stat.ephemeral_owner == session.id => {
-                    return Ok(Some((child, stat.czxid)));
-                }
-                // Not ours (cannot normally happen: the uuid is fresh) or already gone.
-                Ok(_) => return Ok(None),
-                Err(error) if outcome_unknown(&error) => tokio::time::sleep(RETRY_PAUSE).await,
-                Err(error) => return Err(self.error(error)),
-            }
+        let children = match self
+            .read(session, |client| client.list_children(&self.dir))
+            .await
+        {
+            Ok(children) => children,
+            Err(ZkError::NoNode) => return Ok(None),
+            Err(error) => return Err(self.error(error)),
+        };
+        let Some(child) = children.into_iter().find(|child| has_uuid(child, uuid)) else {
+            return Ok(None);
+        };
+        let path = format!("{}/{child}", self.dir);
+        match self.read(session, |client| client.check_stat(&path)).await {
+            Ok(Some(stat)) if stat.ephemeral_owner == session.id => Ok(Some((child, stat.czxid))),
+            // Not ours (cannot normally happen: the uuid is fresh) or already gone.
+            Ok(_) => Ok(None),
+            Err(error) => Err(self.error(error)),
         }
-        Err(self.error(ZkError::ConnectionLoss))
     }
 }

@@ -214,15 +214,13 @@ impl Place {
         let (children, watcher) = match waiting {
             Waiting::Children => {
                 let (children, watcher) = self
-                    .ask(session)
-                    .list_and_watch_children(&self.dir)
+                    .read(session, |client| client.list_and_watch_children(&self.dir))
                     .await
                     .map_err(|e| self.error(e))?;
                 (children, Some(watcher))
             }
             Waiting::Predecessor => (
-                self.ask(session)
-                    .list_children(&self.dir)
+                self.read(session, |client| client.list_children(&self.dir))
                     .await
                     .map_err(|e| self.error(e))?,
                 None,
@@ -255,10 +253,10 @@ impl Place {
         // Taken before the requests: any state change from here on is seen below.
         let mut states = session.client.state_watcher();
         let asked = tokio::time::Instant::now();
-        let watching_blocker = self.ask(session).get_and_watch_data(blocker);
+        let watching_blocker = self.read(session, |client| client.get_and_watch_data(blocker));
         let watching_own = own_watch
             .is_none()
-            .then(|| self.ask(session).get_and_watch_data(own));
+            .then(|| self.read(session, |client| client.get_and_watch_data(own)));
         let (blocker_watch, own_watched) = tokio::join!(watching_blocker, async {
             match watching_own {
                 Some(watching) => Some(watching.await),
