@@ -8,9 +8,14 @@ use tracing::info;
 
 use super::probe::Probe;
 use super::process::{Instance, Launch, free_port, loopback, require_program};
+use super::target::{Target, TargetServer};
 use super::{DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess};
 
 const SERVER: &str = "etcd";
+
+/// The environment variable naming an external etcd (an endpoint such as
+/// `http://127.0.0.1:2379`) to use instead of starting one.
+pub const ETCD_ENV: &str = "LOCK_TEST_ETCD";
 
 /// How to run etcd.
 ///
@@ -167,3 +172,29 @@ impl LocalServer for EtcdServer {
         &mut self.process
     }
 }
+
+impl TargetServer for EtcdServer {
+    const NAME: &'static str = SERVER;
+    const ENV: &'static str = ETCD_ENV;
+    type Options = EtcdOptions;
+
+    fn start_local(opts: EtcdOptions) -> impl Future<Output = Result<Self, ServerError>> + Send {
+        Self::start_with(opts)
+    }
+
+    fn client_address(&self) -> String {
+        self.endpoint()
+    }
+
+    #[cfg(feature = "testcontainers")]
+    async fn start_container(
+        opts: EtcdOptions,
+    ) -> Result<(String, Box<dyn super::containers::ServerContainer>), ServerError> {
+        let container = super::containers::EtcdContainer::start(&opts).await?;
+        Ok((container.endpoint(), Box::new(container)))
+    }
+}
+
+/// Either an external etcd (from [`ETCD_ENV`], an endpoint) or an [`EtcdServer`] started
+/// here.
+pub type EtcdTarget = Target<EtcdServer>;

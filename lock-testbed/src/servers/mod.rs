@@ -20,8 +20,9 @@
 //! [`LocalServer`] trait; bring it into scope to call them.
 //!
 //! Environment overrides: [`ZK_ENV`] (`LOCK_TEST_ZK`, a ZooKeeper connect string) and
-//! [`REDIS_ENV`] (`LOCK_TEST_REDIS`, a Redis URL) point [`ZkTarget::from_env_or_start`],
-//! [`RedisTarget::from_env_or_start`], [`shared_zk`] and [`shared_redis`] at an external
+//! [`REDIS_ENV`] (`LOCK_TEST_REDIS`, a Redis URL) and [`ETCD_ENV`] (`LOCK_TEST_ETCD`, an
+//! etcd endpoint) point [`ZkTarget::from_env_or_start`],
+//! [`RedisTarget::from_env_or_start`], [`shared_zk`], [`shared_redis`] and [`shared_etcd`] at an external
 //! server instead of starting one; fault injection (pause, kill, restart) then returns
 //! [`ServerError::Unsupported`].
 //!
@@ -48,7 +49,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use error::ServerError;
-pub use etcd::{EtcdOptions, EtcdServer};
+pub use etcd::{ETCD_ENV, EtcdOptions, EtcdServer, EtcdTarget};
 pub use local::{LocalServer, ServerProcess};
 pub use mode::{SERVERS_ENV, ServerMode};
 pub use process::free_port;
@@ -65,6 +66,7 @@ pub const SHARED_ZK_TICK_TIME: Duration = Duration::from_millis(500);
 
 static SHARED_ZK: OnceLock<Result<ZkTarget, ServerError>> = OnceLock::new();
 static SHARED_REDIS: OnceLock<Result<RedisTarget, ServerError>> = OnceLock::new();
+static SHARED_ETCD: OnceLock<Result<EtcdTarget, ServerError>> = OnceLock::new();
 
 /// One ZooKeeper per test binary: the external server named by [`ZK_ENV`] if set,
 /// otherwise a standalone server (tick time [`SHARED_ZK_TICK_TIME`]) started on first use.
@@ -89,6 +91,15 @@ pub fn shared_zk() -> Result<&'static ZkTarget, ServerError> {
 /// the test binary exits, start-up failure remembered.
 pub fn shared_redis() -> Result<&'static RedisTarget, ServerError> {
     shared(&SHARED_REDIS, RedisOptions::default)
+}
+
+/// One etcd per test binary: the external server named by [`ETCD_ENV`] if set, otherwise a
+/// single-member cluster started on first use.
+///
+/// Same lifetime rules as [`shared_zk`]: process-wide, runtime-independent, killed when
+/// the test binary exits, start-up failure remembered.
+pub fn shared_etcd() -> Result<&'static EtcdTarget, ServerError> {
+    shared(&SHARED_ETCD, EtcdOptions::default)
 }
 
 /// The target in `cell`, made on first use by [`Target::from_env_or_start`] with `opts()`

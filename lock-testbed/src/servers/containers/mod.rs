@@ -31,12 +31,14 @@ use super::probe::{Probe, exchange, four_letter};
 use super::process::free_port;
 use super::redis::redis_url;
 use super::zookeeper::{MAIN_CLASS, zoo_cfg};
-use super::{RedisOptions, ServerError, ZkOptions};
+use super::{EtcdOptions, RedisOptions, ServerError, ZkOptions};
 
 /// The environment variable overriding the ZooKeeper image (`name[:tag]`).
 pub const ZK_IMAGE_ENV: &str = "LOCK_TEST_ZK_IMAGE";
 /// The environment variable overriding the Redis image (`name[:tag]`).
 pub const REDIS_IMAGE_ENV: &str = "LOCK_TEST_REDIS_IMAGE";
+/// The environment variable overriding the etcd image (`name[:tag]`).
+pub const ETCD_IMAGE_ENV: &str = "LOCK_TEST_ETCD_IMAGE";
 /// The image `scripts/ensure-docker` builds: Debian bookworm's ZooKeeper 3.8, Redis 7,
 /// etcd 3.4 and a JRE, without an entrypoint.
 pub const DEFAULT_IMAGE: &str = "distlock-test/servers:bookworm";
@@ -44,6 +46,8 @@ pub const DEFAULT_IMAGE: &str = "distlock-test/servers:bookworm";
 pub const DEFAULT_ZK_IMAGE: &str = DEFAULT_IMAGE;
 /// The default Redis image: [`DEFAULT_IMAGE`].
 pub const DEFAULT_REDIS_IMAGE: &str = DEFAULT_IMAGE;
+/// The default etcd image: [`DEFAULT_IMAGE`].
+pub const DEFAULT_ETCD_IMAGE: &str = DEFAULT_IMAGE;
 
 /// ZooKeeper's class path in an image laid out as Debian's packages.
 const CONTAINER_ZK_CLASSPATH: &str =
@@ -467,8 +471,16 @@ pub struct Redis {
     password: Option<String>,
 }
 
+/// The kind of an [`EtcdContainer`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Etcd;
+
 /// ZooKeeper in a container (removed when dropped).
 pub type ZkContainer = Container<ZooKeeper>;
+
+/// A single-member etcd cluster in a container (removed when dropped).
+pub type EtcdContainer = Container<Etcd>;
 
 /// Redis in a container (removed when dropped), without persistence.
 pub type RedisContainer = Container<Redis>;
@@ -841,6 +853,53 @@ impl Container<Redis> {
     /// `redis://[:password@]127.0.0.1:port`.
     pub fn url(&self) -> String {
         redis_url("127.0.0.1", self.port, None, self.kind.password.as_deref())
+    }
+}
+
+/// Where etcd keeps its data in a container (it survives a restart of the container).
+const ETCD_DATA_DIR: &str = "/var/tmp/etcd";
+
+impl Container<Etcd> {
+    /// Starts the image from [`ETCD_IMAGE_ENV`] (default [`DEFAULT_ETCD_IMAGE`]) as a
+    /// single-member cluster with the heartbeat, election timeout and extra arguments of
+    /// `opts`, and waits (bounded by `opts.startup_timeout`) until `GET /health` says it is
+    /// healthy. `opts.binary` is ignored.
+    pub async fn start(opts: &EtcdOptions) -> Result<Self, ServerError> {
+        let peer = "http://127.0.0.1:2380";
+        let mut cmd: Vec<String> = vec![
+            "etcd".into(),
+            "--name=n1".into(),
+            format!("--data-dir={ETCD_DATA_DIR}"),
+            "--listen-client-urls=http://0.0.0.0:2379".into(),
+            "--advertise-client-urls=http://127.0.0.1:2379".into(),
+            format!("--listen-peer-urls={peer}"),
+            format!("--initial-advertise-peer-urls={peer}"),
+            format!("--initial-cluster=n1={peer}"),
+            "--initial-cluster-state=new".into(),
+            format!(
+                "--heartbeat-interval={}",
+                opts.heartbeat_interval.as_millis().max(1)
+            ),
+            format!(
+                "--election-timeout={}",
+                opts.election_timeout.as_millis().max(1)
+            ),
+        ];
+        cmd.extend(opts.extra_args.iter().cloned());
+        let spec = ServerSpec {
+            server: "etcd".to_owned(),
+            image: (ETCD_IMAGE_ENV, DEFAULT_ETCD_IMAGE),
+            internal: 2379,
+            probe: Probe::EtcdHealth,
+            startup_timeout: opts.startup_timeout,
+        };
+        let configure = |image: GenericImage| image.with_cmd(cmd.clone());
+        Self::launch(spec, configure, Etcd).await
+    }
+
+    /// `http://127.0.0.1:port`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.socket_addr())
     }
 }
 
