@@ -1,0 +1,285 @@
+//! Configuration of the etcd backend, and its connection URL.
+
+use std::fmt;
+use std::time::Duration;
+
+use lock_core::LockError;
+use lock_core::url::{LockUrl, duration};
+use serde::Deserialize;
+
+const DEFAULT_PORT: u16 = 2379;
+const MAX_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+
+fn config_error(message: impl fmt::Display) -> LockError {
+    LockError::config(format!("etcd: {message}"))
+}
+
+lock_core::url_enum! {
+    /// How waiters wait for the lock.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    #[non_exhaustive]
+    pub enum EtcdStrategy for "strategy" {
+        /// The naive lock: one key, created if absent; every waiter watches it (a herd).
+        Single = "single",
+        /// One key per contender, ordered by create revision; every waiter watches the whole
+        /// prefix and looks again at every deletion (a herd).
+        Prefix = "prefix",
+        /// One key per contender, ordered by create revision; each waiter watches only the
+        /// deletion of the key just before its own (herd-free, the layout of etcd's
+        /// `concurrency.Mutex`, so `etcdctl lock` and distlock exclude each other).
+        #[default]
+        Predecessor = "predecessor",
+    }
+}
+
+/// How to reach etcd and how to lock there.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_etcd::{EtcdConfig, EtcdStrategy};
+///
+/// let config = EtcdConfig::from_url("etcd://10.0.0.1:2379,10.0.0.2/apps?lease_ttl=6s")?;
+/// assert_eq!(config.endpoints, ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]);
+/// assert_eq!(config.prefix, "/apps");
+/// assert_eq!(config.lease_ttl, Duration::from_secs(6));
+/// assert_eq!(config.strategy, EtcdStrategy::Predecessor);
+/// # Ok::<(), lock_core::LockError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EtcdConfig {
+    /// The servers' client endpoints, `http://host:port`.
+    pub endpoints: Vec<String>,
+    /// The user and password, when the cluster has authentication on.
+    pub user: Option<(String, String)>,
+    /// The key prefix under which every lock lives: lock `N` is `{prefix}/{N escaped}/`.
+    pub prefix: String,
+    /// The lease of the provider's session: a crashed client's locks are freed this long
+    /// after its last keep-alive. Whole seconds, at least 2 s.
+    pub lease_ttl: Duration,
+    /// How waiters wait.
+    pub strategy: EtcdStrategy,
+    /// The bound on connecting and on every request.
+    pub timeout: Duration,
+}
+
+impl EtcdConfig {
+    /// The default lease: 10 s.
+    pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+    /// The default bound on connecting and on a request: 5 s.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// The default key prefix: `/distlock`.
+    pub const DEFAULT_PREFIX: &'static str = "/distlock";
+
+    /// The servers at `endpoints` (`host:port` or `http://host:port`), with every other
+    /// setting at its default.
+    pub fn new<I, S>(endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let endpoints = endpoints.into_iter().map(Into::into).map(with_scheme);
+        Self::with_params(endpoints.collect(), EtcdParams::default())
+    }
+
+    fn with_params(endpoints: Vec<String>, params: EtcdParams) -> Self {
+        EtcdConfig {
+            endpoints,
+            user: None,
+            prefix: params.prefix,
+            lease_ttl: params.lease_ttl,
+            strategy: params.strategy,
+            timeout: params.timeout,
+        }
+    }
+
+    /// Parses `etcd://[user:password@]h1:2379,h2:2379[/prefix]?lease_ttl=10s&strategy=predecessor&timeout=5s`.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] naming what is wrong: another scheme, no host, an unknown
+    /// parameter (the known ones are listed), a bad value, or what [`validate`](Self::validate)
+    /// rejects.
+    pub fn from_url(url: &str) -> Result<EtcdConfig, LockError> {
+        let url = LockUrl::parse(url)?;
+        if url.scheme != "etcd" {
+            return Err(config_error(format!(
+                "the URL scheme is {:?}; expected etcd://",
+                url.scheme
+            )));
+        }
+        let mut params: EtcdParams = url.query()?;
+        if url.hosts.is_empty() {
+            return Err(config_error(
+                "the URL names no host; expected etcd://host[:port][,host[:port]...]",
+            ));
+        }
+        if !url.path.is_empty() && url.path != "/" {
+            params.prefix = url.path.trim_end_matches('/').to_owned();
+        }
+        let endpoints = url.hosts.iter().map(|h| h.to_address(DEFAULT_PORT));
+        let mut config = Self::with_params(endpoints.map(with_scheme).collect(), params);
+        config.user = match (url.username, url.password) {
+            (Some(user), Some(password)) => Some((user, password)),
+            (None, None) => None,
+            _ => return Err(config_error("credentials need both user and password")),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks the settings.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] for no endpoint, an endpoint with white space or a path, a
+    /// prefix that does not start with `/` or ends with one, an empty user, a lease that is
+    /// not whole seconds from 2 s to 1 h, or a timeout of zero or over an hour.
+    pub fn validate(&self) -> Result<(), LockError> {
+        if self.endpoints.is_empty() {
+            return Err(config_error("at least one endpoint is required"));
+        }
+        for endpoint in &self.endpoints {
+            let address = endpoint.split_once("://").map_or("", |(_, rest)| rest);
+            if address.is_empty() || address.contains(|c: char| c.is_whitespace() || c == '/') {
+                return Err(config_error(format!(
+                    "endpoint {endpoint:?} is not an http://host:port address"
+                )));
+            }
+        }
+        if !self.prefix.starts_with('/') || self.prefix.ends_with('/') {
+            return Err(config_error(format!(
+                "prefix {:?} must start with '/' and not end with one",
+                self.prefix
+            )));
+        }
+        if let Some((user, _)) = &self.user
+            && user.is_empty()
+        {
+            return Err(config_error("the user name is empty"));
+        }
+        let ttl = self.lease_ttl;
+        if ttl < Duration::from_secs(2) || ttl > MAX_TIMEOUT || ttl.subsec_nanos() != 0 {
+            return Err(config_error(format!(
+                "lease_ttl is {ttl:?}; it must be whole seconds, from 2s to 1h"
+            )));
+        }
+        if self.timeout.is_zero() || self.timeout > MAX_TIMEOUT {
+            return Err(config_error(format!(
+                "timeout is {:?}; it must be more than 0 and at most 1h",
+                self.timeout
+            )));
+        }
+        Ok(())
+    }
+}
+
+lock_core::setters! { EtcdConfig {
+    /// Sets the key prefix.
+    with_prefix(prefix: impl Into<String>) => prefix = prefix.into();
+    /// Sets the session's lease.
+    with_lease_ttl(ttl: Duration) => lease_ttl = ttl;
+    /// Sets the waiting strategy.
+    with_strategy(strategy: EtcdStrategy) => strategy = strategy;
+    /// Sets the bound on connecting and on every request.
+    with_timeout(timeout: Duration) => timeout = timeout;
+}}
+
+impl EtcdConfig {
+    /// Sets the user and password.
+    #[must_use]
+    pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some((user.into(), password.into()));
+        self
+    }
+}
+
+impl fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("user", &self.user.as_ref().map(|(user, _)| user))
+            .field("prefix", &self.prefix)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("strategy", &self.strategy)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+fn with_scheme(endpoint: String) -> String {
+    if endpoint.contains("://") {
+        endpoint
+    } else {
+        format!("http://{endpoint}")
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct EtcdParams {
+    #[serde(with = "duration")]
+    lease_ttl: Duration,
+    strategy: EtcdStrategy,
+    #[serde(with = "duration")]
+    timeout: Duration,
+    prefix: String,
+}
+
+impl Default for EtcdParams {
+    fn default() -> Self {
+        EtcdParams {
+            lease_ttl: EtcdConfig::DEFAULT_LEASE_TTL,
+            strategy: EtcdStrategy::default(),
+            timeout: EtcdConfig::DEFAULT_TIMEOUT,
+            prefix: EtcdConfig::DEFAULT_PREFIX.to_owned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(url: &str) -> String {
+        match EtcdConfig::from_url(url) {
+            Ok(config) => format!("accepted: {config:?}"),
+            Err(error) => error.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_full_url_is_read() -> Result<(), LockError> {
+        let config = EtcdConfig::from_url(
+            "etcd://alice:s%40cret@[::1]:2380,h2/a/b?lease_ttl=3s&strategy=prefix&timeout=2s",
+        )?;
+        assert_eq!(config.endpoints, ["http://[::1]:2380", "http://h2:2379"]);
+        assert_eq!(config.user, Some(("alice".into(), "s@cret".into())));
+        assert_eq!(config.prefix, "/a/b");
+        assert_eq!(config.lease_ttl, Duration::from_secs(3));
+        assert_eq!(config.strategy, EtcdStrategy::Prefix);
+        assert_eq!(config.timeout, Duration::from_secs(2));
+        assert!(!format!("{config:?}").contains("cret"));
+        Ok(())
+    }
+
+    #[test]
+    fn bad_urls_say_what_is_wrong() {
+        for (url, expected) in [
+            ("zk://h", "expected etcd://"),
+            ("etcd://", "names no host"),
+            ("etcd://h?ttl=3s", "ttl"),
+            ("etcd://h?lease_ttl=1500ms", "whole seconds"),
+            ("etcd://h?lease_ttl=1s", "from 2s"),
+            ("etcd://h?timeout=0s", "more than 0"),
+            (
+                "etcd://h?strategy=herd",
+                "expected single, prefix or predecessor",
+            ),
+            ("etcd://alice@h", "both user and password"),
+        ] {
+            let message = error(url);
+            assert!(message.contains(expected), "{url}: {message}");
+        }
+    }
+}

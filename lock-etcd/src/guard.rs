@@ -1,0 +1,290 @@
+//! Held keys, and the clean-up of keys that nobody will use: after a cancel, a timeout, an
+//! error, or a guard dropped without release.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{Compare, CompareOp, EventType, Txn, TxnOp, WatchOptions};
+use lock_core::kit::{Abandon, Retry, retry_in_background};
+use lock_core::{
+    Deadline, FencingToken, Guard, GuardBackend, LockError, LockName, LossReason, LostSignal,
+    lost_signal,
+};
+
+use crate::error::BACKEND;
+use crate::session::{Session, Slot};
+
+/// How a background clean-up backs off while the connection is down.
+const CLEANUP_PAUSE: Duration = Duration::from_millis(200);
+
+/// A key a contender may have written, and how to know it is ours.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) session: Weak<Session>,
+    pub(crate) key: String,
+    /// The single-key lock is shared: it is ours only while it holds this value.
+    pub(crate) ours_if: Option<String>,
+    /// Held, for its drop, until the key is surely gone.
+    pub(crate) _slot: Slot,
+}
+
+impl Entry {
+    /// Deletes the key if it is still ours.
+    async fn remove(&self, session: &Session) -> Result<(), LockError> {
+        let delete = TxnOp::delete(self.key.as_str(), None);
+        let txn = match &self.ours_if {
+            Some(value) => Txn::new()
+                .when([Compare::value(
+                    self.key.as_str(),
+                    CompareOp::Equal,
+                    value.as_str(),
+                )])
+                .and_then([delete]),
+            None => Txn::new().and_then([delete]),
+        };
+        let mut kv = session.client.kv_client();
+        session.ask(&self.key, kv.txn(txn)).await.map(drop)
+    }
+
+    /// Removes the key now (a timeout, a try that lost); on failure, in the background.
+    pub(crate) async fn remove_now(self) {
+        let Some(session) = self.session.upgrade().filter(|s| !s.is_over()) else {
+            return;
+        };
+        if let Err(error) = self.remove(&session).await {
+            tracing::debug!(%error, key = %self.key, "etcd: removal failed; retrying in the background");
+            self.abandon();
+        }
+    }
+}
+
+impl Abandon for Entry {
+    /// Retries the removal until it succeeds or the session is over (its keys go with the
+    /// lease).
+    fn abandon(self) {
+        let what = format!("clean-up of {}", self.key);
+        let entry = Arc::new(self);
+        retry_in_background(
+            BACKEND,
+            what,
+            CLEANUP_PAUSE,
+            Deadline::after(None),
+            move || {
+                let entry = Arc::clone(&entry);
+                async move {
+                    let Some(session) = entry.session.upgrade().filter(|s| !s.is_over()) else {
+                        return Retry::Done;
+                    };
+                    match entry.remove(&session).await {
+                        Ok(()) => Retry::Done,
+                        Err(error) if error.is_retryable() => Retry::Again(error.to_string()),
+                        Err(error) => Retry::GiveUp(error.to_string()),
+                    }
+                }
+            },
+        );
+    }
+}
+
+/// Turns a granted key into a guard: its lost signal registered with the session, and a
+/// watch on the key so that a deletion by someone else is noticed.
+pub(crate) fn grant(
+    session: &Arc<Session>,
+    name: &LockName,
+    entry: Entry,
+    revision: i64,
+) -> Result<Guard, LockError> {
+    let (notifier, lost) = lost_signal();
+    let Some(registration) = session.register(notifier.clone()) else {
+        entry.abandon();
+        return Err(LockError::SessionExpired {
+            backend: BACKEND,
+            name: Some(name.to_string()),
+        });
+    };
+    session.metrics.record_grant();
+    let releasing = Arc::new(AtomicBool::new(false));
+    let watched = Arc::clone(&releasing);
+    let (watching, key) = (Arc::downgrade(session), entry.key.clone());
+    tokio::spawn(async move {
+        if watch_own_key(watching, key, revision).await && !watched.load(Ordering::Acquire) {
+            notifier.fire(LossReason::EntryRemoved);
+        }
+    });
+    let backend = EtcdGuard {
+        entry: Some(entry),
+        name: name.to_string(),
+        revision,
+        registration,
+        releasing,
+        in_doubt: false,
+        lost: lost.clone(),
+    };
+    let token = FencingToken(u64::try_from(revision).unwrap_or_default());
+    Ok(Guard::new(name.clone(), token, lost, Box::new(backend)))
+}
+
+/// Whether the key created at `revision` was deleted (or replaced); `false` when the session
+/// ended first (its end fires the signal).
+async fn watch_own_key(session: Weak<Session>, key: String, revision: i64) -> bool {
+    let mut from = revision + 1;
+    loop {
+        let Some(live) = session.upgrade().filter(|s| !s.is_over()) else {
+            return false;
+        };
+        let options = WatchOptions::new().with_start_revision(from);
+        let mut watches = live.client.watch_client();
+        let (_watcher, mut stream) = match live
+            .ask(&key, watches.watch(key.as_str(), Some(options)))
+            .await
+        {
+            Ok(watch) => watch,
+            Err(_) => {
+                drop(live);
+                tokio::time::sleep(CLEANUP_PAUSE).await;
+                continue;
+            }
+        };
+        loop {
+            let message = tokio::select! {
+                message = stream.message() => message,
+                () = live.over.wait() => return false,
+            };
+            match message {
+                // Compacted past `from`: look at the key itself.
+                Ok(Some(answer)) if answer.canceled() => {
+                    return key_changed(&live, &key, revision).await;
+                }
+                Ok(Some(answer)) => {
+                    for event in answer.events() {
+                        if let Some(kv) = event.kv() {
+                            from = from.max(kv.mod_revision() + 1);
+                        }
+                        if event.event_type() == EventType::Delete
+                            || event
+                                .kv()
+                                .is_some_and(|kv| kv.create_revision() != revision)
+                        {
+                            return true;
+                        }
+                    }
+                }
+                // The stream broke: watch again from where it stopped.
+                Ok(None) | Err(_) => break,
+            }
+        }
+    }
+}
+
+/// Whether the key is gone or is not the one created at `revision`.
+async fn key_changed(session: &Session, key: &str, revision: i64) -> bool {
+    let mut kv = session.client.kv_client();
+    match session.ask(key, kv.get(key, None)).await {
+        Ok(found) => found
+            .kvs()
+            .first()
+            .is_none_or(|kv| kv.create_revision() != revision),
+        Err(_) => false,
+    }
+}
+
+/// The backend side of an etcd guard.
+struct EtcdGuard {
+    /// The key; taken by a release or a drop.
+    entry: Option<Entry>,
+    name: String,
+    revision: i64,
+    registration: u64,
+    releasing: Arc<AtomicBool>,
+    /// A delete of ours was sent and its outcome never learned: the key may be gone by our
+    /// own hand.
+    in_doubt: bool,
+    lost: LostSignal,
+}
+
+impl EtcdGuard {
+    fn lost_error(&self, reason: LossReason) -> LockError {
+        LockError::Lost {
+            backend: BACKEND,
+            name: self.name.clone(),
+            reason: self.lost.reason().unwrap_or(reason),
+        }
+    }
+}
+
+impl fmt::Debug for EtcdGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdGuard")
+            .field("key", &self.entry.as_ref().map(|entry| &entry.key))
+            .field("revision", &self.revision)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl GuardBackend for EtcdGuard {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn release(&mut self) -> Result<(), LockError> {
+        let Some(entry) = self.entry.as_ref() else {
+            return Ok(());
+        };
+        let Some(session) = entry.session.upgrade().filter(|s| !s.is_over()) else {
+            return Err(self.lost_error(LossReason::SessionExpired));
+        };
+        self.releasing.store(true, Ordering::Release);
+        let key = entry.key.as_str();
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                key,
+                CompareOp::Equal,
+                self.revision,
+            )])
+            .and_then([TxnOp::delete(key, None)]);
+        let was_in_doubt = self.in_doubt;
+        // A delete once sent may have been applied, even if its reply never comes.
+        self.in_doubt = true;
+        let mut kv = session.client.kv_client();
+        match session.ask(&self.name, kv.txn(txn)).await {
+            Ok(answer) => {
+                session.unregister(self.registration);
+                self.entry = None;
+                if answer.succeeded() || was_in_doubt {
+                    Ok(())
+                } else {
+                    Err(self.lost_error(LossReason::EntryRemoved))
+                }
+            }
+            Err(error @ LockError::Connection { .. }) => Err(error),
+            Err(error) => {
+                self.in_doubt = was_in_doubt;
+                if !was_in_doubt {
+                    self.releasing.store(false, Ordering::Release);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    fn release_on_drop(mut self: Box<Self>) {
+        self.releasing.store(true, Ordering::Release);
+        if let Some(entry) = self.entry.take() {
+            if let Some(session) = entry.session.upgrade() {
+                session.unregister(self.registration);
+            }
+            entry.abandon();
+        }
+    }
+
+    fn is_suspect(&self) -> bool {
+        self.entry
+            .as_ref()
+            .and_then(|entry| entry.session.upgrade())
+            .is_some_and(|session| session.is_suspect())
+    }
+}

@@ -1,0 +1,56 @@
+//! The etcd backend of distlock: herd-free by revision, fenced by revision.
+//!
+//! A provider is an etcd session: one lease, kept alive at a third of its ttl, on which
+//! every contender's key is written, so that a crashed client's locks are freed when its
+//! lease ends. Contenders of a lock are ordered by their keys' create revisions — etcd's
+//! one logical clock, which survives a leader's failover — and the holder's create revision
+//! is its [fencing token](lock_core::FencingToken). Three strategies: the herd-free
+//! [`Predecessor`](EtcdStrategy::Predecessor) (the default; the layout of etcd's own
+//! `concurrency.Mutex`, so that `etcdctl lock` and distlock exclude each other), the herd
+//! [`Prefix`](EtcdStrategy::Prefix), and the naive [`Single`](EtcdStrategy::Single).
+//!
+//! ```no_run
+//! use lock_core::LockProvider;
+//! use lock_etcd::EtcdLockProvider;
+//!
+//! # async fn demo() -> Result<(), lock_core::LockError> {
+//! let locks = EtcdLockProvider::connect_url("etcd://127.0.0.1:2379?lease_ttl=10s").await?;
+//! let mut guard = locks.lock("billing")?.acquire(None).await?;
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Behaviour under faults
+//!
+//! - A create whose reply is lost is sent again; it creates the key only if absent, and the
+//!   key is named by the lease, so the second finds the first.
+//! - Dropping an `acquire` future, a timeout, or an error deletes the contender's key, in
+//!   the background if need be, retried until it succeeds or the session ends.
+//! - While keep-alives fail, guards are [suspect](lock_core::Guard::is_suspect); once the
+//!   lease's ttl (less a tenth) has passed since the latest answered keep-alive was sent,
+//!   or the server says the lease is gone, every guard's lost signal fires and waiters fail
+//!   with `SessionExpired` — never after the server could have freed the keys. A guard's
+//!   key deleted by someone else fires its signal too.
+//! - New acquisitions after a session's end get a new session (a new lease).
+//!
+//! # Inside
+//!
+//! `session` (the lease, its keep-alive, the guards' loss), `guard` (held keys, and the
+//! clean-up of keys nobody will use), `lock` (the three strategies), `provider`.
+//!
+//! # URL
+//!
+//! ```text
+//! etcd://[user:password@]h1:2379,h2:2379[/prefix]?lease_ttl=10s&strategy=predecessor&timeout=5s
+//! ```
+
+mod config;
+mod error;
+mod guard;
+mod lock;
+mod provider;
+mod session;
+
+pub use config::{EtcdConfig, EtcdStrategy};
+pub use lock::EtcdLock;
+pub use provider::EtcdLockProvider;

@@ -1,0 +1,404 @@
+//! One etcd session: a client, one lease kept alive at ttl/3, and the lost signals of the
+//! guards whose keys hang on that lease.
+//!
+//! The server ends the lease `ttl` after it last renewed it, and it renewed it no earlier
+//! than the keep-alive was sent. So the session counts itself over (and fires every guard's
+//! lost signal) once `ttl − margin` has passed since the latest answered keep-alive was
+//! sent, before the server can have freed the keys; or at once when the server says the
+//! lease is gone.
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper};
+use lock_core::kit::Closed;
+use lock_core::{LockError, LossReason, LostNotifier, Metrics};
+use tokio::time::Instant;
+
+use crate::config::EtcdConfig;
+use crate::error::{BACKEND, connection, lock_error, timed_out};
+
+/// A live session: the client and the lease every key of this provider hangs on.
+pub(crate) struct Session {
+    pub(crate) client: Client,
+    /// The lease id; keys are named by it, in hex.
+    pub(crate) lease: i64,
+    /// Over: the lease ended, or was not renewed in time, or the provider closed.
+    pub(crate) over: Closed,
+    suspect: AtomicBool,
+    /// When the latest answered keep-alive (or the grant) was sent.
+    heard: Mutex<Instant>,
+    guards: Mutex<HashMap<u64, LostNotifier>>,
+    next_guard: AtomicU64,
+    /// The key slots in use, per lock directory: see [`Slot`].
+    slots: Mutex<HashMap<String, BTreeSet<u32>>>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) timeout: Duration,
+    ttl: Duration,
+}
+
+impl Session {
+    /// Connects and grants the lease, each within the configured timeout, and starts the
+    /// keep-alive.
+    pub(crate) async fn open(
+        config: &EtcdConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Session>, LockError> {
+        let timeout = config.timeout;
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_keep_alive(timeout, timeout);
+        if let Some((user, password)) = &config.user {
+            options = options.with_user(user.clone(), password.clone());
+        }
+        let endpoints = config.endpoints.join(",");
+        let connecting = Client::connect(config.endpoints.clone(), Some(options));
+        let client = bounded(timeout, None, connecting)
+            .await
+            .map_err(|error| match error {
+                LockError::Connection {
+                    message, source, ..
+                } => LockError::Connection {
+                    backend: BACKEND,
+                    name: None,
+                    message: format!("cannot reach {endpoints}: {message}"),
+                    source,
+                },
+                other => other,
+            })?;
+        let ttl = config.lease_ttl;
+        let granting = Instant::now();
+        let mut leases = client.lease_client();
+        metrics.record_server_requests(1);
+        let grant = bounded(timeout, None, leases.grant(ttl.as_secs() as i64, None)).await?;
+        if !grant.error().is_empty() {
+            return Err(LockError::Backend {
+                backend: BACKEND,
+                name: None,
+                message: format!("the lease was refused: {}", grant.error()),
+                retryable: true,
+                source: None,
+            });
+        }
+        let session = Arc::new(Session {
+            client,
+            lease: grant.id(),
+            over: Closed::new(),
+            suspect: AtomicBool::new(false),
+            heard: Mutex::new(granting),
+            guards: Mutex::new(HashMap::new()),
+            next_guard: AtomicU64::new(0),
+            slots: Mutex::new(HashMap::new()),
+            metrics,
+            timeout,
+            ttl: Duration::from_secs(grant.ttl().max(1) as u64),
+        });
+        tracing::debug!(
+            lease = format_args!("{:x}", session.lease),
+            ?ttl,
+            "etcd: session opened"
+        );
+        tokio::spawn(keep_alive(Arc::downgrade(&session)));
+        Ok(session)
+    }
+
+    /// The lease the server granted.
+    pub(crate) fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Whether the session is over.
+    pub(crate) fn is_over(&self) -> bool {
+        self.over.is_closed()
+    }
+
+    /// Whether a keep-alive is overdue: the guards cannot be vouched for.
+    pub(crate) fn is_suspect(&self) -> bool {
+        self.suspect.load(Ordering::Acquire)
+    }
+
+    /// The moment past which the server may have ended the lease, less a margin for the
+    /// clocks' drift.
+    fn lost_at(&self) -> Instant {
+        let heard = *self.heard.lock().unwrap_or_else(PoisonError::into_inner);
+        heard + self.ttl - self.ttl / 10
+    }
+
+    /// Ends the session: no more grants, every guard lost.
+    pub(crate) fn end(&self, reason: LossReason) {
+        if !self.over.close() {
+            return;
+        }
+        let guards: Vec<_> = self
+            .guards
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .collect();
+        if !guards.is_empty() {
+            tracing::warn!(%reason, guards = guards.len(), lease = format_args!("{:x}", self.lease), "etcd: guards lost");
+        }
+        for (_, notifier) in guards {
+            notifier.fire(reason.clone());
+        }
+    }
+
+    /// Registers a guard's lost signal; `None` when the session is over already.
+    pub(crate) fn register(&self, notifier: LostNotifier) -> Option<u64> {
+        let mut guards = self.guards.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.is_over() {
+            return None;
+        }
+        let id = self.next_guard.fetch_add(1, Ordering::Relaxed);
+        guards.insert(id, notifier);
+        Some(id)
+    }
+
+    /// Forgets a released guard.
+    pub(crate) fn unregister(&self, id: u64) {
+        self.guards
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+    }
+
+    /// Sends one request, counted, bounded by the request timeout.
+    pub(crate) async fn ask<T>(
+        &self,
+        name: &str,
+        request: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, LockError> {
+        self.metrics.record_server_requests(1);
+        bounded(self.timeout, Some(name), request).await
+    }
+}
+
+/// `request`, or a retryable connection error after `timeout`.
+pub(crate) async fn bounded<T>(
+    timeout: Duration,
+    name: Option<&str>,
+    request: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, LockError> {
+    match tokio::time::timeout(timeout, request).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(error)) => Err(lock_error(error, name)),
+        Err(_) => Err(timed_out(name, timeout)),
+    }
+}
+
+/// Renews the lease every ttl/3 (every 100 ms to 500 ms while renewals fail), until the
+/// session is dropped or over.
+async fn keep_alive(session: Weak<Session>) {
+    let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
+    loop {
+        let Some(live) = session.upgrade().filter(|live| !live.is_over()) else {
+            return;
+        };
+        let period = live.ttl / 3;
+        let sent = Instant::now();
+        let left = live.lost_at().saturating_duration_since(sent);
+        let renewed = tokio::select! {
+            renewed = tokio::time::timeout(left.min(live.timeout), renew(&live, &mut stream)) => renewed,
+            () = live.over.wait() => return,
+        };
+        let pause = match renewed {
+            Ok(Ok(ttl)) if ttl > 0 => {
+                let mut heard = live.heard.lock().unwrap_or_else(PoisonError::into_inner);
+                *heard = (*heard).max(sent);
+                live.suspect.store(false, Ordering::Release);
+                period
+            }
+            Ok(Ok(_)) => {
+                tracing::warn!(
+                    lease = format_args!("{:x}", live.lease),
+                    "etcd: the server ended the session's lease"
+                );
+                live.end(LossReason::SessionExpired);
+                return;
+            }
+            failed => {
+                let error = match failed {
+                    Ok(Err(error)) => error,
+                    _ => timed_out(None, left.min(live.timeout)),
+                };
+                stream = None;
+                live.suspect.store(true, Ordering::Release);
+                if Instant::now() >= live.lost_at() {
+                    tracing::warn!(%error, "etcd: the lease was not renewed in time");
+                    live.end(LossReason::SessionExpired);
+                    return;
+                }
+                tracing::debug!(%error, "etcd: a keep-alive failed; trying again");
+                (period / 4).clamp(Duration::from_millis(100), Duration::from_millis(500))
+            }
+        };
+        let wake = (Instant::now() + pause).min(live.lost_at());
+        drop(live);
+        tokio::time::sleep_until(wake).await;
+    }
+}
+
+/// One keep-alive on the session's stream (opened first if need be): the ttl the server
+/// gave, 0 when the lease is gone.
+async fn renew(
+    session: &Session,
+    stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+) -> Result<i64, LockError> {
+    let error = |e| lock_error(e, None);
+    if stream.is_none() {
+        let mut leases = session.client.lease_client();
+        *stream = Some(leases.keep_alive(session.lease).await.map_err(error)?);
+    }
+    let Some((keeper, answers)) = stream.as_mut() else {
+        return Err(connection(None, "no keep-alive stream", None));
+    };
+    session.metrics.record_server_requests(1);
+    keeper.keep_alive().await.map_err(error)?;
+    match answers.message().await.map_err(error)? {
+        Some(answer) => Ok(answer.ttl()),
+        None => Err(connection(None, "the keep-alive stream ended", None)),
+    }
+}
+
+/// A contender's key slot: the number that makes its key unique among this session's keys
+/// on one lock (`{lease}` for slot 0, `{lease}_{n}` after). A slot is taken until its key is
+/// surely gone (released, cleaned up, or the session over), so that a new contender never
+/// adopts a key that a clean-up is about to delete.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    session: Weak<Session>,
+    dir: String,
+    number: u32,
+    /// The key.
+    pub(crate) key: String,
+}
+
+impl Slot {
+    /// The smallest free slot of `dir` (a lock's directory, ending in `/`).
+    pub(crate) fn take(session: &Arc<Session>, dir: &str) -> Slot {
+        let mut slots = session.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let taken = slots.entry(dir.to_owned()).or_default();
+        let number = (0..).find(|n| !taken.contains(n)).unwrap_or_default();
+        taken.insert(number);
+        let key = match number {
+            0 => format!("{dir}{:x}", session.lease),
+            n => format!("{dir}{:x}_{n}", session.lease),
+        };
+        Slot {
+            session: Arc::downgrade(session),
+            dir: dir.to_owned(),
+            number,
+            key,
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(session) = self.session.upgrade() {
+            let mut slots = session.slots.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(taken) = slots.get_mut(&self.dir) {
+                taken.remove(&self.number);
+                if taken.is_empty() {
+                    slots.remove(&self.dir);
+                }
+            }
+        }
+    }
+}
+
+/// What the provider and its locks share: the configuration, the metrics, and the current
+/// session (a new one is opened for new acquisitions once the current one is over).
+pub(crate) struct Shared {
+    pub(crate) config: EtcdConfig,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) closed: Closed,
+    current: Mutex<Option<Arc<Session>>>,
+    opening: tokio::sync::Mutex<()>,
+}
+
+impl Shared {
+    /// Opens the first session.
+    pub(crate) async fn open(config: EtcdConfig) -> Result<Shared, LockError> {
+        let metrics = Arc::new(Metrics::new());
+        let session = Session::open(&config, Arc::clone(&metrics)).await?;
+        Ok(Shared {
+            config,
+            metrics,
+            closed: Closed::new(),
+            current: Mutex::new(Some(session)),
+            opening: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// The current session, if it is not over.
+    pub(crate) fn current(&self) -> Option<Arc<Session>> {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .filter(|session| !session.is_over())
+    }
+
+    /// A live session for an acquisition of `name`: the current one, or a new one.
+    pub(crate) async fn session(
+        &self,
+        name: &lock_core::LockName,
+    ) -> Result<Arc<Session>, LockError> {
+        self.closed.check(BACKEND, name)?;
+        if let Some(session) = self.current() {
+            return Ok(session);
+        }
+        let _opening = self.opening.lock().await;
+        if let Some(session) = self.current() {
+            return Ok(session);
+        }
+        let session = Session::open(&self.config, Arc::clone(&self.metrics)).await?;
+        if self.closed.is_closed() {
+            end_and_revoke(&session);
+            return Err(LockError::SessionExpired {
+                backend: BACKEND,
+                name: Some(name.to_string()),
+            });
+        }
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&session));
+        Ok(session)
+    }
+
+    /// The provider's last handle is gone: the session ends and its lease is revoked, which
+    /// frees every key on it.
+    pub(crate) fn close(&self) {
+        self.closed.close();
+        if let Some(session) = self
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            end_and_revoke(&session);
+        }
+    }
+}
+
+/// Ends `session` and revokes its lease in the background (the lease's ttl is the backstop
+/// when that fails or no runtime is left).
+fn end_and_revoke(session: &Arc<Session>) {
+    session.end(LossReason::SessionExpired);
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let (mut leases, lease, timeout) = (
+        session.client.lease_client(),
+        session.lease,
+        session.timeout,
+    );
+    session.metrics.record_server_requests(1);
+    runtime.spawn(async move {
+        if let Err(error) = bounded(timeout, None, leases.revoke(lease)).await {
+            tracing::debug!(%error, "etcd: the lease was not revoked; it will expire");
+        }
+    });
+}

@@ -1,0 +1,21 @@
+//! The conformance suite against a real etcd server, for every strategy.
+
+mod common;
+
+use common::EtcdHarness;
+use lock_etcd::EtcdStrategy;
+
+mod single {
+    use super::*;
+    lock_conformance::conformance_tests!(EtcdHarness::new(EtcdStrategy::Single).await);
+}
+
+mod prefix {
+    use super::*;
+    lock_conformance::conformance_tests!(EtcdHarness::new(EtcdStrategy::Prefix).await);
+}
+
+mod predecessor {
+    use super::*;
+    lock_conformance::conformance_tests!(EtcdHarness::new(EtcdStrategy::Predecessor).await);
+}
