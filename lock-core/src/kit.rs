@@ -14,6 +14,8 @@
 //!   a dropped `acquire` leaves nothing behind (the cancel-safety contract);
 //! - [`retry_in_background`]: the best-effort clean-up that outlives a dropped future,
 //!   retried until it succeeds or its deadline passes;
+//! - [`LostSignals`]: the lost signals of a session's guards, fired together when the
+//!   session is lost;
 //! - [`Wakeups`]: the wake-up and futile wake-up counts of a wait loop, for the herd
 //!   measurements.
 //!
@@ -65,9 +67,10 @@
 //! # Ok(()) }
 //! ```
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -75,7 +78,7 @@ use tokio::sync::watch;
 
 use crate::{
     Deadline, DistributedLock, DistributedRwLock, DistributedSemaphore, Guard, LockError, LockName,
-    Metrics,
+    LossReason, LostNotifier, Metrics,
 };
 
 /// One attempt at a mutex: what a backend writes; the kit derives [`DistributedLock`].
@@ -447,6 +450,76 @@ pub fn retry_in_background<F, Fut>(
             }
         }
     });
+}
+
+/// The lost signals of the guards that hang on one session: when the session is lost, each
+/// fires once.
+///
+/// A guard registers its [`LostNotifier`] when it is granted and unregisters it when it is
+/// released. To have no guard miss its loss, mark the session over before
+/// [`fire_all`](LostSignals::fire_all), and check it after
+/// [`register`](LostSignals::register): a guard registered after the firing finds the
+/// session over.
+///
+/// ```
+/// use lock_core::kit::LostSignals;
+/// use lock_core::{lost_signal, LossReason};
+///
+/// let guards = LostSignals::new();
+/// let (notifier, lost) = lost_signal();
+/// let (released, kept) = lost_signal();
+/// guards.register(notifier);
+/// let id = guards.register(released);
+/// guards.unregister(id);
+/// assert_eq!(guards.fire_all(&LossReason::SessionExpired), 1);
+/// assert!(lost.is_lost() && !kept.is_lost());
+/// ```
+#[derive(Debug, Default)]
+pub struct LostSignals(Mutex<Registered>);
+
+#[derive(Debug, Default)]
+struct Registered {
+    notifiers: HashMap<u64, LostNotifier>,
+    next: u64,
+}
+
+impl LostSignals {
+    /// None registered.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn registered(&self) -> std::sync::MutexGuard<'_, Registered> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers a granted guard's notifier; the id unregisters it.
+    pub fn register(&self, notifier: LostNotifier) -> u64 {
+        let mut registered = self.registered();
+        let id = registered.next;
+        registered.next += 1;
+        registered.notifiers.insert(id, notifier);
+        id
+    }
+
+    /// Forgets a released guard's notifier.
+    pub fn unregister(&self, id: u64) {
+        self.registered().notifiers.remove(&id);
+    }
+
+    /// Whether no guard is registered.
+    pub fn is_empty(&self) -> bool {
+        self.registered().notifiers.is_empty()
+    }
+
+    /// Fires every registered notifier with `reason` and forgets them; how many there were.
+    pub fn fire_all(&self, reason: &LossReason) -> usize {
+        let fired: Vec<_> = self.registered().notifiers.drain().collect();
+        for (_, notifier) in &fired {
+            notifier.fire(reason.clone());
+        }
+        fired.len()
+    }
 }
 
 /// The wake-up bookkeeping of one wait loop: every wake-up is counted, and a wake-up after

@@ -9,12 +9,12 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper};
-use lock_core::kit::Closed;
+use lock_core::kit::{Closed, LostSignals};
 use lock_core::{LockError, LossReason, LostNotifier, Metrics};
 use tokio::time::Instant;
 
@@ -31,8 +31,7 @@ pub(crate) struct Session {
     suspect: AtomicBool,
     /// When the latest answered keep-alive (or the grant) was sent.
     heard: Mutex<Instant>,
-    guards: Mutex<HashMap<u64, LostNotifier>>,
-    next_guard: AtomicU64,
+    guards: LostSignals,
     /// The key slots in use, per lock directory: see [`Slot`].
     slots: Mutex<HashMap<String, BTreeSet<u32>>>,
     pub(crate) metrics: Arc<Metrics>,
@@ -89,8 +88,7 @@ impl Session {
             over: Closed::new(),
             suspect: AtomicBool::new(false),
             heard: Mutex::new(granting),
-            guards: Mutex::new(HashMap::new()),
-            next_guard: AtomicU64::new(0),
+            guards: LostSignals::new(),
             slots: Mutex::new(HashMap::new()),
             metrics,
             timeout,
@@ -101,7 +99,7 @@ impl Session {
             ?ttl,
             "etcd: session opened"
         );
-        tokio::spawn(keep_alive(Arc::downgrade(&session)));
+        tokio::spawn(keep_alive(Arc::clone(&session)));
         Ok(session)
     }
 
@@ -132,37 +130,26 @@ impl Session {
         if !self.over.close() {
             return;
         }
-        let guards: Vec<_> = self
-            .guards
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain()
-            .collect();
-        if !guards.is_empty() {
-            tracing::warn!(%reason, guards = guards.len(), lease = format_args!("{:x}", self.lease), "etcd: guards lost");
-        }
-        for (_, notifier) in guards {
-            notifier.fire(reason.clone());
+        let guards = self.guards.fire_all(&reason);
+        if guards > 0 {
+            tracing::warn!(%reason, guards, lease = format_args!("{:x}", self.lease), "etcd: guards lost");
         }
     }
 
     /// Registers a guard's lost signal; `None` when the session is over already.
     pub(crate) fn register(&self, notifier: LostNotifier) -> Option<u64> {
-        let mut guards = self.guards.lock().unwrap_or_else(PoisonError::into_inner);
+        let id = self.guards.register(notifier);
+        // Ended before the registration: `end` marks the session over before it fires.
         if self.is_over() {
+            self.guards.unregister(id);
             return None;
         }
-        let id = self.next_guard.fetch_add(1, Ordering::Relaxed);
-        guards.insert(id, notifier);
         Some(id)
     }
 
     /// Forgets a released guard.
     pub(crate) fn unregister(&self, id: u64) {
-        self.guards
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&id);
+        self.guards.unregister(id);
     }
 
     /// Sends one request, counted, bounded by the request timeout.
@@ -190,54 +177,56 @@ pub(crate) async fn bounded<T>(
 }
 
 /// Renews the lease every ttl/3 (every 100 ms to 500 ms while renewals fail), until the
-/// session is dropped or over.
-async fn keep_alive(session: Weak<Session>) {
+/// session is over (every way to drop a session ends it first).
+async fn keep_alive(session: Arc<Session>) {
     let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
-    loop {
-        let Some(live) = session.upgrade().filter(|live| !live.is_over()) else {
-            return;
-        };
-        let period = live.ttl / 3;
+    let period = session.ttl / 3;
+    while !session.is_over() {
         let sent = Instant::now();
-        let left = live.lost_at().saturating_duration_since(sent);
+        let bound = session
+            .lost_at()
+            .saturating_duration_since(sent)
+            .min(session.timeout);
         let renewed = tokio::select! {
-            renewed = tokio::time::timeout(left.min(live.timeout), renew(&live, &mut stream)) => renewed,
-            () = live.over.wait() => return,
+            renewed = tokio::time::timeout(bound, renew(&session, &mut stream)) => renewed,
+            () = session.over.wait() => return,
         };
         let pause = match renewed {
             Ok(Ok(ttl)) if ttl > 0 => {
-                let mut heard = live.heard.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut heard = session.heard.lock().unwrap_or_else(PoisonError::into_inner);
                 *heard = (*heard).max(sent);
-                live.suspect.store(false, Ordering::Release);
+                session.suspect.store(false, Ordering::Release);
                 period
             }
             Ok(Ok(_)) => {
                 tracing::warn!(
-                    lease = format_args!("{:x}", live.lease),
+                    lease = format_args!("{:x}", session.lease),
                     "etcd: the server ended the session's lease"
                 );
-                live.end(LossReason::SessionExpired);
+                session.end(LossReason::SessionExpired);
                 return;
             }
             failed => {
                 let error = match failed {
                     Ok(Err(error)) => error,
-                    _ => timed_out(None, left.min(live.timeout)),
+                    _ => timed_out(None, bound),
                 };
                 stream = None;
-                live.suspect.store(true, Ordering::Release);
-                if Instant::now() >= live.lost_at() {
+                session.suspect.store(true, Ordering::Release);
+                if Instant::now() >= session.lost_at() {
                     tracing::warn!(%error, "etcd: the lease was not renewed in time");
-                    live.end(LossReason::SessionExpired);
+                    session.end(LossReason::SessionExpired);
                     return;
                 }
                 tracing::debug!(%error, "etcd: a keep-alive failed; trying again");
                 (period / 4).clamp(Duration::from_millis(100), Duration::from_millis(500))
             }
         };
-        let wake = (Instant::now() + pause).min(live.lost_at());
-        drop(live);
-        tokio::time::sleep_until(wake).await;
+        let wake = (Instant::now() + pause).min(session.lost_at());
+        tokio::select! {
+            () = tokio::time::sleep_until(wake) => {}
+            () = session.over.wait() => return,
+        }
     }
 }
 

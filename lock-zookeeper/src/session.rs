@@ -1,11 +1,10 @@
 //! One ZooKeeper session: its client, its health, and the lost signals of its guards.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use lock_core::kit::Closed;
+use lock_core::kit::{Closed, LostSignals};
 use lock_core::{LockError, LockName, LossReason, LostNotifier, Metrics};
 use tokio::time::{Instant, MissedTickBehavior};
 use zookeeper_client::{Acls, Client, SessionState};
@@ -31,8 +30,7 @@ struct Health {
     suspect: AtomicBool,
     /// Expired, closed or failed: nothing more can be done with this session.
     over: AtomicBool,
-    guards: Mutex<HashMap<u64, LostNotifier>>,
-    next_guard: AtomicU64,
+    guards: LostSignals,
     /// When the latest request that the server answered was sent. The server heard from
     /// the session at that moment or later, so it cannot expire the session before this
     /// plus the session timeout.
@@ -48,8 +46,7 @@ impl Health {
         Health {
             suspect: AtomicBool::new(false),
             over: AtomicBool::new(false),
-            guards: Mutex::new(HashMap::new()),
-            next_guard: AtomicU64::new(0),
+            guards: LostSignals::new(),
             heard: Mutex::new(heard),
             heartbeat_now: tokio::sync::Notify::new(),
         }
@@ -66,17 +63,9 @@ impl Health {
     }
 
     fn fire_all(&self, reason: &LossReason) {
-        let guards: Vec<_> = self
-            .guards
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain()
-            .collect();
-        if !guards.is_empty() {
-            tracing::warn!(%reason, guards = guards.len(), "zookeeper: guards lost");
-        }
-        for (_, notifier) in guards {
-            notifier.fire(reason.clone());
+        let guards = self.guards.fire_all(reason);
+        if guards > 0 {
+            tracing::warn!(%reason, guards, "zookeeper: guards lost");
         }
     }
 }
@@ -162,12 +151,7 @@ impl Session {
     /// session holds no guard).
     pub(crate) fn register(&self, notifier: LostNotifier, asked: Instant) -> u64 {
         self.health.heard_at(asked);
-        let id = self.health.next_guard.fetch_add(1, Ordering::Relaxed);
-        self.health
-            .guards
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, notifier);
+        let id = self.health.guards.register(notifier);
         // Registered first: the heartbeat is sent only for a session that holds something.
         if self.health.heard().elapsed() > self.heartbeat_interval() {
             self.health.heartbeat_now.notify_one();
@@ -180,19 +164,11 @@ impl Session {
     }
 
     fn holds_nothing(&self) -> bool {
-        self.health
-            .guards
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_empty()
+        self.health.guards.is_empty()
     }
 
     pub(crate) fn unregister(&self, registration: u64) {
-        self.health
-            .guards
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&registration);
+        self.health.guards.unregister(registration);
     }
 
     /// Ends the session on this side at once: its guards are lost and nothing more is
