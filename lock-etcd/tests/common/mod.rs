@@ -73,6 +73,16 @@ impl EtcdHarness {
         }
     }
 
+    /// The server's endpoint.
+    pub(crate) fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    /// A raw client of the server.
+    pub(crate) fn admin(&self) -> &EtcdClient {
+        &self.admin
+    }
+
     pub(crate) fn config(&self, prefix: &str) -> EtcdConfig {
         EtcdConfig::new([self.endpoint.clone()])
             .with_prefix(prefix)

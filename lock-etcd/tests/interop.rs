@@ -1,0 +1,139 @@
+//! distlock's etcd lock and etcd's own (`etcdctl lock`, etcd's `concurrency.Mutex`) on one
+//! name exclude each other, in both orders, and agree on who comes first.
+#![allow(
+    clippy::expect_used,
+    clippy::unwrap_used,
+    clippy::panic,
+    reason = "test fixtures: a failed set-up must fail the test"
+)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{EtcdHarness, contenders};
+use lock_conformance::unique_name;
+use lock_core::{LockName, LockProvider};
+use lock_etcd::{EtcdConfig, EtcdLockProvider, EtcdStrategy};
+use tokio::process::{Child, Command};
+
+/// How long a step may take on a loaded machine.
+const BOUND: Duration = Duration::from_secs(20);
+
+/// `etcdctl lock NAME sh -c SCRIPT` against the shared server, where NAME is distlock's
+/// directory of the lock without its trailing `/` (etcd's mutex adds it).
+fn etcdctl_lock(endpoint: &str, name: &str, script: &str) -> Child {
+    let escaped = LockName::new(name).unwrap().escaped();
+    Command::new("etcdctl")
+        .args(["--endpoints", endpoint, "lock", "--ttl=5"])
+        .arg(format!("{}/{escaped}", EtcdConfig::DEFAULT_PREFIX))
+        .args(["--", "sh", "-c", script])
+        .env("ETCDCTL_API", "3")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("etcdctl runs (Debian's etcd-client package)")
+}
+
+async fn until_exists(path: &Path) {
+    let began = tokio::time::Instant::now();
+    while !path.exists() {
+        assert!(began.elapsed() < BOUND, "{} never appeared", path.display());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn provider(harness: &EtcdHarness) -> EtcdLockProvider {
+    EtcdLockProvider::connect(harness.config(EtcdConfig::DEFAULT_PREFIX))
+        .await
+        .expect("a provider")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_holds_and_distlock_waits() {
+    let harness = EtcdHarness::new(EtcdStrategy::Predecessor).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (held, stop) = (dir.path().join("held"), dir.path().join("stop"));
+    let name = unique_name("interop-etcdctl-first");
+    let script = format!(
+        "touch {}; while [ ! -e {} ]; do sleep 0.02; done",
+        held.display(),
+        stop.display()
+    );
+    let mut etcdctl = etcdctl_lock(&harness.endpoint(), &name, &script);
+    until_exists(&held).await;
+
+    let locks = provider(&harness).await;
+    let lock = locks.lock(&name).unwrap();
+    assert!(
+        lock.try_acquire().await.unwrap().is_none(),
+        "etcdctl holds it"
+    );
+    let waiting = tokio::spawn(async move { lock.acquire(Some(BOUND)).await });
+    // Queued behind etcdctl's key, in the same directory.
+    let prefix = EtcdConfig::DEFAULT_PREFIX;
+    let mut queue = contenders(harness.admin(), prefix, &name).await;
+    while queue.len() < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        queue = contenders(harness.admin(), prefix, &name).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "distlock waits while etcdctl holds");
+
+    std::fs::write(&stop, b"").unwrap();
+    let mut guard = waiting
+        .await
+        .unwrap()
+        .expect("granted once etcdctl lets go");
+    let status = tokio::time::timeout(BOUND, etcdctl.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "etcdctl: {status}");
+    assert_eq!(
+        contenders(harness.admin(), prefix, &name).await.len(),
+        1,
+        "only distlock's key is left"
+    );
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distlock_holds_and_etcdctl_waits() {
+    let harness = EtcdHarness::new(EtcdStrategy::Predecessor).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let name = unique_name("interop-distlock-first");
+    let locks = provider(&harness).await;
+    let mut guard = locks
+        .lock(&name)
+        .unwrap()
+        .acquire(Some(BOUND))
+        .await
+        .unwrap();
+
+    let mut etcdctl = etcdctl_lock(
+        &harness.endpoint(),
+        &name,
+        &format!("touch {}", ran.display()),
+    );
+    let prefix = EtcdConfig::DEFAULT_PREFIX;
+    let mut queue = contenders(harness.admin(), prefix, &name).await;
+    while queue.len() < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        queue = contenders(harness.admin(), prefix, &name).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!ran.exists(), "etcdctl waits while distlock holds");
+
+    guard.release().await.unwrap();
+    until_exists(&ran).await;
+    let status = tokio::time::timeout(BOUND, etcdctl.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "etcdctl: {status}");
+}
