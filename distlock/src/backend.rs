@@ -13,6 +13,8 @@ const ENABLED_FEATURES: &[&str] = &[
     "zookeeper",
     #[cfg(feature = "redis")]
     "redis",
+    #[cfg(feature = "etcd")]
+    "etcd",
 ];
 
 /// The configuration of one backend: what [`BackendConfig::from_url`] makes of a URL.
@@ -46,11 +48,15 @@ pub enum BackendConfig {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     Redlock(lock_redis::RedlockConfig),
+    /// The etcd backend (`etcd://`).
+    #[cfg(feature = "etcd")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+    Etcd(lock_etcd::EtcdConfig),
 }
 
 impl BackendConfig {
     /// Parses and validates a connection URL, choosing the backend by its scheme:
-    /// `memory`, `zk` or `zookeeper`, `redis` or `rediss`, `redlock`. See the
+    /// `memory`, `zk` or `zookeeper`, `redis` or `rediss`, `redlock`, `etcd`. See the
     /// [crate docs](crate#connection-urls) for each form.
     ///
     /// # Errors
@@ -65,15 +71,17 @@ impl BackendConfig {
             "zk" | "zookeeper" => zookeeper_from_url(url, &scheme),
             "redis" | "rediss" => redis_from_url(url, &scheme),
             "redlock" => redlock_from_url(url, &scheme),
+            "etcd" => etcd_from_url(url, &scheme),
             _ => Err(LockError::config(format!(
                 "unknown URL scheme {scheme:?}; distlock supports memory://, zk:// (or \
-                 zookeeper://), redis://, rediss:// and redlock:// (enabled features: {})",
+                 zookeeper://), redis://, rediss://, redlock:// and etcd:// (enabled \
+                 features: {})",
                 enabled_features()
             ))),
         }
     }
 
-    /// The backend's name: `"memory"`, `"zookeeper"`, `"redis"` or `"redlock"`.
+    /// The backend's name: `"memory"`, `"zookeeper"`, `"redis"`, `"redlock"` or `"etcd"`.
     pub fn backend(&self) -> &'static str {
         match *self {
             #[cfg(feature = "memory")]
@@ -84,6 +92,8 @@ impl BackendConfig {
             BackendConfig::Redis(_) => "redis",
             #[cfg(feature = "redis")]
             BackendConfig::Redlock(_) => "redlock",
+            #[cfg(feature = "etcd")]
+            BackendConfig::Etcd(_) => "etcd",
         }
     }
 
@@ -109,6 +119,10 @@ impl BackendConfig {
             BackendConfig::Redlock(config) => Ok(Arc::new(
                 lock_redis::RedlockProvider::connect(config).await?,
             )),
+            #[cfg(feature = "etcd")]
+            BackendConfig::Etcd(config) => Ok(Arc::new(
+                lock_etcd::EtcdLockProvider::connect(config).await?,
+            )),
         }
     }
 }
@@ -124,7 +138,8 @@ fn enabled_features() -> String {
 #[cfg(any(
     not(feature = "memory"),
     not(feature = "zookeeper"),
-    not(feature = "redis")
+    not(feature = "redis"),
+    not(feature = "etcd")
 ))]
 fn feature_off(scheme: &str, feature: &str) -> LockError {
     LockError::config(format!(
@@ -171,6 +186,16 @@ fn redlock_from_url(url: &str, _scheme: &str) -> Result<BackendConfig, LockError
 #[cfg(not(feature = "redis"))]
 fn redlock_from_url(_url: &str, scheme: &str) -> Result<BackendConfig, LockError> {
     Err(feature_off(scheme, "redis"))
+}
+
+#[cfg(feature = "etcd")]
+fn etcd_from_url(url: &str, _scheme: &str) -> Result<BackendConfig, LockError> {
+    lock_etcd::EtcdConfig::from_url(url).map(BackendConfig::Etcd)
+}
+
+#[cfg(not(feature = "etcd"))]
+fn etcd_from_url(_url: &str, scheme: &str) -> Result<BackendConfig, LockError> {
+    Err(feature_off(scheme, "etcd"))
 }
 
 /// The configuration of the in-memory backend.

@@ -3,6 +3,7 @@
 use std::io::Write;
 use std::time::Duration;
 
+use distlock::etcd::{EtcdContender, EtcdLockProvider, EtcdStrategy};
 use distlock::memory::MemoryServer;
 use distlock::redis::{RedisHolders, RedisLockProvider, RedisStrategy};
 use distlock::zookeeper::{Contender, ZkLockProvider};
@@ -66,6 +67,11 @@ enum View {
         holder: Option<u64>,
         waiters: usize,
     },
+    Etcd {
+        name: String,
+        strategy: EtcdStrategy,
+        contenders: Vec<EtcdContender>,
+    },
 }
 
 async fn look(url: &str, name: &str) -> Result<View, LockError> {
@@ -108,6 +114,19 @@ async fn look(url: &str, name: &str) -> Result<View, LockError> {
                 holder: provider.holder(&name)?.map(|token| token.0),
                 waiters: provider.waiters(&name)?,
                 name,
+            })
+        }
+        BackendConfig::Etcd(config) => {
+            let strategy = config.strategy;
+            let provider = EtcdLockProvider::connect(config)
+                .await
+                .map_err(connecting(url))?;
+            let contenders = provider.contenders(&name).await;
+            Connection::from_provider(provider).close().await;
+            Ok(View::Etcd {
+                name,
+                strategy,
+                contenders: contenders?,
             })
         }
         other => Err(LockError::Unsupported {
@@ -169,6 +188,28 @@ impl View {
                 "waiters": (1..=*waiters).map(|position| json!({ "position": position })).collect::<Vec<_>>(),
                 "note": MEMORY_NOTE,
             }),
+            View::Etcd {
+                name,
+                strategy,
+                contenders,
+            } => {
+                let entry = |contender: &EtcdContender| {
+                    json!({
+                        "key": contender.key,
+                        "lease": format!("{:x}", contender.lease),
+                        "create_revision": contender.create_revision,
+                        "fencing_token": contender.fencing_token().0,
+                    })
+                };
+                json!({
+                    "backend": "etcd",
+                    "name": name,
+                    "strategy": strategy.as_str(),
+                    "holder": contenders.first().map(entry),
+                    "waiters": contenders.iter().skip(1).map(entry).collect::<Vec<_>>(),
+                    "waiters_recorded": *strategy != EtcdStrategy::Single,
+                })
+            }
         }
     }
 
@@ -245,6 +286,35 @@ impl View {
                     lines.push(format!("waiter {position}"));
                 }
                 lines.push(format!("({MEMORY_NOTE})"));
+            }
+            View::Etcd {
+                name,
+                strategy,
+                contenders,
+            } => {
+                lines.push(format!("lock {name:?} on etcd, {strategy} strategy"));
+                if contenders.is_empty() {
+                    lines.push("free: nobody holds it or waits for it".to_owned());
+                }
+                for (index, contender) in contenders.iter().enumerate() {
+                    let role = if index == 0 {
+                        "holder".to_owned()
+                    } else {
+                        format!("waiter {index}")
+                    };
+                    let token = if index == 0 {
+                        " (its fencing token)"
+                    } else {
+                        ""
+                    };
+                    lines.push(format!(
+                        "{role:<9} {}  lease {:x}  create revision {}{token}",
+                        contender.key, contender.lease, contender.create_revision,
+                    ));
+                }
+                if *strategy == EtcdStrategy::Single {
+                    lines.push("(the single-key strategy records no waiters)".to_owned());
+                }
             }
         }
         lines.join("\n")

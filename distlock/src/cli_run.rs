@@ -350,7 +350,8 @@ impl Signals {
 }
 
 /// `config` with `--ttl` applied through its setter, and checked again: the lease of the
-/// Redis schemes, the session timeout of ZooKeeper, replacing the URL's own value.
+/// Redis schemes and of etcd's session, the session timeout of ZooKeeper, replacing the
+/// URL's own value.
 pub(crate) fn with_ttl(
     config: BackendConfig,
     ttl: Option<Duration>,
@@ -371,9 +372,13 @@ pub(crate) fn with_ttl(
             let config = config.with_ttl(ttl);
             config.validate().map(|()| BackendConfig::Redlock(config))
         }
+        BackendConfig::Etcd(config) => {
+            let config = config.with_lease_ttl(ttl);
+            config.validate().map(|()| BackendConfig::Etcd(config))
+        }
         other => Err(LockError::config(format!(
-            "--ttl has no meaning for {}:// (it sets the lease of redis://, rediss:// \
-             and redlock:// locks and the session timeout of zk:// locks)",
+            "--ttl has no meaning for {}:// (it sets the lease of redis://, rediss://, \
+             redlock:// and etcd:// locks and the session timeout of zk:// locks)",
             other.backend()
         ))),
     }
@@ -500,6 +505,10 @@ mod tests {
             panic!("not a ZooKeeper config");
         };
         assert_eq!(zk.session_timeout, Duration::from_secs(4));
+        let Ok(BackendConfig::Etcd(etcd)) = ttl("etcd://h?lease_ttl=10s", secs(5)) else {
+            panic!("not an etcd config");
+        };
+        assert_eq!(etcd.lease_ttl, Duration::from_secs(5));
         assert_eq!(
             ttl(url, None),
             BackendConfig::from_url(url).map_err(|e| e.to_string())

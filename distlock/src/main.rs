@@ -66,6 +66,7 @@ URLs (see the distlock crate docs for every parameter):
   zk://[user:password@]host:2181[,host...][/chroot]?session_timeout=10s
   redis://[user[:password]@]host:6379[/db]?ttl=30s   (rediss:// for TLS)
   redlock://host1,host2,host3?ttl=30s
+  etcd://[user:password@]host:2379[,host...][/prefix]?lease_ttl=10s
   memory://   (one process only: for trying things out)";
 
 const RUN_HELP: &str = "\
@@ -78,12 +79,13 @@ The command runs with these variables in its environment:
 The command runs in a process group of its own (unless --foreground). SIGINT, SIGTERM and
 SIGHUP sent to distlock are passed on to that group; the lock is released once the command
 has exited, and distlock exits with the command's status. If the lock is lost while the
-command runs (its ZooKeeper session expired, its Redis lease ran out unrenewed), distlock
+command runs (its ZooKeeper session expired, its Redis or etcd lease ran out unrenewed), distlock
 says so, sends the group SIGTERM, then SIGKILL after --grace, and exits 76.
 
 --ttl sets how long the lock outlives a distlock that died or lost its network: the lease
-(`ttl=` in redis://, rediss:// and redlock:// URLs; the watchdog renews it at a third) or
-the session timeout (`session_timeout=` in zk:// URLs). It replaces the URL's value.
+(`ttl=` in redis://, rediss:// and redlock:// URLs, `lease_ttl=` in etcd:// URLs; renewed
+at a third) or the session timeout (`session_timeout=` in zk:// URLs). It replaces the
+URL's value.
 
 Examples:
   distlock run --url zk://zk1:2181 --name nightly -- ./nightly.sh --full
@@ -110,6 +112,9 @@ they will get it:
             that owns it and its creation zxid, which is the holder's fencing token
   redis://  the holder's owner id, its lease and fencing token, and the waiter queue
             (queue strategy only; the other strategies keep no queue on the server)
+  etcd://   the keys in the lock directory {prefix}/{name}/, ordered by create revision
+            (distlock's and etcdctl lock's alike), each with the lease it hangs on and
+            its create revision, which is the holder's fencing token
   memory:// only this process's own view, which is always empty: the in-memory
             backend does not reach across processes
 redlock:// is not supported: ask each server with a redis:// URL.
@@ -170,7 +175,7 @@ enum Command {
 /// Which lock, on which backend.
 #[derive(Debug, Args)]
 struct Target {
-    /// The backend: zk://, redis://, rediss://, redlock:// or memory:// URL.
+    /// The backend: zk://, redis://, rediss://, redlock://, etcd:// or memory:// URL.
     #[arg(long, env = "DISTLOCK_URL", hide_env_values = true, value_name = "URL")]
     url: String,
 
@@ -197,7 +202,8 @@ struct CommandArgs {
     target: Target,
 
     /// How long the lock outlives a distlock that died or was cut off: the Redis lease
-    /// (`ttl=`) or the ZooKeeper session timeout (`session_timeout=`), replacing the URL's.
+    /// (`ttl=`), the etcd lease (`lease_ttl=`) or the ZooKeeper session timeout
+    /// (`session_timeout=`), replacing the URL's.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     ttl: Option<Duration>,
 

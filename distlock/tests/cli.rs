@@ -21,7 +21,7 @@ use lock_conformance::runner::strict;
 use lock_conformance::{eventually, unique_name};
 use lock_testbed::proxy::FaultProxy;
 use lock_testbed::servers::{
-    LocalServer, RedisOptions, RedisServer, free_port, shared_redis, shared_zk,
+    LocalServer, RedisOptions, RedisServer, free_port, shared_etcd, shared_redis, shared_zk,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -80,6 +80,15 @@ fn redis_addr() -> SocketAddr {
     host_port
         .parse()
         .expect("the shared Redis listens on an IP address")
+}
+
+/// The shared etcd, with short leases so that a killed client's lock frees quickly.
+fn etcd_url() -> String {
+    let endpoint = shared_etcd()
+        .expect("an etcd server for the tests")
+        .client_address();
+    let address = endpoint.trim_start_matches("http://");
+    format!("etcd://{address}?lease_ttl=3s")
 }
 
 /// `url` with one more query parameter.
@@ -372,6 +381,11 @@ async fn redis_runs_never_overlap() {
     runs_never_overlap(&redis_url()).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_runs_never_overlap() {
+    runs_never_overlap(&etcd_url()).await;
+}
+
 // ---------------------------------------------------------------------------------------
 // Timeouts and try
 // ---------------------------------------------------------------------------------------
@@ -469,6 +483,11 @@ async fn zookeeper_busy_lock_exits_75() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_busy_lock_exits_75() {
     busy_lock_exits_75(&redis_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_busy_lock_exits_75() {
+    busy_lock_exits_75(&etcd_url()).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -979,6 +998,40 @@ async fn redis_holders_lists_the_holder_and_the_queue_in_order() {
         after["holder"]["fencing_token"].as_u64() > before["holder"]["fencing_token"].as_u64(),
         "{before} {after}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_holders_lists_the_holder_and_the_queue_in_order() {
+    let (before, after) = holders_lists_the_queue(&etcd_url(), "etcd").await;
+    let waiters = before["waiters"].as_array().unwrap();
+    let revision = |entry: &Value| entry["create_revision"].as_i64().unwrap();
+    assert!(
+        revision(&before["holder"]) < revision(&waiters[0])
+            && revision(&waiters[0]) < revision(&waiters[1]),
+        "ordered by create revision: {before}"
+    );
+    // The first waiter listed is the next holder, its create revision the token.
+    assert_eq!(
+        after["holder"]["key"], waiters[0]["key"],
+        "{before} {after}"
+    );
+    assert_eq!(
+        after["holder"]["fencing_token"], waiters[0]["create_revision"],
+        "{before} {after}"
+    );
+    assert_eq!(
+        after["waiters"][0]["key"], waiters[1]["key"],
+        "{before} {after}"
+    );
+    // Keys are named by their session's lease, in hex, as etcd's own mutex names them.
+    for entry in [&before["holder"], &waiters[0], &waiters[1]] {
+        let key = entry["key"].as_str().unwrap();
+        let lease = entry["lease"].as_str().unwrap();
+        assert!(
+            key.starts_with("/distlock/") && key.ends_with(lease),
+            "{entry}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,6 +18,7 @@ fn enabled() -> String {
         cfg!(feature = "memory").then_some("memory"),
         cfg!(feature = "zookeeper").then_some("zookeeper"),
         cfg!(feature = "redis").then_some("redis"),
+        cfg!(feature = "etcd").then_some("etcd"),
     ]
     .into_iter()
     .flatten()
@@ -31,8 +32,8 @@ fn enabled() -> String {
 
 #[test]
 fn unknown_scheme_lists_the_supported_ones() {
-    let e = config_error("etcd://localhost:2379");
-    assert!(e.contains("unknown URL scheme \"etcd\""), "{e}");
+    let e = config_error("consul://localhost:8500");
+    assert!(e.contains("unknown URL scheme \"consul\""), "{e}");
     for scheme in [
         "memory://",
         "zk://",
@@ -40,6 +41,7 @@ fn unknown_scheme_lists_the_supported_ones() {
         "redis://",
         "rediss://",
         "redlock://",
+        "etcd://",
     ] {
         assert!(e.contains(scheme), "{scheme} missing from: {e}");
     }
@@ -108,6 +110,33 @@ fn redis_schemes_need_their_feature() {
             )
         );
     }
+}
+
+#[cfg(not(feature = "etcd"))]
+#[test]
+fn etcd_scheme_needs_its_feature() {
+    let e = config_error("etcd://localhost:2379");
+    assert_eq!(
+        e,
+        format!(
+            "the \"etcd\" scheme needs the \"etcd\" feature of distlock (enabled features: {})",
+            enabled()
+        )
+    );
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn etcd_urls_are_read_by_the_etcd_backend() {
+    use distlock::etcd::{EtcdConfig, EtcdStrategy};
+    let config = BackendConfig::from_url("etcd://e1:2380,e2/apps?strategy=prefix").unwrap();
+    assert_eq!(config.backend(), "etcd");
+    let expected = EtcdConfig::new(["e1:2380", "e2:2379"])
+        .with_prefix("/apps")
+        .with_strategy(EtcdStrategy::Prefix);
+    assert_eq!(config, BackendConfig::Etcd(expected));
+    let e = config_error("etcd://u:topsecret@e1?lease_ttl=1s");
+    assert!(e.contains("lease_ttl") && !e.contains("topsecret"), "{e}");
 }
 
 #[cfg(feature = "memory")]

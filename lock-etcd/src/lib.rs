@@ -53,4 +53,4 @@ mod session;
 
 pub use config::{EtcdConfig, EtcdStrategy};
 pub use lock::EtcdLock;
-pub use provider::EtcdLockProvider;
+pub use provider::{EtcdContender, EtcdLockProvider};
