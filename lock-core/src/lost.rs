@@ -126,6 +126,32 @@ impl LostNotifier {
 }
 
 impl LostSignal {
+    /// The [`LockError::Lost`](crate::LockError::Lost) of the lock `name`: with the reason
+    /// signalled, if the signal fired, otherwise `otherwise` (what the caller just found).
+    ///
+    /// ```
+    /// use lock_core::{lost_signal, LockError, LossReason};
+    ///
+    /// let (notifier, lost) = lost_signal();
+    /// let error = lost.error("demo", "jobs", LossReason::EntryRemoved);
+    /// assert!(matches!(error, LockError::Lost { reason: LossReason::EntryRemoved, .. }));
+    /// notifier.fire(LossReason::SessionExpired);
+    /// let error = lost.error("demo", "jobs", LossReason::EntryRemoved);
+    /// assert!(matches!(error, LockError::Lost { reason: LossReason::SessionExpired, .. }));
+    /// ```
+    pub fn error(
+        &self,
+        backend: &'static str,
+        name: &str,
+        otherwise: LossReason,
+    ) -> crate::LockError {
+        crate::LockError::Lost {
+            backend,
+            name: name.to_owned(),
+            reason: self.reason().unwrap_or(otherwise),
+        }
+    }
+
     /// Whether the lock has been lost.
     pub fn is_lost(&self) -> bool {
         matches!(*self.state.borrow(), State::Lost(_))

@@ -11,6 +11,13 @@ pub(crate) const BACKEND: &str = "etcd";
 pub(crate) fn lock_error(error: EtcdError, name: Option<&str>) -> LockError {
     let name = name.map(str::to_owned);
     let message = error.to_string();
+    let backend_error = |name, message, retryable, error| LockError::Backend {
+        backend: BACKEND,
+        name,
+        message,
+        retryable,
+        source: Some(Box::new(error) as _),
+    };
     match &error {
         EtcdError::GRpcStatus(status) => match status.code() {
             Code::Unauthenticated => LockError::Auth {
@@ -33,20 +40,8 @@ pub(crate) fn lock_error(error: EtcdError, name: Option<&str>) -> LockError {
                 connection(name, message, Some(error))
             }
             // "etcdserver: too many requests" and leader changes are worth another try.
-            Code::ResourceExhausted | Code::Unknown => LockError::Backend {
-                backend: BACKEND,
-                name,
-                message,
-                retryable: true,
-                source: Some(Box::new(error)),
-            },
-            _ => LockError::Backend {
-                backend: BACKEND,
-                name,
-                message,
-                retryable: false,
-                source: Some(Box::new(error)),
-            },
+            Code::ResourceExhausted | Code::Unknown => backend_error(name, message, true, error),
+            _ => backend_error(name, message, false, error),
         },
         EtcdError::TransportError(_) | EtcdError::IoError(_) | EtcdError::WatchError(_) => {
             connection(name, message, Some(error))
@@ -55,13 +50,7 @@ pub(crate) fn lock_error(error: EtcdError, name: Option<&str>) -> LockError {
             backend: BACKEND,
             name,
         },
-        _ => LockError::Backend {
-            backend: BACKEND,
-            name,
-            message,
-            retryable: false,
-            source: Some(Box::new(error)),
-        },
+        _ => backend_error(name, message, false, error),
     }
 }
 

@@ -207,11 +207,7 @@ struct EtcdGuard {
 
 impl EtcdGuard {
     fn lost_error(&self, reason: LossReason) -> LockError {
-        LockError::Lost {
-            backend: BACKEND,
-            name: self.name.clone(),
-            reason: self.lost.reason().unwrap_or(reason),
-        }
+        self.lost.error(BACKEND, &self.name, reason)
     }
 }
 
