@@ -46,10 +46,15 @@ pub(crate) fn lock_error(error: EtcdError, name: Option<&str>) -> LockError {
         EtcdError::TransportError(_) | EtcdError::IoError(_) | EtcdError::WatchError(_) => {
             connection(name, message, Some(error))
         }
-        EtcdError::LeaseKeepAliveError(_) => LockError::SessionExpired {
-            backend: BACKEND,
-            name,
-        },
+        // The client's words when a keep-alive stream opens on a lease that is gone; its
+        // other keep-alive errors are a broken stream.
+        EtcdError::LeaseKeepAliveError(why) if why.contains("lease not found") => {
+            LockError::SessionExpired {
+                backend: BACKEND,
+                name,
+            }
+        }
+        EtcdError::LeaseKeepAliveError(_) => connection(name, message, Some(error)),
         _ => backend_error(name, message, false, error),
     }
 }

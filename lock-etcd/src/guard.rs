@@ -2,7 +2,7 @@
 //! error, or a guard dropped without release.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -27,37 +27,30 @@ pub(crate) struct Entry {
     pub(crate) key: String,
     /// The single-key lock is shared: it is ours only while it holds this value.
     pub(crate) ours_if: Option<String>,
+    /// The key's create revision once known (0 before): a delete then takes that key
+    /// only, not a later one of the same name (a slot's key is named again once free).
+    pub(crate) created: AtomicI64,
     /// Held, for its drop, until the key is surely gone.
     pub(crate) _slot: Slot,
 }
 
 impl Entry {
     /// Deletes the key if it is still ours.
-    async fn remove(&self, session: &Session) -> Result<(), LockError> {
-        let delete = TxnOp::delete(self.key.as_str(), None);
+    pub(crate) async fn remove(&self, session: &Session) -> Result<(), LockError> {
+        let key = self.key.as_str();
+        let delete = TxnOp::delete(key, None);
+        let created = self.created.load(Ordering::Acquire);
         let txn = match &self.ours_if {
+            _ if created != 0 => Txn::new()
+                .when([Compare::create_revision(key, CompareOp::Equal, created)])
+                .and_then([delete]),
             Some(value) => Txn::new()
-                .when([Compare::value(
-                    self.key.as_str(),
-                    CompareOp::Equal,
-                    value.as_str(),
-                )])
+                .when([Compare::value(key, CompareOp::Equal, value.as_str())])
                 .and_then([delete]),
             None => Txn::new().and_then([delete]),
         };
         let mut kv = session.client.kv_client();
         session.ask(&self.key, kv.txn(txn)).await.map(drop)
-    }
-
-    /// Removes the key now (a timeout, a try that lost); on failure, in the background.
-    pub(crate) async fn remove_now(self) {
-        let Some(session) = self.session.upgrade().filter(|s| !s.is_over()) else {
-            return;
-        };
-        if let Err(error) = self.remove(&session).await {
-            tracing::debug!(%error, key = %self.key, "etcd: removal failed; retrying in the background");
-            self.abandon();
-        }
     }
 }
 
@@ -154,9 +147,14 @@ async fn watch_own_key(session: Weak<Session>, key: String, revision: i64) -> bo
                 () = live.over.wait() => return false,
             };
             match message {
-                // Compacted past `from`: look at the key itself.
+                // Compacted past `from`: look at the key itself, then watch from there.
                 Ok(Some(answer)) if answer.canceled() => {
-                    return key_changed(&live, &key, revision).await;
+                    match key_changed(&live, &key, revision).await {
+                        Ok((true, _)) => return true,
+                        Ok((false, now)) => from = now + 1,
+                        Err(_) => tokio::time::sleep(CLEANUP_PAUSE).await,
+                    }
+                    break;
                 }
                 Ok(Some(answer)) => {
                     for event in answer.events() {
@@ -172,23 +170,33 @@ async fn watch_own_key(session: Weak<Session>, key: String, revision: i64) -> bo
                         }
                     }
                 }
-                // The stream broke: watch again from where it stopped.
-                Ok(None) | Err(_) => break,
+                // The stream broke: watch again from where it stopped, after a pause.
+                Ok(None) | Err(_) => {
+                    tokio::time::sleep(CLEANUP_PAUSE).await;
+                    break;
+                }
             }
         }
     }
 }
 
-/// Whether the key is gone or is not the one created at `revision`.
-async fn key_changed(session: &Session, key: &str, revision: i64) -> bool {
+/// Whether the key is gone or is not the one created at `revision`, and the revision at
+/// which that was seen.
+async fn key_changed(
+    session: &Session,
+    key: &str,
+    revision: i64,
+) -> Result<(bool, i64), LockError> {
     let mut kv = session.client.kv_client();
-    match session.ask(key, kv.get(key, None)).await {
-        Ok(found) => found
-            .kvs()
-            .first()
-            .is_none_or(|kv| kv.create_revision() != revision),
-        Err(_) => false,
-    }
+    let found = session.ask(key, kv.get(key, None)).await?;
+    let changed = found
+        .kvs()
+        .first()
+        .is_none_or(|kv| kv.create_revision() != revision);
+    Ok((
+        changed,
+        found.header().map_or(0, |header| header.revision()),
+    ))
 }
 
 /// The backend side of an etcd guard.

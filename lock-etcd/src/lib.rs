@@ -22,8 +22,10 @@
 //!
 //! # Behaviour under faults
 //!
-//! - A create whose reply is lost is sent again; it creates the key only if absent, and the
-//!   key is named by the lease, so the second finds the first.
+//! - A create is a transaction that writes the key only if it is absent, and the key is
+//!   named by the lease: a create sent twice makes one key. A create whose reply is lost
+//!   ends the attempt with a retryable error, and its key is deleted in the background; a
+//!   delete of a key whose create revision is known takes that key only.
 //! - Dropping an `acquire` future, a timeout, or an error deletes the contender's key, in
 //!   the background if need be, retried until it succeeds or the session ends.
 //! - While keep-alives fail, guards are [suspect](lock_core::Guard::is_suspect); once the

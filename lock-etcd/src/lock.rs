@@ -2,12 +2,11 @@
 //! shared key (naive).
 //!
 //! The queue is etcd's own `concurrency.Mutex`: a contender writes `{dir}{lease in hex}`
-//! on its session's lease (a transaction that creates the key only if it is absent, so that
-//! a create sent again after a lost reply finds the key instead of making a second), and
-//! holds the lock when no key of the directory has a smaller create revision. Revisions
-//! only grow, so a contender that finds no key before its own holds the lock until it
-//! deletes its key or its lease ends; and one that finds some waits for a deletion, then
-//! looks again.
+//! on its session's lease (a transaction that creates the key only if it is absent, so
+//! that a create sent twice makes one key), and holds the lock when no key of the
+//! directory has a smaller create revision. Revisions only grow, so a contender that
+//! finds no key before its own holds the lock until it deletes its key or its lease ends;
+//! and one that finds some waits for a deletion, then looks again.
 //!
 //! - `predecessor` watches only the deletion of the key just before its own (the one with
 //!   the greatest create revision below its own): a release wakes one waiter.
@@ -19,6 +18,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use async_trait::async_trait;
 use etcd_client::{
@@ -97,6 +97,7 @@ impl MutexAttempt for EtcdLock {
                 false => slot.key.clone(),
             },
             ours_if: single.then(|| slot.key.clone()),
+            created: AtomicI64::new(0),
             _slot: slot,
         };
         // Armed before the first request: a dropped attempt leaves no key behind.
@@ -106,19 +107,23 @@ impl MutexAttempt for EtcdLock {
             Some(entry) => self.queue(&session, entry, &deadline).await,
             None => Ok(None),
         };
-        match (granted, pending.disarm()) {
-            (Ok(Some(revision)), Some(entry)) => {
-                grant(&session, &self.name, entry, revision).map(Some)
-            }
-            (Ok(_), Some(entry)) => {
-                entry.remove_now().await;
+        match granted {
+            Ok(Some(revision)) => match pending.disarm() {
+                Some(entry) => grant(&session, &self.name, entry, revision).map(Some),
+                None => Ok(None),
+            },
+            Ok(None) => {
+                // Disarmed only once the key is surely gone: dropped during the delete,
+                // the attempt still leaves its clean-up to the background.
+                if let Some(entry) = pending.entry()
+                    && entry.remove(&session).await.is_ok()
+                {
+                    pending.disarm();
+                }
                 Ok(None)
             }
-            (Err(error), Some(entry)) => {
-                lock_core::kit::Abandon::abandon(entry);
-                Err(error)
-            }
-            (result, None) => result.map(|_| None),
+            // Dropping `pending` hands the key to the background clean-up.
+            Err(error) => Err(error),
         }
     }
 }
@@ -133,6 +138,7 @@ impl EtcdLock {
         deadline: &Deadline,
     ) -> Result<Option<i64>, LockError> {
         let mine = self.create(session, &entry.key).await?;
+        entry.created.store(mine, Ordering::Release);
         let mut wakeups = Wakeups::new(&self.shared.metrics);
         loop {
             let (blocker, revision) = match self.look(session, &entry.key, mine).await? {

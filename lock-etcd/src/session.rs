@@ -21,6 +21,9 @@ use tokio::time::Instant;
 use crate::config::EtcdConfig;
 use crate::error::{BACKEND, connection, lock_error, timed_out};
 
+/// How often the connection is pinged while idle.
+const KEEP_ALIVE_PING: Duration = Duration::from_secs(10);
+
 /// A live session: the client and the lease every key of this provider hangs on.
 pub(crate) struct Session {
     pub(crate) client: Client,
@@ -47,9 +50,13 @@ impl Session {
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Session>, LockError> {
         let timeout = config.timeout;
+        // HTTP/2 pings no more often than etcd accepts by default (every 5 s), and
+        // requests only to a member that has a leader: a member cut off from the quorum
+        // would leave watches silent.
         let mut options = ConnectOptions::new()
             .with_connect_timeout(timeout)
-            .with_keep_alive(timeout, timeout);
+            .with_keep_alive(KEEP_ALIVE_PING, timeout)
+            .with_require_leader(true);
         if let Some((user, password)) = &config.user {
             options = options.with_user(user.clone(), password.clone());
         }
@@ -136,11 +143,12 @@ impl Session {
         }
     }
 
-    /// Registers a guard's lost signal; `None` when the session is over already.
+    /// Registers a guard's lost signal; `None` when the session is over already, or its
+    /// lease may have ended on the server (the keep-alive task may be late to say so).
     pub(crate) fn register(&self, notifier: LostNotifier) -> Option<u64> {
         let id = self.guards.register(notifier);
         // Ended before the registration: `end` marks the session over before it fires.
-        if self.is_over() {
+        if self.is_over() || Instant::now() >= self.lost_at() {
             self.guards.unregister(id);
             return None;
         }
@@ -198,7 +206,7 @@ async fn keep_alive(session: Arc<Session>) {
                 session.suspect.store(false, Ordering::Release);
                 period
             }
-            Ok(Ok(_)) => {
+            Ok(Ok(_)) | Ok(Err(LockError::SessionExpired { .. })) => {
                 tracing::warn!(
                     lease = format_args!("{:x}", session.lease),
                     "etcd: the server ended the session's lease"
@@ -215,7 +223,9 @@ async fn keep_alive(session: Arc<Session>) {
                 session.suspect.store(true, Ordering::Release);
                 if Instant::now() >= session.lost_at() {
                     tracing::warn!(%error, "etcd: the lease was not renewed in time");
-                    session.end(LossReason::SessionExpired);
+                    // A keep-alive that timed out here may still have reached the server:
+                    // revoke, so that the keys do not outlive the session by a ttl.
+                    end_and_revoke(&session);
                     return;
                 }
                 tracing::debug!(%error, "etcd: a keep-alive failed; trying again");
@@ -346,27 +356,30 @@ impl Shared {
             return Ok(session);
         }
         let session = Session::open(&self.config, Arc::clone(&self.metrics)).await?;
+        // Checked and stored under the lock `close` takes, so that a close in between
+        // cannot miss the new session.
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
         if self.closed.is_closed() {
+            drop(current);
             end_and_revoke(&session);
             return Err(LockError::SessionExpired {
                 backend: BACKEND,
                 name: Some(name.to_string()),
             });
         }
-        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&session));
+        *current = Some(Arc::clone(&session));
         Ok(session)
     }
 
     /// The provider's last handle is gone: the session ends and its lease is revoked, which
     /// frees every key on it.
     pub(crate) fn close(&self) {
-        self.closed.close();
-        if let Some(session) = self
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
+        let taken = {
+            let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+            self.closed.close();
+            current.take()
+        };
+        if let Some(session) = taken {
             end_and_revoke(&session);
         }
     }
