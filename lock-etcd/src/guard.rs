@@ -7,12 +7,13 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, EventType, Txn, TxnOp, WatchOptions};
+use etcd_client::{Compare, CompareOp, EventType, Txn, TxnOp, TxnResponse, WatchOptions};
 use lock_core::kit::{Abandon, Retry, retry_in_background};
 use lock_core::{
     Deadline, FencingToken, Guard, GuardBackend, LockError, LockName, LossReason, LostSignal,
     lost_signal,
 };
+use tokio::sync::watch;
 
 use crate::error::BACKEND;
 use crate::session::{Session, Slot};
@@ -29,7 +30,9 @@ pub(crate) struct Entry {
     pub(crate) ours_if: Option<String>,
     /// The key's create revision once known (0 before): a delete then takes that key
     /// only, not a later one of the same name (a slot's key is named again once free).
-    pub(crate) created: AtomicI64,
+    pub(crate) created: Arc<AtomicI64>,
+    /// Whether a create of the key is on its way: a clean-up waits for its answer.
+    pub(crate) creating: Arc<watch::Sender<bool>>,
     /// Held, for its drop, until the key is surely gone.
     pub(crate) _slot: Slot,
 }
@@ -37,6 +40,11 @@ pub(crate) struct Entry {
 impl Entry {
     /// Deletes the key if it is still ours.
     pub(crate) async fn remove(&self, session: &Session) -> Result<(), LockError> {
+        // A create still on its way could land after the delete and leave the key behind:
+        // wait for its answer first (its request is bounded by the timeout).
+        let mut creating = self.creating.subscribe();
+        let settled = creating.wait_for(|busy| !*busy);
+        let _ = tokio::time::timeout(session.timeout * 2, settled).await;
         let key = self.key.as_str();
         let delete = TxnOp::delete(key, None);
         let created = self.created.load(Ordering::Acquire);
@@ -51,6 +59,59 @@ impl Entry {
         };
         let mut kv = session.client.kv_client();
         session.ask(&self.key, kv.txn(txn)).await.map(drop)
+    }
+}
+
+impl Entry {
+    /// A new entry for `key`, nothing sent yet.
+    pub(crate) fn new(
+        session: &Arc<Session>,
+        key: String,
+        ours_if: Option<String>,
+        slot: Slot,
+    ) -> Entry {
+        Entry {
+            session: Arc::downgrade(session),
+            key,
+            ours_if,
+            created: Arc::new(AtomicI64::new(0)),
+            creating: Arc::new(watch::channel(false).0),
+            _slot: slot,
+        }
+    }
+
+    /// Sends `txn`, a create of this entry's key, from a task of its own: dropping the
+    /// attempt does not cut it off mid-way, and a clean-up waits for its answer before it
+    /// deletes, so that the create cannot land after the delete. `created` reads the
+    /// key's create revision from the answer, when the key is ours.
+    pub(crate) async fn send_create(
+        &self,
+        session: &Arc<Session>,
+        name: &str,
+        txn: Txn,
+        created: fn(&TxnResponse) -> Option<i64>,
+    ) -> Result<TxnResponse, LockError> {
+        let (creating, revision) = (Arc::clone(&self.creating), Arc::clone(&self.created));
+        let (session, name) = (Arc::clone(session), name.to_owned());
+        creating.send_replace(true);
+        let sending = tokio::spawn(async move {
+            let mut kv = session.client.kv_client();
+            let answer = session.ask(&name, kv.txn(txn)).await;
+            if let Some(known) = answer.as_ref().ok().and_then(created) {
+                revision.store(known, Ordering::Release);
+            }
+            creating.send_replace(false);
+            answer
+        });
+        sending.await.unwrap_or_else(|failed| {
+            Err(LockError::Backend {
+                backend: BACKEND,
+                name: None,
+                message: format!("the create's task failed: {failed}"),
+                retryable: true,
+                source: None,
+            })
+        })
     }
 }
 

@@ -18,12 +18,11 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 
 use async_trait::async_trait;
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, WatchFilterType, WatchOptions,
+    TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
 };
 use lock_core::kit::{Cleanup, MutexAttempt, Wakeups};
 use lock_core::{Deadline, Guard, LockError, LockName};
@@ -90,16 +89,12 @@ impl MutexAttempt for EtcdLock {
         let session = self.shared.session(&self.name).await?;
         let slot = Slot::take(&session, &self.dir);
         let single = self.shared.config.strategy == EtcdStrategy::Single;
-        let entry = Entry {
-            session: Arc::downgrade(&session),
-            key: match single {
-                true => format!("{}{SINGLE_KEY}", self.dir),
-                false => slot.key.clone(),
-            },
-            ours_if: single.then(|| slot.key.clone()),
-            created: AtomicI64::new(0),
-            _slot: slot,
+        let key = match single {
+            true => format!("{}{SINGLE_KEY}", self.dir),
+            false => slot.key.clone(),
         };
+        let ours_if = single.then(|| slot.key.clone());
+        let entry = Entry::new(&session, key, ours_if, slot);
         // Armed before the first request: a dropped attempt leaves no key behind.
         let mut pending = Cleanup::new(entry);
         let granted = match pending.entry() {
@@ -133,12 +128,11 @@ impl EtcdLock {
     /// `None` at the deadline.
     async fn queue(
         &self,
-        session: &Session,
+        session: &Arc<Session>,
         entry: &Entry,
         deadline: &Deadline,
     ) -> Result<Option<i64>, LockError> {
-        let mine = self.create(session, &entry.key).await?;
-        entry.created.store(mine, Ordering::Release);
+        let mine = self.create(session, entry).await?;
         let mut wakeups = Wakeups::new(&self.shared.metrics);
         loop {
             let (blocker, revision) = match self.look(session, &entry.key, mine).await? {
@@ -165,7 +159,8 @@ impl EtcdLock {
 
     /// Creates `key` on the session's lease unless it exists (a create sent again after a
     /// lost reply): its create revision either way.
-    async fn create(&self, session: &Session, key: &str) -> Result<i64, LockError> {
+    async fn create(&self, session: &Arc<Session>, entry: &Entry) -> Result<i64, LockError> {
+        let key = entry.key.as_str();
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([TxnOp::put(
@@ -174,14 +169,10 @@ impl EtcdLock {
                 Some(PutOptions::new().with_lease(session.lease)),
             )])
             .or_else([TxnOp::get(key, None)]);
-        let mut kv = session.client.kv_client();
-        let answer = session.ask(self.name.as_str(), kv.txn(txn)).await?;
-        if answer.succeeded() {
-            return Ok(answer.header().map_or(0, |header| header.revision()));
-        }
-        first_kv(&answer.op_responses())
-            .map(|(_, create_revision, _)| create_revision)
-            .ok_or_else(|| self.place_gone())
+        let answer = entry
+            .send_create(session, self.name.as_str(), txn, created_or_found)
+            .await?;
+        created_or_found(&answer).ok_or_else(|| self.place_gone())
     }
 
     /// One look at the queue, at one revision: whether our key still stands, and the key
@@ -222,7 +213,7 @@ impl EtcdLock {
     /// for its deletion and try again.
     async fn single(
         &self,
-        session: &Session,
+        session: &Arc<Session>,
         entry: &Entry,
         deadline: &Deadline,
     ) -> Result<Option<i64>, LockError> {
@@ -240,8 +231,9 @@ impl EtcdLock {
                     Some(PutOptions::new().with_lease(session.lease)),
                 )])
                 .or_else([TxnOp::get(key, None)]);
-            let mut kv = session.client.kv_client();
-            let answer = session.ask(self.name.as_str(), kv.txn(txn)).await?;
+            let answer = entry
+                .send_create(session, self.name.as_str(), txn, created)
+                .await?;
             let revision = answer.header().map_or(0, |header| header.revision());
             if answer.succeeded() {
                 return Ok(Some(revision));
@@ -336,6 +328,22 @@ enum Watched<'a> {
     Key(&'a str),
     /// Every key of a directory.
     Prefix(&'a str),
+}
+
+/// The create revision of the key a create transaction made or found.
+fn created_or_found(answer: &TxnResponse) -> Option<i64> {
+    if answer.succeeded() {
+        return answer.header().map(|header| header.revision());
+    }
+    first_kv(&answer.op_responses()).map(|(_, create_revision, _)| create_revision)
+}
+
+/// The create revision of the single key, when this create made it.
+fn created(answer: &TxnResponse) -> Option<i64> {
+    answer
+        .succeeded()
+        .then(|| answer.header().map(|header| header.revision()))
+        .flatten()
 }
 
 /// The first key of a get's answer in a transaction: its name, create revision and value.
