@@ -46,6 +46,19 @@ async fn until_exists(path: &Path) {
     }
 }
 
+/// Waits (bounded) until the lock directory holds `keys` keys.
+async fn until_queued(harness: &EtcdHarness, name: &str, keys: usize) {
+    let began = tokio::time::Instant::now();
+    let prefix = EtcdConfig::DEFAULT_PREFIX;
+    while contenders(harness.admin(), prefix, name).await.len() < keys {
+        assert!(
+            began.elapsed() < BOUND,
+            "{keys} keys never queued for {name}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn provider(harness: &EtcdHarness) -> EtcdLockProvider {
     EtcdLockProvider::connect(harness.config(EtcdConfig::DEFAULT_PREFIX))
         .await
@@ -74,12 +87,7 @@ async fn etcdctl_holds_and_distlock_waits() {
     );
     let waiting = tokio::spawn(async move { lock.acquire(Some(BOUND)).await });
     // Queued behind etcdctl's key, in the same directory.
-    let prefix = EtcdConfig::DEFAULT_PREFIX;
-    let mut queue = contenders(harness.admin(), prefix, &name).await;
-    while queue.len() < 2 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        queue = contenders(harness.admin(), prefix, &name).await;
-    }
+    until_queued(&harness, &name, 2).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiting.is_finished(), "distlock waits while etcdctl holds");
 
@@ -94,7 +102,9 @@ async fn etcdctl_holds_and_distlock_waits() {
         .unwrap();
     assert!(status.success(), "etcdctl: {status}");
     assert_eq!(
-        contenders(harness.admin(), prefix, &name).await.len(),
+        contenders(harness.admin(), EtcdConfig::DEFAULT_PREFIX, &name)
+            .await
+            .len(),
         1,
         "only distlock's key is left"
     );
@@ -120,12 +130,7 @@ async fn distlock_holds_and_etcdctl_waits() {
         &name,
         &format!("touch {}", ran.display()),
     );
-    let prefix = EtcdConfig::DEFAULT_PREFIX;
-    let mut queue = contenders(harness.admin(), prefix, &name).await;
-    while queue.len() < 2 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        queue = contenders(harness.admin(), prefix, &name).await;
-    }
+    until_queued(&harness, &name, 2).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!ran.exists(), "etcdctl waits while distlock holds");
 
