@@ -15,12 +15,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{ZkHarness, lock_dir, wait_until, waking, watches_in};
+use lock_conformance::cases::herd::{
+    Settling, judge_rw_queue, judge_semaphore_queue, serve_rw_queue, serve_semaphore_queue,
+};
 use lock_conformance::cases::rw::rw_stress;
 use lock_conformance::cases::semaphore::semaphore_stress;
-use lock_conformance::{Client, Entries, Harness, LockKind, expect_entries_of, unique_name};
-use lock_core::{Guard, MetricsSnapshot};
+use lock_conformance::{CaseFailure, Client, LockKind, async_trait, observe_until};
 use lock_zookeeper::{ZkConfig, ZkLockProvider, ZkStrategy};
-use tokio::sync::mpsc;
 
 /// The herd-prone and the herd-free strategy.
 const STRATEGIES: [ZkStrategy; 2] = [
@@ -86,258 +87,93 @@ async fn settle(
     .await;
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Side {
-    Read,
-    Write,
+/// The herd-evidence scenarios' view of a ZooKeeper queue: its waiters are settled when
+/// none has a wake-up under way and (herd-free) each watches the node it waits for.
+struct ZkSettling<'h> {
+    h: &'h ZkHarness,
+    providers: Vec<Arc<ZkLockProvider>>,
+    strategy: ZkStrategy,
 }
 
-/// Wake-ups and wake-ups in vain summed over `clients` since `before`.
-fn woken(clients: &[Client], before: &[MetricsSnapshot]) -> (u64, u64) {
-    clients
-        .iter()
-        .zip(before)
-        .map(|(client, before)| client.provider.metrics().since(before))
-        .fold((0, 0), |(woken, futile), delta| {
-            (woken + delta.wakeups, futile + delta.futile_wakeups)
-        })
+impl<'h> ZkSettling<'h> {
+    /// `count` clients of their own, with a view of their providers.
+    async fn clients(
+        h: &'h ZkHarness,
+        strategy: ZkStrategy,
+        count: usize,
+    ) -> (Vec<Client>, ZkSettling<'h>) {
+        let (mut clients, mut providers) = (Vec::new(), Vec::new());
+        for _ in 0..count {
+            let (client, provider) = h.zk_client().await.unwrap();
+            clients.push(client);
+            providers.push(provider);
+        }
+        let settling = ZkSettling {
+            h,
+            providers,
+            strategy,
+        };
+        (clients, settling)
+    }
 }
 
-/// One writer holds; 20 readers and 5 writers queue behind it in groups (four readers, then
-/// a writer). The queue is then served group by group, each group released in queue order.
-/// Returns the wake-ups and the wake-ups in vain of the 25 waiting clients.
-async fn serve_rw_queue(strategy: ZkStrategy) -> (u64, u64) {
-    let h = ZkHarness::new(strategy).await;
-    let name = unique_name("rw-herd");
-    let holder = h.client().await.unwrap();
-    let mut held = holder
-        .provider
-        .rw_lock(&name)
-        .unwrap()
-        .try_write()
-        .await
-        .unwrap()
-        .expect("the write hold of a free lock");
-    let plan: Vec<Side> = (0..5)
-        .flat_map(|_| [Side::Read, Side::Read, Side::Read, Side::Read, Side::Write])
-        .collect();
-    let (grants, mut granted) = mpsc::unbounded_channel::<(usize, Guard)>();
-    let mut clients = Vec::new();
-    let mut providers = Vec::new();
-    for (index, side) in plan.iter().copied().enumerate() {
-        let (client, provider) = h.zk_client().await.unwrap();
-        providers.push(provider);
-        let lock = client.provider.rw_lock(&name).unwrap();
-        let grants = grants.clone();
-        tokio::spawn(async move {
-            let guard = match side {
-                Side::Read => lock.read(None).await,
-                Side::Write => lock.write(None).await,
-            };
-            let _ = grants.send((index, guard.expect("a grant")));
-        });
-        clients.push(client);
-        // One at a time, so that the queue's order is the plan's.
-        expect_entries_of(
-            &h,
-            LockKind::ReadWrite,
-            &name,
-            Entries::new(1, index + 1),
-            "queued",
+#[async_trait]
+impl Settling for ZkSettling<'_> {
+    async fn waiters_settled(&self, kind: LockKind, name: &str) -> Result<(), CaseFailure> {
+        let dir = lock_dir(ZkConfig::DEFAULT_ROOT, name);
+        let queue = match kind {
+            LockKind::Semaphore => format!("{dir}.semaphore/locks"),
+            _ => format!("{dir}.rwlock"),
+        };
+        settle(self.h, &self.providers, name, &queue, 1, self.strategy).await;
+        Ok(())
+    }
+
+    async fn semaphore_contender_ready(&self, name: &str, permits: u32) -> Result<(), CaseFailure> {
+        let dir = lock_dir(ZkConfig::DEFAULT_ROOT, name);
+        let leases = format!("{dir}.semaphore/leases");
+        let (h, leases) = (self.h, leases.as_str());
+        observe_until(
+            STEP,
+            &format!("{}: the mutex holder makes its lease", self.strategy),
+            move || h.children(leases),
+            |leases| leases.len() == permits as usize + 1,
         )
         .await
-        .unwrap();
+        .map(drop)
     }
-    // The herd variant's waiters may still be waking for the last arrivals, and the
-    // herd-free ones setting their watch: let them settle, so that the counts below hold
-    // this run's wake-ups only.
-    let dir = format!("{}.rwlock", lock_dir(ZkConfig::DEFAULT_ROOT, &name));
-    settle(&h, &providers, &name, &dir, 1, strategy).await;
-    let before: Vec<_> = clients.iter().map(|c| c.provider.metrics()).collect();
-    held.release().await.unwrap();
-    let mut next = 0;
-    while next < plan.len() {
-        // The group that must enter together: a writer alone, or the readers up to the next
-        // writer.
-        let size = match plan[next] {
-            Side::Write => 1,
-            Side::Read => plan[next..]
-                .iter()
-                .take_while(|side| **side == Side::Read)
-                .count(),
-        };
-        let mut group = Vec::new();
-        for _ in 0..size {
-            let grant = tokio::time::timeout(STEP, granted.recv())
-                .await
-                .unwrap_or_else(|_| panic!("{strategy}: group at {next} not served"))
-                .expect("a grant");
-            group.push(grant);
-        }
-        group.sort_by_key(|(index, _)| *index);
-        let indices: Vec<_> = group.iter().map(|(index, _)| *index).collect();
-        assert_eq!(
-            indices,
-            (next..next + size).collect::<Vec<_>>(),
-            "{strategy}: served out of order"
-        );
-        assert!(
-            tokio::time::timeout(Duration::from_millis(200), granted.recv())
-                .await
-                .is_err(),
-            "{strategy}: someone entered beside the group at {next}"
-        );
-        for (_, mut guard) in group {
-            guard.release().await.unwrap();
-        }
-        next += size;
-    }
-    // Nothing is left to land: every waiter has been granted, so its acquire, and every
-    // wake-up it counts, is over.
-    let counts = woken(&clients, &before);
-    expect_entries_of(&h, LockKind::ReadWrite, &name, Entries::new(0, 0), "served")
-        .await
-        .unwrap();
-    counts
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rw_herd_free_wakes_only_those_who_enter() {
-    let (herd_woken, herd_futile) = serve_rw_queue(ZkStrategy::SequentialChildren).await;
-    let (woken, futile) = serve_rw_queue(ZkStrategy::SequentialPredecessor).await;
-    eprintln!(
-        "20 readers + 5 writers behind a writer: herd {herd_woken} wake-ups ({herd_futile} in vain), \
-         herd-free {woken} ({futile} in vain)"
-    );
-    assert_eq!(
-        (woken, futile),
-        (25, 0),
-        "herd-free: each waiter is woken once, when it can enter"
-    );
-    assert!(
-        herd_futile > 25 && herd_woken > 50,
-        "the herd variant should wake everyone on every change: {herd_woken} ({herd_futile} in vain)"
-    );
-}
-
-/// Two permits held, six contenders queued; the holders and then each newcomer release one
-/// at a time. Returns the wake-ups and wake-ups in vain of the queued contenders, and the
-/// number of releases.
-async fn serve_semaphore_queue(strategy: ZkStrategy) -> (u64, u64, u64) {
-    const PERMITS: u32 = 2;
-    const QUEUED: usize = 6;
-    let h = ZkHarness::new(strategy).await;
-    let name = unique_name("sem-herd");
-    let mut holders = Vec::new();
-    let mut holder_clients = Vec::new();
-    for _ in 0..PERMITS {
-        let client = h.client().await.unwrap();
-        let semaphore = client.provider.semaphore(&name, PERMITS).unwrap();
-        holders.push(
-            semaphore
-                .try_acquire()
-                .await
-                .unwrap()
-                .expect("a free permit"),
-        );
-        holder_clients.push(client);
+    let mut runs = Vec::new();
+    for strategy in STRATEGIES {
+        let h = ZkHarness::new(strategy).await;
+        let (clients, settling) = ZkSettling::clients(&h, strategy, 25).await;
+        runs.push(serve_rw_queue(&h, clients, &settling).await.unwrap());
     }
-    let (grants, mut granted) = mpsc::unbounded_channel::<(usize, Guard)>();
-    let mut clients = Vec::new();
-    let mut providers = Vec::new();
-    for index in 0..QUEUED {
-        let (client, provider) = h.zk_client().await.unwrap();
-        providers.push(provider);
-        let semaphore = client.provider.semaphore(&name, PERMITS).unwrap();
-        let grants = grants.clone();
-        tokio::spawn(async move {
-            let permit = semaphore.acquire(None).await.expect("a permit");
-            let _ = grants.send((index, permit));
-        });
-        clients.push(client);
-        expect_entries_of(
-            &h,
-            LockKind::Semaphore,
-            &name,
-            Entries::new(PERMITS as usize, index + 1),
-            "queued",
-        )
-        .await
-        .unwrap();
-    }
-    // The first contender holds the mutex: it waits for a permit once it has made its lease
-    // (which the counts above cannot tell from a held one). The others wait for the mutex;
-    // the herd variant's may still be waking for the last arrivals.
-    let dir = format!("{}.semaphore", lock_dir(ZkConfig::DEFAULT_ROOT, &name));
-    let leases = format!("{dir}/leases");
-    let (harness, leases) = (&h, leases.as_str());
-    let made_lease = move |step: usize| async move {
-        wait_until(
-            STEP,
-            &format!("{strategy}: the mutex holder after {step} grants makes its lease"),
-            move || harness.children(leases),
-            |leases| leases.len() == PERMITS as usize + 1,
-        )
-        .await;
+    let [herd, herd_free] = runs[..] else {
+        unreachable!("one run per strategy")
     };
-    made_lease(0).await;
-    settle(&h, &providers, &name, &format!("{dir}/locks"), 1, strategy).await;
-    let before: Vec<_> = clients.iter().map(|c| c.provider.metrics()).collect();
-    let mut releases = 0;
-    for expected in 0..QUEUED {
-        let mut permit = holders.remove(0);
-        permit.release().await.unwrap();
-        releases += 1;
-        let (index, permit) = tokio::time::timeout(STEP, granted.recv())
-            .await
-            .unwrap_or_else(|_| panic!("{strategy}: waiter {expected} not served"))
-            .expect("a grant");
-        assert_eq!(index, expected, "{strategy}: served out of order");
-        holders.push(permit);
-        // Let the next contender settle on the lease watch before the next release.
-        if expected + 1 < QUEUED {
-            expect_entries_of(
-                &h,
-                LockKind::Semaphore,
-                &name,
-                Entries::new(PERMITS as usize, QUEUED - expected - 1),
-                "the next waits",
-            )
-            .await
-            .unwrap();
-            // The counts above cannot tell whether the next contender has made its lease
-            // yet; wait until it has, so that each release wakes a lease watcher.
-            made_lease(expected + 1).await;
-        }
-    }
-    // Every queued contender has been granted: its acquire, and every wake-up it counts,
-    // is over.
-    let (woken, futile) = woken(&clients, &before);
-    for mut permit in holders {
-        permit.release().await.unwrap();
-    }
-    expect_entries_of(&h, LockKind::Semaphore, &name, Entries::new(0, 0), "served")
-        .await
-        .unwrap();
-    (woken, futile, releases)
+    eprintln!("20 readers + 5 writers behind a writer: herd {herd:?}, herd-free {herd_free:?}");
+    judge_rw_queue(25, herd, herd_free).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphore_lets_one_waiter_watch_the_leases() {
-    let (herd_woken, herd_futile, releases) =
-        serve_semaphore_queue(ZkStrategy::SequentialChildren).await;
-    let (woken, futile, _) = serve_semaphore_queue(ZkStrategy::SequentialPredecessor).await;
-    eprintln!(
-        "{releases} releases, 6 queued for 2 permits: herd {herd_woken} wake-ups ({herd_futile} in vain), \
-         herd-free {woken} ({futile} in vain)"
-    );
-    // Per release: the lease watcher is granted, and it hands the mutex to the next waiter.
-    assert!(
-        futile == 0 && woken <= 2 * releases,
-        "herd-free: {woken} wake-ups ({futile} in vain) for {releases} releases"
-    );
-    assert!(
-        herd_futile > 0,
-        "the herd variant should wake all mutex waiters: {herd_woken} ({herd_futile} in vain)"
-    );
+    let mut runs = Vec::new();
+    for strategy in STRATEGIES {
+        let h = ZkHarness::new(strategy).await;
+        let (clients, settling) = ZkSettling::clients(&h, strategy, 6).await;
+        runs.push(
+            serve_semaphore_queue(&h, clients, 2, &settling)
+                .await
+                .unwrap(),
+        );
+    }
+    let [herd, herd_free] = runs[..] else {
+        unreachable!("one run per strategy")
+    };
+    eprintln!("6 queued for 2 permits: herd {herd:?}, herd-free {herd_free:?}");
+    judge_semaphore_queue(herd, herd_free).unwrap();
 }

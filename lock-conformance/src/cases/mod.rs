@@ -13,6 +13,7 @@ use crate::outcome::CaseResult;
 pub mod api;
 pub mod exclusion;
 pub mod fencing;
+pub mod herd;
 pub mod leases;
 pub mod loss;
 pub mod names;
