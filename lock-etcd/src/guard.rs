@@ -33,8 +33,9 @@ pub(crate) struct Entry {
     pub(crate) created: Arc<AtomicI64>,
     /// Whether a create of the key is on its way: a clean-up waits for its answer.
     pub(crate) creating: Arc<watch::Sender<bool>>,
-    /// Held, for its drop, until the key is surely gone.
-    pub(crate) _slot: Slot,
+    /// Held, for its drop, until the key is surely gone (shared by a contender's keys, as
+    /// a semaphore's contender has two).
+    pub(crate) _slot: Arc<Slot>,
 }
 
 impl Entry {
@@ -68,7 +69,7 @@ impl Entry {
         session: &Arc<Session>,
         key: String,
         ours_if: Option<String>,
-        slot: Slot,
+        slot: Arc<Slot>,
     ) -> Entry {
         Entry {
             session: Arc::downgrade(session),

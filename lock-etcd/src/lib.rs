@@ -38,7 +38,9 @@
 //! # Inside
 //!
 //! `session` (the lease, its keep-alive, the guards' loss), `guard` (held keys, and the
-//! clean-up of keys nobody will use), `lock` (the three strategies), `provider`.
+//! clean-up of keys nobody will use), `queue` (the herd-free wait by create revision, under
+//! every lock kind), `lock` (the mutex's three strategies), `rwlock`, `semaphore`,
+//! `provider`.
 //!
 //! # URL
 //!
@@ -51,8 +53,13 @@ mod error;
 mod guard;
 mod lock;
 mod provider;
+mod queue;
+mod rwlock;
+mod semaphore;
 mod session;
 
 pub use config::{EtcdConfig, EtcdStrategy};
 pub use lock::EtcdLock;
 pub use provider::{EtcdContender, EtcdLockProvider};
+pub use rwlock::EtcdRwLock;
+pub use semaphore::EtcdSemaphore;

@@ -6,13 +6,15 @@ use std::sync::Arc;
 use etcd_client::{GetOptions, SortOrder, SortTarget};
 use lock_core::kit::SessionOwner;
 use lock_core::{
-    Capabilities, DistributedLock, Fencing, FencingToken, LockError, LockName, LockProvider,
-    MetricsSnapshot, WaitKind,
+    Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Fencing, FencingToken,
+    LockError, LockName, LockProvider, MetricsSnapshot, WaitKind,
 };
 
 use crate::config::{EtcdConfig, EtcdStrategy};
 use crate::error::BACKEND;
 use crate::lock::{EtcdLock, lock_dir};
+use crate::rwlock::EtcdRwLock;
+use crate::semaphore::EtcdSemaphore;
 use crate::session::Shared;
 
 /// A distlock provider over an etcd cluster. The provider *is* the session: one lease, kept
@@ -156,6 +158,8 @@ impl LockProvider for EtcdLockProvider {
             .with_fencing(Fencing::Monotonic)
             .with_lost_detection(true)
             .with_fifo(fifo)
+            .with_reader_writer(true)
+            .with_semaphore(true)
             .with_crash_release_bound(Some(ttl))
     }
 
@@ -166,5 +170,31 @@ impl LockProvider for EtcdLockProvider {
 
     fn metrics(&self) -> MetricsSnapshot {
         self.shared.metrics.snapshot()
+    }
+
+    /// A read-write lock in `{prefix}/{name}.rwlock/`; see [`EtcdRwLock`].
+    fn rw_lock(&self, name: &str) -> Result<Arc<dyn DistributedRwLock>, LockError> {
+        let name = LockName::new(name)?;
+        Ok(Arc::new(EtcdRwLock::new(Arc::clone(&self.shared), name)))
+    }
+
+    /// A semaphore in `{prefix}/{name}.semaphore/`; see [`EtcdSemaphore`].
+    fn semaphore(
+        &self,
+        name: &str,
+        permits: u32,
+    ) -> Result<Arc<dyn DistributedSemaphore>, LockError> {
+        let name = LockName::new(name)?;
+        if permits == 0 {
+            return Err(LockError::InvalidArgument {
+                backend: BACKEND,
+                message: format!("semaphore {name:?} needs at least one permit"),
+            });
+        }
+        Ok(Arc::new(EtcdSemaphore::new(
+            Arc::clone(&self.shared),
+            name,
+            permits,
+        )))
     }
 }

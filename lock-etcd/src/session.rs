@@ -271,7 +271,9 @@ pub(crate) struct Slot {
     session: Weak<Session>,
     dir: String,
     number: u32,
-    /// The key.
+    /// `{lease}` or `{lease}_{n}`: the last segment of the contender's keys.
+    pub(crate) id: String,
+    /// `{dir}{id}`.
     pub(crate) key: String,
 }
 
@@ -282,15 +284,16 @@ impl Slot {
         let taken = slots.entry(dir.to_owned()).or_default();
         let number = (0..).find(|n| !taken.contains(n)).unwrap_or_default();
         taken.insert(number);
-        let key = match number {
-            0 => format!("{dir}{:x}", session.lease),
-            n => format!("{dir}{:x}_{n}", session.lease),
+        let id = match number {
+            0 => format!("{:x}", session.lease),
+            n => format!("{:x}_{n}", session.lease),
         };
         Slot {
             session: Arc::downgrade(session),
             dir: dir.to_owned(),
             number,
-            key,
+            key: format!("{dir}{id}"),
+            id,
         }
     }
 }

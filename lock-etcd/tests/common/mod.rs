@@ -33,10 +33,17 @@ pub(crate) async fn admin_client(endpoint: &str) -> EtcdClient {
 
 /// The keys of the lock `name` under `prefix`, in create-revision order.
 pub(crate) async fn contenders(admin: &EtcdClient, prefix: &str, name: &str) -> Vec<String> {
-    let dir = format!(
-        "{prefix}/{}/",
-        LockName::new(name).expect("a valid name").escaped()
-    );
+    keys(admin, &dir_of(prefix, name, "")).await
+}
+
+/// The directory of `name`'s lock of the kind whose directory ends in `suffix`.
+fn dir_of(prefix: &str, name: &str, suffix: &str) -> String {
+    let escaped = LockName::new(name).expect("a valid name").escaped();
+    format!("{prefix}/{escaped}{suffix}/")
+}
+
+/// The keys under `dir`, in create-revision order.
+pub(crate) async fn keys(admin: &EtcdClient, dir: &str) -> Vec<String> {
     let options = GetOptions::new()
         .with_prefix()
         .with_keys_only()
@@ -51,6 +58,31 @@ pub(crate) async fn contenders(admin: &EtcdClient, prefix: &str, name: &str) -> 
         .iter()
         .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
         .collect()
+}
+
+/// The holders and waiters of a read-write lock's queue: the first writer holds alone;
+/// otherwise the readers before the first writer hold.
+fn rw_entries(queue: &[String]) -> Entries {
+    let reader = |key: &String| key.contains("/read/");
+    let holders = match queue.first() {
+        None => 0,
+        Some(first) if !reader(first) => 1,
+        Some(_) => queue.iter().take_while(|key| reader(key)).count(),
+    };
+    Entries::new(holders, queue.len() - holders)
+}
+
+/// The holders and waiters of a semaphore: every lease is held but the one of the
+/// contender holding the mutex (same last segment), which waits; every mutex contender
+/// waits.
+fn semaphore_entries(leases: &[String], locks: &[String]) -> Entries {
+    let id = |key: &str| key.rsplit('/').next().unwrap_or_default().to_owned();
+    let waiting: Vec<String> = locks.iter().map(|key| id(key)).collect();
+    let holders = leases
+        .iter()
+        .filter(|lease| !waiting.contains(&id(lease)))
+        .count();
+    Entries::new(holders, locks.len())
 }
 
 /// The conformance harness over the shared server, for one strategy.
@@ -197,16 +229,26 @@ impl Faults for EtcdHarness {
 
 #[async_trait]
 impl Inspector for EtcdHarness {
+    /// The entries of the mutex, the read-write lock and the semaphore called `name`
+    /// together: a case uses one kind per name.
     async fn entries(&self, name: &str) -> Result<Entries, LockError> {
-        let keys = contenders(&self.admin, EtcdConfig::DEFAULT_PREFIX, name).await;
-        Ok(match keys.len() {
-            0 => Entries::new(0, 0),
-            n => Entries::new(1, n - 1),
-        })
+        let prefix = EtcdConfig::DEFAULT_PREFIX;
+        let mutex = contenders(&self.admin, prefix, name).await;
+        let rw = rw_entries(&keys(&self.admin, &dir_of(prefix, name, ".rwlock")).await);
+        let semaphore = dir_of(prefix, name, ".semaphore");
+        let semaphore = semaphore_entries(
+            &keys(&self.admin, &format!("{semaphore}leases/")).await,
+            &keys(&self.admin, &format!("{semaphore}locks/")).await,
+        );
+        Ok(Entries::new(
+            mutex.len().min(1) + rw.holders + semaphore.holders,
+            mutex.len().saturating_sub(1) + rw.waiters + semaphore.waiters,
+        ))
     }
 
-    /// The single-key lock's waiters write nothing.
-    fn records_waiters(&self, _kind: LockKind) -> bool {
-        self.strategy != EtcdStrategy::Single
+    /// The single-key mutex's waiters write nothing; read-write locks and semaphores
+    /// always queue.
+    fn records_waiters(&self, kind: LockKind) -> bool {
+        kind != LockKind::Mutex || self.strategy != EtcdStrategy::Single
     }
 }

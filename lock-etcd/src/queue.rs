@@ -1,0 +1,333 @@
+//! The queue under every etcd lock: contenders' keys ordered by create revision, and the
+//! wait for one's turn.
+//!
+//! A contender writes its key on its session's lease in a transaction that creates the key
+//! only if it is absent (so that a create sent twice makes one key), and learns the key's
+//! create revision: its place. Its turn comes when few enough of the keys that can block it
+//! have a smaller create revision — none for a mutex or a writer (any key blocks them), no
+//! earlier writer for a reader, fewer than `permits` for a semaphore's lease. Revisions only
+//! grow, so no key created later can get ahead of it: once its turn has come, it lasts until
+//! it deletes its key or its lease ends.
+//!
+//! While its turn has not come, a contender watches for a deletion and looks again:
+//!
+//! - herd-free ([`Predecessor`](crate::EtcdStrategy::Predecessor)): the deletion of the
+//!   nearest blocking key only — a release wakes the one waiter (or the readers) it lets in;
+//! - herd (the other strategies): any deletion in the queue's directory — every release
+//!   wakes every waiter.
+//!
+//! Each look reads its own key and the blocking keys in one transaction, at one revision,
+//! and the watch starts just after that revision: a deletion between the look and the
+//! watch is not missed.
+
+use std::sync::Arc;
+
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+};
+use lock_core::kit::{Cleanup, Wakeups};
+use lock_core::{Deadline, Guard, LockError, LockName};
+
+use crate::config::EtcdStrategy;
+use crate::error::BACKEND;
+use crate::guard::{Entry, grant};
+use crate::session::{Session, Shared, Slot};
+
+/// One lock's directory on the server, `{prefix}/{name escaped}{suffix}/`, and what its
+/// waits need.
+#[derive(Clone)]
+pub(crate) struct Queue {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) name: LockName,
+    /// Ends in `/`.
+    pub(crate) dir: String,
+}
+
+/// Which keys can keep a contender out, and how many of them it tolerates before its own.
+#[derive(Clone, Copy)]
+pub(crate) struct Blockers<'a> {
+    /// The directory whose keys block (a prefix of the queue's keys).
+    pub(crate) dir: &'a str,
+    /// The contender's turn has come while fewer keys than this precede it.
+    pub(crate) admits: u32,
+}
+
+impl<'a> Blockers<'a> {
+    /// Any earlier key of `dir` blocks: a mutex, a writer.
+    pub(crate) fn any(dir: &'a str) -> Self {
+        Blockers { dir, admits: 1 }
+    }
+}
+
+/// What one look at the queue found.
+enum Turn {
+    /// Few enough blocking keys before ours: the lock is ours.
+    Held,
+    /// Ours is not in yet: wait for a deletion of `nearest` (the latest blocking key before
+    /// ours) or, watching the directory, of any key, after `revision`.
+    Blocked { nearest: String, revision: i64 },
+}
+
+impl Queue {
+    /// The queue of `name`'s lock kind whose directory ends in `suffix` (`""` for a mutex).
+    pub(crate) fn new(shared: Arc<Shared>, name: LockName, suffix: &str) -> Self {
+        let dir = format!("{}/{}{suffix}/", shared.config.prefix, name.escaped());
+        Queue { shared, name, dir }
+    }
+
+    /// A contender's key in the sub-directory `within` (`""`, or e.g. `"write/"`), named by
+    /// `slot`; nothing sent yet. Armed: dropped, it deletes the key if it was written.
+    pub(crate) fn entry(
+        &self,
+        session: &Arc<Session>,
+        slot: &Arc<Slot>,
+        within: &str,
+    ) -> Cleanup<Entry> {
+        let key = format!("{}{within}{}", self.dir, slot.id);
+        Cleanup::new(Entry::new(session, key, None, Arc::clone(slot)))
+    }
+
+    /// A new contender's slot in this queue's directory.
+    pub(crate) fn slot(&self, session: &Arc<Session>) -> Arc<Slot> {
+        Arc::new(Slot::take(session, &self.dir))
+    }
+
+    /// Queues `pending`'s key and waits for its turn, then turns it into a guard; `None` at
+    /// the deadline. Nothing is left behind on any way out: the key is deleted at once, or
+    /// in the background when the attempt is dropped or fails.
+    pub(crate) async fn attempt(
+        &self,
+        session: &Arc<Session>,
+        pending: Cleanup<Entry>,
+        blockers: Blockers<'_>,
+        deadline: &Deadline,
+    ) -> Result<Option<Guard>, LockError> {
+        let turn = match pending.entry() {
+            Some(entry) => self.wait_turn(session, entry, blockers, deadline).await,
+            None => Ok(None),
+        };
+        self.settle(session, pending, turn).await
+    }
+
+    /// The end of an attempt: a guard for `pending`'s key if `turn` granted it; otherwise
+    /// the key deleted (in the background, should the delete fail or be dropped).
+    pub(crate) async fn settle(
+        &self,
+        session: &Arc<Session>,
+        mut pending: Cleanup<Entry>,
+        turn: Result<Option<i64>, LockError>,
+    ) -> Result<Option<Guard>, LockError> {
+        match turn {
+            Ok(Some(revision)) => match pending.disarm() {
+                Some(entry) => grant(session, &self.name, entry, revision).map(Some),
+                None => Ok(None),
+            },
+            Ok(None) => {
+                self.give_up(session, pending).await;
+                Ok(None)
+            }
+            // Dropping `pending` hands the key to the background clean-up.
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Deletes `pending`'s key now. Disarmed only once the key is surely gone: should the
+    /// delete fail, or this future be dropped during it, the background finishes the job.
+    pub(crate) async fn give_up(&self, session: &Session, mut pending: Cleanup<Entry>) {
+        if let Some(entry) = pending.entry()
+            && entry.remove(session).await.is_ok()
+        {
+            pending.disarm();
+        }
+    }
+
+    /// Writes `entry`'s key, then waits until its turn comes: the key's create revision,
+    /// or `None` at the deadline.
+    pub(crate) async fn wait_turn(
+        &self,
+        session: &Arc<Session>,
+        entry: &Entry,
+        blockers: Blockers<'_>,
+        deadline: &Deadline,
+    ) -> Result<Option<i64>, LockError> {
+        let mine = self.create(session, entry).await?;
+        let mut wakeups = Wakeups::new(&self.shared.metrics);
+        loop {
+            let (nearest, revision) = match self.look(session, &entry.key, mine, blockers).await? {
+                Turn::Held => return Ok(Some(mine)),
+                Turn::Blocked { nearest, revision } => (nearest, revision),
+            };
+            wakeups.busy();
+            if deadline.is_immediate() || deadline.has_passed() {
+                return Ok(None);
+            }
+            // A semaphore's lease waits for any holder to leave: only the contender that
+            // holds the semaphore's mutex waits here, so that is no herd.
+            let watched = match self.shared.config.strategy {
+                EtcdStrategy::Predecessor if blockers.admits == 1 => Watched::Key(&nearest),
+                EtcdStrategy::Predecessor => Watched::Prefix(blockers.dir),
+                _ => Watched::Prefix(&self.dir),
+            };
+            if !self
+                .wait_for_delete(session, watched, revision, deadline)
+                .await?
+            {
+                return Ok(None);
+            }
+            wakeups.woke();
+        }
+    }
+
+    /// Creates `entry`'s key on the session's lease unless it exists (a create sent again
+    /// after a lost reply): its create revision either way.
+    async fn create(&self, session: &Arc<Session>, entry: &Entry) -> Result<i64, LockError> {
+        let key = entry.key.as_str();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key,
+                "",
+                Some(PutOptions::new().with_lease(session.lease)),
+            )])
+            .or_else([TxnOp::get(key, None)]);
+        let answer = entry
+            .send_create(session, self.name.as_str(), txn, created_or_found)
+            .await?;
+        created_or_found(&answer).ok_or_else(|| self.place_gone())
+    }
+
+    /// One look at the queue, at one revision: whether our key still stands, and the
+    /// blocking keys before it (at most `admits` of them, nearest first).
+    async fn look(
+        &self,
+        session: &Session,
+        key: &str,
+        mine: i64,
+        blockers: Blockers<'_>,
+    ) -> Result<Turn, LockError> {
+        let before = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(mine - 1)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(i64::from(blockers.admits))
+            .with_keys_only();
+        let txn = Txn::new().and_then([
+            TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
+            TxnOp::get(blockers.dir, Some(before)),
+        ]);
+        let mut kv = session.client.kv_client();
+        let answer = session.ask(self.name.as_str(), kv.txn(txn)).await?;
+        let revision = answer.header().map_or(0, |header| header.revision());
+        let mut answers = answer.op_responses().into_iter();
+        let own = answers.next().and_then(|own| kvs(own).into_iter().next());
+        if own.is_none_or(|(_, create_revision, _)| create_revision != mine) {
+            return Err(self.place_gone());
+        }
+        // At most `admits` keys come back, nearest first: all of them means too many.
+        let before = answers.next().map(kvs).unwrap_or_default();
+        if before.len() < blockers.admits as usize {
+            return Ok(Turn::Held);
+        }
+        Ok(match before.into_iter().next() {
+            Some((nearest, _, _)) => Turn::Blocked { nearest, revision },
+            None => Turn::Held,
+        })
+    }
+
+    /// Waits for a deletion after `revision` of what `watched` names: `true` once one
+    /// happened (or the watch broke: look again), `false` at the deadline.
+    pub(crate) async fn wait_for_delete(
+        &self,
+        session: &Session,
+        watched: Watched<'_>,
+        revision: i64,
+        deadline: &Deadline,
+    ) -> Result<bool, LockError> {
+        let mut options = WatchOptions::new()
+            .with_start_revision(revision + 1)
+            .with_filters([WatchFilterType::NoPut]);
+        let key = match watched {
+            Watched::Key(key) => key,
+            Watched::Prefix(dir) => {
+                options = options.with_prefix();
+                dir
+            }
+        };
+        let mut watches = session.client.watch_client();
+        let (_watcher, mut stream) = session
+            .ask(self.name.as_str(), watches.watch(key, Some(options)))
+            .await?;
+        loop {
+            let message = tokio::select! {
+                message = stream.message() => message,
+                () = deadline.sleep() => return Ok(false),
+                () = session.over.wait() => return Err(LockError::SessionExpired {
+                    backend: BACKEND,
+                    name: Some(self.name.to_string()),
+                }),
+            };
+            match message {
+                Ok(Some(answer)) if answer.canceled() => return Ok(true),
+                Ok(Some(answer)) => {
+                    if answer
+                        .events()
+                        .iter()
+                        .any(|e| e.event_type() == EventType::Delete)
+                    {
+                        return Ok(true);
+                    }
+                }
+                Ok(None) | Err(_) => return Ok(true),
+            }
+        }
+    }
+
+    /// The error of a contender whose key vanished while it waited.
+    pub(crate) fn place_gone(&self) -> LockError {
+        LockError::Backend {
+            backend: BACKEND,
+            name: Some(self.name.to_string()),
+            message: "this waiter's key is gone (deleted by another client, or its lease ended)"
+                .to_owned(),
+            retryable: true,
+            source: None,
+        }
+    }
+}
+
+/// What a waiter watches.
+#[derive(Clone, Copy)]
+pub(crate) enum Watched<'a> {
+    /// One key.
+    Key(&'a str),
+    /// Every key of a directory.
+    Prefix(&'a str),
+}
+
+/// The create revision of the key a create transaction made or found.
+fn created_or_found(answer: &TxnResponse) -> Option<i64> {
+    if answer.succeeded() {
+        return answer.header().map(|header| header.revision());
+    }
+    answer
+        .op_responses()
+        .into_iter()
+        .find_map(|found| kvs(found).into_iter().next())
+        .map(|(_, create_revision, _)| create_revision)
+}
+
+/// The keys of a get's answer in a transaction: name, create revision and value of each.
+pub(crate) fn kvs(answer: TxnOpResponse) -> Vec<(String, i64, Vec<u8>)> {
+    match answer {
+        TxnOpResponse::Get(get) => get
+            .kvs()
+            .iter()
+            .map(|kv| {
+                let key = String::from_utf8_lossy(kv.key()).into_owned();
+                (key, kv.create_revision(), kv.value().to_vec())
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
