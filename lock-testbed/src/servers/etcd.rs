@@ -1,13 +1,15 @@
-//! etcd 3.4 from the Debian package, as a single-member cluster.
+//! etcd 3.4 from the Debian package: a single-member cluster, or a cluster of several.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
+use nix::sys::signal::Signal;
+use tempfile::TempDir;
 use tracing::info;
 
-use super::probe::Probe;
-use super::process::{Instance, Launch, free_port, loopback, require_program};
+use super::probe::{Probe, http_get};
+use super::process::{Instance, Launch, free_port, loopback, require_program, retry_port_clash};
 use super::target::{Target, TargetServer};
 use super::{DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess};
 
@@ -93,47 +95,20 @@ impl EtcdServer {
     pub async fn start_with(opts: EtcdOptions) -> Result<Self, ServerError> {
         let program = require_program("etcd", &opts.binary, "etcd-server")?;
         let (process, peer_port, took) = ServerProcess::start(SERVER, "lock-etcd-", |dir| {
-            let client_port = free_port()?;
-            let peer_port = free_port()?;
-            let client_url = format!("http://127.0.0.1:{client_port}");
-            let peer_url = format!("http://127.0.0.1:{peer_port}");
-            let mut args: Vec<OsString> = Vec::new();
-            let mut arg = |a: String| args.push(OsString::from(a));
-            arg("--name".into());
-            arg("n1".into());
-            arg("--data-dir".into());
-            arg(dir.join("data").display().to_string());
-            arg(format!("--listen-client-urls={client_url}"));
-            arg(format!("--advertise-client-urls={client_url}"));
-            arg(format!("--listen-peer-urls={peer_url}"));
-            arg(format!("--initial-advertise-peer-urls={peer_url}"));
-            arg(format!("--initial-cluster=n1={peer_url}"));
-            arg("--initial-cluster-state=new".into());
-            arg(format!(
-                "--heartbeat-interval={}",
-                opts.heartbeat_interval.as_millis().max(1)
-            ));
-            arg(format!(
-                "--election-timeout={}",
-                opts.election_timeout.as_millis().max(1)
-            ));
-            for extra in &opts.extra_args {
-                arg(extra.clone());
-            }
-            let launch = Launch {
-                program: program.clone(),
-                args,
-                cwd: dir.to_path_buf(),
+            let member = MemberPorts {
+                client: free_port()?,
+                peer: free_port()?,
             };
+            let launch = member_launch(&program, &opts, dir, 0, &[member]);
             let node = Instance::new(
                 SERVER,
                 launch,
                 dir.join("server.log"),
-                loopback(client_port),
+                loopback(member.client),
                 Probe::EtcdHealth,
                 opts.startup_timeout,
             );
-            Ok((node, peer_port))
+            Ok((node, member.peer))
         })
         .await?;
         let server = Self { process, peer_port };
@@ -192,6 +167,263 @@ impl TargetServer for EtcdServer {
     ) -> Result<(String, Box<dyn super::containers::ServerContainer>), ServerError> {
         let container = super::containers::EtcdContainer::start(&opts).await?;
         Ok((container.endpoint(), Box::new(container)))
+    }
+}
+
+/// A member's ports.
+#[derive(Debug, Clone, Copy)]
+struct MemberPorts {
+    client: u16,
+    peer: u16,
+}
+
+/// The command line of member `index` (named `n{index + 1}`) of the cluster `members`, its
+/// data in `dir/data`.
+fn member_launch(
+    program: &Path,
+    opts: &EtcdOptions,
+    dir: &Path,
+    index: usize,
+    members: &[MemberPorts],
+) -> Launch {
+    let peer_url = |ports: &MemberPorts| format!("http://127.0.0.1:{}", ports.peer);
+    let initial_cluster = members
+        .iter()
+        .enumerate()
+        .map(|(i, ports)| format!("n{}={}", i + 1, peer_url(ports)))
+        .collect::<Vec<_>>()
+        .join(",");
+    let me = members[index];
+    let client_url = format!("http://127.0.0.1:{}", me.client);
+    let mut args: Vec<OsString> = [
+        "--name".to_owned(),
+        format!("n{}", index + 1),
+        "--data-dir".to_owned(),
+        dir.join("data").display().to_string(),
+        format!("--listen-client-urls={client_url}"),
+        format!("--advertise-client-urls={client_url}"),
+        format!("--listen-peer-urls={}", peer_url(&me)),
+        format!("--initial-advertise-peer-urls={}", peer_url(&me)),
+        format!("--initial-cluster={initial_cluster}"),
+        "--initial-cluster-state=new".to_owned(),
+        format!(
+            "--heartbeat-interval={}",
+            opts.heartbeat_interval.as_millis().max(1)
+        ),
+        format!(
+            "--election-timeout={}",
+            opts.election_timeout.as_millis().max(1)
+        ),
+    ]
+    .into_iter()
+    .map(OsString::from)
+    .collect();
+    args.extend(opts.extra_args.iter().map(OsString::from));
+    Launch {
+        program: program.to_path_buf(),
+        args,
+        cwd: dir.to_path_buf(),
+    }
+}
+
+/// An etcd cluster of `n` members on 127.0.0.1, each a child process with its own client
+/// and peer ports and data directory. Members are indexed from 0 (named `n1`, `n2`, ...).
+///
+/// Dropping it kills every member and removes their directories.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    nodes: Vec<Instance>,
+    dir: TempDir,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members (3 is the usual size) and waits until every one is healthy (a
+    /// leader has been elected and every member knows it), bounded by
+    /// [`EtcdOptions::startup_timeout`] for the whole cluster.
+    pub async fn start(n: usize, opts: EtcdOptions) -> Result<Self, ServerError> {
+        if n == 0 {
+            return Err(ServerError::Startup {
+                server: "etcd cluster".to_owned(),
+                detail: "a cluster needs at least one member".to_owned(),
+                log_tail: String::new(),
+            });
+        }
+        let program = require_program("etcd", &opts.binary, "etcd-server")?;
+        retry_port_clash("etcd cluster", || Self::try_start(n, &opts, &program)).await
+    }
+
+    /// One attempt; on failure also says whether a member reported a port clash.
+    async fn try_start(
+        n: usize,
+        opts: &EtcdOptions,
+        program: &Path,
+    ) -> Result<Self, (ServerError, bool)> {
+        let no_clash = |err: ServerError| (err, false);
+        let dir = tempfile::Builder::new()
+            .prefix("lock-etcd-cluster-")
+            .tempdir()
+            .map_err(|e| no_clash(e.into()))?;
+        let mut members = Vec::with_capacity(n);
+        for _ in 0..n {
+            members.push(MemberPorts {
+                client: free_port().map_err(no_clash)?,
+                peer: free_port().map_err(no_clash)?,
+            });
+        }
+        let mut nodes = Vec::with_capacity(n);
+        for (index, member) in members.iter().enumerate() {
+            let node_dir = dir.path().join(format!("n{}", index + 1));
+            std::fs::create_dir_all(&node_dir).map_err(|e| no_clash(e.into()))?;
+            let launch = member_launch(program, opts, &node_dir, index, &members);
+            nodes.push(Instance::new(
+                format!("etcd cluster member {index}"),
+                launch,
+                node_dir.join("server.log"),
+                loopback(member.client),
+                Probe::EtcdHealth,
+                opts.startup_timeout,
+            ));
+        }
+        let began = Instant::now();
+        let mut cluster = Self { nodes, dir };
+        for node in &mut cluster.nodes {
+            node.spawn().map_err(no_clash)?;
+        }
+        let deadline = began + opts.startup_timeout;
+        for index in 0..cluster.nodes.len() {
+            if let Err(err) = cluster.nodes[index].wait_ready(deadline).await {
+                let clash = cluster.nodes.iter().any(|node| node.port_clash(&err));
+                return Err((err, clash));
+            }
+        }
+        info!(n, took = ?began.elapsed(), endpoints = ?cluster.endpoints(), "etcd cluster started");
+        Ok(cluster)
+    }
+
+    /// The number of members.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// True for a cluster without members (never, once started).
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    fn node(&self, index: usize) -> Result<&Instance, ServerError> {
+        self.nodes.get(index).ok_or(ServerError::NoSuchMember {
+            index,
+            len: self.nodes.len(),
+        })
+    }
+
+    fn node_mut(&mut self, index: usize) -> Result<&mut Instance, ServerError> {
+        let len = self.nodes.len();
+        self.nodes
+            .get_mut(index)
+            .ok_or(ServerError::NoSuchMember { index, len })
+    }
+
+    /// Every member's client endpoint, `http://127.0.0.1:port`.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|node| format!("http://{}", node.addr()))
+            .collect()
+    }
+
+    /// Member `index`'s pid, `Ok(None)` while it is killed.
+    pub fn pid(&self, index: usize) -> Result<Option<u32>, ServerError> {
+        Ok(self.node(index)?.pid())
+    }
+
+    /// The cluster's directory (one `nN` directory per member); removed on drop.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The index of the member that says it leads (`etcd_server_is_leader 1` in its
+    /// metrics), asking every running member at once (1 s bound each); `None` while there
+    /// is no leader.
+    pub async fn leader(&self) -> Option<usize> {
+        let mut asking = tokio::task::JoinSet::new();
+        for (index, node) in self.nodes.iter().enumerate() {
+            if node.pid().is_none() {
+                continue;
+            }
+            let addr = node.addr();
+            asking.spawn(async move {
+                let metrics = http_get(addr, "/metrics", Duration::from_secs(1)).await;
+                let leads = metrics.is_ok_and(|metrics| {
+                    metrics
+                        .lines()
+                        .any(|line| line.trim() == "etcd_server_is_leader 1")
+                });
+                (index, leads)
+            });
+        }
+        let mut leader = None;
+        while let Some(answer) = asking.join_next().await {
+            if let Ok((index, true)) = answer {
+                leader = Some(index);
+            }
+        }
+        leader
+    }
+
+    /// Polls [`leader`](Self::leader) until a leader is reported and every running member
+    /// is healthy; [`ServerError::Timeout`] after `timeout`.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<usize, ServerError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(leader) = self.leader().await
+                && self.all_healthy().await
+            {
+                return Ok(leader);
+            }
+            if Instant::now() >= deadline {
+                return Err(ServerError::Timeout {
+                    what: "an etcd cluster leader".to_owned(),
+                    after: timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Whether every running member says it is healthy.
+    async fn all_healthy(&self) -> bool {
+        for node in self.nodes.iter().filter(|node| node.pid().is_some()) {
+            let probe = Probe::EtcdHealth.check(node.addr(), Duration::from_secs(1));
+            if probe.await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Kills member `index` (`SIGKILL` to its process group) and reaps it; its ports and
+    /// data are kept for [`restart`](Self::restart).
+    pub fn kill(&mut self, index: usize) -> Result<(), ServerError> {
+        self.node_mut(index)?.kill();
+        Ok(())
+    }
+
+    /// Kills member `index` if running, starts it again with the same ports and data, and
+    /// waits (bounded by [`EtcdOptions::startup_timeout`]) until it is healthy again, i.e.
+    /// has rejoined the cluster.
+    pub async fn restart(&mut self, index: usize) -> Result<(), ServerError> {
+        self.node_mut(index)?.restart().await
+    }
+
+    /// Freezes member `index` (`SIGSTOP`); returns once its threads are stopped.
+    pub fn pause(&self, index: usize) -> Result<(), ServerError> {
+        self.node(index)?.signal(Signal::SIGSTOP)
+    }
+
+    /// Continues member `index` (`SIGCONT`).
+    pub fn resume(&self, index: usize) -> Result<(), ServerError> {
+        self.node(index)?.signal(Signal::SIGCONT)
     }
 }
 

@@ -49,7 +49,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use error::ServerError;
-pub use etcd::{ETCD_ENV, EtcdOptions, EtcdServer, EtcdTarget};
+pub use etcd::{ETCD_ENV, EtcdCluster, EtcdOptions, EtcdServer, EtcdTarget};
 pub use local::{LocalServer, ServerProcess};
 pub use mode::{SERVERS_ENV, ServerMode};
 pub use process::free_port;
