@@ -24,6 +24,13 @@ pub(crate) fn lock_error(error: EtcdError, name: Option<&str>) -> LockError {
                 backend: BACKEND,
                 message,
             },
+            // etcd's answer to a wrong user or password.
+            Code::InvalidArgument if status.message().contains("authentication failed") => {
+                LockError::Auth {
+                    backend: BACKEND,
+                    message,
+                }
+            }
             Code::PermissionDenied => LockError::PermissionDenied {
                 backend: BACKEND,
                 name,

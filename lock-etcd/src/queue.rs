@@ -216,8 +216,13 @@ impl Queue {
             TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
             TxnOp::get(blockers.dir, Some(before)),
         ]);
-        let mut kv = session.client.kv_client();
-        let answer = session.ask(self.name.as_str(), kv.txn(txn)).await?;
+        let answer = session
+            .read(self.name.as_str(), || {
+                let mut kv = session.client.kv_client();
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            })
+            .await?;
         let revision = answer.header().map_or(0, |header| header.revision());
         let mut answers = answer.op_responses().into_iter();
         let own = answers.next().and_then(|own| kvs(own).into_iter().next());
@@ -254,9 +259,12 @@ impl Queue {
                 dir
             }
         };
-        let mut watches = session.client.watch_client();
         let (_watcher, mut stream) = session
-            .ask(self.name.as_str(), watches.watch(key, Some(options)))
+            .read(self.name.as_str(), || {
+                let mut watches = session.client.watch_client();
+                let options = options.clone();
+                async move { watches.watch(key, Some(options)).await }
+            })
             .await?;
         loop {
             let message = tokio::select! {

@@ -171,6 +171,39 @@ impl Session {
     }
 }
 
+impl Session {
+    /// Sends a read (a look at a queue, a watch), and sends it again after a short pause
+    /// while its answer is lost to a cause that may pass — a member down, a leader
+    /// election — for as long as the session lives and at most its ttl after the first
+    /// failure: a waiter rides out a failover, as Curator's recipes ride out a connection
+    /// loss. Reads only: asking twice changes nothing.
+    pub(crate) async fn read<T, F, Fut>(&self, name: &str, mut request: F) -> Result<T, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let began = Instant::now();
+        loop {
+            match self.ask(name, request()).await {
+                Err(error) if error.is_retryable() && began.elapsed() < self.ttl => {
+                    tracing::debug!(lock = name, %error, "etcd: no answer to a read; asking again");
+                    tokio::select! {
+                        () = tokio::time::sleep(READ_AGAIN_PAUSE) => {}
+                        () = self.over.wait() => return Err(LockError::SessionExpired {
+                            backend: BACKEND,
+                            name: Some(name.to_owned()),
+                        }),
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+/// How long a read whose answer was lost waits before it is sent again.
+const READ_AGAIN_PAUSE: Duration = Duration::from_millis(100);
+
 /// `request`, or a retryable connection error after `timeout`.
 pub(crate) async fn bounded<T>(
     timeout: Duration,
