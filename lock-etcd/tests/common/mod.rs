@@ -8,17 +8,20 @@
     reason = "test fixtures: a failed set-up must fail the test"
 )]
 
+pub(crate) mod cluster;
+
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use etcd_client::{Client as EtcdClient, GetOptions, SortOrder, SortTarget};
+use cluster::SharedCluster;
+use etcd_client::{Client as EtcdClient, GetOptions, Permission, SortOrder, SortTarget};
 use lock_conformance::{
     Client, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind, SessionExpiry,
     Timing, async_trait,
 };
 use lock_core::{LockError, LockName, LockProvider};
 use lock_etcd::{EtcdConfig, EtcdLockProvider, EtcdStrategy};
-use lock_testbed::servers::{free_port, shared_etcd};
+use lock_testbed::servers::{EtcdOptions, EtcdTarget, free_port, shared_etcd};
 
 /// Short leases so that crash and expiry cases finish quickly (etcd's leases are whole
 /// seconds; its minimum is a few election timeouts, well under this).
@@ -85,14 +88,35 @@ fn semaphore_entries(leases: &[String], locks: &[String]) -> Entries {
     Entries::new(holders, locks.len())
 }
 
-/// The conformance harness over the shared server, for one strategy.
+/// The prefix the user of [`EtcdHarness::secured_server`] may lock under.
+pub(crate) const SECURED_PREFIX: &str = "/distlock-secure";
+
+/// The conformance harness, for one strategy.
+///
+/// Over the shared single server ([`EtcdHarness::new`]) it offers no server faults (the
+/// server is shared by concurrent tests). Over a [`SharedCluster`]
+/// ([`EtcdHarness::on_cluster`]), whose cases take turns:
+///
+/// - `pause_server` freezes every member, then lets them go on and waits for a leader;
+/// - `kill_leader` kills the leader, waits for a new one, then restarts the killed member
+///   and waits until it has rejoined;
+/// - `restart_server` is a rolling restart, the leader last.
+///
+/// Either way, `wrong_credentials_provider` starts a server of its own with authentication
+/// on.
 pub(crate) struct EtcdHarness {
     strategy: EtcdStrategy,
-    endpoint: String,
+    endpoints: Vec<String>,
     admin: EtcdClient,
+    cluster: Option<&'static SharedCluster>,
+    /// Held for the harness's lifetime over a cluster: one case at a time.
+    _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+    /// The server with authentication on, once a case asked for it.
+    secured: tokio::sync::OnceCell<EtcdTarget>,
 }
 
 impl EtcdHarness {
+    /// A harness over the binary's shared server.
     pub(crate) async fn new(strategy: EtcdStrategy) -> Self {
         let endpoint = shared_etcd()
             .expect("etcd starts (Debian's etcd-server package, or a container)")
@@ -100,14 +124,92 @@ impl EtcdHarness {
         let admin = admin_client(&endpoint).await;
         EtcdHarness {
             strategy,
-            endpoint,
+            endpoints: vec![endpoint],
             admin,
+            cluster: None,
+            _turn: None,
+            secured: tokio::sync::OnceCell::new(),
         }
     }
 
-    /// The server's endpoint.
+    /// A harness over `cluster`, holding the cluster's turn until it is dropped. A member
+    /// left killed or paused by an earlier case that failed half-way is brought back first,
+    /// and the harness is ready once the cluster has a leader.
+    pub(crate) async fn on_cluster(
+        strategy: EtcdStrategy,
+        cluster: &'static SharedCluster,
+    ) -> Self {
+        let turn = Arc::clone(&cluster.turn).lock_owned().await;
+        cluster.recover().await.expect("the cluster serves");
+        let admin = EtcdClient::connect(&cluster.endpoints, None)
+            .await
+            .expect("an admin client");
+        EtcdHarness {
+            strategy,
+            endpoints: cluster.endpoints.clone(),
+            admin,
+            cluster: Some(cluster),
+            _turn: Some(turn),
+            secured: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The first server's endpoint.
     pub(crate) fn endpoint(&self) -> String {
-        self.endpoint.clone()
+        self.endpoints[0].clone()
+    }
+
+    fn cluster(&self) -> FaultResult<&'static SharedCluster> {
+        self.cluster.ok_or(FaultError::Unsupported)
+    }
+
+    /// A server of this harness's own with authentication on: the user `root` (password
+    /// `root`), and the user `locker` (password `right`) whose role may read and write
+    /// under [`SECURED_PREFIX`] only.
+    pub(crate) async fn secured_server(&self) -> FaultResult<&EtcdTarget> {
+        self.secured
+            .get_or_try_init(|| async {
+                let failed = |what: &'static str| {
+                    move |e: etcd_client::Error| FaultError::Failed(format!("{what}: {e}"))
+                };
+                let server = EtcdTarget::start(EtcdOptions::default())
+                    .await
+                    .map_err(|e| FaultError::Failed(e.to_string()))?;
+                let mut admin = EtcdClient::connect([server.client_address()], None)
+                    .await
+                    .map_err(failed("an admin client"))?;
+                admin
+                    .user_add("root", "root", None)
+                    .await
+                    .map_err(failed("adding root"))?;
+                admin
+                    .user_grant_role("root", "root")
+                    .await
+                    .map_err(failed("making root root"))?;
+                admin
+                    .role_add("locker")
+                    .await
+                    .map_err(failed("adding the role"))?;
+                let permission = Permission::read_write(format!("{SECURED_PREFIX}/")).with_prefix();
+                admin
+                    .role_grant_permission("locker", permission)
+                    .await
+                    .map_err(failed("granting the role"))?;
+                admin
+                    .user_add("locker", "right", None)
+                    .await
+                    .map_err(failed("adding the user"))?;
+                admin
+                    .user_grant_role("locker", "locker")
+                    .await
+                    .map_err(failed("granting the user its role"))?;
+                admin
+                    .auth_enable()
+                    .await
+                    .map_err(failed("turning authentication on"))?;
+                Ok(server)
+            })
+            .await
     }
 
     /// A raw client of the server.
@@ -116,7 +218,7 @@ impl EtcdHarness {
     }
 
     pub(crate) fn config(&self, prefix: &str) -> EtcdConfig {
-        EtcdConfig::new([self.endpoint.clone()])
+        EtcdConfig::new(self.endpoints.clone())
             .with_prefix(prefix)
             .with_strategy(self.strategy)
             .with_lease_ttl(LEASE_TTL)
@@ -215,6 +317,31 @@ impl Faults for EtcdHarness {
             .await
             .map(drop)
             .map_err(|e| FaultError::Failed(format!("deleting {waiter}: {e}")))
+    }
+
+    async fn pause_server(&self, duration: Duration) -> FaultResult {
+        self.cluster()?.pause(duration).await
+    }
+
+    async fn restart_server(&self) -> FaultResult {
+        self.cluster()?.restart().await
+    }
+
+    async fn kill_leader(&self) -> FaultResult {
+        self.cluster()?.kill_leader().await
+    }
+
+    async fn wrong_credentials_provider(
+        &self,
+    ) -> FaultResult<Result<Arc<dyn LockProvider>, LockError>> {
+        let server = self.secured_server().await?;
+        let config = EtcdConfig::new([server.client_address()])
+            .with_prefix(SECURED_PREFIX)
+            .with_user("locker", "wrong")
+            .with_timeout(Duration::from_secs(2));
+        Ok(EtcdLockProvider::connect(config)
+            .await
+            .map(|provider| Arc::new(provider) as Arc<dyn LockProvider>))
     }
 
     async fn unreachable_provider(&self) -> FaultResult<Result<Arc<dyn LockProvider>, LockError>> {

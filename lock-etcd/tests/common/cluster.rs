@@ -1,0 +1,193 @@
+//! A three-member etcd cluster shared by a test binary, and the server faults on it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_conformance::{FaultError, FaultResult};
+use lock_testbed::servers::{EtcdCluster, EtcdOptions, ServerError};
+
+/// How long a cluster may take to elect a leader after a fault.
+const ELECTION_BOUND: Duration = Duration::from_secs(20);
+
+/// The members of a [`SharedCluster`].
+pub(crate) struct Members(EtcdCluster);
+
+impl Members {
+    async fn start(n: usize) -> Result<Self, ServerError> {
+        Ok(Members(
+            EtcdCluster::start(n, EtcdOptions::default()).await?,
+        ))
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    async fn is_running(&self, index: usize) -> Result<bool, ServerError> {
+        Ok(self.0.pid(index)?.is_some())
+    }
+
+    async fn restart(&mut self, index: usize) -> Result<(), ServerError> {
+        self.0.restart(index).await
+    }
+
+    async fn kill(&mut self, index: usize) -> Result<(), ServerError> {
+        self.0.kill(index)
+    }
+
+    async fn pause(&self, index: usize) -> Result<(), ServerError> {
+        self.0.pause(index)
+    }
+
+    async fn resume(&self, index: usize) -> Result<(), ServerError> {
+        self.0.resume(index)
+    }
+
+    async fn wait_for_leader(&self) -> Result<usize, ServerError> {
+        self.0.wait_for_leader(ELECTION_BOUND).await
+    }
+}
+
+/// A cluster that lives as long as the test binary, its cases taking turns.
+///
+/// Its members are started and acted on by a runtime of its own, which lives as long as
+/// they do: each test has a runtime of its own that ends with the test, and nothing the
+/// cluster's operations leave running may depend on one of those. Processes are killed
+/// when the test binary exits, however it exits.
+pub(crate) struct SharedCluster {
+    pub(crate) endpoints: Vec<String>,
+    members: tokio::sync::Mutex<Members>,
+    pub(crate) turn: Arc<tokio::sync::Mutex<()>>,
+    runtime: tokio::runtime::Runtime,
+}
+
+type MembersFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+impl SharedCluster {
+    /// Starts a cluster of `n` members, blocking the calling thread only.
+    pub(crate) fn start_blocking(n: usize) -> Result<Self, ServerError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("shared-etcd-cluster")
+            .enable_all()
+            .build()
+            .map_err(ServerError::from)?;
+        let started = std::thread::scope(|scope| {
+            scope
+                .spawn(|| runtime.block_on(Members::start(n)))
+                .join()
+                .unwrap_or_else(|_| {
+                    Err(ServerError::Startup {
+                        server: "etcd cluster".to_owned(),
+                        detail: "the thread starting it panicked".to_owned(),
+                        log_tail: String::new(),
+                    })
+                })
+        });
+        let members = match started {
+            Ok(members) => members,
+            Err(error) => {
+                // Dropping a runtime blocks, which a test's runtime thread must not do.
+                runtime.shutdown_background();
+                return Err(error);
+            }
+        };
+        Ok(SharedCluster {
+            endpoints: members.0.endpoints(),
+            members: tokio::sync::Mutex::new(members),
+            turn: Arc::new(tokio::sync::Mutex::new(())),
+            runtime,
+        })
+    }
+
+    /// Runs `operation` on the members, on the cluster's own runtime.
+    pub(crate) async fn on_members<T, F>(&'static self, operation: F) -> FaultResult<T>
+    where
+        T: Send + 'static,
+        F: for<'a> FnOnce(&'a mut Members) -> MembersFuture<'a, Result<T, ServerError>>
+            + Send
+            + 'static,
+    {
+        self.runtime
+            .spawn(async move {
+                let mut members = self.members.lock().await;
+                operation(&mut members).await
+            })
+            .await
+            .map_err(|e| FaultError::Failed(format!("an operation on the cluster: {e}")))?
+            .map_err(|e| FaultError::Failed(e.to_string()))
+    }
+
+    /// Restarts any member a case before left killed (one that failed half-way), and
+    /// waits for a leader.
+    pub(crate) async fn recover(&'static self) -> FaultResult {
+        self.on_members(|members| {
+            Box::pin(async move {
+                for index in 0..members.len() {
+                    members.resume(index).await.ok();
+                    if !members.is_running(index).await? {
+                        members.restart(index).await?;
+                    }
+                }
+                members.wait_for_leader().await.map(drop)
+            })
+        })
+        .await
+    }
+
+    /// Freezes every member for `duration`, then lets them go on and waits for a leader.
+    pub(crate) async fn pause(&'static self, duration: Duration) -> FaultResult {
+        self.on_members(move |members| {
+            Box::pin(async move {
+                for index in 0..members.len() {
+                    members.pause(index).await?;
+                }
+                tokio::time::sleep(duration).await;
+                for index in 0..members.len() {
+                    members.resume(index).await?;
+                }
+                members.wait_for_leader().await.map(drop)
+            })
+        })
+        .await
+    }
+
+    /// Kills the leader, waits for a new one, then restarts the killed member and waits
+    /// until it has rejoined, so that later cases keep three members.
+    pub(crate) async fn kill_leader(&'static self) -> FaultResult {
+        self.on_members(|members| {
+            Box::pin(async move {
+                let leader = members.wait_for_leader().await?;
+                members.kill(leader).await?;
+                let new_leader = members.wait_for_leader().await?;
+                tracing::info!(leader, new_leader, "etcd cluster: a new leader");
+                members.restart(leader).await?;
+                members.wait_for_leader().await.map(drop)
+            })
+        })
+        .await
+    }
+
+    /// A rolling restart: the followers, then the leader, each killed, started again and
+    /// waited for until it is healthy; the cluster keeps a quorum throughout except for one
+    /// leader election.
+    pub(crate) async fn restart(&'static self) -> FaultResult {
+        self.on_members(|members| {
+            Box::pin(async move {
+                let leader = members.wait_for_leader().await?;
+                let order: Vec<usize> = (0..members.len())
+                    .filter(|&index| index != leader)
+                    .chain(std::iter::once(leader))
+                    .collect();
+                for index in order {
+                    members.restart(index).await?;
+                    members.wait_for_leader().await?;
+                }
+                Ok(())
+            })
+        })
+        .await
+    }
+}
