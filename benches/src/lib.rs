@@ -4,13 +4,16 @@
 //!   ([`Strategy`]) and number of contenders, each contender its own client, it measures
 //!   throughput, handoff latency against the floor of raw client operations, wake-ups and
 //!   server requests per handoff, and fairness; it prints a table and writes JSON, SVG plots
-//!   and a summary ([`report`]). `herd --scale N` holds N locks from one provider
+//!   and a summary ([`report`]). Each backend's herd-free strategy is measured against a
+//!   peer's lock on the same server: zookeeper-client's recipe (`zk-recipe`) and etcd's own
+//!   lock service (`etcd-v3lock`). `herd --scale N` holds N locks from one provider
 //!   ([`scale`]). `cargo run --release -p distlock-benches --bin herd -- --help`.
 //! - The criterion benches in `benches/` measure one acquire-release cycle without
 //!   contention and the handoff latency from one holder to the next under contention.
 //!   Run them with `cargo bench -p distlock-benches`.
 
 pub mod measure;
+mod peers;
 pub mod report;
 pub mod scale;
 pub mod scenario;

@@ -243,6 +243,10 @@ fn colour(name: &str, index: usize) -> RGBColor {
         "redis-polling" => RGBColor(0x7F, 0x7F, 0x7F),
         "redis-pubsub" => RGBColor(0xCC, 0x79, 0xA7),
         "redis-queue" => RGBColor(0x00, 0x9E, 0x73),
+        "etcd-single" => RGBColor(0x99, 0x33, 0x00),
+        "etcd-prefix" => RGBColor(0xF0, 0xE4, 0x42),
+        "etcd-predecessor" => RGBColor(0x33, 0x22, 0x88),
+        "etcd-v3lock" => RGBColor(0x88, 0xCC, 0xEE),
         _ => PALETTE[index % PALETTE.len()],
     }
 }
@@ -662,30 +666,35 @@ fn findings(measurements: &[Measurement]) -> Vec<String> {
         }
     }
 
-    // zk-predecessor against the peer recipe, uncontended and at every N both ran.
-    for n in counts.iter().copied() {
-        let (Some(ours), Some(recipe)) = (
-            find(measurements, "zk-predecessor", n),
-            find(measurements, "zk-recipe", n),
-        ) else {
-            continue;
-        };
-        let label = if n == 1 {
-            "Uncontended (N = 1)".to_owned()
-        } else {
-            format!("At N = {n}")
-        };
-        let multiple = ratio(ours.handoff_p50_us, recipe.handoff_p50_us)
-            .map(|r| format!(" ({}×)", short(r)))
-            .unwrap_or_default();
-        out.push(format!(
-            "{label}, zk-predecessor against zk-recipe: median handoff {} µs vs {} µs{multiple}; \
-             throughput {} vs {} grants/s.",
-            short(ours.handoff_p50_us),
-            short(recipe.handoff_p50_us),
-            short(ours.throughput_per_s),
-            short(recipe.throughput_per_s)
-        ));
+    // Ours against each peer, uncontended and at every N both ran.
+    for (ours_name, peer_name) in [
+        ("zk-predecessor", "zk-recipe"),
+        ("etcd-predecessor", "etcd-v3lock"),
+    ] {
+        for n in counts.iter().copied() {
+            let (Some(ours), Some(peer)) = (
+                find(measurements, ours_name, n),
+                find(measurements, peer_name, n),
+            ) else {
+                continue;
+            };
+            let label = if n == 1 {
+                "Uncontended (N = 1)".to_owned()
+            } else {
+                format!("At N = {n}")
+            };
+            let multiple = ratio(ours.handoff_p50_us, peer.handoff_p50_us)
+                .map(|r| format!(" ({}×)", short(r)))
+                .unwrap_or_default();
+            out.push(format!(
+                "{label}, {ours_name} against {peer_name}: median handoff {} µs vs {} µs{multiple}; \
+                 throughput {} vs {} grants/s.",
+                short(ours.handoff_p50_us),
+                short(peer.handoff_p50_us),
+                short(ours.throughput_per_s),
+                short(peer.throughput_per_s)
+            ));
+        }
     }
     out
 }

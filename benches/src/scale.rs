@@ -156,6 +156,11 @@ enum LeftoverCheck {
         connection: redis::aio::MultiplexedConnection,
         pattern: String,
     },
+    /// The run's keys.
+    Etcd {
+        client: Box<etcd_client::Client>,
+        prefix: String,
+    },
     /// No server to ask.
     Nothing,
 }
@@ -181,6 +186,18 @@ impl LeftoverCheck {
                 Ok(LeftoverCheck::Redis {
                     connection,
                     pattern: format!("{{lock:scale-{run}-*"),
+                })
+            }
+            Backend::Etcd => {
+                let Some(endpoint) = servers.etcd.as_deref() else {
+                    return Ok(LeftoverCheck::Nothing);
+                };
+                let client = etcd_client::Client::connect([endpoint], None)
+                    .await
+                    .map_err(|e| bench_error(e.to_string()))?;
+                Ok(LeftoverCheck::Etcd {
+                    client: Box::new(client),
+                    prefix: format!("{}/scale-{run}-", lock_etcd::EtcdConfig::DEFAULT_PREFIX),
                 })
             }
         }
@@ -211,6 +228,17 @@ impl LeftoverCheck {
                     keys.iter()
                         .filter(|key| !key.ends_with(":fence") && !key.ends_with(":released"))
                         .count() as u64
+                }
+                LeftoverCheck::Etcd { client, prefix } => {
+                    let options = etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_count_only();
+                    let found = client
+                        .kv_client()
+                        .get(prefix.as_str(), Some(options))
+                        .await
+                        .map_err(|e| bench_error(e.to_string()))?;
+                    u64::try_from(found.count()).unwrap_or_default()
                 }
                 LeftoverCheck::Nothing => 0,
             };

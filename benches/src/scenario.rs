@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use etcd_client::{DeleteOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp, WatchOptions};
 use lock_core::{LockError, LockName, LockProvider, MetricsSnapshot};
+use lock_etcd::EtcdConfig;
 use lock_testbed::servers::ZkTarget;
 use redis::AsyncCommands;
 
@@ -286,11 +288,12 @@ pub async fn run(
     };
     // Nodes or keys left behind are looked for while the clients are still connected: closing
     // a ZooKeeper session removes its ephemeral nodes, a cancelled waiter's among them.
-    // Not for the peer: zookeeper-client 0.11.2 leaves the node of a `lock` cancelled while
+    // Not for the peers: zookeeper-client 0.11.2 leaves the node of a `lock` cancelled while
     // creating it until the session closes (its background delete is given the bare child
-    // name, not the path).
+    // name, not the path), and etcd 3.4's lock service leaves the key of a cancelled `Lock`
+    // until its lease ends.
     let mut check = LeftoverCheck::connect(strategy, servers, &name).await?;
-    if strategy != Strategy::ZkRecipe {
+    if !strategy.is_peer() {
         check.wait_until_empty(strategy, &name).await?;
     }
     drop(clients);
@@ -337,7 +340,7 @@ pub async fn run(
     measurement.physical_floor_p50_us = floors.physical_p50_us;
     let mut holds = book.holds;
     measurement.hold_p50_us = quantile_us(&mut holds, 0.5);
-    if strategy != Strategy::ZkRecipe {
+    if !strategy.is_peer() {
         measurement.wakeups_per_handoff = Some(per(counted.wakeups));
         measurement.futile_wakeups_per_handoff = Some(per(counted.futile_wakeups));
     }
@@ -352,10 +355,21 @@ pub async fn run(
 }
 
 /// Requests the server has handled so far: ZooKeeper's `zk_packets_received`, Redis's
-/// command calls (`INFO commandstats`). `None` when the server does not say.
+/// command calls (`INFO commandstats`), etcd's gRPC messages received (every request, and
+/// every message on a watch or keep-alive stream). `None` when the server does not say.
 pub async fn server_requests(backend: Backend, servers: &Servers) -> Option<u64> {
     match backend {
         Backend::ZooKeeper => mntr_stat(servers, "zk_packets_received").await,
+        Backend::Etcd => {
+            let metrics = etcd_metrics(servers.etcd.as_deref()?).await?;
+            Some(
+                metrics
+                    .lines()
+                    .filter(|line| line.starts_with("grpc_server_msg_received_total{"))
+                    .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum::<f64>() as u64,
+            )
+        }
         Backend::Redis => {
             let client = redis::Client::open(servers.redis.as_deref()?).ok()?;
             let mut connection = client.get_multiplexed_async_connection().await.ok()?;
@@ -372,6 +386,24 @@ pub async fn server_requests(backend: Backend, servers: &Servers) -> Option<u64>
             )
         }
     }
+}
+
+/// etcd's `/metrics` page from `endpoint` (`http://host:port`), read within a second.
+async fn etcd_metrics(endpoint: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    let asking = async {
+        let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+        let request = format!("GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.ok()?;
+        Some(answer)
+    };
+    tokio::time::timeout(Duration::from_secs(1), asking)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// One figure of ZooKeeper's `mntr` answer (from the first server), where it gives it.
@@ -395,6 +427,11 @@ enum LeftoverCheck {
     Redis {
         connection: redis::aio::MultiplexedConnection,
         pattern: String,
+    },
+    /// The keys under the lock's directory.
+    Etcd {
+        client: Box<etcd_client::Client>,
+        dir: String,
     },
     /// No server to ask.
     Nothing,
@@ -437,6 +474,22 @@ impl LeftoverCheck {
                     pattern: format!("{{lock:{escaped}}}*"),
                 })
             }
+            Backend::Etcd => {
+                let Some(endpoint) = servers.etcd.as_deref() else {
+                    return Ok(LeftoverCheck::Nothing);
+                };
+                let client = etcd_client::Client::connect([endpoint], None)
+                    .await
+                    .map_err(|e| failed(&e))?;
+                let prefix = match strategy {
+                    Strategy::EtcdV3Lock => "/distlock-v3lock",
+                    _ => EtcdConfig::DEFAULT_PREFIX,
+                };
+                Ok(LeftoverCheck::Etcd {
+                    client: Box::new(client),
+                    dir: format!("{prefix}/{escaped}/"),
+                })
+            }
         }
     }
 
@@ -460,6 +513,19 @@ impl LeftoverCheck {
                 Ok(keys
                     .into_iter()
                     .filter(|key| !key.ends_with(":fence") && !key.ends_with(":released"))
+                    .collect())
+            }
+            LeftoverCheck::Etcd { client, dir } => {
+                let options = GetOptions::new().with_prefix().with_keys_only();
+                let found = client
+                    .kv_client()
+                    .get(dir.as_str(), Some(options))
+                    .await
+                    .map_err(|e| failed(&e))?;
+                Ok(found
+                    .kvs()
+                    .iter()
+                    .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
                     .collect())
             }
             LeftoverCheck::Nothing => Ok(Vec::new()),
@@ -491,12 +557,13 @@ impl LeftoverCheck {
 #[non_exhaustive]
 pub struct Floors {
     /// Median of the chain of raw client operations a handoff needs, without lock logic
-    /// (ZooKeeper: delete → the watch event → a list of an equally full directory; Redis:
-    /// as `physical_p50_us`), in microseconds.
+    /// (ZooKeeper: delete → the watch event → a list of an equally full directory; etcd:
+    /// delete → the watch event → a look at an equally full directory, its own key and the
+    /// one before it; Redis: as `physical_p50_us`), in microseconds.
     pub chain_p50_us: f64,
     /// Median of what must happen between a release and the next grant, on warmed
-    /// connections (ZooKeeper: delete → the watch event on that node; Redis: a script that
-    /// pushes onto a list → the blocked pop of another connection returns), in
+    /// connections (ZooKeeper and etcd: delete → the watch event on that node; Redis: a
+    /// script that pushes onto a list → the blocked pop of another connection returns), in
     /// microseconds.
     pub physical_p50_us: f64,
 }
@@ -526,6 +593,7 @@ pub async fn floors(
     };
     match backend {
         Backend::ZooKeeper => zk_floors(servers, rounds, contenders).await,
+        Backend::Etcd => etcd_floors(servers, rounds, contenders).await,
         Backend::Redis => {
             let physical = redis_floor(servers, rounds).await?;
             Ok(Floors {
@@ -612,6 +680,92 @@ async fn zk_floors(
         let _ = a.delete(&format!("{dir}/f{filler:010}"), None).await;
     }
     let _ = a.delete(&dir, None).await;
+    measured?;
+    Ok(Floors {
+        chain_p50_us: quantile_us(&mut chain, 0.5),
+        physical_p50_us: quantile_us(&mut physical, 0.5),
+    })
+}
+
+/// etcd: a key deleted by one client, watched by another from the revision that made it:
+/// delete → event, and delete → event → a look (own key and the key before it, in one
+/// transaction) at the directory.
+async fn etcd_floors(
+    servers: &Servers,
+    rounds: Rounds,
+    contenders: usize,
+) -> Result<Floors, LockError> {
+    let endpoint = servers
+        .etcd
+        .as_deref()
+        .ok_or_else(|| bench_error("no etcd server"))?;
+    let connect = || async {
+        etcd_client::Client::connect([endpoint], None)
+            .await
+            .map_err(|e| floor_error(&e))
+    };
+    let (a, b) = (connect().await?, connect().await?);
+    let (mut writer, mut reader, mut watches) = (a.kv_client(), b.kv_client(), b.watch_client());
+    let dir = format!("/distlock-floor-{}/", uuid::Uuid::new_v4().simple());
+    let mut physical = Vec::with_capacity(rounds.measured);
+    let mut chain = Vec::with_capacity(rounds.measured);
+    let measured = async {
+        // The other waiters' keys, which the look's range runs over too.
+        for filler in 1..contenders {
+            writer
+                .put(format!("{dir}f{filler:010}"), "", None)
+                .await
+                .map_err(|e| floor_error(&e))?;
+        }
+        let node = format!("{dir}n");
+        for round in 0..rounds.measured + rounds.warmup {
+            let put = writer
+                .put(node.as_str(), "", None)
+                .await
+                .map_err(|e| floor_error(&e))?;
+            let revision = put.header().map_or(0, |header| header.revision());
+            let options = WatchOptions::new().with_start_revision(revision + 1);
+            let (_watcher, mut stream) = watches
+                .watch(node.as_str(), Some(options))
+                .await
+                .map_err(|e| floor_error(&e))?;
+            hold_for(rounds.hold).await;
+            let started = Instant::now();
+            writer
+                .delete(node.as_str(), None)
+                .await
+                .map_err(|e| floor_error(&e))?;
+            loop {
+                let answer = stream.message().await.map_err(|e| floor_error(&e))?;
+                match answer {
+                    Some(answer) if !answer.events().is_empty() => break,
+                    Some(_) => {}
+                    None => return Err(bench_error("floor: the watch ended")),
+                }
+            }
+            let event = started.elapsed();
+            let before = GetOptions::new()
+                .with_prefix()
+                .with_max_create_revision(revision)
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(1)
+                .with_keys_only();
+            let look = Txn::new().and_then([
+                TxnOp::get(node.as_str(), Some(GetOptions::new().with_keys_only())),
+                TxnOp::get(dir.as_str(), Some(before)),
+            ]);
+            reader.txn(look).await.map_err(|e| floor_error(&e))?;
+            if round >= rounds.warmup {
+                physical.push(event);
+                chain.push(started.elapsed());
+            }
+        }
+        Ok::<(), LockError>(())
+    }
+    .await;
+    let _ = writer
+        .delete(dir.as_str(), Some(DeleteOptions::new().with_prefix()))
+        .await;
     measured?;
     Ok(Floors {
         chain_p50_us: quantile_us(&mut chain, 0.5),

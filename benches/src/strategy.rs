@@ -5,14 +5,16 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use lock_core::{
-    Capabilities, DistributedLock, FencingToken, Guard, GuardBackend, LockError, LockName,
-    LockProvider, Metrics, MetricsSnapshot, WaitKind, lost_signal,
-};
+use lock_core::{LockError, LockProvider};
+use lock_etcd::{EtcdConfig, EtcdLockProvider, EtcdStrategy};
 use lock_redis::{RedisConfig, RedisLockProvider, RedisStrategy};
 use lock_zookeeper::{ZkConfig, ZkLockProvider, ZkStrategy};
-use zookeeper_client::{Acls, CreateMode, LockOptions, LockPrefix};
+
+use crate::peers::{RecipeProvider, V3LockProvider};
+
+/// The lease of the etcd clients: long enough that keep-alives (every third of it) add
+/// next to nothing to a run's server requests.
+pub const ETCD_LEASE_TTL: Duration = Duration::from_secs(30);
 
 /// One way of waiting for a lock, on one backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -32,11 +34,19 @@ pub enum Strategy {
     RedisPubSub,
     /// Redis, a release hands the lock to the head of a queue (herd-free).
     RedisQueue,
+    /// etcd, one key, every waiter watches it (herd).
+    EtcdSingle,
+    /// etcd, a key per contender, every waiter watches the whole prefix (herd).
+    EtcdPrefix,
+    /// etcd, a key per contender, each waiter watches its predecessor (herd-free).
+    EtcdPredecessor,
+    /// The peer: etcd's own lock service (`v3lock`, `concurrency.Mutex` run by the server).
+    EtcdV3Lock,
 }
 
 impl Strategy {
     /// Every strategy, in the order reports list them.
-    pub const ALL: [Strategy; 7] = [
+    pub const ALL: [Strategy; 11] = [
         Strategy::ZkSingle,
         Strategy::ZkChildren,
         Strategy::ZkPredecessor,
@@ -44,6 +54,10 @@ impl Strategy {
         Strategy::RedisPolling,
         Strategy::RedisPubSub,
         Strategy::RedisQueue,
+        Strategy::EtcdSingle,
+        Strategy::EtcdPrefix,
+        Strategy::EtcdPredecessor,
+        Strategy::EtcdV3Lock,
     ];
 
     /// The name on the command line and in reports, e.g. `zk-predecessor`.
@@ -56,25 +70,42 @@ impl Strategy {
             Strategy::RedisPolling => "redis-polling",
             Strategy::RedisPubSub => "redis-pubsub",
             Strategy::RedisQueue => "redis-queue",
+            Strategy::EtcdSingle => "etcd-single",
+            Strategy::EtcdPrefix => "etcd-prefix",
+            Strategy::EtcdPredecessor => "etcd-predecessor",
+            Strategy::EtcdV3Lock => "etcd-v3lock",
         }
     }
 
-    /// `zookeeper` or `redis`.
+    /// The backend the strategy runs on.
     pub fn backend(self) -> Backend {
         match self {
             Strategy::ZkSingle
             | Strategy::ZkChildren
             | Strategy::ZkPredecessor
             | Strategy::ZkRecipe => Backend::ZooKeeper,
-            _ => Backend::Redis,
+            Strategy::RedisPolling | Strategy::RedisPubSub | Strategy::RedisQueue => Backend::Redis,
+            Strategy::EtcdSingle
+            | Strategy::EtcdPrefix
+            | Strategy::EtcdPredecessor
+            | Strategy::EtcdV3Lock => Backend::Etcd,
         }
+    }
+
+    /// Whether this is a peer's lock rather than distlock's (it keeps no wake-up counts).
+    pub fn is_peer(self) -> bool {
+        matches!(self, Strategy::ZkRecipe | Strategy::EtcdV3Lock)
     }
 
     /// Whether a release wakes only the next waiter (reports list these as herd-free).
     pub fn herd_free(self) -> bool {
         matches!(
             self,
-            Strategy::ZkPredecessor | Strategy::ZkRecipe | Strategy::RedisQueue
+            Strategy::ZkPredecessor
+                | Strategy::ZkRecipe
+                | Strategy::RedisQueue
+                | Strategy::EtcdPredecessor
+                | Strategy::EtcdV3Lock
         )
     }
 
@@ -83,7 +114,11 @@ impl Strategy {
     pub fn herd(self) -> bool {
         matches!(
             self,
-            Strategy::ZkSingle | Strategy::ZkChildren | Strategy::RedisPubSub
+            Strategy::ZkSingle
+                | Strategy::ZkChildren
+                | Strategy::RedisPubSub
+                | Strategy::EtcdSingle
+                | Strategy::EtcdPrefix
         )
     }
 
@@ -127,7 +162,27 @@ impl Strategy {
             config.lease.ttl = Duration::from_secs(10);
             return Ok(Arc::new(RedisLockProvider::connect(config).await?));
         }
-        Ok(Arc::new(RecipeProvider::connect(&zk()?).await?))
+        let etcd = || {
+            servers.etcd.clone().ok_or_else(|| LockError::Config {
+                message: format!("{self} needs an etcd server"),
+            })
+        };
+        let etcd_strategy = match self {
+            Strategy::EtcdSingle => Some(EtcdStrategy::Single),
+            Strategy::EtcdPrefix => Some(EtcdStrategy::Prefix),
+            Strategy::EtcdPredecessor => Some(EtcdStrategy::Predecessor),
+            _ => None,
+        };
+        if let Some(strategy) = etcd_strategy {
+            let config = EtcdConfig::new([etcd()?])
+                .with_strategy(strategy)
+                .with_lease_ttl(ETCD_LEASE_TTL);
+            return Ok(Arc::new(EtcdLockProvider::connect(config).await?));
+        }
+        match self {
+            Strategy::EtcdV3Lock => Ok(Arc::new(V3LockProvider::connect(&etcd()?).await?)),
+            _ => Ok(Arc::new(RecipeProvider::connect(&zk()?).await?)),
+        }
     }
 }
 
@@ -151,7 +206,7 @@ impl FromStr for Strategy {
     }
 }
 
-/// The two backends.
+/// The backends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Backend {
@@ -159,19 +214,22 @@ pub enum Backend {
     ZooKeeper,
     /// Redis.
     Redis,
+    /// etcd.
+    Etcd,
 }
 
 impl Backend {
-    /// `zookeeper` or `redis`.
+    /// `zookeeper`, `redis` or `etcd`.
     pub fn as_str(self) -> &'static str {
         match self {
             Backend::ZooKeeper => "zookeeper",
             Backend::Redis => "redis",
+            Backend::Etcd => "etcd",
         }
     }
 }
 
-/// Where the servers are: a ZooKeeper connect string and a Redis URL.
+/// Where the servers are: a ZooKeeper connect string, a Redis URL and an etcd endpoint.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct Servers {
@@ -179,147 +237,23 @@ pub struct Servers {
     pub zk: Option<String>,
     /// `redis://host:port`.
     pub redis: Option<String>,
+    /// `http://host:port`.
+    pub etcd: Option<String>,
 }
 
 impl Servers {
-    /// The servers at `zk` (a connect string) and `redis` (a URL).
+    /// The servers at `zk` (a connect string) and `redis` (a URL), no etcd.
     pub fn new(zk: Option<String>, redis: Option<String>) -> Self {
-        Servers { zk, redis }
-    }
-}
-
-/// The peer: zookeeper-client's lock recipe behind the distlock contract, so that the
-/// scenario drives it exactly as it drives ours. It keeps no wake-up counts.
-#[derive(Debug)]
-struct RecipeProvider {
-    client: zookeeper_client::Client,
-    metrics: Metrics,
-}
-
-impl RecipeProvider {
-    async fn connect(connect_string: &str) -> Result<Self, LockError> {
-        let client = zookeeper_client::Client::connector()
-            .with_session_timeout(Duration::from_secs(10))
-            .connect(connect_string)
-            .await
-            .map_err(|error| LockError::Connection {
-                backend: "zk-recipe",
-                name: None,
-                message: error.to_string(),
-                source: Some(Box::new(error)),
-            })?;
-        Ok(RecipeProvider {
-            client,
-            metrics: Metrics::new(),
-        })
-    }
-}
-
-impl LockProvider for RecipeProvider {
-    fn backend(&self) -> &'static str {
-        "zk-recipe"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new(WaitKind::NotifyOne)
-    }
-
-    fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
-        let name = LockName::new(name)?;
-        Ok(Arc::new(RecipeLock {
-            client: self.client.clone(),
-            dir: format!("/distlock-recipe/{}", name.escaped()),
-            name,
-        }))
-    }
-
-    fn metrics(&self) -> MetricsSnapshot {
-        self.metrics.snapshot()
-    }
-}
-
-#[derive(Debug)]
-struct RecipeLock {
-    client: zookeeper_client::Client,
-    name: LockName,
-    dir: String,
-}
-
-fn recipe_error(error: zookeeper_client::Error) -> LockError {
-    LockError::Backend {
-        backend: "zk-recipe",
-        name: None,
-        message: error.to_string(),
-        retryable: true,
-        source: Some(Box::new(error)),
-    }
-}
-
-#[async_trait]
-impl DistributedLock for RecipeLock {
-    fn name(&self) -> &LockName {
-        &self.name
-    }
-
-    async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
-        match self.acquire(Some(Duration::from_millis(1))).await {
-            Ok(guard) => Ok(Some(guard)),
-            Err(LockError::Timeout { .. }) => Ok(None),
-            Err(error) => Err(error),
+        Servers {
+            zk,
+            redis,
+            etcd: None,
         }
     }
 
-    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        let options = LockOptions::new(Acls::anyone_all())
-            .with_ancestor_options(CreateMode::Persistent.with_acls(Acls::anyone_all()))
-            .map_err(recipe_error)?;
-        let prefix = LockPrefix::new_curator(&self.dir, "lock-").map_err(recipe_error)?;
-        let locking = self.client.lock(prefix, b"", options);
-        let held = match timeout {
-            None => locking.await,
-            Some(timeout) => match tokio::time::timeout(timeout, locking).await {
-                Ok(held) => held,
-                Err(_) => {
-                    return Err(LockError::Timeout {
-                        backend: "zk-recipe",
-                        name: self.name.to_string(),
-                        waited: timeout,
-                    });
-                }
-            },
-        }
-        .map_err(recipe_error)?
-        .into_owned();
-        let token = held
-            .lock_path()
-            .rsplit('-')
-            .next()
-            .and_then(|digits| digits.parse().ok())
-            .unwrap_or_default();
-        let (_notifier, lost) = lost_signal();
-        Ok(Guard::new(
-            self.name.clone(),
-            FencingToken(token),
-            lost,
-            Box::new(RecipeGuard(Some(held))),
-        ))
+    /// The same, with etcd at `endpoint`.
+    pub fn with_etcd(mut self, endpoint: Option<String>) -> Self {
+        self.etcd = endpoint;
+        self
     }
-}
-
-/// A held recipe lock: dropping it deletes the node in the background, as the recipe does.
-#[derive(Debug)]
-struct RecipeGuard(Option<zookeeper_client::OwnedLockClient>);
-
-#[async_trait]
-impl GuardBackend for RecipeGuard {
-    fn backend(&self) -> &'static str {
-        "zk-recipe"
-    }
-
-    async fn release(&mut self) -> Result<(), LockError> {
-        drop(self.0.take());
-        Ok(())
-    }
-
-    fn release_on_drop(self: Box<Self>) {}
 }

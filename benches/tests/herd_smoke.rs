@@ -42,10 +42,12 @@ fn a_smoke_run_reports_every_strategy_and_the_herd() {
             "20",
             "--floor-rounds",
             "10",
-            // Long enough for every waiter to be back waiting before the next release:
-            // the herd's size is then N - 1, not a matter of timing.
+            // Long enough for every waiter to be back waiting before the next release,
+            // even on a loaded machine (etcd's single-key waiter takes two round trips, a
+            // create and a watch, to be back): the herd's size is then N - 1, not a
+            // matter of timing.
             "--hold-ms",
-            "2",
+            "10",
         ])
         .arg("--json")
         .arg(&json)
@@ -67,6 +69,10 @@ fn a_smoke_run_reports_every_strategy_and_the_herd() {
         "redis-polling",
         "redis-pubsub",
         "redis-queue",
+        "etcd-single",
+        "etcd-prefix",
+        "etcd-predecessor",
+        "etcd-v3lock",
     ];
     assert_eq!(
         runs.len(),
@@ -89,12 +95,12 @@ fn a_smoke_run_reports_every_strategy_and_the_herd() {
             .unwrap_or_else(|| panic!("no wake-up count for {strategy} N={n}"))
     };
     // Herd-free: one wake-up per handoff; herd: more, growing with N.
-    for strategy in ["zk-predecessor", "redis-queue"] {
+    for strategy in ["zk-predecessor", "redis-queue", "etcd-predecessor"] {
         let w = wakeups(strategy, 5);
         assert!(w <= 1.05, "{strategy}: {w} wake-ups per handoff at N=5");
     }
     // FIFO: with 2 ms held per grant every waiter is queued long before the next release.
-    for strategy in ["zk-predecessor", "redis-queue"] {
+    for strategy in ["zk-predecessor", "redis-queue", "etcd-predecessor"] {
         let run = runs
             .iter()
             .find(|run| run["strategy"] == strategy && run["contenders"] == 5)
@@ -105,7 +111,13 @@ fn a_smoke_run_reports_every_strategy_and_the_herd() {
             "{strategy}: FIFO violated at N=5: {run}"
         );
     }
-    for strategy in ["zk-single", "zk-children", "redis-pubsub"] {
+    for strategy in [
+        "zk-single",
+        "zk-children",
+        "redis-pubsub",
+        "etcd-single",
+        "etcd-prefix",
+    ] {
         let w = wakeups(strategy, 5);
         assert!(
             w > 1.5 && w > wakeups(strategy, 1),

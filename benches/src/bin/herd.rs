@@ -15,14 +15,14 @@ use clap::Parser;
 use distlock_benches::scenario::{self, RunOptions};
 use distlock_benches::strategy::{Backend, Servers, Strategy};
 use distlock_benches::{Measurement, ScaleMeasurement, report, scale};
-use lock_testbed::servers::{RedisOptions, RedisServer, ZkOptions, ZkServer};
+use lock_testbed::servers::{EtcdServer, RedisOptions, RedisServer, ZkOptions, ZkServer};
 
 /// The herd comparison: N contenders, each its own client, pass one lock around.
 ///
 /// For every strategy and every N it measures throughput, handoff latency (p50, p99)
 /// against the floor of raw client operations, wake-ups and futile wake-ups per handoff,
-/// server requests per handoff, and fairness. Without --zk or --redis it starts the servers
-/// it needs on free loopback ports and stops them at the end.
+/// server requests per handoff, and fairness. Without --zk, --redis or --etcd it starts the
+/// servers it needs on free loopback ports and stops them at the end.
 #[derive(Debug, Parser)]
 #[command(
     name = "herd",
@@ -30,11 +30,12 @@ use lock_testbed::servers::{RedisOptions, RedisServer, ZkOptions, ZkServer};
 )]
 struct Args {
     /// Strategies, comma-separated: zk-single, zk-children, zk-predecessor, zk-recipe,
-    /// redis-polling, redis-pubsub, redis-queue.
+    /// redis-polling, redis-pubsub, redis-queue, etcd-single, etcd-prefix,
+    /// etcd-predecessor, etcd-v3lock.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "zk-single,zk-children,zk-predecessor,zk-recipe,redis-polling,redis-pubsub,redis-queue"
+        default_value = "zk-single,zk-children,zk-predecessor,zk-recipe,redis-polling,redis-pubsub,redis-queue,etcd-single,etcd-prefix,etcd-predecessor,etcd-v3lock"
     )]
     strategies: Vec<Strategy>,
     /// Numbers of contenders, comma-separated.
@@ -58,6 +59,9 @@ struct Args {
     /// An existing Redis (`redis://host:port`) instead of a local one.
     #[arg(long)]
     redis: Option<String>,
+    /// An existing etcd (`http://host:port`) instead of a local one.
+    #[arg(long)]
+    etcd: Option<String>,
     /// Write the measurements as a JSON array to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -74,6 +78,7 @@ struct Started {
     servers: Servers,
     _zk: Option<ZkServer>,
     _redis: Option<RedisServer>,
+    _etcd: Option<EtcdServer>,
 }
 
 async fn servers(args: &Args) -> Result<Started, String> {
@@ -82,6 +87,7 @@ async fn servers(args: &Args) -> Result<Started, String> {
         servers: Servers::default(),
         _zk: None,
         _redis: None,
+        _etcd: None,
     };
     let zk = match &args.zk {
         Some(url) => Some(
@@ -117,7 +123,20 @@ async fn servers(args: &Args) -> Result<Started, String> {
         }
         None => None,
     };
-    started.servers = Servers::new(zk, redis);
+    let etcd = match &args.etcd {
+        Some(endpoint) => Some(endpoint.clone()),
+        None if wants(Backend::Etcd) => {
+            eprintln!("starting etcd ...");
+            let server = EtcdServer::start()
+                .await
+                .map_err(|e| format!("starting etcd: {e}"))?;
+            let endpoint = server.endpoint();
+            started._etcd = Some(server);
+            Some(endpoint)
+        }
+        None => None,
+    };
+    started.servers = Servers::new(zk, redis).with_etcd(etcd);
     Ok(started)
 }
 
@@ -172,7 +191,7 @@ async fn scale_runs(
 ) -> Result<Vec<ScaleMeasurement>, String> {
     let mut results = Vec::new();
     for strategy in &args.strategies {
-        if *strategy == Strategy::ZkRecipe {
+        if strategy.is_peer() {
             continue;
         }
         eprintln!("scale: {strategy}, {locks} locks ...");
