@@ -1,6 +1,7 @@
 //! etcd 3.4 from the Debian package: a single-member cluster, or a cluster of several.
 
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -346,60 +347,23 @@ impl EtcdCluster {
     /// metrics), asking every running member at once (1 s bound each); `None` while there
     /// is no leader.
     pub async fn leader(&self) -> Option<usize> {
-        let mut asking = tokio::task::JoinSet::new();
-        for (index, node) in self.nodes.iter().enumerate() {
-            if node.pid().is_none() {
-                continue;
-            }
-            let addr = node.addr();
-            asking.spawn(async move {
-                let metrics = http_get(addr, "/metrics", Duration::from_secs(1)).await;
-                let leads = metrics.is_ok_and(|metrics| {
-                    metrics
-                        .lines()
-                        .any(|line| line.trim() == "etcd_server_is_leader 1")
-                });
-                (index, leads)
-            });
-        }
-        let mut leader = None;
-        while let Some(answer) = asking.join_next().await {
-            if let Ok((index, true)) = answer {
-                leader = Some(index);
-            }
-        }
-        leader
+        leader_of(self.running_members()).await
     }
 
     /// Polls [`leader`](Self::leader) until a leader is reported and every running member
     /// is healthy; [`ServerError::Timeout`] after `timeout`.
     pub async fn wait_for_leader(&self, timeout: Duration) -> Result<usize, ServerError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(leader) = self.leader().await
-                && self.all_healthy().await
-            {
-                return Ok(leader);
-            }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Timeout {
-                    what: "an etcd cluster leader".to_owned(),
-                    after: timeout,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_for_leader_of(timeout, || self.running_members()).await
     }
 
-    /// Whether every running member says it is healthy.
-    async fn all_healthy(&self) -> bool {
-        for node in self.nodes.iter().filter(|node| node.pid().is_some()) {
-            let probe = Probe::EtcdHealth.check(node.addr(), Duration::from_secs(1));
-            if probe.await.is_err() {
-                return false;
-            }
-        }
-        true
+    /// The index and client address of every member not killed.
+    fn running_members(&self) -> Vec<(usize, SocketAddr)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, node)| node.pid().is_some())
+            .map(|(index, node)| (index, node.addr()))
+            .collect()
     }
 
     /// Kills member `index` (`SIGKILL` to its process group) and reaps it; its ports and
@@ -425,6 +389,69 @@ impl EtcdCluster {
     pub fn resume(&self, index: usize) -> Result<(), ServerError> {
         self.node(index)?.signal(Signal::SIGCONT)
     }
+}
+
+/// The index of the member among `members` (index, client address) that says it leads
+/// (`etcd_server_is_leader 1` in its metrics), asking all at once (1 s bound each); `None`
+/// while there is no leader.
+pub(crate) async fn leader_of(members: Vec<(usize, SocketAddr)>) -> Option<usize> {
+    let mut asking = tokio::task::JoinSet::new();
+    for (index, addr) in members {
+        asking.spawn(async move {
+            let metrics = http_get(addr, "/metrics", Duration::from_secs(1)).await;
+            let leads = metrics.is_ok_and(|metrics| {
+                metrics
+                    .lines()
+                    .any(|line| line.trim() == "etcd_server_is_leader 1")
+            });
+            (index, leads)
+        });
+    }
+    let mut leader = None;
+    while let Some(answer) = asking.join_next().await {
+        if let Ok((index, true)) = answer {
+            leader = Some(index);
+        }
+    }
+    leader
+}
+
+/// Polls [`leader_of`] until a leader is reported and every one of `members` is healthy;
+/// [`ServerError::Timeout`] after `timeout`.
+pub(crate) async fn wait_for_leader_of(
+    timeout: Duration,
+    members: impl Fn() -> Vec<(usize, SocketAddr)>,
+) -> Result<usize, ServerError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let running = members();
+        if let Some(leader) = leader_of(running.clone()).await
+            && all_healthy(&running).await
+        {
+            return Ok(leader);
+        }
+        if Instant::now() >= deadline {
+            return Err(ServerError::Timeout {
+                what: "an etcd cluster leader".to_owned(),
+                after: timeout,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether every one of `members` says it is healthy.
+async fn all_healthy(members: &[(usize, SocketAddr)]) -> bool {
+    for (_, addr) in members {
+        if Probe::EtcdHealth
+            .check(*addr, Duration::from_secs(1))
+            .await
+            .is_err()
+        {
+            return false;
+        }
+    }
+    true
 }
 
 /// Either an external etcd (from [`ETCD_ENV`], an endpoint) or an [`EtcdServer`] started

@@ -1,13 +1,13 @@
-//! A ZooKeeper ensemble in containers on a network of its own, where a member can really be
-//! cut off from the others.
+//! Clusters of servers in containers on a network of their own — a ZooKeeper ensemble, an
+//! etcd cluster — where a member can really be cut off from the others.
 //!
 //! Each member is a container on two networks: the engine's default bridge, through which
-//! its client port is published on `127.0.0.1`, and the ensemble's own network, which
-//! carries the quorum and election traffic (members find each other there by the names
-//! `zk1`, `zk2`, ...). [`ZkContainerEnsemble::partition`] disconnects a member from the
-//! ensemble's network only: it loses its peers while its clients stay connected to it, as
-//! in a real partition between server racks. [`heal`](ZkContainerEnsemble::heal) connects
-//! it again.
+//! its client port is published on `127.0.0.1`, and the cluster's own network, which
+//! carries the members' traffic among themselves (they find each other there by the names
+//! `zk1`, `zk2`, ... or `etcd1`, `etcd2`, ...). [`ContainerCluster::partition`] disconnects a
+//! member from the cluster's network only: it loses its peers while its clients stay
+//! connected to it, as in a real partition between server racks.
+//! [`heal`](ContainerCluster::heal) connects it again.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -18,9 +18,9 @@ use testcontainers::bollard::models::{
 };
 use tracing::info;
 
-use super::{LABEL, Watchdog, ZkContainer, container_error, label_value};
-use crate::servers::zookeeper::{leader_of, mode_of, wait_for_leader_of};
-use crate::servers::{ServerError, ZkOptions};
+use super::{Container, Etcd, EtcdContainer, LABEL, Watchdog, ZkContainer, ZooKeeper};
+use super::{container_error, label_value};
+use crate::servers::{EtcdOptions, ServerError, ZkOptions, etcd, zookeeper};
 
 const QUORUM_PORT: u16 = 2888;
 const ELECTION_PORT: u16 = 3888;
@@ -32,8 +32,8 @@ const NETWORK_WATCHDOG_SCRIPT: &str = "read -r _ignored; n=0; \
     until docker network rm \"$1\" >/dev/null 2>&1; do \
     n=$((n+1)); [ $n -ge 50 ] && exit 1; sleep 0.2; done; exit 0";
 
-/// A ZooKeeper ensemble of containers on a network of its own (see the module docs).
-/// Members are indexed from 0 (`myid` is index + 1, network name `zk{myid}`).
+/// A cluster of server containers on a network of its own (see the module docs). Members
+/// are indexed from 0; member `i`'s name on the network is its kind's prefix and `i + 1`.
 ///
 /// Dropping it removes the members, then the network; a watchdog does the same when the
 /// test process ends without dropping it.
@@ -50,59 +50,59 @@ const NETWORK_WATCHDOG_SCRIPT: &str = "read -r _ignored; n=0; \
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct ZkContainerEnsemble {
+pub struct ContainerCluster<K> {
     // Declared first: removed before the network.
-    members: Vec<ZkContainer>,
+    members: Vec<Container<K>>,
     network: String,
     docker: Docker,
     network_watchdog: Option<Watchdog>,
+    /// The members' names on the network: this and their number from 1.
+    hosts: &'static str,
 }
 
-/// Member `index`'s name on the ensemble's network.
-fn host_name(index: usize) -> String {
-    format!("zk{}", index + 1)
+/// A ZooKeeper ensemble in containers: members `zk1`, `zk2`, ... (`myid` is index + 1).
+pub type ZkContainerEnsemble = ContainerCluster<ZooKeeper>;
+
+/// An etcd cluster in containers: members `etcd1`, `etcd2`, ... (named `n1`, `n2`, ...).
+pub type EtcdContainerCluster = ContainerCluster<Etcd>;
+
+/// Member `index`'s name on a cluster's network whose hosts are `hosts1`, `hosts2`, ...
+fn host_name(hosts: &str, index: usize) -> String {
+    format!("{hosts}{}", index + 1)
 }
 
-impl ZkContainerEnsemble {
-    /// Starts `n` members (3 is the usual size) on a new network and waits until every one
-    /// serves (a leader is elected and every follower has joined), each bounded by
-    /// [`ZkOptions::startup_timeout`]. `opts.config` gets `quorumListenOnAllIPs=true`: a
-    /// member's address on the ensemble's network may change when it is healed.
-    pub async fn start(n: usize, opts: ZkOptions) -> Result<Self, ServerError> {
-        if n == 0 {
-            return Err(ServerError::Startup {
-                server: "ZooKeeper ensemble (containers)".to_owned(),
-                detail: "an ensemble needs at least one member".to_owned(),
-                log_tail: String::new(),
-            });
-        }
+impl<K> ContainerCluster<K> {
+    /// An empty cluster on a new network.
+    async fn on_new_network(n: usize, hosts: &'static str) -> Result<Self, ServerError> {
         let docker = Docker::connect_with_defaults().map_err(container_error)?;
         let network = format!(
             "distlock-test-{}-{:08x}",
             std::process::id(),
             fastrand::u32(..)
         );
-        let mut ensemble = Self {
+        let mut cluster = Self {
             members: Vec::with_capacity(n),
             network_watchdog: None,
             docker,
-            network: network.clone(),
+            network,
+            hosts,
         };
-        ensemble.create_network().await?;
-        let servers: Vec<String> = (0..n)
-            .map(|i| format!("{}:{QUORUM_PORT}:{ELECTION_PORT}", host_name(i)))
-            .collect();
-        let opts = opts.with_config("quorumListenOnAllIPs", "true");
-        for index in 0..n {
-            let member = ZkContainer::create_member(&opts, &servers, index).await?;
-            ensemble.members.push(member);
-            ensemble.heal(index).await?;
-        }
-        for member in &ensemble.members {
+        cluster.create_network().await?;
+        Ok(cluster)
+    }
+
+    /// Adds `member` to the cluster and to its network.
+    async fn join(&mut self, member: Container<K>) -> Result<(), ServerError> {
+        self.members.push(member);
+        self.heal(self.members.len() - 1).await
+    }
+
+    /// Waits until every member serves.
+    async fn wait_ready(&self) -> Result<(), ServerError> {
+        for member in &self.members {
             member.wait_ready().await?;
         }
-        info!(%network, members = n, "ZooKeeper ensemble (containers) serves");
-        Ok(ensemble)
+        Ok(())
     }
 
     async fn create_network(&mut self) -> Result<(), ServerError> {
@@ -140,56 +140,19 @@ impl ZkContainerEnsemble {
     }
 
     /// Member `index`.
-    pub fn member(&self, index: usize) -> Result<&ZkContainer, ServerError> {
+    pub fn member(&self, index: usize) -> Result<&Container<K>, ServerError> {
         self.members.get(index).ok_or(ServerError::NoSuchMember {
             index,
             len: self.members.len(),
         })
     }
 
-    /// Member `index`'s client address (`127.0.0.1:port`).
-    pub fn address(&self, index: usize) -> Result<String, ServerError> {
-        Ok(self.member(index)?.connect_string())
-    }
-
-    /// All members: `127.0.0.1:p1,127.0.0.1:p2,...`.
-    pub fn connect_string(&self) -> String {
-        self.members
-            .iter()
-            .map(ZkContainer::connect_string)
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
-    /// Sends a four-letter word to member `index` (bounded by 5 s).
-    pub async fn four_letter(&self, index: usize, word: &str) -> Result<String, ServerError> {
-        self.member(index)?.four_letter(word).await
-    }
-
-    /// Member `index`'s role from `srvr`'s `Mode:` line (`leader`, `follower`, ...), or
-    /// `Ok(None)` when it does not answer within 1 s or is not serving (electing, cut off
-    /// from a quorum, killed, paused).
-    pub async fn mode(&self, index: usize) -> Result<Option<String>, ServerError> {
-        let address = self.address(index)?;
-        Ok(mode_of(&address, Duration::from_secs(1)).await)
-    }
-
-    /// The index of the member that reports `Mode: leader`; `None` while there is none.
-    pub async fn leader(&self) -> Option<usize> {
-        leader_of(self.all_members()).await
-    }
-
-    /// Polls [`leader`](Self::leader) until a leader is reported; [`ServerError::Timeout`]
-    /// after `timeout`.
-    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<usize, ServerError> {
-        wait_for_leader_of(timeout, || self.all_members()).await
-    }
-
-    fn all_members(&self) -> Vec<(usize, String)> {
+    /// Every member's index and client address.
+    fn all_members(&self) -> Vec<(usize, std::net::SocketAddr)> {
         self.members
             .iter()
             .enumerate()
-            .map(|(i, member)| (i, member.connect_string()))
+            .map(|(i, member)| (i, member.socket_addr()))
             .collect()
     }
 
@@ -214,7 +177,7 @@ impl ZkContainerEnsemble {
         let request = NetworkConnectRequest {
             container: self.member(index)?.id().to_owned(),
             endpoint_config: Some(EndpointSettings {
-                aliases: Some(vec![host_name(index)]),
+                aliases: Some(vec![host_name(self.hosts, index)]),
                 ..Default::default()
             }),
         };
@@ -253,7 +216,126 @@ impl ZkContainerEnsemble {
     }
 }
 
-impl Drop for ZkContainerEnsemble {
+impl ContainerCluster<ZooKeeper> {
+    /// Starts `n` members (3 is the usual size) on a new network and waits until every one
+    /// serves (a leader is elected and every follower has joined), each bounded by
+    /// [`ZkOptions::startup_timeout`]. `opts.config` gets `quorumListenOnAllIPs=true`: a
+    /// member's address on the ensemble's network may change when it is healed.
+    pub async fn start(n: usize, opts: ZkOptions) -> Result<Self, ServerError> {
+        if n == 0 {
+            return Err(ServerError::Startup {
+                server: "ZooKeeper ensemble (containers)".to_owned(),
+                detail: "an ensemble needs at least one member".to_owned(),
+                log_tail: String::new(),
+            });
+        }
+        let mut ensemble = Self::on_new_network(n, "zk").await?;
+        let servers: Vec<String> = (0..n)
+            .map(|i| format!("{}:{QUORUM_PORT}:{ELECTION_PORT}", host_name("zk", i)))
+            .collect();
+        let opts = opts.with_config("quorumListenOnAllIPs", "true");
+        for index in 0..n {
+            ensemble
+                .join(ZkContainer::create_member(&opts, &servers, index).await?)
+                .await?;
+        }
+        ensemble.wait_ready().await?;
+        info!(network = %ensemble.network, members = n, "ZooKeeper ensemble (containers) serves");
+        Ok(ensemble)
+    }
+
+    /// Member `index`'s client address (`127.0.0.1:port`).
+    pub fn address(&self, index: usize) -> Result<String, ServerError> {
+        Ok(self.member(index)?.connect_string())
+    }
+
+    /// All members: `127.0.0.1:p1,127.0.0.1:p2,...`.
+    pub fn connect_string(&self) -> String {
+        self.members
+            .iter()
+            .map(ZkContainer::connect_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Sends a four-letter word to member `index` (bounded by 5 s).
+    pub async fn four_letter(&self, index: usize, word: &str) -> Result<String, ServerError> {
+        self.member(index)?.four_letter(word).await
+    }
+
+    /// Member `index`'s role from `srvr`'s `Mode:` line (`leader`, `follower`, ...), or
+    /// `Ok(None)` when it does not answer within 1 s or is not serving (electing, cut off
+    /// from a quorum, killed, paused).
+    pub async fn mode(&self, index: usize) -> Result<Option<String>, ServerError> {
+        let address = self.address(index)?;
+        Ok(zookeeper::mode_of(&address, Duration::from_secs(1)).await)
+    }
+
+    /// The index of the member that reports `Mode: leader`; `None` while there is none.
+    pub async fn leader(&self) -> Option<usize> {
+        let members = self.all_members().into_iter();
+        zookeeper::leader_of(members.map(|(i, a)| (i, a.to_string())).collect()).await
+    }
+
+    /// Polls [`leader`](Self::leader) until a leader is reported; [`ServerError::Timeout`]
+    /// after `timeout`.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<usize, ServerError> {
+        zookeeper::wait_for_leader_of(timeout, || {
+            let members = self.all_members().into_iter();
+            members.map(|(i, a)| (i, a.to_string())).collect()
+        })
+        .await
+    }
+}
+
+impl ContainerCluster<Etcd> {
+    /// Starts `n` members (3 is the usual size) on a new network and waits until every one
+    /// is healthy (a leader is elected and every member knows it), each bounded by
+    /// [`EtcdOptions::startup_timeout`].
+    pub async fn start(n: usize, opts: EtcdOptions) -> Result<Self, ServerError> {
+        if n == 0 {
+            return Err(ServerError::Startup {
+                server: "etcd cluster (containers)".to_owned(),
+                detail: "a cluster needs at least one member".to_owned(),
+                log_tail: String::new(),
+            });
+        }
+        let mut cluster = Self::on_new_network(n, "etcd").await?;
+        let hosts: Vec<String> = (0..n).map(|i| host_name("etcd", i)).collect();
+        for index in 0..n {
+            cluster
+                .join(EtcdContainer::create_member(&opts, &hosts, index).await?)
+                .await?;
+        }
+        cluster.wait_ready().await?;
+        info!(network = %cluster.network, members = n, "etcd cluster (containers) serves");
+        Ok(cluster)
+    }
+
+    /// Every member's client endpoint, `http://127.0.0.1:port`.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(EtcdContainer::endpoint).collect()
+    }
+
+    /// The index of the member that says it leads; `None` while there is none.
+    pub async fn leader(&self) -> Option<usize> {
+        etcd::leader_of(self.all_members()).await
+    }
+
+    /// Polls [`leader`](Self::leader) until a leader is reported and every running member
+    /// is healthy; [`ServerError::Timeout`] after `timeout`.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<usize, ServerError> {
+        let mut running = Vec::with_capacity(self.members.len());
+        for (index, addr) in self.all_members() {
+            if self.member(index)?.is_running().await? {
+                running.push((index, addr));
+            }
+        }
+        etcd::wait_for_leader_of(timeout, || running.clone()).await
+    }
+}
+
+impl<K> Drop for ContainerCluster<K> {
     fn drop(&mut self) {
         // The members first: a network cannot be removed while containers use it. Then the
         // watchdog removes the network (with bounded retries) and is waited for.
