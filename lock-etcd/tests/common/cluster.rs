@@ -1,4 +1,5 @@
-//! A three-member etcd cluster shared by a test binary, and the server faults on it.
+//! A three-member etcd cluster shared by a test binary (processes, or containers under
+//! `LOCK_TEST_SERVERS=containers`), and the server faults on it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -6,47 +7,84 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_conformance::{FaultError, FaultResult};
-use lock_testbed::servers::{EtcdCluster, EtcdOptions, ServerError};
+use lock_testbed::servers::containers::EtcdContainerCluster;
+use lock_testbed::servers::{EtcdCluster, EtcdOptions, ServerError, ServerMode};
 
 /// How long a cluster may take to elect a leader after a fault.
 const ELECTION_BOUND: Duration = Duration::from_secs(20);
 
-/// The members of a [`SharedCluster`].
-pub(crate) struct Members(EtcdCluster);
+/// The members of a [`SharedCluster`]: processes, or containers as `LOCK_TEST_SERVERS`
+/// says.
+pub(crate) enum Members {
+    Processes(EtcdCluster),
+    Containers(EtcdContainerCluster),
+}
 
 impl Members {
     async fn start(n: usize) -> Result<Self, ServerError> {
-        Ok(Members(
-            EtcdCluster::start(n, EtcdOptions::default()).await?,
-        ))
+        let opts = EtcdOptions::default();
+        Ok(match ServerMode::from_env()? {
+            ServerMode::Containers => {
+                Members::Containers(EtcdContainerCluster::start(n, opts).await?)
+            }
+            _ => Members::Processes(EtcdCluster::start(n, opts).await?),
+        })
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        match self {
+            Members::Processes(members) => members.endpoints(),
+            Members::Containers(members) => members.endpoints(),
+        }
     }
 
     fn len(&self) -> usize {
-        self.0.len()
+        match self {
+            Members::Processes(members) => members.len(),
+            Members::Containers(members) => members.len(),
+        }
     }
 
     async fn is_running(&self, index: usize) -> Result<bool, ServerError> {
-        Ok(self.0.pid(index)?.is_some())
+        match self {
+            Members::Processes(members) => Ok(members.pid(index)?.is_some()),
+            Members::Containers(members) => members.is_running(index).await,
+        }
     }
 
     async fn restart(&mut self, index: usize) -> Result<(), ServerError> {
-        self.0.restart(index).await
+        match self {
+            Members::Processes(members) => members.restart(index).await,
+            Members::Containers(members) => members.restart(index).await,
+        }
     }
 
     async fn kill(&mut self, index: usize) -> Result<(), ServerError> {
-        self.0.kill(index)
+        match self {
+            Members::Processes(members) => members.kill(index),
+            Members::Containers(members) => members.kill(index).await,
+        }
     }
 
     async fn pause(&self, index: usize) -> Result<(), ServerError> {
-        self.0.pause(index)
+        match self {
+            Members::Processes(members) => members.pause(index),
+            Members::Containers(members) => members.pause(index).await,
+        }
     }
 
     async fn resume(&self, index: usize) -> Result<(), ServerError> {
-        self.0.resume(index)
+        match self {
+            Members::Processes(members) => members.resume(index),
+            Members::Containers(members) => members.resume(index).await,
+        }
     }
 
     async fn wait_for_leader(&self) -> Result<usize, ServerError> {
-        self.0.wait_for_leader(ELECTION_BOUND).await
+        match self {
+            Members::Processes(members) => members.wait_for_leader(ELECTION_BOUND).await,
+            Members::Containers(members) => members.wait_for_leader(ELECTION_BOUND).await,
+        }
     }
 }
 
@@ -95,7 +133,7 @@ impl SharedCluster {
             }
         };
         Ok(SharedCluster {
-            endpoints: members.0.endpoints(),
+            endpoints: members.endpoints(),
             members: tokio::sync::Mutex::new(members),
             turn: Arc::new(tokio::sync::Mutex::new(())),
             runtime,
