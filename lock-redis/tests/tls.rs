@@ -9,102 +9,23 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use lock_conformance::unique_name;
 use lock_core::{LockError, LockProvider};
 use lock_redis::{RedisLockProvider, RedlockProvider};
+use lock_testbed::certs;
 use lock_testbed::servers::{RedisOptions, RedisServer, free_port};
 
 /// How long a waiter may wait, and the bound on it queueing.
 const BOUND: Duration = Duration::from_secs(5);
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let status = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("the openssl command (install openssl)");
-    assert!(status.success(), "openssl {args:?}");
-}
-
-/// A certificate authority `{name}.crt`/`.key`, and with `server`, a server certificate for
-/// 127.0.0.1 signed by it.
-fn authority(dir: &Path, name: &str) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=distlock test CA",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.crt"),
-        ],
-    );
-}
-
-fn server_certificate(dir: &Path, ca: &str) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        ],
-    );
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
-         keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            &format!("{ca}.crt"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "server.ext",
-            "-out",
-            "server.crt",
-        ],
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rediss_urls_lock_over_tls() {
     let dir = tempfile::tempdir().unwrap();
-    authority(dir.path(), "ca");
-    authority(dir.path(), "stranger");
-    server_certificate(dir.path(), "ca");
+    certs::authority(dir.path(), "ca").unwrap();
+    certs::authority(dir.path(), "stranger").unwrap();
+    certs::server_certificate(dir.path(), "ca").unwrap();
     let tls_port = free_port().unwrap();
     let file = |name: &str| dir.path().join(name).display().to_string();
     let _server = RedisServer::start(

@@ -53,7 +53,13 @@
 //! how a harness ends a client's session behind its back, or makes "the server did it but
 //! the client never heard".
 //!
+//! # Certificates
+//!
+//! [`certs`] makes a certificate authority and a server certificate for `127.0.0.1` with
+//! the `openssl` command, for the TLS tests.
+//!
 //! Everything stays on `127.0.0.1`. Nothing here prints; logs go through `tracing`.
 
+pub mod certs;
 pub mod proxy;
 pub mod servers;

@@ -36,6 +36,9 @@ pub struct EtcdOptions {
     pub extra_args: Vec<String>,
     /// The bound on start-up and restart: [`DEFAULT_STARTUP_TIMEOUT`] by default.
     pub startup_timeout: Duration,
+    /// A certificate and its key (PEM files): the server also serves clients over TLS, on a
+    /// port of its own ([`EtcdServer::tls_endpoint`]). Processes only.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl Default for EtcdOptions {
@@ -46,6 +49,7 @@ impl Default for EtcdOptions {
             election_timeout: Duration::from_millis(100),
             extra_args: Vec::new(),
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
+            tls: None,
         }
     }
 }
@@ -68,6 +72,12 @@ impl EtcdOptions {
         self.startup_timeout = timeout;
         self
     }
+
+    /// Sets [`tls`](Self::tls): the server's certificate and key.
+    pub fn with_tls(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.tls = Some((cert.into(), key.into()));
+        self
+    }
 }
 
 /// A single-member etcd cluster running as a child process on 127.0.0.1.
@@ -81,6 +91,7 @@ impl EtcdOptions {
 pub struct EtcdServer {
     process: ServerProcess,
     peer_port: u16,
+    tls_port: Option<u16>,
 }
 
 impl EtcdServer {
@@ -95,10 +106,11 @@ impl EtcdServer {
     /// Fails promptly with [`ServerError::NotInstalled`] when the binary is missing.
     pub async fn start_with(opts: EtcdOptions) -> Result<Self, ServerError> {
         let program = require_program("etcd", &opts.binary, "etcd-server")?;
-        let (process, peer_port, took) = ServerProcess::start(SERVER, "lock-etcd-", |dir| {
+        let (process, ports, took) = ServerProcess::start(SERVER, "lock-etcd-", |dir| {
             let member = MemberPorts {
                 client: free_port()?,
                 peer: free_port()?,
+                tls: opts.tls.as_ref().map(|_| free_port()).transpose()?,
             };
             let launch = member_launch(&program, &opts, dir, 0, &[member]);
             let node = Instance::new(
@@ -109,13 +121,17 @@ impl EtcdServer {
                 Probe::EtcdHealth,
                 opts.startup_timeout,
             );
-            Ok((node, member.peer))
+            Ok((node, member))
         })
         .await?;
-        let server = Self { process, peer_port };
+        let server = Self {
+            process,
+            peer_port: ports.peer,
+            tls_port: ports.tls,
+        };
         info!(
             client_port = server.port(),
-            peer_port,
+            peer_port = server.peer_port,
             ?took,
             "etcd started"
         );
@@ -136,6 +152,12 @@ impl EtcdServer {
     /// The peer port.
     pub fn peer_port(&self) -> u16 {
         self.peer_port
+    }
+
+    /// With [`EtcdOptions::tls`], the TLS client endpoint, `https://127.0.0.1:port`.
+    pub fn tls_endpoint(&self) -> Option<String> {
+        self.tls_port
+            .map(|port| format!("https://127.0.0.1:{port}"))
     }
 }
 
@@ -176,6 +198,8 @@ impl TargetServer for EtcdServer {
 struct MemberPorts {
     client: u16,
     peer: u16,
+    /// Clients over TLS, with [`EtcdOptions::tls`].
+    tls: Option<u16>,
 }
 
 /// The command line of member `index` (named `n{index + 1}`) of the cluster `members`, its
@@ -195,7 +219,10 @@ fn member_launch(
         .collect::<Vec<_>>()
         .join(",");
     let me = members[index];
-    let client_url = format!("http://127.0.0.1:{}", me.client);
+    let mut client_url = format!("http://127.0.0.1:{}", me.client);
+    if let Some(port) = me.tls {
+        client_url.push_str(&format!(",https://127.0.0.1:{port}"));
+    }
     let mut args: Vec<OsString> = [
         "--name".to_owned(),
         format!("n{}", index + 1),
@@ -219,6 +246,10 @@ fn member_launch(
     .into_iter()
     .map(OsString::from)
     .collect();
+    if let Some((cert, key)) = &opts.tls {
+        args.push(format!("--cert-file={}", cert.display()).into());
+        args.push(format!("--key-file={}", key.display()).into());
+    }
     args.extend(opts.extra_args.iter().map(OsString::from));
     Launch {
         program: program.to_path_buf(),
@@ -269,6 +300,7 @@ impl EtcdCluster {
             members.push(MemberPorts {
                 client: free_port().map_err(no_clash)?,
                 peer: free_port().map_err(no_clash)?,
+                tls: None,
             });
         }
         let mut nodes = Vec::with_capacity(n);
