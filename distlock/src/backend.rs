@@ -48,7 +48,7 @@ pub enum BackendConfig {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     Redlock(lock_redis::RedlockConfig),
-    /// The etcd backend (`etcd://`).
+    /// The etcd backend (`etcd://`, `etcds://`).
     #[cfg(feature = "etcd")]
     #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
     Etcd(lock_etcd::EtcdConfig),
@@ -71,10 +71,10 @@ impl BackendConfig {
             "zk" | "zookeeper" => zookeeper_from_url(url, &scheme),
             "redis" | "rediss" => redis_from_url(url, &scheme),
             "redlock" => redlock_from_url(url, &scheme),
-            "etcd" => etcd_from_url(url, &scheme),
+            "etcd" | "etcds" => etcd_from_url(url, &scheme),
             _ => Err(LockError::config(format!(
                 "unknown URL scheme {scheme:?}; distlock supports memory://, zk:// (or \
-                 zookeeper://), redis://, rediss://, redlock:// and etcd:// (enabled \
+                 zookeeper://), redis://, rediss://, redlock://, etcd:// and etcds:// (enabled \
                  features: {})",
                 enabled_features()
             ))),

@@ -1,6 +1,7 @@
 //! Configuration of the etcd backend, and its connection URL.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lock_core::LockError;
@@ -48,8 +49,12 @@ lock_core::url_enum! {
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct EtcdConfig {
-    /// The servers' client endpoints, `http://host:port`.
+    /// The servers' client endpoints: `http://host:port`, or `https://host:port` for TLS
+    /// (`etcds://` URLs); all of one scheme.
     pub endpoints: Vec<String>,
+    /// With TLS, a PEM file of the certificate authorities to trust instead of the system's
+    /// (URL: `tls_ca=/path/ca.pem`).
+    pub tls_ca: Option<PathBuf>,
     /// The user and password, when the cluster has authentication on.
     pub user: Option<(String, String)>,
     /// The key prefix under which every lock lives: lock `N` is `{prefix}/{N escaped}/`.
@@ -85,6 +90,7 @@ impl EtcdConfig {
     fn with_params(endpoints: Vec<String>, params: EtcdParams) -> Self {
         EtcdConfig {
             endpoints,
+            tls_ca: params.tls_ca,
             user: None,
             prefix: params.prefix,
             lease_ttl: params.lease_ttl,
@@ -93,7 +99,9 @@ impl EtcdConfig {
         }
     }
 
-    /// Parses `etcd://[user:password@]h1:2379,h2:2379[/prefix]?lease_ttl=10s&strategy=predecessor&timeout=5s`.
+    /// Parses `etcd://[user:password@]h1:2379,h2:2379[/prefix]?lease_ttl=10s&strategy=predecessor&timeout=5s`,
+    /// or `etcds://...` for TLS (`&tls_ca=/path/ca.pem` to trust that authority instead of
+    /// the system's).
     ///
     /// # Errors
     ///
@@ -102,12 +110,15 @@ impl EtcdConfig {
     /// rejects.
     pub fn from_url(url: &str) -> Result<EtcdConfig, LockError> {
         let url = LockUrl::parse(url)?;
-        if url.scheme != "etcd" {
-            return Err(config_error(format!(
-                "the URL scheme is {:?}; expected etcd://",
-                url.scheme
-            )));
-        }
+        let scheme = match url.scheme.as_str() {
+            "etcd" => "http",
+            "etcds" => "https",
+            other => {
+                return Err(config_error(format!(
+                    "the URL scheme is {other:?}; expected etcd:// or etcds://"
+                )));
+            }
+        };
         let mut params: EtcdParams = url.query()?;
         if url.hosts.is_empty() {
             return Err(config_error(
@@ -118,7 +129,8 @@ impl EtcdConfig {
             params.prefix = url.path.trim_end_matches('/').to_owned();
         }
         let endpoints = url.hosts.iter().map(|h| h.to_address(DEFAULT_PORT));
-        let mut config = Self::with_params(endpoints.map(with_scheme).collect(), params);
+        let endpoints = endpoints.map(|address| format!("{scheme}://{address}"));
+        let mut config = Self::with_params(endpoints.collect(), params);
         config.user = match (url.username, url.password) {
             (Some(user), Some(password)) => Some((user, password)),
             (None, None) => None,
@@ -132,20 +144,37 @@ impl EtcdConfig {
     ///
     /// # Errors
     ///
-    /// [`LockError::Config`] for no endpoint, an endpoint with white space or a path, a
-    /// prefix that does not start with `/` or ends with one, an empty user, a lease that is
-    /// not whole seconds from 2 s to 1 h, or a timeout of zero or over an hour.
+    /// [`LockError::Config`] for no endpoint, an endpoint with white space or a path, http
+    /// and https endpoints together, a `tls_ca` without TLS, a prefix that does not start
+    /// with `/` or ends with one, an empty user, a lease that is not whole seconds from 2 s
+    /// to 1 h, or a timeout of zero or over an hour.
     pub fn validate(&self) -> Result<(), LockError> {
         if self.endpoints.is_empty() {
             return Err(config_error("at least one endpoint is required"));
         }
         for endpoint in &self.endpoints {
-            let address = endpoint.split_once("://").map_or("", |(_, rest)| rest);
+            let address = match endpoint.split_once("://") {
+                Some(("http" | "https", address)) => address,
+                _ => "",
+            };
             if address.is_empty() || address.contains(|c: char| c.is_whitespace() || c == '/') {
                 return Err(config_error(format!(
-                    "endpoint {endpoint:?} is not an http://host:port address"
+                    "endpoint {endpoint:?} is not an http://host:port or https://host:port address"
                 )));
             }
+        }
+        let tls = self.endpoints.iter().filter(|e| e.starts_with("https://"));
+        match tls.count() {
+            0 if self.tls_ca.is_some() => {
+                return Err(config_error(
+                    "tls_ca is set but TLS is off (use etcds://, or https:// endpoints)",
+                ));
+            }
+            0 => {}
+            n if n < self.endpoints.len() => {
+                return Err(config_error("endpoints mix http:// and https://"));
+            }
+            _ => {}
         }
         if !self.prefix.starts_with('/') || self.prefix.ends_with('/') {
             return Err(config_error(format!(
@@ -183,7 +212,19 @@ lock_core::setters! { EtcdConfig {
     with_strategy(strategy: EtcdStrategy) => strategy = strategy;
     /// Sets the bound on connecting and on every request.
     with_timeout(timeout: Duration) => timeout = timeout;
+    /// Trusts the certificate authorities in this PEM file instead of the system's (TLS,
+    /// `https://` endpoints, only).
+    with_tls_ca(path: impl Into<PathBuf>) => tls_ca = Some(path.into());
 }}
+
+impl EtcdConfig {
+    /// Whether the endpoints are reached over TLS (`https://`).
+    pub fn uses_tls(&self) -> bool {
+        self.endpoints
+            .first()
+            .is_some_and(|endpoint| endpoint.starts_with("https://"))
+    }
+}
 
 impl EtcdConfig {
     /// Sets the user and password.
@@ -198,6 +239,7 @@ impl fmt::Debug for EtcdConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdConfig")
             .field("endpoints", &self.endpoints)
+            .field("tls_ca", &self.tls_ca)
             .field("user", &self.user.as_ref().map(|(user, _)| user))
             .field("prefix", &self.prefix)
             .field("lease_ttl", &self.lease_ttl)
@@ -224,6 +266,7 @@ struct EtcdParams {
     #[serde(with = "duration")]
     timeout: Duration,
     prefix: String,
+    tls_ca: Option<PathBuf>,
 }
 
 impl Default for EtcdParams {
@@ -233,6 +276,7 @@ impl Default for EtcdParams {
             strategy: EtcdStrategy::default(),
             timeout: EtcdConfig::DEFAULT_TIMEOUT,
             prefix: EtcdConfig::DEFAULT_PREFIX.to_owned(),
+            tls_ca: None,
         }
     }
 }
@@ -264,6 +308,21 @@ mod tests {
     }
 
     #[test]
+    fn etcds_urls_are_tls() -> Result<(), LockError> {
+        let config = EtcdConfig::from_url("etcds://h1,h2:2380?tls_ca=/etc/ca.pem")?;
+        assert_eq!(config.endpoints, ["https://h1:2379", "https://h2:2380"]);
+        assert_eq!(
+            config.tls_ca.as_deref(),
+            Some(std::path::Path::new("/etc/ca.pem"))
+        );
+        assert!(config.uses_tls());
+        assert!(!EtcdConfig::from_url("etcd://h")?.uses_tls());
+        let mixed = EtcdConfig::new(["http://a:1", "https://b:2"]).validate();
+        assert!(mixed.is_err_and(|e| e.to_string().contains("mix")));
+        Ok(())
+    }
+
+    #[test]
     fn bad_urls_say_what_is_wrong() {
         for (url, expected) in [
             ("zk://h", "expected etcd://"),
@@ -277,6 +336,8 @@ mod tests {
                 "expected single, prefix or predecessor",
             ),
             ("etcd://alice@h", "both user and password"),
+            ("etcd://h?tls_ca=/ca.pem", "TLS is off"),
+            ("redis://h", "expected etcd:// or etcds://"),
         ] {
             let message = error(url);
             assert!(message.contains(expected), "{url}: {message}");

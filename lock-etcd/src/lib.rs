@@ -49,6 +49,7 @@
 //!
 //! ```text
 //! etcd://[user:password@]h1:2379,h2:2379[/prefix]?lease_ttl=10s&strategy=predecessor&timeout=5s
+//! etcds://h1:2379?tls_ca=/etc/etcd/ca.pem    # TLS; without tls_ca, the system's authorities
 //! ```
 
 mod config;

@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper};
+use etcd_client::{
+    Certificate, Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper, TlsOptions,
+};
 use lock_core::kit::{Closed, LostSignals};
 use lock_core::{LockError, LossReason, LostNotifier, Metrics};
 use tokio::time::Instant;
@@ -59,6 +61,9 @@ impl Session {
             .with_require_leader(true);
         if let Some((user, password)) = &config.user {
             options = options.with_user(user.clone(), password.clone());
+        }
+        if config.uses_tls() {
+            options = options.with_tls(tls_options(config)?);
         }
         let endpoints = config.endpoints.join(",");
         let connecting = Client::connect(config.endpoints.clone(), Some(options));
@@ -203,6 +208,22 @@ impl Session {
 
 /// How long a read whose answer was lost waits before it is sent again.
 const READ_AGAIN_PAUSE: Duration = Duration::from_millis(100);
+
+/// TLS towards `config`'s endpoints: trusting the authorities of its `tls_ca` file, or the
+/// system's.
+fn tls_options(config: &EtcdConfig) -> Result<TlsOptions, LockError> {
+    let tls = TlsOptions::new();
+    let Some(path) = &config.tls_ca else {
+        return Ok(tls.with_native_roots());
+    };
+    let pem = std::fs::read(path).map_err(|error| {
+        LockError::config(format!(
+            "etcd: cannot read tls_ca {}: {error}",
+            path.display()
+        ))
+    })?;
+    Ok(tls.ca_certificate(Certificate::from_pem(pem)))
+}
 
 /// `request`, or a retryable connection error after `timeout`.
 pub(crate) async fn bounded<T>(
