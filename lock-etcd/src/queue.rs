@@ -179,8 +179,9 @@ impl Queue {
         }
     }
 
-    /// Creates `entry`'s key on the session's lease unless it exists (a create sent again
-    /// after a lost reply): its create revision either way.
+    /// Creates `entry`'s key on the session's lease unless it exists: its create revision
+    /// either way. A create whose answer is lost is sent again while the session lives
+    /// (see [`Session::again`]): made already, it finds the key, which the lease names.
     async fn create(&self, session: &Arc<Session>, entry: &Entry) -> Result<i64, LockError> {
         let key = entry.key.as_str();
         let txn = Txn::new()
@@ -191,8 +192,11 @@ impl Queue {
                 Some(PutOptions::new().with_lease(session.lease)),
             )])
             .or_else([TxnOp::get(key, None)]);
-        let answer = entry
-            .send_create(session, self.name.as_str(), txn, created_or_found)
+        let name = self.name.as_str();
+        let answer = session
+            .again(name, || {
+                entry.send_create(session, name, txn.clone(), created_or_found)
+            })
             .await?;
         created_or_found(&answer).ok_or_else(|| self.place_gone())
     }

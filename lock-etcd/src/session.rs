@@ -177,21 +177,32 @@ impl Session {
 }
 
 impl Session {
-    /// Sends a read (a look at a queue, a watch), and sends it again after a short pause
-    /// while its answer is lost to a cause that may pass — a member down, a leader
-    /// election — for as long as the session lives and at most its ttl after the first
-    /// failure: a waiter rides out a failover, as Curator's recipes ride out a connection
-    /// loss. Reads only: asking twice changes nothing.
+    /// Sends a read (a look at a queue, a watch), and sends it again while its answer is
+    /// lost to a cause that may pass; see [`again`](Self::again). Reads only: asking twice
+    /// changes nothing.
     pub(crate) async fn read<T, F, Fut>(&self, name: &str, mut request: F) -> Result<T, LockError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
+        self.again(name, || self.ask(name, request())).await
+    }
+
+    /// Makes `attempt`, and makes it again after a short pause while it fails for a cause
+    /// that may pass — a member down, a leader election — for as long as the session lives
+    /// and at most its ttl after the first failure: a waiter rides out a failover, as
+    /// Curator's recipes ride out a connection loss. Only for what is safe to do twice: a
+    /// read, or a create that finds its own key if it was made already.
+    pub(crate) async fn again<T, F, Fut>(&self, name: &str, mut attempt: F) -> Result<T, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, LockError>>,
+    {
         let began = Instant::now();
         loop {
-            match self.ask(name, request()).await {
+            match attempt().await {
                 Err(error) if error.is_retryable() && began.elapsed() < self.ttl => {
-                    tracing::debug!(lock = name, %error, "etcd: no answer to a read; asking again");
+                    tracing::debug!(lock = name, %error, "etcd: no answer; asking again");
                     tokio::select! {
                         () = tokio::time::sleep(READ_AGAIN_PAUSE) => {}
                         () = self.over.wait() => return Err(LockError::SessionExpired {
@@ -206,7 +217,7 @@ impl Session {
     }
 }
 
-/// How long a read whose answer was lost waits before it is sent again.
+/// How long a request whose answer was lost waits before it is sent again.
 const READ_AGAIN_PAUSE: Duration = Duration::from_millis(100);
 
 /// TLS towards `config`'s endpoints: trusting the authorities of its `tls_ca` file, or the

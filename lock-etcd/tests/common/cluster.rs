@@ -22,7 +22,11 @@ pub(crate) enum Members {
 
 impl Members {
     async fn start(n: usize) -> Result<Self, ServerError> {
-        let opts = EtcdOptions::default();
+        // etcd's own defaults: the test servers' 10 ms heartbeats would make a member that
+        // a busy machine starves for 100 ms call an election, with no fault injected.
+        let mut opts = EtcdOptions::default();
+        opts.heartbeat_interval = Duration::from_millis(100);
+        opts.election_timeout = Duration::from_millis(1000);
         Ok(match ServerMode::from_env()? {
             ServerMode::Containers => {
                 Members::Containers(EtcdContainerCluster::start(n, opts).await?)

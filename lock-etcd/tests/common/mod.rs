@@ -16,16 +16,21 @@ use std::time::Duration;
 use cluster::SharedCluster;
 use etcd_client::{Client as EtcdClient, GetOptions, Permission, SortOrder, SortTarget};
 use lock_conformance::{
-    Client, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind, SessionExpiry,
-    Timing, async_trait,
+    Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind,
+    SessionExpiry, Timing, async_trait,
 };
 use lock_core::{LockError, LockName, LockProvider};
 use lock_etcd::{EtcdConfig, EtcdLockProvider, EtcdStrategy};
+use lock_testbed::proxy::{FaultProxy, ReplyKind};
 use lock_testbed::servers::{EtcdOptions, EtcdTarget, free_port, shared_etcd};
 
 /// Short leases so that crash and expiry cases finish quickly (etcd's leases are whole
 /// seconds; its minimum is a few election timeouts, well under this).
 pub(crate) const LEASE_TTL: Duration = Duration::from_secs(2);
+
+/// The leases over a cluster: a leader's failover (an election timeout of 1 s, and up to
+/// twice that) must fit in one, as in production.
+pub(crate) const CLUSTER_LEASE_TTL: Duration = Duration::from_secs(5);
 
 /// A raw client of `endpoint`.
 pub(crate) async fn admin_client(endpoint: &str) -> EtcdClient {
@@ -109,6 +114,8 @@ pub(crate) struct EtcdHarness {
     endpoints: Vec<String>,
     admin: EtcdClient,
     cluster: Option<&'static SharedCluster>,
+    /// [`LEASE_TTL`], or [`CLUSTER_LEASE_TTL`] over a cluster.
+    lease_ttl: Duration,
     /// Held for the harness's lifetime over a cluster: one case at a time.
     _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
     /// The server with authentication on, once a case asked for it.
@@ -127,6 +134,7 @@ impl EtcdHarness {
             endpoints: vec![endpoint],
             admin,
             cluster: None,
+            lease_ttl: LEASE_TTL,
             _turn: None,
             secured: tokio::sync::OnceCell::new(),
         }
@@ -149,6 +157,7 @@ impl EtcdHarness {
             endpoints: cluster.endpoints.clone(),
             admin,
             cluster: Some(cluster),
+            lease_ttl: CLUSTER_LEASE_TTL,
             _turn: Some(turn),
             secured: tokio::sync::OnceCell::new(),
         }
@@ -221,17 +230,98 @@ impl EtcdHarness {
         EtcdConfig::new(self.endpoints.clone())
             .with_prefix(prefix)
             .with_strategy(self.strategy)
-            .with_lease_ttl(LEASE_TTL)
+            .with_lease_ttl(self.lease_ttl)
             .with_timeout(Duration::from_secs(2))
     }
 
-    async fn client_with(&self, config: EtcdConfig) -> Result<Client, LockError> {
+    /// A client that reaches the servers through fault proxies of its own.
+    async fn client_with(&self, mut config: EtcdConfig) -> Result<Client, LockError> {
+        let proxies = Arc::new(Proxies::start(&config.endpoints));
+        config.endpoints = proxies.endpoints();
         let provider = Arc::new(EtcdLockProvider::connect(config).await?);
         let session = Arc::new(LeaseRevoke {
             provider: Arc::downgrade(&provider),
             admin: self.admin.clone(),
         });
-        Ok(Client::new(provider, session))
+        Ok(Client::new(provider, session).with_faults(proxies))
+    }
+}
+
+/// One client's fault proxies: one in front of each server. The client is given the
+/// proxies' endpoints instead of the servers'.
+pub(crate) struct Proxies(Vec<FaultProxy>);
+
+impl Proxies {
+    /// A proxy in front of each of `endpoints` (`http://127.0.0.1:port`).
+    pub(crate) fn start(endpoints: &[String]) -> Self {
+        Proxies(
+            endpoints
+                .iter()
+                .map(|endpoint| {
+                    let address = endpoint.trim_start_matches("http://");
+                    let server = address.parse().expect("a server's socket address");
+                    FaultProxy::start(server).expect("a fault proxy")
+                })
+                .collect(),
+        )
+    }
+
+    /// Replies swallowed so far, on every proxy.
+    pub(crate) fn swallowed(&self) -> u64 {
+        self.0.iter().map(|proxy| proxy.swallowed_count()).sum()
+    }
+
+    /// The proxies' endpoints.
+    pub(crate) fn endpoints(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .map(|proxy| format!("http://{}", proxy.address()))
+            .collect()
+    }
+}
+
+#[async_trait]
+impl ClientFaults for Proxies {
+    async fn cut_connection(&self) -> FaultResult {
+        self.0.iter().for_each(|proxy| proxy.cut());
+        Ok(())
+    }
+
+    async fn restore(&self) -> FaultResult {
+        self.0.iter().for_each(|proxy| proxy.pass());
+        Ok(())
+    }
+
+    async fn delay_connection(&self, latency: Duration) -> FaultResult {
+        self.0.iter().for_each(|proxy| proxy.delay(latency));
+        Ok(())
+    }
+
+    /// gRPC replies are not told apart on the wire: the next thing a server sends on an
+    /// open connection is dropped and that connection cut (armed on every open connection,
+    /// the others disarmed once one has fired). The create sent right after is the
+    /// client's next request, so it is nearly always its reply that goes missing; when a
+    /// keep-alive's answer goes instead, that round is an ordinary connection loss.
+    async fn lose_next_create_reply(&self) -> FaultResult {
+        let armed: Vec<_> = self
+            .0
+            .iter()
+            .filter(|proxy| proxy.open_connections() > 0)
+            .map(|proxy| proxy.swallow_next_reply(ReplyKind::AnyNextReply))
+            .collect();
+        if armed.is_empty() {
+            return Err(FaultError::Failed(
+                "the client has no open connection".into(),
+            ));
+        }
+        tokio::spawn(async move {
+            let fired = armed.iter().map(|handle| Box::pin(handle.wait()));
+            futures_util::future::select_all(fired).await;
+            armed.iter().for_each(|handle| {
+                handle.disarm();
+            });
+        });
+        Ok(())
     }
 }
 
@@ -270,8 +360,8 @@ impl Harness for EtcdHarness {
         Timing::default()
             .with_operation_slack(Duration::from_secs(1))
             .with_handoff_bound(Duration::from_secs(2))
-            .with_loss_bound(LEASE_TTL * 3)
-            .with_crash_release_bound(LEASE_TTL * 3)
+            .with_loss_bound(self.lease_ttl * 3)
+            .with_crash_release_bound(self.lease_ttl * 3)
             .with_short_timeout(Duration::from_millis(300))
     }
 

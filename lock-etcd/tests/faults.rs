@@ -1,0 +1,61 @@
+//! Faults on one client's connection that the conformance cases do not look into: what a
+//! lost create reply does, seen from the wire.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed set-up or check must fail the test"
+)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{EtcdHarness, Proxies, contenders};
+use lock_conformance::{ClientFaults, unique_name};
+use lock_core::LockProvider;
+use lock_etcd::{EtcdConfig, EtcdLockProvider, EtcdStrategy};
+
+/// The create's reply is lost (the server made the key): the acquire fails retryably or
+/// adopts the key, and either way no key is left once it is over; the next acquire works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_create_reply_leaves_no_key() {
+    let h = EtcdHarness::new(EtcdStrategy::Predecessor).await;
+    let proxies = Proxies::start(&[h.endpoint()]);
+    let config = EtcdConfig::new(proxies.endpoints())
+        .with_lease_ttl(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(2));
+    let provider = EtcdLockProvider::connect(config).await.unwrap();
+    let name = unique_name("lost-create");
+    let lock = provider.lock(&name).unwrap();
+    for round in 0..5 {
+        proxies.lose_next_create_reply().await.unwrap();
+        let swallowed = proxies.swallowed();
+        match lock.acquire(Some(Duration::from_secs(5))).await {
+            Ok(mut guard) => guard.release().await.unwrap(),
+            Err(error) => assert!(error.is_retryable(), "round {round}: {error}"),
+        }
+        assert!(
+            proxies.swallowed() > swallowed,
+            "round {round}: no reply was swallowed"
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let left = contenders(h.admin(), EtcdConfig::DEFAULT_PREFIX, &name).await;
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: keys left behind: {left:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut again = lock.acquire(Some(Duration::from_secs(5))).await.unwrap();
+        again.release().await.unwrap();
+    }
+    assert!(
+        proxies.swallowed() >= 5,
+        "{} replies swallowed",
+        proxies.swallowed()
+    );
+}
