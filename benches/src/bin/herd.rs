@@ -151,7 +151,9 @@ fn progress(done: usize, total: usize, what: &str) {
     let _ = std::io::stderr().flush();
 }
 
-async fn comparison(args: &Args, servers: &Servers) -> Result<Vec<Measurement>, String> {
+/// Every strategy at every N. A run that fails is reported and left out, and the others go
+/// on: the failures come back beside the measurements.
+async fn comparison(args: &Args, servers: &Servers) -> (Vec<Measurement>, Vec<String>) {
     let options = RunOptions::new(
         args.handoffs,
         Duration::from_millis(args.hold_ms),
@@ -159,12 +161,17 @@ async fn comparison(args: &Args, servers: &Servers) -> Result<Vec<Measurement>, 
     );
     let total = args.strategies.len() * args.contenders.len();
     let mut results = Vec::with_capacity(total);
+    let mut failures = Vec::new();
     for strategy in &args.strategies {
         for &n in &args.contenders {
-            progress(results.len(), total, &format!("{strategy} N={n}"));
+            progress(
+                results.len() + failures.len(),
+                total,
+                &format!("{strategy} N={n}"),
+            );
             // The floor is measured next to the run it is compared with (the servers warm
             // up as the comparison goes on).
-            let floors = scenario::floors(
+            let measured = match scenario::floors(
                 strategy.backend(),
                 servers,
                 args.floor_rounds,
@@ -172,16 +179,24 @@ async fn comparison(args: &Args, servers: &Servers) -> Result<Vec<Measurement>, 
                 options.hold,
             )
             .await
-            .map_err(|e| format!("the {} floor: {e}", strategy.backend().as_str()))?;
-            let measured = scenario::run(*strategy, n, servers, options, floors)
-                .await
-                .map_err(|e| format!("{strategy} with {n} contenders: {e}"))?;
-            results.push(measured);
+            {
+                Ok(floors) => scenario::run(*strategy, n, servers, options, floors)
+                    .await
+                    .map_err(|e| format!("{strategy} with {n} contenders: {e}")),
+                Err(e) => Err(format!("the {} floor: {e}", strategy.backend().as_str())),
+            };
+            match measured {
+                Ok(measured) => results.push(measured),
+                Err(failure) => {
+                    eprintln!("\nherd: {failure}");
+                    failures.push(failure);
+                }
+            }
         }
     }
     progress(total, total, "done");
     eprintln!();
-    Ok(results)
+    (results, failures)
 }
 
 async fn scale_runs(
@@ -210,12 +225,16 @@ async fn main_async(args: Args) -> Result<(), String> {
     }
     let started = servers(&args).await?;
     let began = Instant::now();
-    let (measurements, scaled) = match args.scale {
+    let (measurements, scaled, failures) = match args.scale {
         Some(locks) => (
             Vec::new(),
             scale_runs(&args, &started.servers, locks).await?,
+            Vec::new(),
         ),
-        None => (comparison(&args, &started.servers).await?, Vec::new()),
+        None => {
+            let (measurements, failures) = comparison(&args, &started.servers).await;
+            (measurements, Vec::new(), failures)
+        }
     };
     if !measurements.is_empty() {
         println!("{}", report::table(&measurements));
@@ -252,6 +271,13 @@ async fn main_async(args: Args) -> Result<(), String> {
             dir.display(),
             written.len()
         );
+    }
+    if !failures.is_empty() {
+        return Err(format!(
+            "{} runs failed and are left out of the results:\n  {}",
+            failures.len(),
+            failures.join("\n  ")
+        ));
     }
     Ok(())
 }
