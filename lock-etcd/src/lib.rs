@@ -33,9 +33,10 @@
 //!   or the server says the lease is gone, every guard's lost signal fires and waiters fail
 //!   with `SessionExpired` — never after the server could have freed the keys. A guard's
 //!   key deleted by someone else fires its signal too.
-//! - A waiter rides out a member's failure or a leader election: a look at the queue or a
-//!   watch whose answer is lost is sent again while the session lives, for at most the
-//!   lease's ttl.
+//! - A contender rides out a member's failure or a leader election: a create, a look at
+//!   the queue or a watch whose answer is lost is sent again while the session lives, for
+//!   at most the lease's ttl and never past the acquire's timeout (a `try_acquire` makes
+//!   one attempt). A create sent twice finds its own key.
 //! - New acquisitions after a session's end get a new session (a new lease).
 //!
 //! # Inside

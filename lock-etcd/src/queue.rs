@@ -151,10 +151,11 @@ impl Queue {
         blockers: Blockers<'_>,
         deadline: &Deadline,
     ) -> Result<Option<i64>, LockError> {
-        let mine = self.create(session, entry).await?;
+        let mine = self.create(session, entry, deadline).await?;
         let mut wakeups = Wakeups::new(&self.shared.metrics);
         loop {
-            let (nearest, revision) = match self.look(session, &entry.key, mine, blockers).await? {
+            let looked = self.look(session, &entry.key, mine, blockers, deadline);
+            let (nearest, revision) = match looked.await? {
                 Turn::Held => return Ok(Some(mine)),
                 Turn::Blocked { nearest, revision } => (nearest, revision),
             };
@@ -182,7 +183,12 @@ impl Queue {
     /// Creates `entry`'s key on the session's lease unless it exists: its create revision
     /// either way. A create whose answer is lost is sent again while the session lives
     /// (see [`Session::again`]): made already, it finds the key, which the lease names.
-    async fn create(&self, session: &Arc<Session>, entry: &Entry) -> Result<i64, LockError> {
+    async fn create(
+        &self,
+        session: &Arc<Session>,
+        entry: &Entry,
+        deadline: &Deadline,
+    ) -> Result<i64, LockError> {
         let key = entry.key.as_str();
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
@@ -194,7 +200,7 @@ impl Queue {
             .or_else([TxnOp::get(key, None)]);
         let name = self.name.as_str();
         let answer = session
-            .again(name, || {
+            .again(name, deadline, || {
                 entry.send_create(session, name, txn.clone(), created_or_found)
             })
             .await?;
@@ -209,6 +215,7 @@ impl Queue {
         key: &str,
         mine: i64,
         blockers: Blockers<'_>,
+        deadline: &Deadline,
     ) -> Result<Turn, LockError> {
         let before = GetOptions::new()
             .with_prefix()
@@ -221,7 +228,7 @@ impl Queue {
             TxnOp::get(blockers.dir, Some(before)),
         ]);
         let answer = session
-            .read(self.name.as_str(), || {
+            .read(self.name.as_str(), deadline, || {
                 let mut kv = session.client.kv_client();
                 let txn = txn.clone();
                 async move { kv.txn(txn).await }
@@ -264,7 +271,7 @@ impl Queue {
             }
         };
         let (_watcher, mut stream) = session
-            .read(self.name.as_str(), || {
+            .read(self.name.as_str(), deadline, || {
                 let mut watches = session.client.watch_client();
                 let options = options.clone();
                 async move { watches.watch(key, Some(options)).await }

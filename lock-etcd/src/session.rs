@@ -17,7 +17,7 @@ use etcd_client::{
     Certificate, Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper, TlsOptions,
 };
 use lock_core::kit::{Closed, LostSignals};
-use lock_core::{LockError, LossReason, LostNotifier, Metrics};
+use lock_core::{Deadline, LockError, LossReason, LostNotifier, Metrics};
 use tokio::time::Instant;
 
 use crate::config::EtcdConfig;
@@ -180,20 +180,32 @@ impl Session {
     /// Sends a read (a look at a queue, a watch), and sends it again while its answer is
     /// lost to a cause that may pass; see [`again`](Self::again). Reads only: asking twice
     /// changes nothing.
-    pub(crate) async fn read<T, F, Fut>(&self, name: &str, mut request: F) -> Result<T, LockError>
+    pub(crate) async fn read<T, F, Fut>(
+        &self,
+        name: &str,
+        deadline: &Deadline,
+        mut request: F,
+    ) -> Result<T, LockError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        self.again(name, || self.ask(name, request())).await
+        self.again(name, deadline, || self.ask(name, request()))
+            .await
     }
 
     /// Makes `attempt`, and makes it again after a short pause while it fails for a cause
-    /// that may pass — a member down, a leader election — for as long as the session lives
-    /// and at most its ttl after the first failure: a waiter rides out a failover, as
-    /// Curator's recipes ride out a connection loss. Only for what is safe to do twice: a
-    /// read, or a create that finds its own key if it was made already.
-    pub(crate) async fn again<T, F, Fut>(&self, name: &str, mut attempt: F) -> Result<T, LockError>
+    /// that may pass — a member down, a leader election — for as long as the session lives,
+    /// the caller's `deadline` allows, and at most the session's ttl after the first
+    /// failure: a waiter rides out a failover, as Curator's recipes ride out a connection
+    /// loss, and a try (an immediate deadline) makes one attempt. Only for what is safe to
+    /// do twice: a read, or a create that finds its own key if it was made already.
+    pub(crate) async fn again<T, F, Fut>(
+        &self,
+        name: &str,
+        deadline: &Deadline,
+        mut attempt: F,
+    ) -> Result<T, LockError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, LockError>>,
@@ -201,7 +213,12 @@ impl Session {
         let began = Instant::now();
         loop {
             match attempt().await {
-                Err(error) if error.is_retryable() && began.elapsed() < self.ttl => {
+                Err(error)
+                    if error.is_retryable()
+                        && began.elapsed() < self.ttl
+                        && !deadline.is_immediate()
+                        && !deadline.has_passed() =>
+                {
                     tracing::debug!(lock = name, %error, "etcd: no answer; asking again");
                     tokio::select! {
                         () = tokio::time::sleep(READ_AGAIN_PAUSE) => {}
