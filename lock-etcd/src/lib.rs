@@ -7,7 +7,8 @@
 //! is its [fencing token](lock_core::FencingToken). Three strategies: the herd-free
 //! [`Predecessor`](EtcdStrategy::Predecessor) (the default; the layout of etcd's own
 //! `concurrency.Mutex`, so that `etcdctl lock` and distlock exclude each other), the herd
-//! [`Prefix`](EtcdStrategy::Prefix), and the naive [`Single`](EtcdStrategy::Single).
+//! [`Prefix`](EtcdStrategy::Prefix), and the naive [`Single`](EtcdStrategy::Single). The
+//! [read-write lock](EtcdRwLock) and the [semaphore](EtcdSemaphore) queue the same way.
 //!
 //! ```no_run
 //! use lock_core::LockProvider;
@@ -24,8 +25,9 @@
 //!
 //! - A create is a transaction that writes the key only if it is absent, and the key is
 //!   named by the lease: a create sent twice makes one key. A create whose reply is lost
-//!   ends the attempt with a retryable error, and its key is deleted in the background; a
-//!   delete of a key whose create revision is known takes that key only.
+//!   is sent again (see below); when that cannot be, the attempt ends with a retryable
+//!   error and its key is deleted in the background. A delete of a key whose create
+//!   revision is known takes that key only.
 //! - Dropping an `acquire` future, a timeout, or an error deletes the contender's key, in
 //!   the background if need be, retried until it succeeds or the session ends.
 //! - While keep-alives fail, guards are [suspect](lock_core::Guard::is_suspect); once the
@@ -36,7 +38,7 @@
 //! - A contender rides out a member's failure or a leader election: a create, a look at
 //!   the queue or a watch whose answer is lost is sent again while the session lives, for
 //!   at most the lease's ttl and never past the acquire's timeout (a `try_acquire` makes
-//!   one attempt). A create sent twice finds its own key.
+//!   one attempt).
 //! - New acquisitions after a session's end get a new session (a new lease).
 //!
 //! # Inside
