@@ -11,8 +11,8 @@
 //! [`servers`] starts ZooKeeper (standalone or an ensemble), Redis (with or without a
 //! password or an ACL user) and etcd from the machine's Debian packages, each on free
 //! loopback ports with its own temporary directory, and waits until it serves. A server
-//! dies with its handle and, thanks to a watchdog, with the test process however that
-//! process ends. Fault injection (pause, resume, kill, restart) signals the server's
+//! dies, and its directory goes, with its handle and, thanks to watchdogs, with the test
+//! process however that process ends. Fault injection (pause, resume, kill, restart) signals the server's
 //! process group.
 //!
 //! Where they run is chosen by [`LOCK_TEST_SERVERS`](servers::SERVERS_ENV):

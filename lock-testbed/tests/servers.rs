@@ -10,13 +10,14 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lock_testbed::servers::{
-    EtcdOptions, EtcdServer, LocalServer, REDIS_ENV, RedisOptions, RedisServer, RedisTarget,
-    SERVERS_ENV, ServerError, ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget, shared_redis,
-    shared_zk,
+    ETCD_ENV, EtcdOptions, EtcdServer, LocalServer, REDIS_ENV, RedisOptions, RedisServer,
+    RedisTarget, SERVERS_ENV, ServerError, ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget,
+    shared_etcd, shared_redis, shared_zk,
 };
 
 /// Set in the child test process that starts shared servers and then exits without
@@ -626,17 +627,18 @@ fn helper_start_shared_servers_then_die() {
             std::thread::sleep(Duration::from_secs(1));
         }
     }
+    let etcd = shared_etcd().unwrap().server().unwrap();
     let zk = zk.server().unwrap();
     let redis = redis.server().unwrap();
-    writeln!(
-        out,
-        "SERVERS {} {} {} {}",
-        zk.pid().unwrap(),
-        zk.port(),
-        redis.pid().unwrap(),
-        redis.port()
-    )
-    .unwrap();
+    write!(out, "SERVERS").unwrap();
+    for (pid, port, dir) in [
+        (zk.pid(), zk.port(), zk.dir()),
+        (redis.pid(), redis.port(), redis.dir()),
+        (etcd.pid(), etcd.port(), etcd.dir()),
+    ] {
+        write!(out, " {} {} {}", pid.unwrap(), port, dir.display()).unwrap();
+    }
+    writeln!(out).unwrap();
     out.flush().unwrap();
     drop(out);
     // Wait for the parent to have seen the servers alive; exiting at once would race it.
@@ -657,6 +659,7 @@ fn helper(mode: &str, env: &[(&str, &str)]) -> (std::process::Child, String) {
         .env(HELPER_ENV, mode)
         .env_remove(ZK_ENV)
         .env_remove(REDIS_ENV)
+        .env_remove(ETCD_ENV)
         .env_remove(SERVERS_ENV)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -691,15 +694,29 @@ fn helper(mode: &str, env: &[(&str, &str)]) -> (std::process::Child, String) {
 
 fn assert_no_leftovers(mode: &str) {
     let (mut child, line) = helper(mode, &[]);
-    let fields: Vec<u32> = line
-        .split_whitespace()
-        .skip(1)
-        .map(|f| f.parse().unwrap())
+    let fields: Vec<&str> = line.split_whitespace().skip(1).collect();
+    let servers: Vec<(&str, u32, u16, PathBuf)> = ["ZooKeeper", "Redis", "etcd"]
+        .into_iter()
+        .zip(fields.chunks(3))
+        .map(|(what, server)| match server {
+            [pid, port, dir] => (
+                what,
+                pid.parse().unwrap(),
+                port.parse().unwrap(),
+                dir.into(),
+            ),
+            _ => panic!("bad helper line {line:?}"),
+        })
         .collect();
-    let [zk_pid, zk_port, redis_pid, redis_port] = fields[..] else {
-        panic!("bad helper line {line:?}");
-    };
-    assert!(!process_gone(zk_pid) && !process_gone(redis_pid));
+    assert_eq!(servers.len(), 3, "bad helper line {line:?}");
+    for (what, pid, _, dir) in &servers {
+        assert!(!process_gone(*pid), "{what} is not running");
+        assert!(
+            dir.is_dir(),
+            "{what}'s directory {} is missing",
+            dir.display()
+        );
+    }
     // The go-ahead: `exit` ends now; `hang` keeps waiting and is killed.
     writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
     if mode == "hang" {
@@ -708,11 +725,7 @@ fn assert_no_leftovers(mode: &str) {
     let status = child.wait().unwrap();
     eprintln!("helper ({mode}) ended: {status}");
     let began = Instant::now();
-    for (what, pid, port) in [
-        ("ZooKeeper", zk_pid, zk_port),
-        ("Redis", redis_pid, redis_port),
-    ] {
-        let port = u16::try_from(port).unwrap();
+    for (what, pid, port, dir) in servers {
         assert!(
             eventually(Duration::from_secs(5), || process_gone(pid)),
             "{what} pid {pid} outlived the test process ({mode})"
@@ -720,6 +733,12 @@ fn assert_no_leftovers(mode: &str) {
         assert!(
             eventually(Duration::from_secs(5), || port_free(port)),
             "{what} port {port} still bound after the test process ended ({mode})"
+        );
+        // etcd preallocates 64 MB of write-ahead log: a leaked directory fills disks.
+        assert!(
+            eventually(Duration::from_secs(5), || !dir.exists()),
+            "{what}'s directory {} outlived the test process ({mode})",
+            dir.display()
         );
     }
     eprintln!(

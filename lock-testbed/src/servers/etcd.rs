@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use tempfile::TempDir;
 use tracing::info;
 
 use super::probe::{Probe, http_get};
-use super::process::{Instance, Launch, free_port, loopback, require_program, retry_port_clash};
+use super::process::{
+    Instance, Launch, ScratchDir, free_port, loopback, require_program, retry_port_clash,
+};
 use super::target::{Target, TargetServer};
 use super::{DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess};
 
@@ -265,7 +266,7 @@ fn member_launch(
 #[derive(Debug)]
 pub struct EtcdCluster {
     nodes: Vec<Instance>,
-    dir: TempDir,
+    dir: ScratchDir,
 }
 
 impl EtcdCluster {
@@ -291,10 +292,7 @@ impl EtcdCluster {
         program: &Path,
     ) -> Result<Self, (ServerError, bool)> {
         let no_clash = |err: ServerError| (err, false);
-        let dir = tempfile::Builder::new()
-            .prefix("lock-etcd-cluster-")
-            .tempdir()
-            .map_err(|e| no_clash(e.into()))?;
+        let dir = ScratchDir::new("lock-etcd-cluster-").map_err(no_clash)?;
         let mut members = Vec::with_capacity(n);
         for _ in 0..n {
             members.push(MemberPorts {

@@ -6,10 +6,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use tempfile::TempDir;
 
 use super::ServerError;
-use super::process::{Instance, retry_port_clash};
+use super::process::{Instance, ScratchDir, retry_port_clash};
 
 /// The process and the temporary directory of a server started here (a [`ZkServer`],
 /// [`RedisServer`] or [`EtcdServer`]); [`LocalServer`] works on it.
@@ -24,7 +23,7 @@ use super::process::{Instance, retry_port_clash};
 pub struct ServerProcess {
     // Declared (so dropped) before `dir`: the process goes before its directory.
     node: Instance,
-    dir: TempDir,
+    dir: ScratchDir,
 }
 
 impl ServerProcess {
@@ -40,10 +39,7 @@ impl ServerProcess {
     ) -> Result<(Self, T, Duration), ServerError> {
         let prepare = &prepare;
         retry_port_clash(server, || async move {
-            let dir = tempfile::Builder::new()
-                .prefix(prefix)
-                .tempdir()
-                .map_err(|err| (err.into(), false))?;
+            let dir = ScratchDir::new(prefix).map_err(|err| (err, false))?;
             let (mut node, extra) = prepare(dir.path()).map_err(|err| (err, false))?;
             match node.start().await {
                 Ok(took) => Ok((Self { node, dir }, extra, took)),

@@ -12,8 +12,9 @@
 //! its destructors (`std::process::exit`, an abort, `SIGKILL`): each server has a tiny
 //! watchdog (`/bin/sh`, in its own process group) that blocks reading a pipe whose only
 //! writer is the test process. When the test process is gone the pipe reports end-of-file
-//! and the watchdog kills the server's process group. This is what makes the process-wide
-//! [`shared_zk`] and [`shared_redis`] servers safe: Rust never drops statics.
+//! and the watchdog kills the server's process group; another one removes the server's
+//! directory. This is what makes the process-wide [`shared_zk`], [`shared_redis`] and
+//! [`shared_etcd`] servers safe: Rust never drops statics.
 //!
 //! [`ZkServer`], [`RedisServer`] and [`EtcdServer`] share their address, pid, directory and
 //! log accessors and their fault injection (pause, resume, kill, restart) through the

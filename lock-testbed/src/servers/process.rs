@@ -2,7 +2,7 @@
 //! exit watchdog, log files, bounded readiness.
 
 use std::collections::BTreeSet;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
+use tempfile::TempDir;
 use tracing::{debug, info, warn};
 
 use super::ServerError;
@@ -188,9 +189,109 @@ pub(crate) struct Launch {
     pub(crate) cwd: PathBuf,
 }
 
-/// The watchdog script: wait until the test process is gone (its end of the pipe on our
-/// stdin closes), then kill the server's process group. `$1` is the group id.
-const WATCHDOG_SCRIPT: &str = "read -r _ignored; kill -s KILL -- \"-$1\" 2>/dev/null; exit 0";
+/// A `/bin/sh` running a clean-up script (`$1` = its argument) once a pipe that only this
+/// process writes closes: when the watchdog is dropped (then waited for), or when the test
+/// process ends without dropping it (a process-wide static, an abort, `SIGKILL`).
+/// [`disarm`](Self::disarm) ends it without running the script.
+#[derive(Debug)]
+pub(crate) struct Watchdog {
+    what: &'static str,
+    arg: String,
+    process: Option<(Child, ChildStdin)>,
+}
+
+impl Watchdog {
+    /// Starts it; without `/bin/sh` it does nothing (with a warning).
+    pub(crate) fn spawn(script: &str, what: &'static str, arg: impl AsRef<OsStr>) -> Self {
+        let arg = arg.as_ref();
+        // The pipe's write end is close-on-exec: no other child inherits it.
+        let spawned = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(script)
+            .arg("lock-testbed-watchdog")
+            .arg(arg)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn();
+        let arg = arg.to_string_lossy().into_owned();
+        let process = match spawned {
+            Ok(mut watchdog) => match watchdog.stdin.take() {
+                Some(pipe) => Some((watchdog, pipe)),
+                None => {
+                    let _ = watchdog.kill();
+                    let _ = watchdog.wait();
+                    None
+                }
+            },
+            Err(err) => {
+                warn!(%what, %arg, %err, "no exit watchdog: it outlives an aborted test process");
+                None
+            }
+        };
+        Self { what, arg, process }
+    }
+
+    /// Ends the watchdog without running its script (the owner cleaned up itself).
+    pub(crate) fn disarm(&mut self) {
+        if let Some((mut watchdog, pipe)) = self.process.take() {
+            let _ = watchdog.kill();
+            let _ = watchdog.wait();
+            drop(pipe);
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        if let Some((mut watchdog, pipe)) = self.process.take() {
+            // End of input: the script cleans up now; wait for it.
+            drop(pipe);
+            if !watchdog.wait().is_ok_and(|status| status.success()) {
+                warn!(what = %self.what, arg = %self.arg, "the watchdog could not clean up");
+            }
+        }
+    }
+}
+
+/// The watchdog script of a server process: kill the server's process group (`$1`).
+const KILL_SCRIPT: &str = "read -r _ignored; kill -s KILL -- \"-$1\" 2>/dev/null; exit 0";
+
+/// The watchdog script of a [`ScratchDir`]: remove the directory (`$1`). A server being
+/// killed at the same moment may still add a file while `rm` walks the tree, so a failed
+/// removal is tried once more a second later.
+const REMOVE_SCRIPT: &str =
+    "read -r _ignored; rm -rf -- \"$1\" 2>/dev/null || { sleep 1; rm -rf -- \"$1\"; }; exit 0";
+
+/// A temporary directory (named `prefix…`) for servers' data and logs, removed when
+/// dropped and also when the test process ends without dropping it (a process-wide
+/// static, an abort): etcd preallocates 64 MB write-ahead-log segments, so every leaked
+/// directory would cost real disk.
+#[derive(Debug)]
+pub(crate) struct ScratchDir {
+    dir: TempDir,
+    watchdog: Watchdog,
+}
+
+impl ScratchDir {
+    pub(crate) fn new(prefix: &str) -> Result<Self, ServerError> {
+        let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
+        let watchdog = Watchdog::spawn(REMOVE_SCRIPT, "directory", dir.path());
+        Ok(Self { dir, watchdog })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        // The directory is removed here, by `TempDir`, right after.
+        self.watchdog.disarm();
+    }
+}
 
 /// A running server process, leader of its own process group, with its watchdog.
 ///
@@ -198,7 +299,7 @@ const WATCHDOG_SCRIPT: &str = "read -r _ignored; kill -s KILL -- \"-$1\" 2>/dev/
 #[derive(Debug)]
 pub(crate) struct Proc {
     child: Child,
-    watchdog: Option<(Child, ChildStdin)>,
+    watchdog: Watchdog,
     exited: Option<ExitStatus>,
 }
 
@@ -229,37 +330,11 @@ impl Proc {
             .spawn()?;
         let pid = child.id();
         info!(server, pid, program = %launch.program.display(), "spawned server");
-        let mut proc = Self {
+        Ok(Self {
             child,
-            watchdog: None,
+            watchdog: Watchdog::spawn(KILL_SCRIPT, "server process", pid.to_string()),
             exited: None,
-        };
-        // The pipe's write end stays only in this process: std creates it close-on-exec, so
-        // neither the server nor any later child inherits it.
-        match Command::new("/bin/sh")
-            .arg("-c")
-            .arg(WATCHDOG_SCRIPT)
-            .arg("lock-testbed-watchdog")
-            .arg(pid.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-        {
-            Ok(mut watchdog) => match watchdog.stdin.take() {
-                Some(pipe) => proc.watchdog = Some((watchdog, pipe)),
-                None => {
-                    warn!(server, pid, "watchdog has no stdin pipe; killing it");
-                    let _ = watchdog.kill();
-                    let _ = watchdog.wait();
-                }
-            },
-            Err(err) => {
-                warn!(server, pid, %err, "could not start the exit watchdog (/bin/sh); the server will outlive an aborted test process");
-            }
-        }
-        Ok(proc)
+        })
     }
 
     /// The server's pid (also its process-group id).
@@ -293,12 +368,8 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        if let Some((mut watchdog, pipe)) = self.watchdog.take() {
-            // Kill the watchdog first so it cannot act on a recycled group id later.
-            let _ = watchdog.kill();
-            let _ = watchdog.wait();
-            drop(pipe);
-        }
+        // The watchdog goes first so it cannot act on a recycled group id later.
+        self.watchdog.disarm();
         let pid = self.child.id();
         if self.exited.is_none() {
             // Not reaped yet, so the group id still belongs to our process group.

@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use tempfile::TempDir;
 use tracing::{debug, info};
 
 use super::probe::{Probe, four_letter};
-use super::process::{Instance, Launch, free_port, loopback, require_program, retry_port_clash};
+use super::process::{
+    Instance, Launch, ScratchDir, free_port, loopback, require_program, retry_port_clash,
+};
 use super::{
     DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess, Target, TargetServer,
 };
@@ -321,7 +322,7 @@ impl TargetServer for ZkServer {
 pub struct ZkEnsemble {
     nodes: Vec<Instance>,
     opts: ZkOptions,
-    dir: TempDir,
+    dir: ScratchDir,
 }
 
 impl ZkEnsemble {
@@ -351,10 +352,7 @@ impl ZkEnsemble {
         classpath: &OsString,
     ) -> Result<Self, (ServerError, bool)> {
         let no_clash = |err: ServerError| (err, false);
-        let dir = tempfile::Builder::new()
-            .prefix("lock-zk-ensemble-")
-            .tempdir()
-            .map_err(|e| no_clash(e.into()))?;
+        let dir = ScratchDir::new("lock-zk-ensemble-").map_err(no_clash)?;
         let mut members = Vec::with_capacity(n);
         for _ in 0..n {
             members.push(MemberPorts {

@@ -18,8 +18,9 @@ use testcontainers::bollard::models::{
 };
 use tracing::info;
 
-use super::{Container, Etcd, EtcdContainer, LABEL, Watchdog, ZkContainer, ZooKeeper};
+use super::{Container, Etcd, EtcdContainer, LABEL, ZkContainer, ZooKeeper};
 use super::{container_error, label_value};
+use crate::servers::process::Watchdog;
 use crate::servers::{EtcdOptions, ServerError, ZkOptions, etcd, zookeeper};
 
 const QUORUM_PORT: u16 = 2888;

@@ -15,9 +15,7 @@
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -28,7 +26,7 @@ use testcontainers::{ContainerAsync, ContainerRequest, GenericImage, ImageExt};
 use tracing::{debug, info, warn};
 
 use super::probe::{Probe, exchange, four_letter};
-use super::process::free_port;
+use super::process::{Watchdog, free_port};
 use super::redis::redis_url;
 use super::zookeeper::{MAIN_CLASS, zoo_cfg};
 use super::{EtcdOptions, RedisOptions, ServerError, ZkOptions};
@@ -337,64 +335,6 @@ const HANDLE_LABEL: &str = "distlock-test.handle";
 const WATCHDOG_SCRIPT: &str = "read -r _ignored; \
     ids=$(docker ps --all --quiet --filter \"label=distlock-test.handle=$1\" 2>/dev/null); \
     [ -z \"$ids\" ] || docker rm --force --volumes $ids >/dev/null 2>&1; exit 0";
-
-/// A `/bin/sh` running a clean-up script (`$1` = its argument) once a pipe that only this
-/// process writes closes: when the watchdog is dropped (then waited for), or when the test
-/// process ends without dropping it (a process-wide static, an abort, `SIGKILL`).
-#[derive(Debug)]
-struct Watchdog {
-    what: &'static str,
-    arg: String,
-    process: Option<(Child, ChildStdin)>,
-}
-
-impl Watchdog {
-    /// Starts it; without `/bin/sh` it does nothing (with a warning).
-    fn spawn(script: &str, what: &'static str, arg: &str) -> Self {
-        // The pipe's write end is close-on-exec: no other child inherits it.
-        let spawned = Command::new("/bin/sh")
-            .arg("-c")
-            .arg(script)
-            .arg("lock-testbed-watchdog")
-            .arg(arg)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn();
-        let process = match spawned {
-            Ok(mut watchdog) => match watchdog.stdin.take() {
-                Some(pipe) => Some((watchdog, pipe)),
-                None => {
-                    let _ = watchdog.kill();
-                    let _ = watchdog.wait();
-                    None
-                }
-            },
-            Err(err) => {
-                warn!(%what, %arg, %err, "no exit watchdog: it outlives an aborted test process");
-                None
-            }
-        };
-        Self {
-            what,
-            arg: arg.to_owned(),
-            process,
-        }
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        if let Some((mut watchdog, pipe)) = self.process.take() {
-            // End of input: the script cleans up now; wait for it.
-            drop(pipe);
-            if !watchdog.wait().is_ok_and(|status| status.success()) {
-                warn!(what = %self.what, arg = %self.arg, "the watchdog could not clean up");
-            }
-        }
-    }
-}
 
 /// Polls `probe` until it passes; a [`ServerError::Startup`] after `timeout`.
 async fn wait_ready(
