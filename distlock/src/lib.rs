@@ -92,8 +92,9 @@ pub use backend::MemoryConfig;
 
 // The contract, for applications.
 pub use lock_core::{
-    Capabilities, Deadline, DistributedLock, Fencing, FencingToken, Guard, LockError, LockName,
-    LockProvider, LossReason, LostSignal, MAX_NAME_LEN, MetricsSnapshot, NameError, WaitKind,
+    Capabilities, Deadline, DistributedLock, Election, Fencing, FencingToken, Guard, LeaderInfo,
+    LeaderWatch, Leadership, LockError, LockName, LockProvider, LossReason, LostSignal,
+    MAX_LEADER_VALUE_LEN, MAX_NAME_LEN, MetricsSnapshot, NameError, WaitKind,
 };
 // The backend SPI, for applications that wrap or implement a provider.
 pub use lock_core::{BoxError, GuardBackend, LostNotifier, Metrics, lost_signal};

@@ -308,13 +308,17 @@ pub enum LockKind {
     ReadWrite,
     /// [`LockProvider::semaphore`](lock_core::LockProvider::semaphore).
     Semaphore,
+    /// [`LockProvider::election`](lock_core::LockProvider::election).
+    Election,
 }
 
 /// Looks at the server's records, for residue checks.
 #[async_trait]
 pub trait Inspector: Send + Sync {
-    /// The holder and waiter entries the server keeps for `name` (ZooKeeper: children of the
-    /// lock directory; Redis: owner key and queue; memory: the lock's state).
+    /// The holder and waiter entries the server keeps for `name`, of every kind of lock and
+    /// the election of that name (ZooKeeper: children of the lock directory; Redis: owner
+    /// key and queue; memory: the lock's state). An election's leader is a holder, its
+    /// other candidates waiters.
     async fn entries(&self, name: &str) -> Result<Entries, LockError>;
 
     /// Whether waiters of `kind` leave entries on the server. A backend whose waiters only

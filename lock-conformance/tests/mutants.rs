@@ -13,10 +13,12 @@ use std::time::Duration;
 
 use lock_conformance::memory::{MemoryHarness, MemorySession};
 use lock_conformance::{Client, Faults, Harness, Inspector, Outcome, Timing, async_trait, cases};
+use lock_core::election::{LeaderSource, follow};
 use lock_core::memory::MemoryLockProvider;
 use lock_core::{
-    Capabilities, DistributedLock, FencingToken, Guard, GuardBackend, LockError, LockName,
-    LockProvider, LostNotifier, MetricsSnapshot, lost_signal,
+    Capabilities, DistributedLock, Election, FencingToken, Guard, GuardBackend, LeaderInfo,
+    LeaderWatch, Leadership, LockError, LockName, LockProvider, LostNotifier, MetricsSnapshot,
+    lost_signal,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +41,14 @@ enum Mutation {
     CrashBoundOverHarness,
     /// Waiters poll, later arrivals faster: not FIFO, while declaring FIFO.
     FifoViolated,
+    /// A campaign on a led election wins anyway.
+    TwoLeaders,
+    /// Terms decrease from one leader to the next.
+    DecreasingTerms,
+    /// Resigning reports success and keeps leading.
+    ResignDoesNothing,
+    /// An observer never sees a change after its first read.
+    StuckObserver,
     /// No mutation: the wrapper as it is.
     None,
 }
@@ -154,25 +164,127 @@ impl MutantLock {
 
     /// A guard for a lock that this client does not hold.
     fn counterfeit(&self) -> Guard {
-        #[derive(Debug)]
-        struct Nothing;
-        #[async_trait]
-        impl GuardBackend for Nothing {
-            fn backend(&self) -> &'static str {
-                "mutant"
-            }
-            async fn release(&mut self) -> Result<(), LockError> {
-                Ok(())
-            }
-            fn release_on_drop(self: Box<Self>) {}
+        counterfeit(self.inner.name().clone())
+    }
+}
+
+/// A guard for a lock or an election that nobody granted.
+fn counterfeit(name: LockName) -> Guard {
+    #[derive(Debug)]
+    struct Nothing;
+    #[async_trait]
+    impl GuardBackend for Nothing {
+        fn backend(&self) -> &'static str {
+            "mutant"
         }
-        let (_notifier, lost) = lost_signal();
-        Guard::new(
-            self.inner.name().clone(),
-            FencingToken(u64::MAX),
-            lost,
-            Box::new(Nothing),
-        )
+        async fn release(&mut self) -> Result<(), LockError> {
+            Ok(())
+        }
+        fn release_on_drop(self: Box<Self>) {}
+    }
+    let (_notifier, lost) = lost_signal();
+    Guard::new(name, FencingToken(u64::MAX), lost, Box::new(Nothing))
+}
+
+#[derive(Debug)]
+struct MutantElection {
+    inner: Arc<dyn Election>,
+    mutation: Mutation,
+}
+
+/// A won election's guard, over the real leadership.
+#[derive(Debug)]
+struct MutantOffice {
+    /// Always `Some` until dropped.
+    inner: Option<Leadership>,
+    mutation: Mutation,
+}
+
+impl Drop for MutantOffice {
+    fn drop(&mut self) {
+        if self.mutation == Mutation::ResignDoesNothing {
+            // Leads on for as long as the session lives.
+            std::mem::forget(self.inner.take());
+        }
+    }
+}
+
+#[async_trait]
+impl GuardBackend for MutantOffice {
+    fn backend(&self) -> &'static str {
+        "mutant"
+    }
+
+    async fn release(&mut self) -> Result<(), LockError> {
+        match &mut self.inner {
+            Some(_) if self.mutation == Mutation::ResignDoesNothing => Ok(()),
+            Some(inner) => inner.resign().await,
+            None => Ok(()),
+        }
+    }
+
+    fn release_on_drop(self: Box<Self>) {
+        drop(self);
+    }
+}
+
+/// A leader source whose changes never come.
+struct Stuck(Arc<dyn Election>);
+
+#[async_trait]
+impl LeaderSource for Stuck {
+    async fn leader(&self) -> Result<Option<LeaderInfo>, LockError> {
+        self.0.leader().await
+    }
+
+    async fn changed(&self, _seen: &Option<LeaderInfo>) -> Result<(), LockError> {
+        std::future::pending().await
+    }
+}
+
+#[async_trait]
+impl Election for MutantElection {
+    fn name(&self) -> &LockName {
+        self.inner.name()
+    }
+
+    async fn campaign(
+        &self,
+        value: &[u8],
+        timeout: Option<Duration>,
+    ) -> Result<Leadership, LockError> {
+        let won = if self.mutation == Mutation::TwoLeaders {
+            match self.inner.campaign(value, Some(Duration::ZERO)).await {
+                Err(LockError::Timeout { .. }) => {
+                    return Ok(Leadership::new(counterfeit(self.name().clone()), value));
+                }
+                other => other?,
+            }
+        } else {
+            self.inner.campaign(value, timeout).await?
+        };
+        let term = match self.mutation {
+            Mutation::DecreasingTerms => FencingToken(1_000_000 - won.term().get()),
+            _ => won.term(),
+        };
+        let lost = won.lost();
+        let office = MutantOffice {
+            inner: Some(won),
+            mutation: self.mutation,
+        };
+        let guard = Guard::new(self.name().clone(), term, lost, Box::new(office));
+        Ok(Leadership::new(guard, value))
+    }
+
+    async fn leader(&self) -> Result<Option<LeaderInfo>, LockError> {
+        self.inner.leader().await
+    }
+
+    async fn observe(self: Arc<Self>) -> Result<LeaderWatch, LockError> {
+        if self.mutation == Mutation::StuckObserver {
+            return follow(Stuck(Arc::clone(&self.inner)), "mutant", self.name()).await;
+        }
+        Arc::clone(&self.inner).observe().await
     }
 }
 
@@ -254,6 +366,12 @@ impl LockProvider for MutantProvider {
             provider: self.inner.clone(),
             mutation: self.mutation,
             arrivals: Arc::clone(&self.arrivals),
+        }))
+    }
+    fn election(&self, name: &str) -> Result<Arc<dyn Election>, LockError> {
+        Ok(Arc::new(MutantElection {
+            inner: self.inner.election(name)?,
+            mutation: self.mutation,
         }))
     }
     fn metrics(&self) -> MetricsSnapshot {
@@ -391,6 +509,28 @@ fn fifo_violation_is_caught() {
     assert_eq!(failed, ["A9"]);
 }
 
+#[test]
+fn two_leaders_at_once_are_caught() {
+    assert_eq!(failing_cases(Mutation::TwoLeaders, &["L1"]), ["L1"]);
+}
+
+#[test]
+fn decreasing_terms_are_caught() {
+    let failed = failing_cases(Mutation::DecreasingTerms, &["L1", "L2", "L5"]);
+    assert_eq!(failed, ["L1", "L2", "L5"]);
+}
+
+#[test]
+fn a_resignation_that_keeps_leading_is_caught() {
+    let failed = failing_cases(Mutation::ResignDoesNothing, &["L2", "L4"]);
+    assert_eq!(failed, ["L2", "L4"]);
+}
+
+#[test]
+fn an_observer_that_misses_changes_is_caught() {
+    assert_eq!(failing_cases(Mutation::StuckObserver, &["L3"]), ["L3"]);
+}
+
 /// The unmutated wrapper passes the same cases: the mutants fail for their mutation only.
 #[test]
 fn the_wrapper_itself_is_sound() {
@@ -402,6 +542,13 @@ fn the_wrapper_itself_is_sound() {
             let case = cases::find(id).unwrap();
             if let Err(failure) = (case.run)(&harness).await {
                 panic!("{id} fails on the plain memory backend: {failure}");
+            }
+        }
+        for id in ["L1", "L2", "L3", "L4", "L5", "L6", "L7"] {
+            let harness = MutantHarness::new(Mutation::None);
+            let case = cases::find(id).unwrap();
+            if let Err(failure) = (case.run)(&harness).await {
+                panic!("{id} fails on the unmutated election wrapper: {failure}");
             }
         }
     });

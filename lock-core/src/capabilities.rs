@@ -72,6 +72,8 @@ pub struct Capabilities {
     pub reader_writer: bool,
     /// Whether the provider offers counting semaphores.
     pub semaphore: bool,
+    /// Whether the provider offers [leader elections](crate::Election).
+    pub elections: bool,
     /// Whether guards hold a lease with a [`valid_until`](crate::Guard::valid_until) deadline.
     pub leases: bool,
     /// How long after a holder dies (process killed, connection gone) the lock is free again
@@ -83,7 +85,7 @@ pub struct Capabilities {
 
 impl Capabilities {
     /// The weakest set of capabilities with the given wait kind: no fencing, no loss
-    /// detection, no FIFO, no read-write, no semaphore, no leases, no crash-release bound.
+    /// detection, no FIFO, no read-write, no semaphore, no elections, no leases, no crash-release bound.
     pub fn new(wait: WaitKind) -> Self {
         Capabilities {
             fencing: Fencing::None,
@@ -92,6 +94,7 @@ impl Capabilities {
             wait,
             reader_writer: false,
             semaphore: false,
+            elections: false,
             leases: false,
             crash_release_bound: None,
         }
@@ -124,6 +127,12 @@ impl Capabilities {
     /// Sets [`semaphore`](Capabilities::semaphore).
     pub fn with_semaphore(mut self, semaphore: bool) -> Self {
         self.semaphore = semaphore;
+        self
+    }
+
+    /// Sets [`elections`](Capabilities::elections).
+    pub fn with_elections(mut self, elections: bool) -> Self {
+        self.elections = elections;
         self
     }
 

@@ -1,5 +1,8 @@
 //! The one error type of the contract.
 
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::lost::LossReason;
@@ -237,5 +240,111 @@ impl LockError {
             name: name.to_string(),
             waited: timeout.unwrap_or_default(),
         }
+    }
+}
+
+/// An error kept in an [`Arc`] where one report goes to many readers (an election's
+/// observers), handed to each as a [`LockError`] of its own: the same variant and fields,
+/// with the original's source chain behind [`SharedSource`].
+pub(crate) fn copy_of(shared: &Arc<LockError>) -> LockError {
+    let source = || -> Option<BoxError> {
+        shared
+            .source()
+            .map(|_| Box::new(SharedSource(Arc::clone(shared))) as BoxError)
+    };
+    match &**shared {
+        LockError::Timeout {
+            backend,
+            name,
+            waited,
+        } => LockError::Timeout {
+            backend,
+            name: name.clone(),
+            waited: *waited,
+        },
+        LockError::Lost {
+            backend,
+            name,
+            reason,
+        } => LockError::Lost {
+            backend,
+            name: name.clone(),
+            reason: reason.clone(),
+        },
+        LockError::InvalidName { name, reason } => LockError::InvalidName {
+            name: name.clone(),
+            reason: reason.clone(),
+        },
+        LockError::InvalidArgument { backend, message } => LockError::InvalidArgument {
+            backend,
+            message: message.clone(),
+        },
+        LockError::Connection {
+            backend,
+            name,
+            message,
+            ..
+        } => LockError::Connection {
+            backend,
+            name: name.clone(),
+            message: message.clone(),
+            source: source(),
+        },
+        LockError::Auth { backend, message } => LockError::Auth {
+            backend,
+            message: message.clone(),
+        },
+        LockError::PermissionDenied {
+            backend,
+            name,
+            message,
+        } => LockError::PermissionDenied {
+            backend,
+            name: name.clone(),
+            message: message.clone(),
+        },
+        LockError::SessionExpired { backend, name } => LockError::SessionExpired {
+            backend,
+            name: name.clone(),
+        },
+        LockError::Backend {
+            backend,
+            name,
+            message,
+            retryable,
+            ..
+        } => LockError::Backend {
+            backend,
+            name: name.clone(),
+            message: message.clone(),
+            retryable: *retryable,
+            source: source(),
+        },
+        LockError::Unsupported { backend, what } => LockError::Unsupported {
+            backend,
+            what: what.clone(),
+        },
+        LockError::Config { message } => LockError::Config {
+            message: message.clone(),
+        },
+    }
+}
+
+/// The source of a shared error's copy: the original's source, still owned by the original.
+#[derive(Debug)]
+struct SharedSource(Arc<LockError>);
+
+impl fmt::Display for SharedSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.source() {
+            Some(source) => fmt::Display::fmt(source, f),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Error for SharedSource {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.0.source().and_then(Error::source)
     }
 }

@@ -3,8 +3,8 @@
 //! A backend writes, for each kind of lock it offers, *one attempt*: take the lock, or give
 //! up at a [`Deadline`] with `Ok(None)`, leaving nothing behind. The kit turns that into the
 //! public traits ([`MutexAttempt`] into [`DistributedLock`], [`RwAttempt`] into
-//! [`DistributedRwLock`], [`SemaphoreAttempt`] into [`DistributedSemaphore`]): `try_*` is
-//! one attempt with a zero deadline, and a wait that comes back empty becomes
+//! [`DistributedRwLock`], [`SemaphoreAttempt`] into [`DistributedSemaphore`],
+//! [`ElectionAttempt`] into [`Election`]): `try_*` is one attempt with a zero deadline, and a wait that comes back empty becomes
 //! [`LockError::Timeout`]. Around the attempt the kit gives:
 //!
 //! - [`SessionOwner`] and [`Closed`]: the provider *is* the session; the session ends when
@@ -76,9 +76,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
+use crate::election::{LeaderSource, check_value, follow};
 use crate::{
-    Deadline, DistributedLock, DistributedRwLock, DistributedSemaphore, Guard, LockError, LockName,
-    LossReason, LostNotifier, Metrics,
+    Deadline, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Guard,
+    LeaderInfo, LeaderWatch, Leadership, LockError, LockName, LossReason, LostNotifier, Metrics,
 };
 
 /// One attempt at a mutex: what a backend writes; the kit derives [`DistributedLock`].
@@ -185,6 +186,54 @@ pub trait SemaphoreAttempt: Send + Sync + fmt::Debug {
 
     /// Takes a permit, or gives up at `deadline` with `Ok(None)`.
     async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError>;
+}
+
+/// One campaign of a leader election: what a backend writes, with a [`LeaderSource`] to
+/// read and follow the leader; the kit derives [`Election`].
+///
+/// As [`MutexAttempt::attempt`]: the candidate's entry carries `value`, and the guard's
+/// fencing token is the leader's term. The kit checks the value's length
+/// ([`MAX_LEADER_VALUE_LEN`](crate::MAX_LEADER_VALUE_LEN)) before the attempt.
+#[async_trait]
+pub trait ElectionAttempt: LeaderSource + fmt::Debug {
+    /// The election's name.
+    fn name(&self) -> &LockName;
+
+    /// The backend's name, as in [`LockError`] messages.
+    fn backend(&self) -> &'static str;
+
+    /// Becomes leader with `value`, or gives up at `deadline` with `Ok(None)`.
+    async fn attempt(&self, value: &[u8], deadline: Deadline) -> Result<Option<Guard>, LockError>;
+}
+
+#[async_trait]
+impl<T: ElectionAttempt> Election for T {
+    fn name(&self) -> &LockName {
+        ElectionAttempt::name(self)
+    }
+
+    async fn campaign(
+        &self,
+        value: &[u8],
+        timeout: Option<Duration>,
+    ) -> Result<Leadership, LockError> {
+        let name = ElectionAttempt::name(self);
+        check_value(self.backend(), name, value)?;
+        let guard = self
+            .attempt(value, Deadline::after(timeout))
+            .await?
+            .ok_or_else(|| LockError::timed_out(self.backend(), name, timeout))?;
+        Ok(Leadership::new(guard, value))
+    }
+
+    async fn leader(&self) -> Result<Option<LeaderInfo>, LockError> {
+        LeaderSource::leader(self).await
+    }
+
+    async fn observe(self: Arc<Self>) -> Result<LeaderWatch, LockError> {
+        let (backend, name) = (self.backend(), ElectionAttempt::name(&*self).clone());
+        follow(self, backend, &name).await
+    }
 }
 
 #[async_trait]

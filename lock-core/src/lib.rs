@@ -7,6 +7,9 @@
 //!   (both object-safe: `Arc<dyn LockProvider>` is what the `distlock` facade returns);
 //! - [`Guard`], the one concrete type for a held lock, built by backends over the
 //!   [`GuardBackend`] SPI, with its [`FencingToken`] and [`LostSignal`];
+//! - [`Election`], a leader election over the same machinery: [`Leadership`] wraps the
+//!   guard of the won election, its term the guard's fencing token; [`LeaderWatch`] follows
+//!   the leader;
 //! - [`Capabilities`], what a provider promises; [`LockError`], everything that goes wrong;
 //!   [`LockName`], the naming rules; [`MetricsSnapshot`], the herd counters;
 //! - with the `memory` feature, [`memory`], the in-memory reference backend: the full
@@ -44,8 +47,9 @@
 //! # Writing a backend
 //!
 //! Implement [`LockProvider`]; for each kind of lock, one attempt that takes it or gives up
-//! at a deadline ([`kit::MutexAttempt`], [`kit::RwAttempt`], [`kit::SemaphoreAttempt`]: the
-//! [`kit`] derives [`DistributedLock`] and the others from it); and a [`GuardBackend`] per
+//! at a deadline ([`kit::MutexAttempt`], [`kit::RwAttempt`], [`kit::SemaphoreAttempt`],
+//! [`kit::ElectionAttempt`] with an [`election::LeaderSource`]: the [`kit`] derives
+//! [`DistributedLock`] and the others from it); and a [`GuardBackend`] per
 //! grant. Make a [`LostNotifier`]/[`LostSignal`] pair per grant with [`lost_signal`], count
 //! with [`Metrics`], and map names with [`LockName::escaped`] ([`LockName::escaped_within`]
 //! where keys or file names are limited in length). The [`kit`] also ends the session with
@@ -64,6 +68,7 @@ pub use async_trait::async_trait;
 
 pub mod capabilities;
 pub mod deadline;
+pub mod election;
 pub mod error;
 pub mod fencing;
 pub mod guard;
@@ -78,6 +83,7 @@ pub mod url;
 
 pub use capabilities::{Capabilities, Fencing, WaitKind};
 pub use deadline::Deadline;
+pub use election::{Election, LeaderInfo, LeaderWatch, Leadership, MAX_LEADER_VALUE_LEN};
 pub use error::{BoxError, LockError};
 pub use fencing::FencingToken;
 pub use guard::{Guard, GuardBackend};
@@ -155,6 +161,31 @@ pub trait LockProvider: Send + Sync + fmt::Debug {
         Err(LockError::Unsupported {
             backend: self.backend(),
             what: "semaphores".into(),
+        })
+    }
+
+    /// The leader election called `name`, if the backend offers them
+    /// ([`Capabilities::elections`]). Elections live apart from locks: the election `"x"`
+    /// and the mutex `"x"` are different.
+    ///
+    /// ```
+    /// # async fn demo(provider: &dyn lock_core::LockProvider) -> Result<(), lock_core::LockError> {
+    /// let election = provider.election("billing/worker")?;
+    /// if let Some(leader) = election.leader().await? {
+    ///     println!("{} leads in term {}", leader.value_lossy(), leader.term);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unsupported`] when the backend has no elections (the default);
+    /// [`LockError::InvalidName`] for a bad name.
+    fn election(&self, name: &str) -> Result<Arc<dyn Election>, LockError> {
+        let _ = name;
+        Err(LockError::Unsupported {
+            backend: self.backend(),
+            what: "leader elections".into(),
         })
     }
 }

@@ -11,6 +11,7 @@ use crate::harness::Harness;
 use crate::outcome::CaseResult;
 
 pub mod api;
+pub mod election;
 pub mod exclusion;
 pub mod fencing;
 pub mod herd;
@@ -106,6 +107,13 @@ macro_rules! __with_cases {
             api::k1_adapters_pass_mutex_cases => "K1", "semaphore(1) and the write lock pass the exclusion, timeout and release cases";
             api::k2_object_safe_and_debug => "K2", "Arc<dyn ...> works; Guard: Send + 'static; Debug everywhere";
             api::k3_wakeups_per_release => "K3", "a release with W waiters adds the wake-ups the strategy declares";
+            election::l1_one_leader_at_a_time => "L1", "(elections) at most one leader at any instant across clients; terms grow in the order of office";
+            election::l2_terms_increase_and_leader_is_reported => "L2", "(elections) leader() reports the leader's value and term; terms strictly increase; no campaign, no leader";
+            election::l3_observer_sees_every_final_leader => "L3", "(elections) an observer sees the final leader after every change (changes may coalesce)";
+            election::l4_resign_hands_over => "L4", "(elections) a resignation hands over within the handoff bound, waking one candidate when herd-free";
+            election::l5_crashed_leader_replaced => "L5", "(elections) a dead client's leadership reports the loss and a candidate takes over within the crash-release bound";
+            election::l6_cancelled_campaign_leaves_nothing => "L6", "(elections) campaigns that time out or are cancelled leave no candidate and never lead";
+            election::l7_bad_campaigns_fail_cleanly => "L7", "(elections) a campaign on a closed provider or with an oversized value fails cleanly, leaving nothing";
         }
     };
 }

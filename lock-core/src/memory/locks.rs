@@ -7,8 +7,13 @@ use async_trait::async_trait;
 
 use super::server::{Entry, Grant, LockKey, Mode, Refusal, ServerInner, Withdrawal};
 use super::{BACKEND, ProviderShared, lock};
-use crate::kit::{Abandon, Cleanup, MutexAttempt, RwAttempt, RwSide, SemaphoreAttempt};
-use crate::{Deadline, Guard, GuardBackend, LockError, LockName, LossReason, LostSignal, Metrics};
+use crate::election::LeaderSource;
+use crate::kit::{
+    Abandon, Cleanup, ElectionAttempt, MutexAttempt, RwAttempt, RwSide, SemaphoreAttempt,
+};
+use crate::{
+    Deadline, Guard, GuardBackend, LeaderInfo, LockError, LockName, LossReason, LostSignal, Metrics,
+};
 
 /// What every lock handle shares: its name, its key on the server, and its provider.
 pub(super) struct Handle {
@@ -20,8 +25,13 @@ pub(super) struct Handle {
 
 impl Handle {
     /// Takes the hold, or gives up at the deadline with `Ok(None)`, leaving no queue slot.
-    async fn attempt(&self, mode: Mode, deadline: Deadline) -> Result<Option<Guard>, LockError> {
-        let (id, mut receiver) = match self.enter(mode, !deadline.is_immediate())? {
+    async fn attempt(
+        &self,
+        mode: Mode,
+        value: Arc<[u8]>,
+        deadline: Deadline,
+    ) -> Result<Option<Guard>, LockError> {
+        let (id, mut receiver) = match self.enter(mode, value, !deadline.is_immediate())? {
             Entry::Granted(grant) => return Ok(Some(self.guard(grant))),
             Entry::Busy => return Ok(None),
             Entry::Queued { id, grant } => (id, grant),
@@ -62,12 +72,12 @@ impl Handle {
     }
 
     /// One visit to the server.
-    fn enter(&self, mode: Mode, queue: bool) -> Result<Entry, LockError> {
+    fn enter(&self, mode: Mode, value: Arc<[u8]>, queue: bool) -> Result<Entry, LockError> {
         let session = *lock(&self.provider.session);
         self.provider.metrics.record_server_requests(1);
         self.provider
             .server
-            .enter(&self.key, session, mode, self.permits, queue)
+            .enter(&self.key, session, mode, self.permits, value, queue)
             .map_err(|refusal| match refusal {
                 Refusal::SessionEnded => self.session_expired(),
                 Refusal::PermitsMismatch { existing } => LockError::InvalidArgument {
@@ -133,7 +143,7 @@ impl MutexAttempt for MemoryLock {
     }
 
     async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
-        self.0.attempt(Mode::Exclusive, deadline).await
+        self.0.attempt(Mode::Exclusive, no_value(), deadline).await
     }
 }
 
@@ -156,7 +166,7 @@ impl RwAttempt for MemoryRwLock {
             RwSide::Read => Mode::Read,
             RwSide::Write => Mode::Write,
         };
-        self.0.attempt(mode, deadline).await
+        self.0.attempt(mode, no_value(), deadline).await
     }
 }
 
@@ -179,7 +189,58 @@ impl SemaphoreAttempt for MemorySemaphore {
     }
 
     async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
-        self.0.attempt(Mode::Permit, deadline).await
+        self.0.attempt(Mode::Permit, no_value(), deadline).await
+    }
+}
+
+/// The value of a lock's holder: none.
+fn no_value() -> Arc<[u8]> {
+    Arc::from(&[][..])
+}
+
+/// A leader election from a [`MemoryLockProvider`](super::MemoryLockProvider): a mutex whose
+/// holder leads, its entry carrying the candidate's value.
+#[derive(Debug)]
+pub struct MemoryElection(pub(super) Handle);
+
+#[async_trait]
+impl ElectionAttempt for MemoryElection {
+    fn name(&self) -> &LockName {
+        &self.0.name
+    }
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn attempt(&self, value: &[u8], deadline: Deadline) -> Result<Option<Guard>, LockError> {
+        self.0
+            .attempt(Mode::Exclusive, Arc::from(value), deadline)
+            .await
+    }
+}
+
+#[async_trait]
+impl LeaderSource for MemoryElection {
+    async fn leader(&self) -> Result<Option<LeaderInfo>, LockError> {
+        let session = *lock(&self.0.provider.session);
+        self.0.provider.metrics.record_server_requests(1);
+        match self.0.provider.server.head(&self.0.key, session) {
+            Ok(head) => Ok(head),
+            Err(_) => Err(self.0.session_expired()),
+        }
+    }
+
+    async fn changed(&self, seen: &Option<LeaderInfo>) -> Result<(), LockError> {
+        let mut changes = self.0.provider.server.observe(&self.0.key);
+        // A change between the caller's read and this subscription would be missed:
+        // compare once more now that nothing can slip by.
+        if self.leader().await? != *seen {
+            return Ok(());
+        }
+        // The server never drops a sender that has receivers.
+        let _ = changes.changed().await;
+        Ok(())
     }
 }
 

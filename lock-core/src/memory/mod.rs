@@ -38,8 +38,8 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use crate::{
-    Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Fencing, FencingToken,
-    LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
+    Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Fencing,
+    FencingToken, LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
 };
 
 mod locks;
@@ -47,7 +47,7 @@ mod server;
 
 use crate::kit::SessionOwner;
 use locks::Handle;
-pub use locks::{MemoryLock, MemoryRwLock, MemorySemaphore};
+pub use locks::{MemoryElection, MemoryLock, MemoryRwLock, MemorySemaphore};
 use server::{Family, LockKey, ServerInner};
 
 const BACKEND: &str = "memory";
@@ -233,12 +233,17 @@ impl MemoryLockProvider {
     pub fn entries(&self, name: &str) -> Result<(usize, usize), LockError> {
         let name = LockName::new(name)?;
         let state = self.shared.server.state();
-        Ok([Family::Mutex, Family::ReadWrite, Family::Semaphore]
-            .into_iter()
-            .filter_map(|family| state.locks.get(&self.shared.key(family, name.clone())))
-            .fold((0, 0), |(holders, waiters), entry| {
-                (holders + entry.holders.len(), waiters + entry.waiters.len())
-            }))
+        Ok([
+            Family::Mutex,
+            Family::ReadWrite,
+            Family::Semaphore,
+            Family::Election,
+        ]
+        .into_iter()
+        .filter_map(|family| state.locks.get(&self.shared.key(family, name.clone())))
+        .fold((0, 0), |(holders, waiters), entry| {
+            (holders + entry.holders.len(), waiters + entry.waiters.len())
+        }))
     }
 }
 
@@ -270,6 +275,7 @@ impl LockProvider for MemoryLockProvider {
             .with_fifo(true)
             .with_reader_writer(true)
             .with_semaphore(true)
+            .with_elections(true)
             .with_crash_release_bound(Some(Duration::ZERO))
     }
 
@@ -306,6 +312,14 @@ impl LockProvider for MemoryLockProvider {
             Family::Semaphore,
             name,
             permits,
+        )?)))
+    }
+
+    fn election(&self, name: &str) -> Result<Arc<dyn Election>, LockError> {
+        Ok(Arc::new(MemoryElection(self.shared.handle(
+            Family::Election,
+            name,
+            1,
         )?)))
     }
 

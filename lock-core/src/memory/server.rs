@@ -1,20 +1,23 @@
 //! The in-memory server's state machine: who holds what, who waits, and who is next.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use super::lock;
-use crate::{FencingToken, LockName, LossReason, LostNotifier, LostSignal, lost_signal};
+use crate::{
+    FencingToken, LeaderInfo, LockName, LossReason, LostNotifier, LostSignal, lost_signal,
+};
 
-/// The three kinds of lock live apart: the mutex `x`, the read-write lock `x` and the
-/// semaphore `x` are different locks.
+/// The kinds of lock live apart: the mutex `x`, the read-write lock `x`, the semaphore `x`
+/// and the election `x` are different.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) enum Family {
     Mutex,
     ReadWrite,
     Semaphore,
+    Election,
 }
 
 /// What a holder or waiter asks for.
@@ -47,6 +50,9 @@ pub(super) struct ServerState {
     ids: u64,
     /// Server-wide, like ZooKeeper's zxid: strictly increasing for every name at once.
     next_token: u64,
+    /// Per observed election, a counter moved on every change of its holders, for the
+    /// observers; dropped once nobody observes.
+    observed: HashMap<LockKey, watch::Sender<u64>>,
 }
 
 pub(super) struct LockState {
@@ -61,6 +67,8 @@ pub(super) struct Holder {
     session: u64,
     mode: Mode,
     pub(super) token: FencingToken,
+    /// An election candidate's value; empty for locks.
+    pub(super) value: Arc<[u8]>,
     notifier: LostNotifier,
 }
 
@@ -68,6 +76,7 @@ pub(super) struct Waiter {
     id: u64,
     session: u64,
     mode: Mode,
+    value: Arc<[u8]>,
     grant: oneshot::Sender<Grant>,
 }
 
@@ -129,6 +138,7 @@ impl ServerInner {
         session: u64,
         mode: Mode,
         permits: u32,
+        value: Arc<[u8]>,
         queue: bool,
     ) -> Result<Entry, Refusal> {
         let mut state = self.state();
@@ -151,7 +161,9 @@ impl ServerInner {
         }
         // FIFO: nobody overtakes a waiter, even when the holders would allow it.
         if entry.waiters.is_empty() && entry.admits(mode) {
-            return Ok(Entry::Granted(entry.grant(id, session, mode, next_token)));
+            let grant = entry.grant(id, session, mode, value, next_token);
+            state.touch(key);
+            return Ok(Entry::Granted(grant));
         }
         if !queue {
             forget_if_idle(locks, key);
@@ -162,6 +174,7 @@ impl ServerInner {
             id,
             session,
             mode,
+            value,
             grant: sender,
         });
         Ok(Entry::Queued {
@@ -185,6 +198,7 @@ impl ServerInner {
         entry.holders.swap_remove(at);
         entry.admit_waiters(next_token);
         forget_if_idle(locks, key);
+        state.touch(key);
         true
     }
 
@@ -201,6 +215,7 @@ impl ServerInner {
             // A writer that gives up may have been all that held back the readers behind it.
             entry.admit_waiters(next_token);
             forget_if_idle(locks, key);
+            state.touch(key);
             return Withdrawal::Removed;
         }
         if entry.holders.iter().any(|holder| holder.id == id) {
@@ -230,6 +245,7 @@ impl ServerInner {
         tracing::debug!(lock = %key.name, ?revoked, "memory: holders revoked");
         entry.admit_waiters(next_token);
         forget_if_idle(locks, key);
+        state.touch(key);
         revoked
     }
 
@@ -254,7 +270,35 @@ impl ServerInner {
             entry.admit_waiters(next_token);
         }
         locks.retain(|_, entry| !entry.is_idle());
+        // Every observer looks again: its own session may be the one that ended.
+        let observed: Vec<LockKey> = state.observed.keys().cloned().collect();
+        for key in &observed {
+            state.touch(key);
+        }
         tracing::debug!(session, "memory: session ended");
+    }
+
+    /// The first holder of `key`: an election's leader. Refused when `session` has ended.
+    pub(super) fn head(&self, key: &LockKey, session: u64) -> Result<Option<LeaderInfo>, Refusal> {
+        let state = self.state();
+        if !state.live_sessions.contains(&session) {
+            return Err(Refusal::SessionEnded);
+        }
+        Ok(state.locks.get(key).and_then(|entry| {
+            entry
+                .holders
+                .first()
+                .map(|holder| LeaderInfo::new(holder.value.to_vec(), holder.token))
+        }))
+    }
+
+    /// A counter that moves on every change of `key`'s holders (and at every session's end).
+    pub(super) fn observe(&self, key: &LockKey) -> watch::Receiver<u64> {
+        self.state()
+            .observed
+            .entry(key.clone())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe()
     }
 }
 
@@ -262,6 +306,18 @@ impl ServerState {
     pub(super) fn next_id(&mut self) -> u64 {
         self.ids += 1;
         self.ids
+    }
+
+    /// Tells `key`'s observers that its holders may have changed; forgets it once nobody
+    /// observes.
+    fn touch(&mut self, key: &LockKey) {
+        if let Some(observers) = self.observed.get(key) {
+            if observers.receiver_count() == 0 {
+                self.observed.remove(key);
+            } else {
+                observers.send_modify(|changes| *changes += 1);
+            }
+        }
     }
 }
 
@@ -279,7 +335,14 @@ impl LockState {
         }
     }
 
-    fn grant(&mut self, id: u64, session: u64, mode: Mode, next_token: &mut u64) -> Grant {
+    fn grant(
+        &mut self,
+        id: u64,
+        session: u64,
+        mode: Mode,
+        value: Arc<[u8]>,
+        next_token: &mut u64,
+    ) -> Grant {
         *next_token += 1;
         let token = FencingToken(*next_token);
         let (notifier, lost) = lost_signal();
@@ -288,6 +351,7 @@ impl LockState {
             session,
             mode,
             token,
+            value,
             notifier,
         });
         Grant { id, token, lost }
@@ -304,7 +368,13 @@ impl LockState {
             let Some(waiter) = self.waiters.pop_front() else {
                 return;
             };
-            let grant = self.grant(waiter.id, waiter.session, waiter.mode, next_token);
+            let grant = self.grant(
+                waiter.id,
+                waiter.session,
+                waiter.mode,
+                waiter.value,
+                next_token,
+            );
             if waiter.grant.send(grant).is_err() {
                 // Nobody listens any more: undo the grant.
                 self.holders.pop();
