@@ -15,7 +15,10 @@
 //! [semaphores](ZkSemaphore) (Curator's lease recipe). All three kinds share the session,
 //! the protected create, the clean-up after cancels and timeouts, the lost signals and the
 //! metrics; the mutex, the read-write lock and the semaphore called `N` are different
-//! locks, in `{root}/N`, `{root}/N.rwlock` and `{root}/N.semaphore`.
+//! locks, in `{root}/N`, `{root}/N.rwlock` and `{root}/N.semaphore`. [Leader
+//! elections](ZkElection) queue the same way in `{root}/N.election`, each candidate's node
+//! holding its value and named as Curator's `LeaderLatch` names it; a candidate always
+//! watches only its predecessor.
 //!
 //! ```no_run
 //! use lock_core::LockProvider;
@@ -54,7 +57,7 @@
 //! `session` (the session, its heartbeat and the guards' loss), `guard` (held nodes, and the
 //! clean-up of nodes nobody will use), `queue` (a lock's directory and its contenders'
 //! nodes; `queue/turn.rs` is the wait for one's turn, the herd-free algorithm), then the
-//! three kinds of lock (`lock`, `rwlock`, `semaphore`) and the `provider`.
+//! three kinds of lock (`lock`, `rwlock`, `semaphore`), the `election`, and the `provider`.
 //!
 //! # URL
 //!
@@ -64,6 +67,7 @@
 //! ```
 
 mod config;
+mod election;
 mod error;
 mod guard;
 mod lock;
@@ -75,6 +79,7 @@ mod semaphore;
 mod session;
 
 pub use config::{AclPolicy, DigestAuth, NodeNameFormat, ZkConfig, ZkStrategy};
+pub use election::ZkElection;
 pub use lock::ZkLock;
 pub use provider::{Contender, ZkLockProvider};
 pub use rwlock::ZkRwLock;

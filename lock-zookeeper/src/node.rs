@@ -26,6 +26,11 @@ pub(crate) fn semaphore_dir(root: &str, name: &LockName) -> String {
     format!("{root}/{}.semaphore", name.escaped())
 }
 
+/// Where the election called `name` lives: `{root}/{escaped name}.election`.
+pub(crate) fn election_dir(root: &str, name: &LockName) -> String {
+    format!("{root}/{}.election", name.escaped())
+}
+
 /// What a sequential node stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NodeKind {
@@ -37,12 +42,14 @@ pub(crate) enum NodeKind {
     Write,
     /// A semaphore lease.
     Lease,
+    /// A leader election's candidate, its value in the node.
+    Candidate,
 }
 
 /// The prefix of the sequential node a contender creates; the server appends the sequence.
 /// The uuid lets a retry find a node whose create reply was lost. Curator's recipes
-/// (`InterProcessMutex`, `InterProcessReadWriteLock`, `InterProcessSemaphoreV2`) and
-/// kazoo's (`Lock`, `ReadLock`, `WriteLock`) use these names.
+/// (`InterProcessMutex`, `InterProcessReadWriteLock`, `InterProcessSemaphoreV2`,
+/// `LeaderLatch`) and kazoo's (`Lock`, `ReadLock`, `WriteLock`, `Election`) use these names.
 pub(crate) fn node_prefix(format: NodeNameFormat, uuid: Uuid, kind: NodeKind) -> String {
     match format {
         NodeNameFormat::Curator => {
@@ -51,12 +58,13 @@ pub(crate) fn node_prefix(format: NodeNameFormat, uuid: Uuid, kind: NodeKind) ->
                 NodeKind::Read => "__READ__",
                 NodeKind::Write => "__WRIT__",
                 NodeKind::Lease => "lease-",
+                NodeKind::Candidate => "latch-",
             };
             format!("_c_{uuid}-{base}")
         }
         NodeNameFormat::Kazoo => {
             let base = match kind {
-                NodeKind::Lock | NodeKind::Write => "__lock__",
+                NodeKind::Lock | NodeKind::Write | NodeKind::Candidate => "__lock__",
                 NodeKind::Read => "__rlock__",
                 NodeKind::Lease => "__lease__",
             };
@@ -149,6 +157,7 @@ mod tests {
                 NodeKind::Read,
                 NodeKind::Write,
                 NodeKind::Lease,
+                NodeKind::Candidate,
             ] {
                 let child = format!("{}0000000001", node_prefix(format, uuid, kind));
                 assert!(has_uuid(&child, uuid), "{child}");
@@ -175,10 +184,12 @@ mod tests {
             lock_dir("/distlock", &name),
             rw_lock_dir("/distlock", &name),
             semaphore_dir("/distlock", &name),
+            election_dir("/distlock", &name),
         ];
         assert_eq!(dirs[0], "/distlock/a%2Fb");
         assert_eq!(dirs[1], "/distlock/a%2Fb.rwlock");
         assert_eq!(dirs[2], "/distlock/a%2Fb.semaphore");
+        assert_eq!(dirs[3], "/distlock/a%2Fb.election");
         // No mutex name escapes to a directory with a dot in it.
         let dotted = LockName::new("a%2Fb.rwlock").unwrap();
         assert_ne!(lock_dir("/distlock", &dotted), dirs[1]);

@@ -5,15 +5,18 @@ use std::sync::{Arc, Mutex};
 
 use lock_core::kit::{Closed, SessionOwner};
 use lock_core::{
-    Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Fencing, FencingToken,
-    LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
+    Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Fencing,
+    FencingToken, LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
 };
 use zookeeper_client::Error as ZkError;
 
 use crate::config::{ZkConfig, ZkStrategy};
+use crate::election::ZkElection;
 use crate::error::{BACKEND, lock_error};
 use crate::lock::ZkLock;
-use crate::node::{SINGLE_NODE, contenders, lock_dir, rw_lock_dir, semaphore_dir, token};
+use crate::node::{
+    SINGLE_NODE, contenders, election_dir, lock_dir, rw_lock_dir, semaphore_dir, token,
+};
 use crate::queue::Place;
 use crate::rwlock::ZkRwLock;
 use crate::semaphore::ZkSemaphore;
@@ -210,6 +213,7 @@ impl ZkLockProvider {
             dir: dir_of(&self.shared.config.root, &name),
             shared: Arc::clone(&self.shared),
             name,
+            data: Arc::from(&[][..]),
         })
     }
 }
@@ -250,6 +254,7 @@ impl LockProvider for ZkLockProvider {
             .with_crash_release_bound(Some(session_timeout))
             .with_reader_writer(true)
             .with_semaphore(true)
+            .with_elections(true)
     }
 
     fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
@@ -275,6 +280,11 @@ impl LockProvider for ZkLockProvider {
             });
         }
         Ok(Arc::new(ZkSemaphore::new(place, permits)))
+    }
+
+    /// An election in `{root}/{name}.election`; see [`ZkElection`].
+    fn election(&self, name: &str) -> Result<Arc<dyn Election>, LockError> {
+        Ok(Arc::new(ZkElection::new(self.place(name, election_dir)?)))
     }
 
     fn metrics(&self) -> MetricsSnapshot {

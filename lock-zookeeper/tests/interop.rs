@@ -1,5 +1,6 @@
 //! Foreign clients on the same path: zookeeper-client's own Curator-compatible lock recipe,
-//! and a kazoo-format node, exclude distlock and are excluded by it.
+//! and a kazoo-format node, exclude distlock and are excluded by it; Curator- and
+//! kazoo-named election candidates and distlock's share an election.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
 
 mod common;
@@ -319,4 +320,75 @@ async fn a_curator_named_writer_and_distlock_readers_exclude_each_other() {
         .unwrap()
         .unwrap()
         .unwrap();
+}
+
+/// Curator's `LeaderLatch` (`_c_<uuid>-latch-<sequence>`) and kazoo's `Election`
+/// (`<hex32>__lock__<sequence>`) candidates, each holding its participant id, lead a
+/// distlock election of the same path, which reports their ids; a distlock leader's node
+/// holds its value for them to read, and is first in their order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_and_kazoo_candidates_and_distlock_share_an_election() {
+    for prefix in [
+        "_c_0b6e2d1c-8d7a-4d1e-9a55-3f1f2c3d4e5f-latch-",
+        "0123456789abcdef0123456789abcdef__lock__",
+    ] {
+        let name = unique_name("election");
+        let dir = format!("{}.election", dir_of(&name));
+        let raw = peer().await;
+        raw.mkdir(&dir, &CreateMode::Persistent.with_acls(Acls::anyone_all()))
+            .await
+            .unwrap();
+        let (stat, sequence) = raw
+            .create(
+                &format!("{dir}/{prefix}"),
+                b"foreign-host",
+                &CreateMode::EphemeralSequential.with_acls(Acls::anyone_all()),
+            )
+            .await
+            .unwrap();
+        let ours = provider(ZkStrategy::SequentialPredecessor).await;
+        let election = ours.election(&name).unwrap();
+        let leader = election
+            .leader()
+            .await
+            .unwrap()
+            .expect("the foreign leader");
+        assert_eq!(leader.value, b"foreign-host", "{prefix}");
+        assert_eq!(leader.term.get(), u64::try_from(stat.czxid).unwrap());
+        let campaign = tokio::spawn({
+            let election = std::sync::Arc::clone(&election);
+            async move { election.campaign(b"distlock-host", None).await }
+        });
+        wait_until(
+            BOUND,
+            "distlock's candidate queues behind the foreign one",
+            || async { raw.list_children(&dir).await.unwrap().len() },
+            |queued| *queued == 2,
+        )
+        .await;
+        assert!(!campaign.is_finished(), "{prefix}: two leaders");
+        raw.delete(&format!("{dir}/{prefix}{sequence}"), None)
+            .await
+            .unwrap();
+        let mut leadership = tokio::time::timeout(BOUND, campaign)
+            .await
+            .expect("distlock leads once the foreign leader resigns")
+            .unwrap()
+            .unwrap();
+        // What a Curator or kazoo participant reads: the first node holds distlock's value.
+        let children = raw.list_children(&dir).await.unwrap();
+        assert_eq!(children.len(), 1);
+        let (value, _) = raw
+            .get_data(&format!("{dir}/{}", children[0]))
+            .await
+            .unwrap();
+        assert_eq!(value, b"distlock-host");
+        assert!(
+            children[0].contains("-latch-"),
+            "distlock names its candidates as LeaderLatch does: {}",
+            children[0]
+        );
+        leadership.resign().await.unwrap();
+        assert!(election.leader().await.unwrap().is_none());
+    }
 }

@@ -39,9 +39,19 @@ pub(crate) struct Place {
     pub(crate) shared: Arc<Shared>,
     pub(crate) name: LockName,
     pub(crate) dir: String,
+    /// What a contender's node holds: nothing for locks, an election candidate's value.
+    pub(crate) data: Arc<[u8]>,
 }
 
 impl Place {
+    /// The same place for contenders whose nodes hold `data`.
+    pub(crate) fn with_data(&self, data: &[u8]) -> Self {
+        Place {
+            data: Arc::from(data),
+            ..self.clone()
+        }
+    }
+
     pub(crate) fn error(&self, error: ZkError) -> LockError {
         lock_error(error, Some(self.name.as_str()))
     }
@@ -176,7 +186,7 @@ impl Place {
         loop {
             let asked = tokio::time::Instant::now();
             // Both requests are sent here, in this order, before either is awaited.
-            let creating = self.ask(session).create(&path, &[], &options);
+            let creating = self.ask(session).create(&path, &self.data, &options);
             let (created, listed) = match waiting {
                 Waiting::Children => {
                     let listing = self.ask(session).list_and_watch_children(&self.dir);
@@ -241,7 +251,7 @@ impl Place {
         let options = CreateMode::EphemeralSequential.with_acls(session.acls);
         let mut last = None;
         for _ in 0..CREATE_ATTEMPTS {
-            match self.ask(session).create(&path, &[], &options).await {
+            match self.ask(session).create(&path, &self.data, &options).await {
                 Ok((stat, sequence)) => return Ok((format!("{prefix}{sequence}"), stat.czxid)),
                 Err(ZkError::NoNode) => self.ensure_dir(session).await?,
                 Err(error) if outcome_unknown(&error) => {

@@ -900,8 +900,9 @@ pub(crate) fn semaphore_entries(leases: &[String], locks: &[String]) -> Entries 
 
 #[async_trait]
 impl Inspector for ZkHarness {
-    /// The entries of the mutex, the read-write lock and the semaphore called `name`
-    /// together: a case uses one kind per name.
+    /// The entries of the mutex, the read-write lock, the semaphore and the election called
+    /// `name` together: a case uses one kind per name. An election's first candidate leads
+    /// (a holder), the others wait.
     async fn entries(&self, name: &str) -> Result<Entries, LockError> {
         let mutex = self.contenders(name).await?;
         let dir = lock_dir(ZkConfig::DEFAULT_ROOT, name);
@@ -910,9 +911,13 @@ impl Inspector for ZkHarness {
             &self.queue(&format!("{dir}.semaphore/leases")).await?,
             &self.queue(&format!("{dir}.semaphore/locks")).await?,
         );
+        let candidates = self.queue(&format!("{dir}.election")).await?.len();
         Ok(Entries::new(
-            mutex.len().min(1) + rw.holders + semaphore.holders,
-            mutex.len().saturating_sub(1) + rw.waiters + semaphore.waiters,
+            mutex.len().min(1) + rw.holders + semaphore.holders + candidates.min(1),
+            mutex.len().saturating_sub(1)
+                + rw.waiters
+                + semaphore.waiters
+                + candidates.saturating_sub(1),
         ))
     }
 
