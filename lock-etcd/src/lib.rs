@@ -8,7 +8,9 @@
 //! [`Predecessor`](EtcdStrategy::Predecessor) (the default; the layout of etcd's own
 //! `concurrency.Mutex`, so that `etcdctl lock` and distlock exclude each other), the herd
 //! [`Prefix`](EtcdStrategy::Prefix), and the naive [`Single`](EtcdStrategy::Single). The
-//! [read-write lock](EtcdRwLock) and the [semaphore](EtcdSemaphore) queue the same way.
+//! [read-write lock](EtcdRwLock) and the [semaphore](EtcdSemaphore) queue the same way, and
+//! so does the [leader election](EtcdElection), in the layout of etcd's own
+//! `concurrency.Election` (`etcdctl elect`), always herd-free.
 //!
 //! ```no_run
 //! use lock_core::LockProvider;
@@ -46,7 +48,7 @@
 //! `session` (the lease, its keep-alive, the guards' loss), `guard` (held keys, and the
 //! clean-up of keys nobody will use), `queue` (the herd-free wait by create revision, under
 //! every lock kind), `lock` (the mutex's three strategies), `rwlock`, `semaphore`,
-//! `provider`.
+//! `election`, `provider`.
 //!
 //! # URL
 //!
@@ -56,6 +58,7 @@
 //! ```
 
 mod config;
+mod election;
 mod error;
 mod guard;
 mod lock;
@@ -66,6 +69,7 @@ mod semaphore;
 mod session;
 
 pub use config::{EtcdConfig, EtcdStrategy};
+pub use election::EtcdElection;
 pub use lock::EtcdLock;
 pub use provider::{EtcdContender, EtcdLockProvider};
 pub use rwlock::EtcdRwLock;

@@ -6,11 +6,12 @@ use std::sync::Arc;
 use etcd_client::{GetOptions, SortOrder, SortTarget};
 use lock_core::kit::SessionOwner;
 use lock_core::{
-    Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Fencing, FencingToken,
-    LockError, LockName, LockProvider, MetricsSnapshot, WaitKind,
+    Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Fencing,
+    FencingToken, LockError, LockName, LockProvider, MetricsSnapshot, WaitKind,
 };
 
 use crate::config::{EtcdConfig, EtcdStrategy};
+use crate::election::EtcdElection;
 use crate::error::BACKEND;
 use crate::lock::{EtcdLock, lock_dir};
 use crate::rwlock::EtcdRwLock;
@@ -160,6 +161,7 @@ impl LockProvider for EtcdLockProvider {
             .with_fifo(fifo)
             .with_reader_writer(true)
             .with_semaphore(true)
+            .with_elections(true)
             .with_crash_release_bound(Some(ttl))
     }
 
@@ -170,6 +172,12 @@ impl LockProvider for EtcdLockProvider {
 
     fn metrics(&self) -> MetricsSnapshot {
         self.shared.metrics.snapshot()
+    }
+
+    /// An election in `{prefix}/{name}.election/`; see [`EtcdElection`].
+    fn election(&self, name: &str) -> Result<Arc<dyn Election>, LockError> {
+        let name = LockName::new(name)?;
+        Ok(Arc::new(EtcdElection::new(Arc::clone(&self.shared), name)))
     }
 
     /// A read-write lock in `{prefix}/{name}.rwlock/`; see [`EtcdRwLock`].

@@ -42,6 +42,10 @@ pub(crate) struct Queue {
     pub(crate) name: LockName,
     /// Ends in `/`.
     pub(crate) dir: String,
+    /// How waiters wait: the provider's strategy, or always herd-free (elections).
+    pub(crate) strategy: EtcdStrategy,
+    /// What a contender's key holds: nothing for locks, an election candidate's value.
+    pub(crate) value: Arc<[u8]>,
 }
 
 /// Which keys can keep a contender out, and how many of them it tolerates before its own.
@@ -73,7 +77,21 @@ impl Queue {
     /// The queue of `name`'s lock kind whose directory ends in `suffix` (`""` for a mutex).
     pub(crate) fn new(shared: Arc<Shared>, name: LockName, suffix: &str) -> Self {
         let dir = format!("{}/{}{suffix}/", shared.config.prefix, name.escaped());
-        Queue { shared, name, dir }
+        Queue {
+            strategy: shared.config.strategy,
+            shared,
+            name,
+            dir,
+            value: Arc::from(&[][..]),
+        }
+    }
+
+    /// The same queue for contenders whose keys hold `value`.
+    pub(crate) fn with_value(&self, value: &[u8]) -> Self {
+        Queue {
+            value: Arc::from(value),
+            ..self.clone()
+        }
     }
 
     /// A contender's key in the sub-directory `within` (`""`, or e.g. `"write/"`), named by
@@ -165,7 +183,7 @@ impl Queue {
             }
             // A semaphore's lease waits for any holder to leave: only the contender that
             // holds the semaphore's mutex waits here, so that is no herd.
-            let watched = match self.shared.config.strategy {
+            let watched = match self.strategy {
                 EtcdStrategy::Predecessor if blockers.admits == 1 => Watched::Key(&nearest),
                 EtcdStrategy::Predecessor => Watched::Prefix(blockers.dir),
                 _ => Watched::Prefix(&self.dir),
@@ -194,7 +212,7 @@ impl Queue {
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([TxnOp::put(
                 key,
-                "",
+                self.value.to_vec(),
                 Some(PutOptions::new().with_lease(session.lease)),
             )])
             .or_else([TxnOp::get(key, None)]);

@@ -1,5 +1,6 @@
 //! distlock's etcd lock and etcd's own (`etcdctl lock`, etcd's `concurrency.Mutex`) on one
-//! name exclude each other, in both orders, and agree on who comes first.
+//! name exclude each other, in both orders, and agree on who comes first; so do their
+//! elections (`etcdctl elect`, etcd's `concurrency.Election`).
 #![allow(
     clippy::expect_used,
     clippy::unwrap_used,
@@ -141,4 +142,98 @@ async fn distlock_holds_and_etcdctl_waits() {
         .unwrap()
         .unwrap();
     assert!(status.success(), "etcdctl: {status}");
+}
+
+/// `etcdctl elect NAME PROPOSAL` on distlock's election directory (without its trailing
+/// `/`): a campaign that leads until interrupted, or with `-l` an observer printing each
+/// leader's key and value.
+fn etcdctl_elect(endpoint: &str, name: &str, args: &[&str]) -> Child {
+    let escaped = LockName::new(name).unwrap().escaped();
+    Command::new("etcdctl")
+        .args(["--endpoints", endpoint, "elect"])
+        .args(args.iter().filter(|arg| arg.starts_with('-')))
+        .arg(format!("{}/{escaped}.election", EtcdConfig::DEFAULT_PREFIX))
+        .args(args.iter().filter(|arg| !arg.starts_with('-')))
+        .env("ETCDCTL_API", "3")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("etcdctl runs (Debian's etcd-client package)")
+}
+
+/// etcd's own election (`etcdctl elect`) and distlock's share one election: each sees the
+/// other's leader with its value, a distlock candidate waits behind etcdctl's leader and
+/// takes over when it resigns, and `etcdctl elect -l` reports distlock's leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_elect_and_distlock_see_each_others_leaders() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let harness = EtcdHarness::new(EtcdStrategy::Predecessor).await;
+    let name = unique_name("interop-elect");
+    let endpoint = harness.endpoint();
+    let mut etcdctl = etcdctl_elect(&endpoint, &name, &["etcdctl-host"]);
+    let locks = provider(&harness).await;
+    let election = locks.election(&name).unwrap();
+    let began = tokio::time::Instant::now();
+    loop {
+        let leader = election.leader().await.unwrap();
+        if leader.as_ref().is_some_and(|l| l.value == b"etcdctl-host") {
+            break;
+        }
+        assert!(
+            began.elapsed() < BOUND,
+            "distlock never saw etcdctl lead: {leader:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let campaign = tokio::spawn({
+        let election = std::sync::Arc::clone(&election);
+        async move { election.campaign(b"distlock-host", Some(BOUND)).await }
+    });
+    let dir = format!(
+        "{}/{}.election/",
+        EtcdConfig::DEFAULT_PREFIX,
+        LockName::new(&name).unwrap().escaped()
+    );
+    let began = tokio::time::Instant::now();
+    while common::keys(harness.admin(), &dir).await.len() < 2 {
+        assert!(began.elapsed() < BOUND, "distlock's candidate never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!campaign.is_finished(), "two leaders: etcdctl and distlock");
+
+    let mut observer = etcdctl_elect(&endpoint, &name, &["-l"]);
+    let mut lines = BufReader::new(observer.stdout.take().unwrap()).lines();
+    // etcdctl resigns when interrupted.
+    let pid = etcdctl.id().unwrap().to_string();
+    let interrupted = Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .await
+        .unwrap();
+    assert!(interrupted.success());
+    let mut leadership = tokio::time::timeout(BOUND, campaign)
+        .await
+        .expect("distlock leads once etcdctl resigns")
+        .unwrap()
+        .unwrap();
+    tokio::time::timeout(BOUND, etcdctl.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    let seen = tokio::time::timeout(BOUND, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line == "distlock-host" {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .expect("etcdctl elect -l reports a leader in time");
+    assert!(seen, "etcdctl elect -l never reported distlock's leader");
+    leadership.resign().await.unwrap();
+    assert!(election.leader().await.unwrap().is_none());
 }

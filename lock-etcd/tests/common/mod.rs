@@ -446,8 +446,9 @@ impl Faults for EtcdHarness {
 
 #[async_trait]
 impl Inspector for EtcdHarness {
-    /// The entries of the mutex, the read-write lock and the semaphore called `name`
-    /// together: a case uses one kind per name.
+    /// The entries of the mutex, the read-write lock, the semaphore and the election called
+    /// `name` together: a case uses one kind per name. An election's first candidate leads
+    /// (a holder), the others wait.
     async fn entries(&self, name: &str) -> Result<Entries, LockError> {
         let prefix = EtcdConfig::DEFAULT_PREFIX;
         let mutex = contenders(&self.admin, prefix, name).await;
@@ -457,9 +458,15 @@ impl Inspector for EtcdHarness {
             &keys(&self.admin, &format!("{semaphore}leases/")).await,
             &keys(&self.admin, &format!("{semaphore}locks/")).await,
         );
+        let candidates = keys(&self.admin, &dir_of(prefix, name, ".election"))
+            .await
+            .len();
         Ok(Entries::new(
-            mutex.len().min(1) + rw.holders + semaphore.holders,
-            mutex.len().saturating_sub(1) + rw.waiters + semaphore.waiters,
+            mutex.len().min(1) + rw.holders + semaphore.holders + candidates.min(1),
+            mutex.len().saturating_sub(1)
+                + rw.waiters
+                + semaphore.waiters
+                + candidates.saturating_sub(1),
         ))
     }
 

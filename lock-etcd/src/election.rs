@@ -1,0 +1,157 @@
+//! Leader election in the layout of etcd's own `concurrency.Election`: the mutex queue with
+//! the candidate's value in its key, and observers that watch the leader's key.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use etcd_client::{GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions};
+use lock_core::election::LeaderSource;
+use lock_core::kit::ElectionAttempt;
+use lock_core::{Deadline, FencingToken, Guard, LeaderInfo, LockError, LockName};
+
+use crate::config::EtcdStrategy;
+use crate::error::BACKEND;
+use crate::queue::{Blockers, Queue};
+use crate::session::Shared;
+
+/// A leader election from an [`EtcdLockProvider`](crate::EtcdLockProvider).
+///
+/// Candidates are keys `{prefix}/{name}.election/{lease in hex}` on their session's lease,
+/// holding their value: the layout of etcd's `concurrency.Election`, so that
+/// `etcdctl elect {prefix}/{name}.election` and distlock campaign in one election and see
+/// each other's leaders. The key with the smallest create revision leads, and that revision
+/// is its term; each other candidate watches only the deletion of the key just before its
+/// own, whatever the provider's strategy. Observers read the first key and watch it (or,
+/// with no candidate, the directory).
+///
+/// ```no_run
+/// use lock_core::LockProvider;
+/// use lock_etcd::EtcdLockProvider;
+///
+/// # async fn demo() -> Result<(), lock_core::LockError> {
+/// let etcd = EtcdLockProvider::connect_url("etcd://127.0.0.1:2379").await?;
+/// let election = etcd.election("billing/worker")?;
+/// let mut leadership = election.campaign(b"host-a:8080", None).await?;
+/// // ... lead, passing leadership.term() with every write ...
+/// leadership.resign().await?;
+/// # Ok(()) }
+/// ```
+pub struct EtcdElection {
+    /// `{prefix}/{name escaped}.election/`, always herd-free.
+    queue: Queue,
+}
+
+impl fmt::Debug for EtcdElection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdElection")
+            .field("name", &self.queue.name)
+            .field("dir", &self.queue.dir)
+            .finish()
+    }
+}
+
+impl EtcdElection {
+    pub(crate) fn new(shared: Arc<Shared>, name: LockName) -> Self {
+        let mut queue = Queue::new(shared, name, ".election");
+        queue.strategy = EtcdStrategy::Predecessor;
+        EtcdElection { queue }
+    }
+
+    /// The leader's key and what it holds, and the revision of the read.
+    async fn head(&self) -> Result<(Option<(String, LeaderInfo)>, i64), LockError> {
+        let queue = &self.queue;
+        let session = queue.shared.session(&queue.name).await?;
+        let first = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let answer = session
+            .read(queue.name.as_str(), &Deadline::after(None), || {
+                let mut kv = session.client.kv_client();
+                let first = first.clone();
+                async move { kv.get(queue.dir.as_str(), Some(first)).await }
+            })
+            .await?;
+        let revision = answer.header().map_or(0, |header| header.revision());
+        let leader = answer.kvs().first().map(|kv| {
+            let term = FencingToken(u64::try_from(kv.create_revision()).unwrap_or_default());
+            (
+                String::from_utf8_lossy(kv.key()).into_owned(),
+                LeaderInfo::new(kv.value().to_vec(), term),
+            )
+        });
+        Ok((leader, revision))
+    }
+}
+
+#[async_trait]
+impl ElectionAttempt for EtcdElection {
+    fn name(&self) -> &LockName {
+        &self.queue.name
+    }
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    /// Queues a candidate key holding `value` and waits to be first, herd-free.
+    async fn attempt(&self, value: &[u8], deadline: Deadline) -> Result<Option<Guard>, LockError> {
+        let queue = self.queue.with_value(value);
+        let session = queue.shared.session(&queue.name).await?;
+        let slot = queue.slot(&session);
+        // Armed before the first request: a dropped campaign leaves no key behind.
+        let pending = queue.entry(&session, &slot, "");
+        queue
+            .attempt(&session, pending, Blockers::any(&queue.dir), &deadline)
+            .await
+    }
+}
+
+#[async_trait]
+impl LeaderSource for EtcdElection {
+    async fn leader(&self) -> Result<Option<LeaderInfo>, LockError> {
+        Ok(self.head().await?.0.map(|(_, leader)| leader))
+    }
+
+    /// Watches, from just after the read that found the leader still `seen`, the leader's
+    /// key (any change: a deletion, or a new value proclaimed by `etcdctl`) or, with no
+    /// leader, the directory for a new candidate; wakes also when the provider closes or
+    /// the session ends.
+    async fn changed(&self, seen: &Option<LeaderInfo>) -> Result<(), LockError> {
+        let queue = &self.queue;
+        let session = queue.shared.session(&queue.name).await?;
+        let (head, revision) = self.head().await?;
+        if head.as_ref().map(|(_, leader)| leader) != seen.as_ref() {
+            return Ok(());
+        }
+        let mut options = WatchOptions::new().with_start_revision(revision + 1);
+        let key = match &head {
+            Some((key, _)) => key.clone(),
+            None => {
+                options = options
+                    .with_prefix()
+                    .with_filters([WatchFilterType::NoDelete]);
+                queue.dir.clone()
+            }
+        };
+        let (_watcher, mut stream) = session
+            .read(queue.name.as_str(), &Deadline::after(None), || {
+                let mut watches = session.client.watch_client();
+                let (key, options) = (key.clone(), options.clone());
+                async move { watches.watch(key, Some(options)).await }
+            })
+            .await?;
+        loop {
+            tokio::select! {
+                message = stream.message() => match message {
+                    Ok(Some(answer)) if answer.events().is_empty() && !answer.canceled() => {}
+                    // An event, a cancelled or broken watch: look again.
+                    _ => return Ok(()),
+                },
+                () = session.over.wait() => return Ok(()),
+                () = queue.shared.closed.wait() => return Ok(()),
+            }
+        }
+    }
+}
