@@ -26,17 +26,37 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 /// cancelled waiter's entry removed, the ZooKeeper session closed.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// What `run` and `try` were asked to do.
+/// What the command holds while it runs.
+#[derive(Debug)]
+pub(crate) enum Hold {
+    /// The lock `name` (`run`, `try`).
+    Lock,
+    /// The leadership of the election `name`, campaigning with this value (`elect`).
+    Leadership { value: String },
+}
+
+/// What `run`, `try` and `elect` were asked to do.
 #[derive(Debug)]
 pub(crate) struct RunOptions {
     pub(crate) url: String,
     pub(crate) name: String,
+    pub(crate) hold: Hold,
     /// `None`: one attempt (`try`); `Some(timeout)`: wait up to `timeout` (`run`).
     pub(crate) wait: Option<Option<Duration>>,
     pub(crate) ttl: Option<Duration>,
     pub(crate) grace: Duration,
     pub(crate) foreground: bool,
     pub(crate) command: Vec<OsString>,
+}
+
+impl RunOptions {
+    /// What is held, for messages: `lock "x"`, or `the leadership of election "x"`.
+    fn subject(&self) -> String {
+        match self.hold {
+            Hold::Lock => format!("lock {:?}", self.name),
+            Hold::Leadership { .. } => format!("the leadership of election {:?}", self.name),
+        }
+    }
 }
 
 pub(crate) async fn run(options: RunOptions) -> u8 {
@@ -83,41 +103,41 @@ pub(crate) async fn run(options: RunOptions) -> u8 {
     code
 }
 
-/// Acquires the lock, runs the command, releases the lock; the exit status.
+/// Acquires the lock (or wins the election), runs the command, releases the lock (or
+/// resigns); the exit status.
 async fn hold_and_run(
     provider: &Arc<dyn LockProvider>,
     options: &RunOptions,
     signals: &mut Signals,
 ) -> u8 {
     let name = &options.name;
-    let lock = match provider.lock(name) {
-        Ok(lock) => lock,
-        Err(error) => {
-            report(&error);
-            return failure_status(&error);
-        }
+    let what = match options.hold {
+        Hold::Lock => "the lock",
+        Hold::Leadership { .. } => "the leadership",
     };
     match options.wait {
-        None => tracing::info!(lock = %name, "trying the lock once"),
-        Some(timeout) => tracing::info!(lock = %name, ?timeout, "waiting for the lock"),
+        None => tracing::info!(name = %name, "trying for {what} once"),
+        Some(timeout) => tracing::info!(name = %name, ?timeout, "waiting for {what}"),
     }
     let acquired = tokio::select! {
-        acquired = acquire(&*lock, options.wait) => acquired,
+        acquired = acquire(provider.as_ref(), options) => acquired,
         // Dropping the acquisition removes the waiter's entry (in the background, which
         // `Connection::close` waits for).
-        signal = signals.recv() => return interrupted(signal, name, "waiting for the lock"),
+        signal = signals.recv() => return interrupted(signal, name, &format!("waiting for {what}")),
+    };
+    let held_by = match options.hold {
+        Hold::Lock => format!("lock {name:?} is held by another client"),
+        Hold::Leadership { .. } => format!("election {name:?} is led by another client"),
     };
     let guard = match acquired {
         Ok(Some(guard)) => guard,
         Ok(None) => {
-            report(format_args!(
-                "lock {name:?} is held by another client; not running the command"
-            ));
+            report(format_args!("{held_by}; not running the command"));
             return status::BUSY;
         }
         Err(LockError::Timeout { waited, .. }) => {
             report(format_args!(
-                "lock {name:?} is still held by another client after waiting {}; not running the command",
+                "{held_by} still after waiting {}; not running the command",
                 humantime::format_duration(waited)
             ));
             return status::BUSY;
@@ -127,17 +147,30 @@ async fn hold_and_run(
             return failure_status(&error);
         }
     };
-    tracing::info!(lock = %name, token = %guard.fencing_token(), "lock acquired; running the command");
+    tracing::info!(name = %name, token = %guard.fencing_token(), "{what} acquired; running the command");
     supervise(guard, options, signals).await
 }
 
+/// The lock's guard, or the won election's: `None` when `try` finds the lock held.
 async fn acquire(
-    lock: &dyn distlock::DistributedLock,
-    wait: Option<Option<Duration>>,
+    provider: &dyn LockProvider,
+    options: &RunOptions,
 ) -> Result<Option<Guard>, LockError> {
-    match wait {
-        None => lock.try_acquire().await,
-        Some(timeout) => lock.acquire(timeout).await.map(Some),
+    let name = &options.name;
+    match &options.hold {
+        Hold::Lock => {
+            let lock = provider.lock(name)?;
+            match options.wait {
+                None => lock.try_acquire().await,
+                Some(timeout) => lock.acquire(timeout).await.map(Some),
+            }
+        }
+        Hold::Leadership { value } => {
+            let election = provider.election(name)?;
+            let timeout = options.wait.unwrap_or(Some(Duration::ZERO));
+            let won = election.campaign(value.as_bytes(), timeout).await?;
+            Ok(Some(won.into_guard()))
+        }
     }
 }
 
@@ -151,7 +184,7 @@ fn interrupted(signal: Signal, name: &str, doing: &str) -> u8 {
 
 /// Runs the command while `guard` holds the lock, then releases it.
 async fn supervise(mut guard: Guard, options: &RunOptions, signals: &mut Signals) -> u8 {
-    let name = &options.name;
+    let subject = options.subject();
     let mut child = match spawn(&guard, options) {
         Ok(child) => child,
         Err(error) => {
@@ -161,7 +194,7 @@ async fn supervise(mut guard: Guard, options: &RunOptions, signals: &mut Signals
                 .map(|program| program.to_string_lossy().into_owned())
                 .unwrap_or_default();
             report(format_args!("cannot run {program:?}: {error}"));
-            release(&mut guard, name).await;
+            release(&mut guard, &subject).await;
             return match error.kind() {
                 io::ErrorKind::NotFound => status::NOT_FOUND,
                 _ => status::CANNOT_EXECUTE,
@@ -189,7 +222,7 @@ async fn supervise(mut guard: Guard, options: &RunOptions, signals: &mut Signals
                 watching = false;
                 if let Some(reason) = reason {
                     report(format_args!(
-                        "lock {name:?} was lost while the command ran ({reason}); stopping it: SIGTERM, then SIGKILL after {}",
+                        "{subject} was lost while the command ran ({reason}); stopping it: SIGTERM, then SIGKILL after {}",
                         humantime::format_duration(options.grace)
                     ));
                     send(target, Signal::SIGTERM);
@@ -227,24 +260,24 @@ async fn supervise(mut guard: Guard, options: &RunOptions, signals: &mut Signals
         drop(guard);
         return status::LOST;
     }
-    tracing::info!(lock = %name, status = code, "the command exited; releasing the lock");
+    tracing::info!(name = %options.name, status = code, "the command exited; releasing {subject}");
     match tokio::time::timeout(RELEASE_TIMEOUT, guard.release()).await {
         Ok(Ok(())) => code,
         Ok(Err(LockError::Lost { reason, .. })) => {
             report(format_args!(
-                "lock {name:?} turned out to be lost when it was released ({reason}); the command exited with {code}"
+                "{subject} turned out to be lost when it was released ({reason}); the command exited with {code}"
             ));
             status::LOST
         }
         Ok(Err(error)) => {
             report(format_args!(
-                "cannot release lock {name:?} ({error}); it is freed when the session or lease ends"
+                "cannot release {subject} ({error}); it is freed when the session or lease ends"
             ));
             code
         }
         Err(_) => {
             report(format_args!(
-                "releasing lock {name:?} took longer than {}; it is freed when the session or lease ends",
+                "releasing {subject} took longer than {}; it is freed when the session or lease ends",
                 humantime::format_duration(RELEASE_TIMEOUT)
             ));
             code
@@ -252,12 +285,12 @@ async fn supervise(mut guard: Guard, options: &RunOptions, signals: &mut Signals
     }
 }
 
-async fn release(guard: &mut Guard, name: &str) {
+async fn release(guard: &mut Guard, subject: &str) {
     match tokio::time::timeout(RELEASE_TIMEOUT, guard.release()).await {
         Ok(Ok(())) => {}
-        Ok(Err(error)) => report(format_args!("cannot release lock {name:?}: {error}")),
+        Ok(Err(error)) => report(format_args!("cannot release {subject}: {error}")),
         Err(_) => report(format_args!(
-            "releasing lock {name:?} took too long; it is freed when the session or lease ends"
+            "releasing {subject} took too long; it is freed when the session or lease ends"
         )),
     }
 }
@@ -318,19 +351,19 @@ fn exit_status(exit: ExitStatus) -> u8 {
     }
 }
 
-fn signal_status(signal: i32) -> u8 {
+pub(crate) fn signal_status(signal: i32) -> u8 {
     u8::try_from(128 + signal).unwrap_or(status::SOFTWARE)
 }
 
 /// The signals distlock passes on to the command (or that end a wait for the lock).
-struct Signals {
+pub(crate) struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
     hangup: tokio::signal::unix::Signal,
 }
 
 impl Signals {
-    fn new() -> io::Result<Self> {
+    pub(crate) fn new() -> io::Result<Self> {
         Ok(Signals {
             interrupt: signal(SignalKind::interrupt())?,
             terminate: signal(SignalKind::terminate())?,
@@ -339,7 +372,7 @@ impl Signals {
     }
 
     /// The next signal received. Cancel-safe.
-    async fn recv(&mut self) -> Signal {
+    pub(crate) async fn recv(&mut self) -> Signal {
         tokio::select! {
             Some(()) = self.interrupt.recv() => Signal::SIGINT,
             Some(()) = self.terminate.recv() => Signal::SIGTERM,

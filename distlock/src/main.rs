@@ -1,7 +1,8 @@
 //! `distlock`: flock(1) for a cluster.
 //!
-//! Runs a command while holding a distributed lock (ZooKeeper, Redis, Redlock or the
-//! in-memory backend, chosen by URL), and shows who holds a lock and who waits for it.
+//! Runs a command while holding a distributed lock (ZooKeeper, Redis, Redlock, etcd or the
+//! in-memory backend, chosen by URL) or while leading an election, and shows who holds a
+//! lock and who waits for it, and who leads an election.
 //! Built with the `cli` feature: `cargo install distlock --features cli`.
 #![allow(
     clippy::print_stdout,
@@ -17,6 +18,7 @@ use std::time::Duration;
 use clap::{ArgAction, Args, Parser, Subcommand};
 
 mod cli_holders;
+mod cli_leader;
 mod cli_run;
 
 /// Exit statuses besides the command's own.
@@ -54,12 +56,16 @@ Examples:
   # Who holds the lock, who waits for it
   distlock holders --url zk://zk1:2181/ops --name backup --json
 
+  # One worker of the cluster leads; the others wait to take over
+  distlock elect --url zk://zk1:2181 --name billing --value \"$(hostname)\" -- ./worker
+  distlock leader --url zk://zk1:2181 --name billing --watch
+
 Exit status:
   the command's own (128+N when a signal N killed it), or
   2    usage or configuration error: bad URL, unknown scheme, invalid lock name
   69   the backend cannot be reached, or refused the credentials
-  75   the lock is held: `try`, or `run --timeout` ran out
-  76   the lock was lost while the command ran; the command was stopped
+  75   the lock is held: `try`, or `run --timeout` ran out (`elect --timeout` too)
+  76   the lock (or leadership) was lost while the command ran; the command was stopped
   126  the command cannot be run; 127 it was not found
 
 URLs (see the distlock crate docs for every parameter):
@@ -123,6 +129,32 @@ Examples:
   distlock holders --url zk://zk1:2181 --name nightly
   distlock holders --url redis://cache:6379 --name deploy --json | jq .waiters";
 
+const ELECT_HELP: &str = "\
+Campaigns in the election with --value and waits its turn (at most --timeout), then runs
+the command while it leads, and resigns when the command exits, handing over to the next
+candidate. The command sees DISTLOCK_FENCING_TOKEN (the leadership's term: it grows with
+every leader, so pass it with every write) and DISTLOCK_LOCK_NAME (the election's name).
+Signals, --ttl, --grace and the exit statuses are those of `run`: if the leadership is
+lost while the command runs, distlock stops it and exits 76.
+
+Examples:
+  distlock elect --url zk://zk1:2181 --name billing-worker --value host-a -- ./worker
+  distlock elect --url etcd://etcd1:2379 --name scheduler -- ./scheduler --active
+
+`distlock leader` shows who leads. On ZooKeeper the election is {root}/{name}.election
+(Curator's LeaderLatch and kazoo's Election see distlock's candidates there); on etcd
+{prefix}/{name}.election/ (`etcdctl elect {prefix}/{name}.election` is the same election).";
+
+const LEADER_HELP: &str = "\
+Prints the value the leader campaigned with and its term, or `no leader`; --json prints
+{\"election\": NAME, \"leader\": {\"value\": VALUE, \"term\": TERM} or null}. With --watch
+it prints one line per change until interrupted (a signal ends it with 128+N) or until the
+backend cannot be reached (69).
+
+Examples:
+  distlock leader --url zk://zk1:2181 --name billing-worker
+  distlock leader --url etcd://etcd1:2379 --name scheduler --watch --json";
+
 const BENCH_HELP: &str = "\
 The herd benchmark is not built into this tool: it is the `herd` binary of the
 `distlock-benches` package in the distlock workspace, which starts its own ZooKeeper and
@@ -163,6 +195,15 @@ enum Command {
     /// Show who holds the lock and who waits for it, in order.
     #[command(after_help = HOLDERS_HELP)]
     Holders(HoldersArgs),
+    /// Wait to lead the election, run the command while leader, resign when it exits.
+    #[command(
+        after_help = ELECT_HELP,
+        override_usage = "distlock elect [OPTIONS] --url <URL> --name <NAME> [--value <VALUE>] -- <COMMAND> [ARGS]..."
+    )]
+    Elect(ElectArgs),
+    /// Show who leads the election; with --watch, every change.
+    #[command(after_help = LEADER_HELP)]
+    Leader(LeaderArgs),
     /// Where the herd benchmark is (the `herd` binary of `distlock-benches`).
     #[command(after_help = BENCH_HELP)]
     Bench {
@@ -226,6 +267,32 @@ struct CommandArgs {
         value_name = "COMMAND"
     )]
     command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+struct ElectArgs {
+    /// What this candidate leads with, for `distlock leader` and the other participants
+    /// to read (default: this machine's host name).
+    #[arg(long, value_name = "VALUE")]
+    value: Option<String>,
+
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Debug, Args)]
+struct LeaderArgs {
+    #[command(flatten)]
+    target: Target,
+
+    /// Keep printing: one line at every change of leader (changes in quick succession may
+    /// be coalesced; the latest is always printed), until interrupted.
+    #[arg(long)]
+    watch: bool,
+
+    /// Print JSON objects instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -320,11 +387,35 @@ async fn dispatch(command: Command) -> u8 {
         Command::Holders(args) => {
             cli_holders::holders(&args.target.url, &args.target.name, args.json).await
         }
+        Command::Elect(args) => {
+            let value = match args.value.map_or_else(host_name, Ok) {
+                Ok(value) => value,
+                Err(error) => {
+                    report(format_args!(
+                        "cannot tell this machine's host name ({error}); give --value"
+                    ));
+                    return status::USAGE;
+                }
+            };
+            let mut options = args.run.common.into_options(Some(args.run.timeout));
+            options.hold = cli_run::Hold::Leadership { value };
+            cli_run::run(options).await
+        }
+        Command::Leader(args) => {
+            cli_leader::leader(&args.target.url, &args.target.name, args.watch, args.json).await
+        }
         Command::Bench { .. } => {
             eprintln!("{BENCH_HELP}");
             status::USAGE
         }
     }
+}
+
+/// This machine's host name, the default value of a candidate.
+fn host_name() -> Result<String, String> {
+    nix::unistd::gethostname()
+        .map_err(|error| error.to_string())
+        .and_then(|name| name.into_string().map_err(|_| "not UTF-8".to_owned()))
 }
 
 impl CommandArgs {
@@ -333,6 +424,7 @@ impl CommandArgs {
         cli_run::RunOptions {
             url: self.target.url,
             name: self.target.name,
+            hold: cli_run::Hold::Lock,
             wait,
             ttl: self.ttl,
             grace: self.grace,

@@ -1331,3 +1331,203 @@ async fn kazoo_and_distlock_exclude_each_other() {
         "kazoo and distlock took turns, never overlapping: {log:?}"
     );
 }
+
+/// `distlock leader --json` for `name`.
+async fn leader(scratch: &Scratch, url: &str, name: &str) -> Value {
+    let done = scratch
+        .run(&["leader", "--url", url, "--name", name, "--json"])
+        .await;
+    assert_eq!(done.code, Some(0), "leader: {}", done.stderr);
+    serde_json::from_str(&done.stdout).expect("leader --json prints JSON")
+}
+
+/// Two `distlock elect` processes: the first leads and runs its command with its term, the
+/// second waits without running its command, `leader` reports who leads, and when the
+/// first's command exits it resigns and the second leads with a larger term; `leader
+/// --watch` prints each leader as it comes; a third gives up after `--timeout` with 75.
+async fn elect_hands_over(url: &str) {
+    let scratch = Scratch::new();
+    let name = unique_name("cli-elect");
+    let lead = |who: &str| {
+        format!(
+            "echo \"{who} $DISTLOCK_FENCING_TOKEN $DISTLOCK_LOCK_NAME\" >> \"$LOG\"; {}",
+            scratch.wait_for(&format!("stop-{who}"))
+        )
+    };
+    let (lead_a, lead_b) = (lead("a"), lead("b"));
+    let a = scratch.spawn(&[
+        "elect", "--url", url, "--name", &name, "--value", "host-a", "--", "sh", "-c", &lead_a,
+    ]);
+    scratch.wait_for_log("a ").await;
+    let watcher = scratch.spawn(&["leader", "--url", url, "--name", &name, "--watch"]);
+    let b = scratch.spawn(&[
+        "elect", "--url", url, "--name", &name, "--value", "host-b", "--", "sh", "-c", &lead_b,
+    ]);
+    let led = leader(&scratch, url, &name).await;
+    assert_eq!(led["election"], name.as_str(), "{led}");
+    assert_eq!(led["leader"]["value"], "host-a", "{led}");
+    let term_a = led["leader"]["term"].as_u64().expect("a term");
+
+    let gave_up = scratch
+        .run(&[
+            "elect",
+            "--url",
+            url,
+            "--name",
+            &name,
+            "--value",
+            "host-c",
+            "--timeout",
+            "300ms",
+            "--",
+            "sh",
+            "-c",
+            "echo c >> \"$LOG\"",
+        ])
+        .await;
+    let line = gave_up.expect_error(BUSY);
+    assert!(
+        line.contains(&format!("{name:?}")),
+        "names the election: {line}"
+    );
+
+    scratch.touch("stop-a");
+    let a = a.finish(BOUND).await;
+    assert_eq!(a.code, Some(0), "stderr: {}", a.stderr);
+    scratch.wait_for_log("b ").await;
+    let led = leader(&scratch, url, &name).await;
+    assert_eq!(led["leader"]["value"], "host-b", "{led}");
+    let term_b = led["leader"]["term"].as_u64().expect("a term");
+    assert!(term_b > term_a, "terms grow: {term_a} then {term_b}");
+    let log = scratch.log();
+    assert_eq!(
+        log,
+        [format!("a {term_a} {name}"), format!("b {term_b} {name}")],
+        "each leader ran its command with its term, one after the other; the one that gave up never ran"
+    );
+    scratch.touch("stop-b");
+    let b = b.finish(BOUND).await;
+    assert_eq!(b.code, Some(0), "stderr: {}", b.stderr);
+    let led = leader(&scratch, url, &name).await;
+    assert!(
+        led["leader"].is_null(),
+        "nobody leads after both resigned: {led}"
+    );
+
+    wait_until("leader --watch printed the last change", || {
+        std::fs::read_to_string(&watcher.stdout)
+            .unwrap_or_default()
+            .lines()
+            .last()
+            == Some("no leader")
+    })
+    .await;
+    let watched = std::fs::read_to_string(&watcher.stdout).unwrap();
+    // One line per change, in order. Should b have queued only after a resigned, there was
+    // a moment without a leader, which the watch may or may not have caught.
+    let lines: Vec<&str> = watched
+        .lines()
+        .filter(|line| *line != "no leader")
+        .chain(std::iter::once("no leader"))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            format!("host-a (term {term_a})"),
+            format!("host-b (term {term_b})"),
+            "no leader".to_owned()
+        ],
+        "leader --watch printed: {watched:?}"
+    );
+    assert!(
+        watched.starts_with(&format!("host-a (term {term_a})\n")),
+        "{watched:?}"
+    );
+    kill(watcher.pid(), Signal::SIGINT).unwrap();
+    let watcher = watcher.finish(BOUND).await;
+    assert_eq!(watcher.code, Some(128 + 2), "stderr: {}", watcher.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_elect_hands_over_and_leader_follows() {
+    elect_hands_over(&zk_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_elect_hands_over_and_leader_follows() {
+    elect_hands_over(&etcd_url()).await;
+}
+
+/// A leader cut off from ZooKeeper past its session: `elect` stops its command and exits
+/// 76, and a candidate with a direct connection takes over with a larger term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_leader_cut_past_its_session_exits_76() {
+    let proxy = FaultProxy::start(zk_addr()).expect("a fault proxy");
+    let scratch = Scratch::new();
+    let name = unique_name("cli-elect-cut");
+    let lead = format!(
+        "echo leads $DISTLOCK_FENCING_TOKEN >> \"$LOG\"; {}",
+        scratch.wait_for("never")
+    );
+    let leader_url = format!("zk://{}", proxy.address());
+    let leading = scratch.spawn(&[
+        "elect",
+        "--url",
+        &leader_url,
+        "--ttl",
+        "2s",
+        "--grace",
+        "5s",
+        "--name",
+        &name,
+        "--value",
+        "cut-off",
+        "--",
+        "sh",
+        "-c",
+        &lead,
+    ]);
+    scratch.wait_for_log("leads").await;
+    let zk = zk_url();
+    let next = scratch.spawn(&[
+        "elect",
+        "--url",
+        &zk,
+        "--name",
+        &name,
+        "--value",
+        "next",
+        "--timeout",
+        "30s",
+        "--",
+        "sh",
+        "-c",
+        "echo next $DISTLOCK_FENCING_TOKEN >> \"$LOG\"",
+    ]);
+    let led = leader(&scratch, &zk, &name).await;
+    assert_eq!(led["leader"]["value"], "cut-off", "{led}");
+    proxy.cut();
+    let cut = leading.finish(Duration::from_secs(20)).await;
+    let line = cut.expect_error(LOST);
+    assert!(
+        line.contains("leadership") && line.contains("lost"),
+        "says the leadership was lost: {line}"
+    );
+    let next = next.finish(Duration::from_secs(30)).await;
+    assert_eq!(
+        next.code,
+        Some(0),
+        "the next candidate led: {}",
+        next.stderr
+    );
+    let log = scratch.log();
+    let term = |tag: &str| -> u64 {
+        log.iter()
+            .find_map(|line| line.strip_prefix(tag))
+            .unwrap_or_else(|| panic!("{tag:?} in {log:?}"))
+            .parse()
+            .unwrap()
+    };
+    assert!(term("next ") > term("leads "), "terms grow: {log:?}");
+    proxy.shutdown().await;
+}

@@ -122,6 +122,12 @@ impl Leadership {
         &self.guard
     }
 
+    /// The guard underneath, for code that holds any grant the same way (it releases, so
+    /// resigns, like [`resign`](Self::resign)).
+    pub fn into_guard(self) -> Guard {
+        self.guard
+    }
+
     /// Steps down, handing over to the next candidate. The same contract as
     /// [`Guard::release`]: only this leadership's own entry is removed; when it was already
     /// lost, [`LockError::Lost`]; a second call is a no-op; cancel-safe.
