@@ -1458,6 +1458,11 @@ async fn etcd_elect_hands_over_and_leader_follows() {
     elect_hands_over(&etcd_url()).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_elect_hands_over_and_leader_follows() {
+    elect_hands_over(&redis_url()).await;
+}
+
 /// A leader cut off from ZooKeeper past its session: `elect` stops its command and exits
 /// 76, and a candidate with a direct connection takes over with a larger term.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

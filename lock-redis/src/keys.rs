@@ -20,13 +20,19 @@ pub(crate) struct LockKeys {
     pub(crate) released: String,
     /// `{prefix:name}:w:`: the prefix of each waiter's own list, `…:w:<owner id>`.
     pub(crate) waiter_prefix: String,
+    /// `{prefix:name}:v:`: the prefix of each election candidate's value, `…:v:<owner id>`,
+    /// which lives as long as the candidate's place or lease.
+    pub(crate) value_prefix: String,
     /// `{prefix:name}:released`: the channel a release is broadcast on (pub/sub strategy).
     pub(crate) channel: String,
 }
 
 impl LockKeys {
     pub(crate) fn new(prefix: &str, name: &LockName) -> Self {
-        let tag = format!("{{{prefix}:{}}}", name.escaped());
+        Self::tagged(&format!("{{{prefix}:{}}}", name.escaped()))
+    }
+
+    fn tagged(tag: &str) -> Self {
         LockKeys {
             owner: format!("{tag}:owner"),
             fence: format!("{tag}:fence"),
@@ -34,8 +40,15 @@ impl LockKeys {
             deadlines: format!("{tag}:deadlines"),
             released: format!("{tag}:released"),
             waiter_prefix: format!("{tag}:w:"),
+            value_prefix: format!("{tag}:v:"),
             channel: format!("{tag}:released"),
         }
+    }
+
+    /// The keys of the election called `name`: `{prefix:name.election}:…`, which no lock's
+    /// can be (escaped names have no dot).
+    pub(crate) fn for_election(prefix: &str, name: &LockName) -> Self {
+        Self::tagged(&format!("{{{prefix}:{}.election}}", name.escaped()))
     }
 
     /// The keys in the order every script expects them.
@@ -68,6 +81,7 @@ mod tests {
             assert_eq!(key.matches('{').count(), 1, "one tag in {key}");
         }
         assert!(keys.waiter_list("ab").starts_with(tag));
+        assert!(keys.value_prefix.starts_with(tag));
         assert!(keys.channel.starts_with(tag));
     }
 }

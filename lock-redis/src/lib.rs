@@ -56,6 +56,9 @@
 //!   passes on a grant that raced its cancel.
 //! - A crashed holder's lock is free when its key expires (the ttl); waiters notice within
 //!   one refresh period.
+//! - [Leader elections](RedisElection) are locks of their own (`{prefix:name.election}`)
+//!   on the `Queue` strategy, whatever the provider's, each candidate's value kept beside its
+//!   place; efficiency-grade like the locks.
 //!
 //! # Failover, restarts and tokens
 //!
@@ -95,6 +98,7 @@
 //! system's certificate authorities, or those of the PEM file `tls_ca=/path/ca.pem`.
 
 mod config;
+mod election;
 mod error;
 mod guard;
 mod keys;
@@ -106,6 +110,7 @@ mod scripts;
 mod subscriber;
 
 pub use config::{LeaseOptions, RedisConfig, RedisServer, RedisStrategy, RedlockConfig};
+pub use election::RedisElection;
 pub use lock::RedisLock;
 pub use provider::{RedisHolders, RedisLockProvider};
 pub use redlock::{RedlockLock, RedlockProvider};

@@ -57,6 +57,8 @@ pub struct RedisLock {
     shared: Arc<Shared>,
     name: LockName,
     keys: Arc<LockKeys>,
+    /// The provider's strategy, or the queue for an election.
+    strategy: RedisStrategy,
 }
 
 impl fmt::Debug for RedisLock {
@@ -64,7 +66,7 @@ impl fmt::Debug for RedisLock {
         f.debug_struct("RedisLock")
             .field("name", &self.name)
             .field("owner_key", &self.keys.owner)
-            .field("strategy", &self.shared.config.strategy)
+            .field("strategy", &self.strategy)
             .finish()
     }
 }
@@ -98,7 +100,40 @@ impl Abandon for Contender {
 impl RedisLock {
     pub(crate) fn new(shared: Arc<Shared>, name: LockName) -> Self {
         let keys = Arc::new(LockKeys::new(&shared.config.lease.key_prefix, &name));
-        RedisLock { shared, name, keys }
+        let strategy = shared.config.strategy;
+        RedisLock {
+            shared,
+            name,
+            keys,
+            strategy,
+        }
+    }
+
+    /// The queue under the election `name`: its own keys, `{prefix:name.election}:…`, and
+    /// always the queue strategy.
+    pub(crate) fn election(shared: Arc<Shared>, name: LockName) -> Self {
+        let keys = Arc::new(LockKeys::for_election(
+            &shared.config.lease.key_prefix,
+            &name,
+        ));
+        RedisLock {
+            shared,
+            name,
+            keys,
+            strategy: RedisStrategy::Queue,
+        }
+    }
+
+    pub(crate) fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    pub(crate) fn keys(&self) -> &LockKeys {
+        &self.keys
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 }
 
@@ -113,16 +148,30 @@ impl MutexAttempt for RedisLock {
     }
 
     async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
+        self.attempt_with(None, deadline).await
+    }
+}
+
+impl RedisLock {
+    /// Takes the lock, or gives up at the deadline; an election candidate's key carries
+    /// `value`.
+    pub(crate) async fn attempt_with(
+        &self,
+        value: Option<&[u8]>,
+        deadline: Deadline,
+    ) -> Result<Option<Guard>, LockError> {
         self.shared.closed.check(BACKEND, &self.name)?;
         let grant = Arc::new(Claim {
             shared: Arc::clone(&self.shared),
             keys: Arc::clone(&self.keys),
             name: self.name.clone(),
             id: Uuid::new_v4().simple().to_string(),
+            strategy: self.strategy,
+            value: value.map(Arc::from),
         });
         // Armed from before the first request is sent.
         let mut attempt = Cleanup::new(Contender(Arc::clone(&grant)));
-        let granted = match self.shared.config.strategy {
+        let granted = match self.strategy {
             RedisStrategy::Polling | RedisStrategy::PubSub => self.retry(&grant, deadline).await,
             _ => self.queue(&grant, deadline).await,
         };
@@ -135,8 +184,8 @@ impl MutexAttempt for RedisLock {
             Ok(None) => {
                 // Only a queue waiter leaves anything behind (its place, maybe a grant that
                 // raced the deadline): a plain grant that answered 0 took nothing.
-                let queued = matches!(self.shared.config.strategy, RedisStrategy::Queue)
-                    && !deadline.is_immediate();
+                let queued =
+                    matches!(self.strategy, RedisStrategy::Queue) && !deadline.is_immediate();
                 // Gave up: clean up now, so that the next contender is not delayed.
                 if !queued || grant.cancel().await.is_ok() {
                     attempt.disarm();
@@ -154,7 +203,7 @@ impl RedisLock {
     /// then tries again on every broadcast (and every refresh period, for leases that run
     /// out unannounced).
     async fn retry(&self, grant: &Claim, deadline: Deadline) -> Result<Option<Found>, LockError> {
-        let polling = self.shared.config.strategy == RedisStrategy::Polling;
+        let polling = self.strategy == RedisStrategy::Polling;
         let period = refresh_period(self.shared.config.lease.ttl);
         let mut pause = POLL_MIN;
         let mut pubsub = None;
@@ -329,6 +378,9 @@ pub(crate) struct Claim {
     keys: Arc<LockKeys>,
     name: LockName,
     id: String,
+    strategy: RedisStrategy,
+    /// An election candidate's value.
+    value: Option<Arc<[u8]>>,
 }
 
 impl Claim {
@@ -380,8 +432,9 @@ impl Claim {
         QueueArgs {
             ttl: lease.ttl,
             liveness: liveness(lease.ttl, lease.timeout),
-            mode: self.shared.config.strategy.as_str(),
+            mode: self.strategy.as_str(),
             claim: handoff_lease(lease.ttl),
+            candidate: self.value.is_some(),
         }
     }
 
@@ -395,6 +448,9 @@ impl Claim {
                 Queueing::Join => "1",
                 Queueing::Refresh => "2",
             });
+            if let Some(value) = &self.value {
+                invocation.arg(&value[..]);
+            }
             invocation
         })
         .await
@@ -430,7 +486,10 @@ impl Lease for Claim {
 
     async fn extend(&self) -> Result<Renewal, LockError> {
         let ttl = self.shared.config.lease.ttl;
-        let renewed: u64 = self.run(scripts::extend(&self.keys, &self.id, ttl)).await?;
+        let candidate = self.value.is_some();
+        let renewed: u64 = self
+            .run(scripts::extend(&self.keys, &self.id, ttl, candidate))
+            .await?;
         Ok(match renewed {
             1 => Renewal::Renewed,
             2 => Renewal::Released,

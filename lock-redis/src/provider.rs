@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use lock_core::kit::{Closed, SessionOwner};
 use lock_core::{
-    Capabilities, DistributedLock, Fencing, LockError, LockName, LockProvider, Metrics,
+    Capabilities, DistributedLock, Election, Fencing, LockError, LockName, LockProvider, Metrics,
     MetricsSnapshot, WaitKind,
 };
 
 use crate::config::{RedisConfig, RedisStrategy};
+use crate::election::RedisElection;
 use crate::error::BACKEND;
 use crate::keys::LockKeys;
 use crate::lock::{RedisLock, refresh_period};
@@ -208,6 +209,7 @@ impl LockProvider for RedisLockProvider {
             .with_lost_detection(true)
             .with_fifo(fifo)
             .with_leases(true)
+            .with_elections(true)
             // A crashed holder's key expires after the ttl; a waiter notices within one
             // refresh period.
             .with_crash_release_bound(Some(config.lease.ttl + refresh_period(config.lease.ttl)))
@@ -220,5 +222,11 @@ impl LockProvider for RedisLockProvider {
 
     fn metrics(&self) -> MetricsSnapshot {
         self.shared.metrics.snapshot()
+    }
+
+    /// An election on the queue strategy, `{prefix:name.election}:…`; see [`RedisElection`].
+    fn election(&self, name: &str) -> Result<Arc<dyn Election>, LockError> {
+        let name = LockName::new(name)?;
+        Ok(Arc::new(RedisElection::new(Arc::clone(&self.shared), name)))
     }
 }

@@ -467,6 +467,7 @@ impl RedlockClaim {
             liveness: ttl,
             mode: "none",
             claim: ttl,
+            candidate: false,
         };
         let answers = self
             .shared
@@ -519,7 +520,7 @@ impl Lease for RedlockClaim {
             .shared
             .on_all(|node| {
                 node.run::<u64>(
-                    scripts::extend(&self.keys, &self.id, ttl),
+                    scripts::extend(&self.keys, &self.id, ttl, false),
                     self.name.as_str(),
                 )
             })

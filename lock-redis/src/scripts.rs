@@ -50,6 +50,9 @@ pub(crate) static CANCEL: LazyLock<Script> =
 pub(crate) static EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/extend.lua")));
 
+pub(crate) static LEADER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/leader.lua")));
+
 /// A duration as the scripts take it: whole milliseconds.
 pub(crate) fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
@@ -67,13 +70,29 @@ pub(crate) fn grant(keys: &LockKeys, id: &str, ttl: Duration) -> ScriptInvocatio
 }
 
 /// `EXTEND(id, ttl)` on the lock's owner key and release receipt.
-pub(crate) fn extend(keys: &LockKeys, id: &str, ttl: Duration) -> ScriptInvocation<'static> {
+/// `EXTEND` of `id`'s lease, and of its value when it is an election candidate.
+pub(crate) fn extend(
+    keys: &LockKeys,
+    id: &str,
+    ttl: Duration,
+    candidate: bool,
+) -> ScriptInvocation<'static> {
     let mut invocation = EXTEND.prepare_invoke();
+    invocation.key(&keys.owner).key(&keys.released);
+    if candidate {
+        invocation.key(format!("{}{id}", keys.value_prefix));
+    }
+    invocation.arg(id).arg(millis(ttl));
+    invocation
+}
+
+/// `LEADER`: the owner id, its value and the fencing counter, or nothing.
+pub(crate) fn leader(keys: &LockKeys) -> ScriptInvocation<'static> {
+    let mut invocation = LEADER.prepare_invoke();
     invocation
         .key(&keys.owner)
-        .key(&keys.released)
-        .arg(id)
-        .arg(millis(ttl));
+        .key(&keys.fence)
+        .arg(&keys.value_prefix);
     invocation
 }
 
@@ -88,6 +107,8 @@ pub(crate) struct QueueArgs {
     pub(crate) mode: &'static str,
     /// The lease a hand-off gives the waiter until it has picked the token up.
     pub(crate) claim: Duration,
+    /// Whether the contender is an election candidate, whose value the scripts keep.
+    pub(crate) candidate: bool,
 }
 
 /// A queue script (`ATTEMPT`, `RELEASE`, `CANCEL`) for owner `id` on the lock's five keys:
@@ -109,6 +130,11 @@ pub(crate) fn queue(
         .arg(&keys.waiter_prefix)
         .arg(args.mode)
         .arg(&keys.channel)
-        .arg(millis(args.claim));
+        .arg(millis(args.claim))
+        .arg(if args.candidate {
+            keys.value_prefix.as_str()
+        } else {
+            ""
+        });
     invocation
 }

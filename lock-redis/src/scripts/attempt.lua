@@ -1,4 +1,5 @@
--- ATTEMPT(id, ttl, liveness, prefix, mode, channel, claim, queue) -> a token, 0, or -1.
+-- ATTEMPT(id, ttl, liveness, prefix, mode, channel, claim, values, queue[, value]) -> a
+-- token, 0, or -1.
 -- The queue strategy's grant and a waiter's refresh in one (after handoff.lua):
 --   already the owner (a hand-off raced the caller's wait): take the token from the list;
 --   the lock free and nobody live ahead: take it, leaving the queue;
@@ -6,8 +7,14 @@
 --   otherwise, with queue = '1', join the queue; with queue = '2' (a waiter's refresh), stay
 --   in it, or answer -1 when one's place is gone (deleted by someone, or dropped as dead
 --   after refreshing too late); either way push one's deadline to now + liveness.
+-- An election candidate passes its value, kept in `values .. id` as long as its place
+-- (liveness) or its lease (ttl), whichever is longer, and dropped when it gives up.
 local id, ttl, liveness, prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local claim, queue = ARGV[7], ARGV[8]
+local claim, queue, value = ARGV[7], ARGV[9], ARGV[10]
+
+if values ~= '' and value then
+  redis.call('SET', values .. id, value, 'PX', math.max(tonumber(ttl), tonumber(liveness)))
+end
 
 local now = now_ms()
 if redis.call('GET', owner_key) == id then
@@ -28,11 +35,13 @@ while true do
   redis.call('LPOP', queue_key)
   redis.call('HDEL', deadlines_key, head)
   redis.call('DEL', prefix .. head)
+  drop_value(head)
 end
 if redis.call('EXISTS', owner_key) == 0 then
   local head = redis.call('LINDEX', queue_key, 0)
   if not head or head == id then
     redis.call('SET', owner_key, id, 'PX', ttl)
+    succeed(id)
     redis.call('LREM', queue_key, 1, id)
     redis.call('HDEL', deadlines_key, id)
     return redis.call('INCR', counter_key)
@@ -47,10 +56,13 @@ if queue == '1' then
 elseif queue == '2' then
   if not queued then
     redis.call('HDEL', deadlines_key, id)
+    drop_value(id)
     return -1
   end
 else
+  drop_value(id)
   return 0
 end
 redis.call('HSET', deadlines_key, id, now + tonumber(liveness))
+keep_value(id, math.max(tonumber(ttl), tonumber(liveness)))
 return 0

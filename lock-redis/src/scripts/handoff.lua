@@ -5,10 +5,32 @@ local counter_key = KEYS[2]   -- the fencing counter
 local queue_key = KEYS[3]     -- the waiters' owner ids, first come first
 local deadlines_key = KEYS[4] -- owner id -> server time (ms) until which the waiter is live
 local receipt_key = KEYS[5]   -- the owner id of the last release
+-- The prefix of election candidates' values, `values .. id`; '' for a lock. Every script
+-- that hands the lock on takes it as ARGV[8].
+local values = ARGV[8]
 
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- An election candidate's value: kept for `ms` more, or dropped.
+local function keep_value(id, ms)
+  if values ~= '' then redis.call('PEXPIRE', values .. id, ms) end
+end
+local function drop_value(id)
+  if values ~= '' then redis.call('DEL', values .. id) end
+end
+
+-- `id` now holds the owner key: the value of the leader before it, which resigned or whose
+-- lease ran out, goes (a crashed leader leaves no value behind its successor). Who that was
+-- is kept in `{…}:leader`, beside the fencing counter, which outlives the leaders too.
+local function succeed(id)
+  if values == '' then return end
+  local last_key = string.sub(values, 1, -3) .. 'leader'
+  local before = redis.call('GET', last_key)
+  if before and before ~= id then redis.call('DEL', values .. before) end
+  redis.call('SET', last_key, id)
 end
 
 -- Gives the lock to the first live waiter: the owner key becomes its id with the short
@@ -24,12 +46,14 @@ local function handoff(claim, liveness, prefix, now)
     redis.call('HDEL', deadlines_key, head)
     if deadline and tonumber(deadline) >= now then
       redis.call('SET', owner_key, head, 'PX', claim)
+      succeed(head)
       local token = redis.call('INCR', counter_key)
       redis.call('RPUSH', prefix .. head, token)
       redis.call('PEXPIRE', prefix .. head, liveness)
       return head
     end
     redis.call('DEL', prefix .. head)
+    drop_value(head)
   end
 end
 

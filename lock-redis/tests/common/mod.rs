@@ -296,26 +296,46 @@ impl Faults for RedisHarness {
 
 #[async_trait]
 impl Inspector for RedisHarness {
+    /// The lock's holder and queue, and the election's of the same name; a candidate's
+    /// value left without its place or lease counts as a waiter (residue).
     async fn entries(&self, name: &str) -> Result<Entries, LockError> {
         let tag = tag(name);
+        let election = format!("{}.election}}", tag.trim_end_matches('}'));
         let mut admin = self.admin();
-        let fetched: redis::RedisResult<(u64, u64)> = redis::pipe()
+        let glob: String = election
+            .chars()
+            .flat_map(|c| match c {
+                '*' | '?' | '[' | ']' | '\\' => vec!['\\', c],
+                c => vec![c],
+            })
+            .collect();
+        let fetched: redis::RedisResult<(u64, u64, u64, u64, Vec<String>)> = redis::pipe()
             .exists(format!("{tag}:owner"))
             .llen(format!("{tag}:queue"))
+            .exists(format!("{election}:owner"))
+            .llen(format!("{election}:queue"))
+            .keys(format!("{glob}:v:*"))
             .query_async(&mut admin)
             .await;
-        let (holders, waiters) = fetched.map_err(|error| LockError::Backend {
-            backend: "test",
-            name: Some(name.into()),
-            message: error.to_string(),
-            retryable: false,
-            source: None,
-        })?;
-        Ok(Entries::new(holders as usize, waiters as usize))
+        let (holders, waiters, leaders, candidates, values) =
+            fetched.map_err(|error| LockError::Backend {
+                backend: "test",
+                name: Some(name.into()),
+                message: error.to_string(),
+                retryable: false,
+                source: None,
+            })?;
+        let (holders, waiters) = (holders + leaders, waiters + candidates);
+        let stray_values = (values.len() as u64).saturating_sub(leaders + candidates);
+        Ok(Entries::new(
+            holders as usize,
+            (waiters + stray_values) as usize,
+        ))
     }
 
     fn records_waiters(&self, kind: LockKind) -> bool {
-        kind == LockKind::Mutex && self.strategy == RedisStrategy::Queue
+        kind == LockKind::Election
+            || (kind == LockKind::Mutex && self.strategy == RedisStrategy::Queue)
     }
 }
 
