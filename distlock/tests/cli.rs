@@ -1405,6 +1405,16 @@ async fn elect_hands_over(url: &str) {
         [format!("a {term_a} {name}"), format!("b {term_b} {name}")],
         "each leader ran its command with its term, one after the other; the one that gave up never ran"
     );
+    // A watch may coalesce changes that come faster than it looks (Redis's observers poll),
+    // but it never misses a leader that stays: b leads until the watch has shown it.
+    let shown_b = format!("host-b (term {term_b})");
+    wait_until("leader --watch printed b's leadership", || {
+        std::fs::read_to_string(&watcher.stdout)
+            .unwrap_or_default()
+            .lines()
+            .any(|line| line == shown_b)
+    })
+    .await;
     scratch.touch("stop-b");
     let b = b.finish(BOUND).await;
     assert_eq!(b.code, Some(0), "stderr: {}", b.stderr);
