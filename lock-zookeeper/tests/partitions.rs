@@ -57,15 +57,29 @@ async fn ensemble() -> ZkContainerEnsemble {
     ensemble
 }
 
+/// The session of the waiter that a short cut must not expire: the longest the servers
+/// allow (20 ticks), so that the cut, which lasts until the cut-off follower has noticed
+/// it (syncLimit 5 × tick 500 ms, longer on a loaded machine), stays well inside it.
+const LONG_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A client that can reach only the members `members` of `ensemble`.
 async fn client_of(ensemble: &ZkContainerEnsemble, members: &[usize]) -> ZkLockProvider {
+    client_with_session(ensemble, members, SESSION_TIMEOUT).await
+}
+
+/// [`client_of`] with the session timeout `session`.
+async fn client_with_session(
+    ensemble: &ZkContainerEnsemble,
+    members: &[usize],
+    session: Duration,
+) -> ZkLockProvider {
     let hosts: Vec<String> = members
         .iter()
         .map(|&i| ensemble.address(i).unwrap())
         .collect();
     let config = ZkConfig::new(hosts)
         .with_strategy(ZkStrategy::SequentialPredecessor)
-        .with_session_timeout(SESSION_TIMEOUT)
+        .with_session_timeout(session)
         .with_connect_timeout(Duration::from_secs(10));
     ZkLockProvider::connect(config)
         .await
@@ -278,13 +292,14 @@ async fn follower_cut_off_with_waiters() {
     let held_grant = timeline.granted("holder", &held);
 
     // A short cut: shorter than the session, longer than the servers' failure detection.
-    let short = client_of(&ensemble, &[follower]).await;
+    let short = client_with_session(&ensemble, &[follower], LONG_SESSION_TIMEOUT).await;
     let short_lock = short.lock(name).unwrap();
     let short_waiter =
         tokio::spawn(async move { short_lock.acquire(Some(Duration::from_secs(60))).await });
     let admin = admin_client(&ensemble.address(leader).unwrap()).await;
     let dir = lock_dir(ZkConfig::DEFAULT_ROOT, name);
     queue_reaches(&admin, &dir, 2, Duration::from_secs(10)).await;
+    let short_cut = Instant::now();
     ensemble.partition(follower).await.unwrap();
     observe_until(
         Duration::from_secs(15),
@@ -295,12 +310,15 @@ async fn follower_cut_off_with_waiters() {
     .await
     .unwrap();
     ensemble.heal(follower).await.unwrap();
+    let short_cut = short_cut.elapsed();
     held.release().await.unwrap();
     timeline.released(held_grant);
-    let mut served = short_waiter
-        .await
-        .unwrap()
-        .expect("a waiter whose session outlived the cut is served after the heal");
+    let mut served = short_waiter.await.unwrap().unwrap_or_else(|error| {
+        panic!(
+            "a waiter whose session ({LONG_SESSION_TIMEOUT:?}) outlived the cut ({short_cut:?}) \
+             is served after the heal: {error:?}"
+        )
+    });
     let served_grant = timeline.granted("short-cut waiter", &served);
     served.release().await.unwrap();
     timeline.released(served_grant);
