@@ -38,6 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::stream::{BoxStream, StreamExt};
 use tokio::sync::watch;
 
 use crate::error::copy_of;
@@ -154,7 +155,8 @@ fn seen_to_result(seen: &Seen) -> Result<Option<LeaderInfo>, LockError> {
 /// next one; changes that come faster than they are read are coalesced, but the latest is
 /// never skipped. Once the observation ends (the provider's session is over, the server
 /// cannot be reached for longer than the backend retries), every call returns that error.
-/// Clones follow the same observation; dropping every clone stops it.
+/// Clones follow the same observation; dropping every clone stops it. As a
+/// [`Stream`](futures_util::Stream): [`into_stream`](Self::into_stream).
 #[derive(Debug, Clone)]
 pub struct LeaderWatch {
     seen: watch::Receiver<Seen>,
@@ -210,6 +212,45 @@ impl LeaderWatch {
                 return Err(self.follower_gone());
             }
         }
+    }
+
+    /// The observation as a [`Stream`](futures_util::Stream): the current state first, then each change as
+    /// [`changed`](Self::changed) returns it (coalesced, never missing the latest); after
+    /// the error that ends the observation, the stream ends.
+    ///
+    /// ```
+    /// use futures_util::StreamExt;
+    /// use lock_core::{Election, LockError};
+    ///
+    /// async fn log_leaders(election: std::sync::Arc<dyn Election>) -> Result<(), LockError> {
+    ///     let mut leaders = election.observe().await?.into_stream();
+    ///     while let Some(leader) = leaders.next().await {
+    ///         match leader? {
+    ///             Some(leader) => tracing::info!(value = %leader.value_lossy(), term = %leader.term, "leader"),
+    ///             None => tracing::info!("nobody leads"),
+    ///         }
+    ///     }
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn into_stream(self) -> BoxStream<'static, Result<Option<LeaderInfo>, LockError>> {
+        // (watch, first item still to give, ended)
+        futures_util::stream::unfold(
+            (self, true, false),
+            |(mut watch, first, ended)| async move {
+                if ended {
+                    return None;
+                }
+                let next = if first {
+                    seen_to_result(&watch.seen.borrow_and_update())
+                } else {
+                    watch.changed().await
+                };
+                let ended = next.is_err();
+                Some((next, (watch, false, ended)))
+            },
+        )
+        .boxed()
     }
 
     /// The follower task ended without leaving an error (its runtime shut down): the
@@ -438,5 +479,25 @@ mod tests {
         // For good, in every clone.
         assert!(watch.changed().await.is_err());
         assert!(watch.clone().current().is_err());
+    }
+
+    #[tokio::test]
+    async fn the_stream_starts_with_the_current_leader_and_ends_after_the_error() {
+        let a = LeaderInfo::new("a", FencingToken(1));
+        let (script, source) = watch::channel(Ok(Some(a.clone())));
+        let name = LockName::new("svc").unwrap();
+        let watch = follow(Scripted(source), "test", &name).await.unwrap();
+        let mut leaders = watch.into_stream();
+        assert_eq!(leaders.next().await.unwrap().unwrap(), Some(a));
+        let b = LeaderInfo::new("b", FencingToken(2));
+        script.send(Ok(Some(b.clone()))).unwrap();
+        assert_eq!(leaders.next().await.unwrap().unwrap(), Some(b));
+        script.send(Err("down")).unwrap();
+        let ended = leaders.next().await.unwrap().unwrap_err();
+        assert!(ended.to_string().contains("down"), "{ended}");
+        assert!(
+            leaders.next().await.is_none(),
+            "the stream ends after the error"
+        );
     }
 }
