@@ -357,3 +357,95 @@ async fn follower_cut_off_with_waiters() {
 
     everyone_can_lock_again(&ensemble, name).await;
 }
+
+/// The leader member is cut off while a client connected to it alone leads an election,
+/// with a candidate and an observer on the majority side. The cut-off leader learns it lost
+/// before the majority's candidate leads, the new term is larger, the observer follows to
+/// the new leader, and no instant has two leaders. Healed, the stale leader's resignation
+/// says it had lost, and the election empties.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_cut_off_while_its_client_leads_an_election() {
+    if !containers_available().await {
+        return;
+    }
+    let ensemble = ensemble().await;
+    let leader = ensemble.leader().await.expect("a leader");
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let name = "partition-election";
+    let timeline = Timeline::default();
+    let bound = Duration::from_secs(30);
+
+    let on_leader = client_of(&ensemble, &[leader]).await;
+    let on_majority = client_of(&ensemble, &followers).await;
+    let mut stale = on_leader
+        .election(name)
+        .unwrap()
+        .campaign(b"cut-off", Some(Duration::ZERO))
+        .await
+        .unwrap();
+    let stale_office = timeline.granted("cut-off leader", stale.guard());
+    let mut watch = on_majority.election(name).unwrap().observe().await.unwrap();
+    let candidate = on_majority.election(name).unwrap();
+    let campaign =
+        tokio::spawn(async move { candidate.campaign(b"majority", Some(bound * 2)).await });
+    let admin = admin_client(&ensemble.address(followers[0]).unwrap()).await;
+    let dir = format!("{}.election", lock_dir(ZkConfig::DEFAULT_ROOT, name));
+    queue_reaches(&admin, &dir, 2, Duration::from_secs(10)).await;
+    let first = watch.current().unwrap();
+    assert_eq!(
+        first.as_ref().map(|leader| leader.value.as_slice()),
+        Some(&b"cut-off"[..]),
+        "the observer starts with the first leader"
+    );
+
+    let cut = Instant::now();
+    ensemble.partition(leader).await.unwrap();
+    let mut fresh = campaign
+        .await
+        .unwrap()
+        .expect("the majority's candidate leads");
+    let fresh_office = timeline.granted("majority's leader", fresh.guard());
+    assert!(
+        stale.is_lost(),
+        "the cut-off leader must know it lost before the majority's candidate leads"
+    );
+    assert!(fresh.term() > stale.term(), "terms grow across leaders");
+    let followed = tokio::time::timeout(
+        bound,
+        watch.wait_for(|leader| leader.is_some_and(|leader| leader.value == b"majority")),
+    )
+    .await
+    .expect("the observer follows to the new leader within the bound")
+    .unwrap();
+    assert_eq!(followed.map(|leader| leader.term), Some(fresh.term()));
+    let lost_at = timeline.belief(stale_office).ended.unwrap();
+    let led_at = timeline.belief(fresh_office).granted;
+    eprintln!(
+        "partitions::election: lost {:?} after the cut, majority leads {:?} after it (margin {:?}); terms {} then {}",
+        lost_at - cut,
+        led_at - cut,
+        led_at - lost_at,
+        stale.term(),
+        fresh.term(),
+    );
+
+    ensemble.heal(leader).await.unwrap();
+    let stale_resign = stale.resign().await;
+    timeline.released(stale_office);
+    assert!(
+        matches!(stale_resign, Err(LockError::Lost { .. })),
+        "the stale leader's resignation must say it had lost: {stale_resign:?}"
+    );
+    assert!(
+        !fresh.is_lost(),
+        "the majority's leadership survives the heal"
+    );
+    fresh.resign().await.unwrap();
+    timeline.released(fresh_office);
+    timeline.assert_one_believer();
+    queue_reaches(&admin, &dir, 0, Duration::from_secs(15)).await;
+    tokio::time::timeout(bound, watch.wait_for(|leader| leader.is_none()))
+        .await
+        .expect("the observer sees that nobody leads")
+        .unwrap();
+}
