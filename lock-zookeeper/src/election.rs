@@ -123,7 +123,8 @@ impl LeaderSource for ZkElection {
 
     /// Watches the leader's node for its deletion (or, with no leader, the directory for a
     /// candidate), set only if the leader is still `seen`; wakes also when the provider
-    /// closes or the session ends.
+    /// closes or the session ends (the client ends a session it cannot reach within the
+    /// session timeout, so a cut-off observer learns it then).
     async fn changed(&self, seen: &Option<LeaderInfo>) -> Result<(), LockError> {
         let place = &self.place;
         let session = place.shared.session(&place.name).await?;
@@ -132,10 +133,16 @@ impl LeaderSource for ZkElection {
             return Ok(());
         }
         let watched = match &head {
-            Some((path, _)) => place
-                .read(&session, |client| client.check_and_watch_stat(path))
+            // A data watch, not an exists watch: on a node already gone, an exists watch
+            // would stay on the server, waiting for a creation that never comes.
+            Some((path, _)) => match place
+                .read(&session, |client| client.get_and_watch_data(path))
                 .await
-                .map(|(stat, watcher)| stat.map(|_| watcher)),
+            {
+                Ok((_, _, watcher)) => Ok(Some(watcher)),
+                Err(ZkError::NoNode) => Ok(None),
+                Err(error) => Err(error),
+            },
             // Whatever the look missed since makes the watch moot: a candidate already in
             // the listing, or a directory made since it was found missing.
             None => match place

@@ -522,6 +522,81 @@ async fn partition_past_the_session_timeout_silent() {
     partition(Partition::Silent).await;
 }
 
+/// An observer cut off from the server (silently: its connection carries nothing) while the
+/// leadership changes does not go on reporting the old leader: within the session timeout
+/// and its read retries, its watch either follows to the new leader or ends with a
+/// retryable error (the client ends a session it cannot reach within its timeout, which
+/// wakes the watch). With the network back, the observer's provider reports the new leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_cut_off_does_not_report_the_old_leader_forever() {
+    let (server, _admin) = standalone().await;
+    let proxies = Proxies::start(&[server.socket_addr()]);
+    let strategy = ZkStrategy::default();
+    let observer = connect(proxies.hosts(), strategy).await;
+    let candidates = connect(vec![server.address()], strategy).await;
+    let name = unique_name("observer-cut");
+    let election = candidates.election(&name).unwrap();
+    let mut first = election
+        .campaign(b"first", Some(Duration::ZERO))
+        .await
+        .unwrap();
+    let mut watch = observer.election(&name).unwrap().observe().await.unwrap();
+    assert_eq!(
+        watch.current().unwrap().map(|leader| leader.value),
+        Some(b"first".to_vec())
+    );
+
+    proxies.first().black_hole();
+    let cut = Instant::now();
+    let campaign = tokio::spawn({
+        let election = Arc::clone(&election);
+        async move { election.campaign(b"next", Some(SLACK * 5)).await }
+    });
+    first.resign().await.unwrap();
+    let mut next = campaign.await.unwrap().expect("the next candidate leads");
+    let bound = SESSION_TIMEOUT * 2 + SLACK * 2;
+    let outcome = timeout(
+        bound,
+        watch.wait_for(|leader| leader.is_some_and(|leader| leader.value == b"next")),
+    )
+    .await;
+    let Ok(outcome) = outcome else {
+        panic!(
+            "the cut-off observer still reports {:?} {bound:?} after the cut",
+            watch.current()
+        );
+    };
+    let ended = cut.elapsed();
+    match &outcome {
+        Ok(leader) => assert_eq!(leader.as_ref().map(|leader| leader.term), Some(next.term())),
+        Err(error) => assert!(error.is_retryable(), "the observation ended with {error}"),
+    }
+
+    proxies.pass();
+    let deadline = Instant::now() + SESSION_TIMEOUT * 2 + SLACK * 5;
+    let leader = loop {
+        match observer.election(&name).unwrap().leader().await {
+            Ok(leader) => break leader,
+            Err(error) if error.is_retryable() && Instant::now() < deadline => {
+                sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("the observer's provider after the heal: {error}"),
+        }
+    };
+    assert_eq!(leader.map(|leader| leader.term), Some(next.term()));
+    next.resign().await.unwrap();
+    report(
+        "observer_cut_off",
+        format_args!(
+            "the cut-off observer's watch {} {ended:?} after the cut (session {SESSION_TIMEOUT:?})",
+            match outcome {
+                Ok(_) => "followed to the new leader".to_owned(),
+                Err(error) => format!("ended with a retryable error ({error})"),
+            }
+        ),
+    );
+}
+
 /// Adoption counts of one run of [`lost_create_replies`].
 #[derive(Debug, Default)]
 struct LostReplies {
