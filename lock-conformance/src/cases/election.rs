@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use crate::ensure;
 use crate::harness::{Entries, Harness, LockKind};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
-use crate::support::{crash_release_bound, expect_entries_of, unique_name, within};
+use crate::support::{crash_release_bound, expect_entries_of, expire_session, unique_name, within};
 
 const CAPABILITY: &str = "elections";
 
@@ -369,38 +369,39 @@ pub async fn l4_resign_hands_over(h: &dyn Harness) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// L5: a leader whose client dies is replaced within the crash-release bound, and its
-/// leadership reports the loss.
+/// L5: a leader whose client dies (its session ended on the server's side, as a crash ends
+/// it) is replaced within the crash-release bound, and, where the backend detects losses,
+/// its leadership reports the loss.
 pub async fn l5_crashed_leader_replaced(h: &dyn Harness) -> CaseResult {
     if !declared(h).await? {
         return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));
     }
     let timing = h.timing();
     let name = unique_name("l5");
-    let b = h.client().await?;
+    let (a, b) = (h.client().await?, h.client().await?);
     let eb = b.provider.election(&name)?;
-    let (dead, waiting) = {
-        let a = h.client().await?;
-        let dead = lead(a.provider.election(&name)?.as_ref(), "doomed").await?;
-        let waiting = tokio::spawn({
-            let eb = Arc::clone(&eb);
-            async move { eb.campaign(b"survivor", None).await }
-        });
-        expect_candidates(h, &name, Entries::new(1, 1), "the survivor waits").await?;
-        (dead, waiting)
-        // `a` and its election handle are dropped here: the client is dead.
-    };
+    let dead = lead(a.provider.election(&name)?.as_ref(), "doomed").await?;
+    let waiting = tokio::spawn({
+        let eb = Arc::clone(&eb);
+        async move { eb.campaign(b"survivor", None).await }
+    });
+    expect_candidates(h, &name, Entries::new(1, 1), "the survivor waits").await?;
+    expire_session(&a).await?;
     let mut next = within(
         crash_release_bound(h, b.provider.as_ref())? + timing.handoff_bound,
-        "the survivor's campaign after the leader's client died",
+        "the survivor's campaign after the leader's session ended",
         waiting,
     )
     .await?
     .map_err(|e| CaseFailure::new(format!("task failed: {e}")))??;
-    ensure!(
-        dead.is_lost(),
-        "the dead client's leadership does not report the loss"
-    );
+    if a.provider.capabilities().lost_detection {
+        within(
+            timing.loss_bound,
+            "the dead leader's lost signal",
+            dead.lost().wait(),
+        )
+        .await?;
+    }
     if b.provider.capabilities().fencing != Fencing::None {
         ensure!(
             next.term() > dead.term(),
@@ -423,7 +424,7 @@ pub async fn l5_crashed_leader_replaced(h: &dyn Harness) -> CaseResult {
 }
 
 /// L6: a campaign that times out or is cancelled leaves no candidate behind and never
-/// leads later.
+/// leads later; one cancelled as the leadership reaches it hands the leadership on.
 pub async fn l6_cancelled_campaign_leaves_nothing(h: &dyn Harness) -> CaseResult {
     if !declared(h).await? {
         return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));
@@ -468,6 +469,57 @@ pub async fn l6_cancelled_campaign_leaves_nothing(h: &dyn Harness) -> CaseResult
     )
     .await?;
     expect_candidates(h, &name, Entries::new(0, 0), "after the resignation").await?;
+
+    // Cancelled as the leadership reaches it: whichever comes first, the cancel or the
+    // grant, the leadership goes on to the next candidate.
+    let c = h.client().await?;
+    let ec = c.provider.election(&name)?;
+    for delay in [0, 1, 3, 10].map(Duration::from_millis) {
+        let mut office = lead(ea.as_ref(), "incumbent").await?;
+        let racing = tokio::spawn({
+            let eb = Arc::clone(&eb);
+            async move { eb.campaign(b"racing", None).await }
+        });
+        expect_candidates(h, &name, Entries::new(1, 1), "the racing candidate waits").await?;
+        let after = tokio::spawn({
+            let ec = Arc::clone(&ec);
+            async move { ec.campaign(b"after", None).await }
+        });
+        expect_candidates(h, &name, Entries::new(1, 2), "both candidates wait").await?;
+        let cancel = async {
+            tokio::time::sleep(delay).await;
+            racing.abort();
+            racing.await
+        };
+        let (resigned, raced) = tokio::join!(office.resign(), cancel);
+        resigned?;
+        // Won before the cancel landed: a leader like any other, it resigns.
+        if let Ok(Ok(mut won)) = raced {
+            won.resign().await?;
+        }
+        let mut next = within(
+            timing.handoff_bound * 2 + timing.operation_slack,
+            &format!("the next candidate after a cancel {delay:?} into the handover"),
+            after,
+        )
+        .await?
+        .map_err(|e| CaseFailure::new(format!("task failed: {e}")))??;
+        expect_leader(
+            ea.as_ref(),
+            Some(&next.info()),
+            timing.operation_slack,
+            "after a cancel raced the handover",
+        )
+        .await?;
+        next.resign().await?;
+        expect_candidates(
+            h,
+            &name,
+            Entries::new(0, 0),
+            "after a cancel raced the handover",
+        )
+        .await?;
+    }
     Ok(Outcome::Passed)
 }
 
@@ -497,8 +549,8 @@ pub async fn l7_bad_campaigns_fail_cleanly(h: &dyn Harness) -> CaseResult {
     )
     .await?;
     ensure!(
-        read.is_err(),
-        "leader() on a closed provider returned {read:?}"
+        matches!(read, Err(LockError::SessionExpired { .. })),
+        "leader() on a closed provider returned {read:?}; expected SessionExpired"
     );
     let observed = within(
         timing.operation_slack,
@@ -507,8 +559,9 @@ pub async fn l7_bad_campaigns_fail_cleanly(h: &dyn Harness) -> CaseResult {
     )
     .await?;
     ensure!(
-        observed.is_err(),
-        "observe() on a closed provider returned a watch"
+        matches!(observed, Err(LockError::SessionExpired { .. })),
+        "observe() on a closed provider returned {:?}; expected SessionExpired",
+        observed.map(|watch| watch.current())
     );
     let client = h.client().await?;
     let open = client.provider.election(&name)?;

@@ -111,9 +111,9 @@ macro_rules! __with_cases {
             election::l2_terms_increase_and_leader_is_reported => "L2", "(elections) leader() reports the leader's value and term; terms strictly increase; no campaign, no leader";
             election::l3_observer_sees_every_final_leader => "L3", "(elections) an observer sees the final leader after every change (changes may coalesce)";
             election::l4_resign_hands_over => "L4", "(elections) a resignation hands over within the handoff bound, waking one candidate when herd-free";
-            election::l5_crashed_leader_replaced => "L5", "(elections) a dead client's leadership reports the loss and a candidate takes over within the crash-release bound";
-            election::l6_cancelled_campaign_leaves_nothing => "L6", "(elections) campaigns that time out or are cancelled leave no candidate and never lead";
-            election::l7_bad_campaigns_fail_cleanly => "L7", "(elections) a campaign on a closed provider or with an oversized value fails cleanly, leaving nothing";
+            election::l5_crashed_leader_replaced => "L5", "(elections) a leader whose session ends on the server is replaced within the crash-release bound and (with lost detection) reports the loss";
+            election::l6_cancelled_campaign_leaves_nothing => "L6", "(elections) campaigns that time out or are cancelled leave no candidate and never lead; one cancelled as it is granted hands the leadership on";
+            election::l7_bad_campaigns_fail_cleanly => "L7", "(elections) a campaign, leader() or observe() on a closed provider fails with SessionExpired; an oversized value is refused; nothing is left";
         }
     };
 }
