@@ -86,15 +86,34 @@ impl ElectionAttempt for RedisElection {
 
 #[async_trait]
 impl LeaderSource for RedisElection {
+    /// Asks again, every [`OBSERVE_EVERY`], while Redis cannot be reached (a restart, a
+    /// dropped connection), for at most one lease: an observation ends at its first error.
     async fn leader(&self) -> Result<Option<LeaderInfo>, LockError> {
         let shared = self.shared();
         let name = self.lock.name();
-        shared.closed.check(BACKEND, name)?;
-        let leader: Option<(String, Vec<u8>, u64)> = shared
-            .node
-            .run(scripts::leader(self.lock.keys()), name.as_str())
-            .await?;
-        Ok(leader.map(|(_, value, term)| LeaderInfo::new(value, FencingToken(term))))
+        let give_up = Deadline::after(Some(shared.config.lease.ttl));
+        loop {
+            shared.closed.check(BACKEND, name)?;
+            let asked: Result<Option<(String, Vec<u8>, u64)>, LockError> = shared
+                .node
+                .run(scripts::leader(self.lock.keys()), name.as_str())
+                .await;
+            match asked {
+                Ok(leader) => {
+                    return Ok(
+                        leader.map(|(_, value, term)| LeaderInfo::new(value, FencingToken(term)))
+                    );
+                }
+                Err(error) if error.is_retryable() && !give_up.has_passed() => {
+                    tracing::debug!(election = %name, %error, "redis: who leads? asking again");
+                    tokio::select! {
+                        () = tokio::time::sleep(OBSERVE_EVERY) => {}
+                        () = shared.closed.wait() => {}
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+        }
     }
 
     async fn changed(&self, _seen: &Option<LeaderInfo>) -> Result<(), LockError> {

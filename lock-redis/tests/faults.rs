@@ -616,6 +616,56 @@ async fn cancel_racing_grants_never_strand_the_lock_pubsub() {
 /// the holder's next renewal finds no key, or its lease runs out, and its lost signal fires
 /// within about a ttl of the restart; a new client gets the lock; the old guard's release
 /// returns `Lost` and leaves the new holder alone.
+/// An observer whose connection is cut for less than a lease, while the leadership
+/// changes, rides it out: its watch does not end with the cut's errors, and it follows to
+/// the new leader once Redis answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_rides_out_a_short_cut() {
+    let server = start_server().await;
+    let proxy = FaultProxy::start(server.socket_addr()).expect("a fault proxy");
+    let observer = connect(proxy.address().port(), RedisStrategy::Queue).await;
+    let candidates = connect(server.port(), RedisStrategy::Queue).await;
+    let name = unique_name("observer-cut");
+    let election = candidates.election(&name).unwrap();
+    let mut first = election
+        .campaign(b"first", Some(Duration::ZERO))
+        .await
+        .unwrap();
+    let mut watch = observer.election(&name).unwrap().observe().await.unwrap();
+    assert_eq!(
+        watch.current().unwrap().map(|leader| leader.value),
+        Some(b"first".to_vec())
+    );
+
+    proxy.cut();
+    let cut = Instant::now();
+    first.resign().await.unwrap();
+    let mut next = election
+        .campaign(b"next", Some(Duration::ZERO))
+        .await
+        .unwrap();
+    // Several of the observer's polls (every 100 ms) fall in the cut.
+    sleep(TTL * 2 / 5).await;
+    proxy.pass();
+    let followed = timeout(
+        TTL + SLACK,
+        watch.wait_for(|leader| leader.is_some_and(|leader| leader.value == b"next")),
+    )
+    .await
+    .expect("the observer follows to the new leader after the cut")
+    .unwrap_or_else(|error| panic!("the observation ended with the cut: {error}"));
+    assert_eq!(followed.map(|leader| leader.term), Some(next.term()));
+    report(
+        "observer_short_cut",
+        format_args!(
+            "the observer followed to the new leader {:?} after a cut of {:?}",
+            cut.elapsed(),
+            TTL * 2 / 5
+        ),
+    );
+    next.resign().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_while_held_fires_lost() {
     const TEST: &str = "restart_while_held";
