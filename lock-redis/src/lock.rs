@@ -448,7 +448,11 @@ impl Claim {
                 Queueing::Join => "1",
                 Queueing::Refresh => "2",
             });
-            if let Some(value) = &self.value {
+            // A refresh only keeps the value the join stored: up to 64 KiB need not travel
+            // every ttl/3.
+            if let Some(value) = &self.value
+                && !matches!(mode, Queueing::Refresh)
+            {
                 invocation.arg(&value[..]);
             }
             invocation

@@ -7,8 +7,9 @@
 --   otherwise, with queue = '1', join the queue; with queue = '2' (a waiter's refresh), stay
 --   in it, or answer -1 when one's place is gone (deleted by someone, or dropped as dead
 --   after refreshing too late); either way push one's deadline to now + liveness.
--- An election candidate passes its value, kept in `values .. id` as long as its place
--- (liveness) or its lease (ttl), whichever is longer, and dropped when it gives up.
+-- An election candidate passes its value when it joins or tries (a refresh keeps it), kept
+-- in `values .. id` as long as its place (liveness) or its lease (ttl), whichever is
+-- longer, and dropped when it gives up.
 local id, ttl, liveness, prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local claim, queue, value = ARGV[7], ARGV[9], ARGV[10]
 

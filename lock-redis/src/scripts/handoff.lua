@@ -14,23 +14,38 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Who led last, while its value may outlive its lease (see `succeed`): `{…}:leader`.
+local function last_leader_key()
+  return string.sub(values, 1, -3) .. 'leader'
+end
+
 -- An election candidate's value: kept for `ms` more, or dropped.
 local function keep_value(id, ms)
   if values ~= '' then redis.call('PEXPIRE', values .. id, ms) end
 end
 local function drop_value(id)
-  if values ~= '' then redis.call('DEL', values .. id) end
+  if values == '' then return end
+  redis.call('DEL', values .. id)
+  local last_key = last_leader_key()
+  if redis.call('GET', last_key) == id then redis.call('DEL', last_key) end
 end
 
--- `id` now holds the owner key: the value of the leader before it, which resigned or whose
--- lease ran out, goes (a crashed leader leaves no value behind its successor). Who that was
--- is kept in `{…}:leader`, beside the fencing counter, which outlives the leaders too.
+-- `id` now holds the owner key. The leader before it resigned (its value went with it) or
+-- its lease ran out; a leader's value and lease run out together once it has renewed, but
+-- one handed the lock that died before renewing leaves a value that outlives its short
+-- claim: that value goes now, found through `{…}:leader`, which lives no longer than the
+-- value it points to.
 local function succeed(id)
   if values == '' then return end
-  local last_key = string.sub(values, 1, -3) .. 'leader'
+  local last_key = last_leader_key()
   local before = redis.call('GET', last_key)
   if before and before ~= id then redis.call('DEL', values .. before) end
-  redis.call('SET', last_key, id)
+  local left = redis.call('PTTL', values .. id)
+  if left > 0 then
+    redis.call('SET', last_key, id, 'PX', left)
+  else
+    redis.call('DEL', last_key)
+  end
 end
 
 -- Gives the lock to the first live waiter: the owner key becomes its id with the short

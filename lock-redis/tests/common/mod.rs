@@ -297,7 +297,8 @@ impl Faults for RedisHarness {
 #[async_trait]
 impl Inspector for RedisHarness {
     /// The lock's holder and queue, and the election's of the same name; a candidate's
-    /// value left without its place or lease counts as a waiter (residue).
+    /// value left without its place or lease, or a record of the last leader left without
+    /// any value, counts as a waiter (residue).
     async fn entries(&self, name: &str) -> Result<Entries, LockError> {
         let tag = tag(name);
         let election = format!("{}.election}}", tag.trim_end_matches('}'));
@@ -309,15 +310,16 @@ impl Inspector for RedisHarness {
                 c => vec![c],
             })
             .collect();
-        let fetched: redis::RedisResult<(u64, u64, u64, u64, Vec<String>)> = redis::pipe()
+        let fetched: redis::RedisResult<(u64, u64, u64, u64, Vec<String>, u64)> = redis::pipe()
             .exists(format!("{tag}:owner"))
             .llen(format!("{tag}:queue"))
             .exists(format!("{election}:owner"))
             .llen(format!("{election}:queue"))
             .keys(format!("{glob}:v:*"))
+            .exists(format!("{election}:leader"))
             .query_async(&mut admin)
             .await;
-        let (holders, waiters, leaders, candidates, values) =
+        let (holders, waiters, leaders, candidates, values, last_leader) =
             fetched.map_err(|error| LockError::Backend {
                 backend: "test",
                 name: Some(name.into()),
@@ -327,9 +329,10 @@ impl Inspector for RedisHarness {
             })?;
         let (holders, waiters) = (holders + leaders, waiters + candidates);
         let stray_values = (values.len() as u64).saturating_sub(leaders + candidates);
+        let stray_last_leader = u64::from(values.is_empty()) * last_leader;
         Ok(Entries::new(
             holders as usize,
-            (waiters + stray_values) as usize,
+            (waiters + stray_values + stray_last_leader) as usize,
         ))
     }
 
