@@ -175,9 +175,10 @@ impl LeaderWatch {
         seen_to_result(&self.seen.borrow())
     }
 
-    /// Waits until the state differs from the one this watch last returned from `changed`
-    /// or [`wait_for`](Self::wait_for) (or, the first time, from the state when the watch
-    /// was made), and returns the new one.
+    /// Waits until the state changes after the one this watch last returned from `changed`
+    /// or [`wait_for`](Self::wait_for) (or, the first time, after the state when the watch
+    /// was made), and returns the latest. A change and its undoing that come before the
+    /// read (a leader who came and went) are coalesced: the same state is returned again.
     ///
     /// Cancel safety: cancel-safe; a change seen by a dropped call is returned by the next.
     ///
