@@ -86,7 +86,7 @@ impl ElectionAttempt for RedisElection {
 
 #[async_trait]
 impl LeaderSource for RedisElection {
-    /// Asks again, every [`OBSERVE_EVERY`], while Redis cannot be reached (a restart, a
+    /// Asks again, every 100 ms, while Redis cannot be reached (a restart, a
     /// dropped connection), for at most one lease: an observation ends at its first error.
     async fn leader(&self) -> Result<Option<LeaderInfo>, LockError> {
         let shared = self.shared();
