@@ -1,0 +1,213 @@
+use super::*;
+use crate::register::FencedRegister;
+
+const MS: u64 = 1_000_000;
+
+/// A history written the way clients and the register would write it.
+#[derive(Default)]
+struct Run {
+    events: Vec<Event>,
+    register: FencedRegister,
+    faults: Vec<Fault>,
+}
+
+impl Run {
+    fn grant(&mut self, client: u32, token: u64, at_ms: u64) {
+        self.events.push(
+            Event::new(
+                client,
+                EventKind::Acquire,
+                at_ms * MS,
+                at_ms * MS,
+                Outcome::Ok,
+            )
+            .with_token(token),
+        );
+    }
+
+    /// A write of `value` as the register judges it, acknowledged to the client.
+    fn write(&mut self, client: u32, token: u64, value: u64, at_ms: u64) {
+        let outcome = match self.register.write(client, token, value) {
+            Verdict::Accepted => Outcome::Ok,
+            Verdict::Rejected { .. } => Outcome::Rejected,
+        };
+        self.events.push(
+            Event::new(client, EventKind::Write, at_ms * MS, at_ms * MS, outcome)
+                .with_token(token)
+                .with_value(value),
+        );
+    }
+
+    fn release(&mut self, client: u32, token: u64, at_ms: u64) {
+        self.events.push(
+            Event::new(
+                client,
+                EventKind::Release,
+                at_ms * MS,
+                at_ms * MS,
+                Outcome::Ok,
+            )
+            .with_token(token),
+        );
+    }
+
+    fn lost(&mut self, client: u32, token: u64, at_ms: u64) {
+        self.events.push(
+            Event::new(client, EventKind::Lost, at_ms * MS, at_ms * MS, Outcome::Ok)
+                .with_token(token),
+        );
+    }
+
+    fn fault(&mut self, kind: FaultKind, target: u32, start_ms: u64, duration_ms: u64) {
+        self.faults.push(Fault {
+            start_ms,
+            duration_ms,
+            kind,
+            target,
+        });
+    }
+
+    /// A clean turn: grant, write one above `value`, release.
+    fn turn(&mut self, client: u32, token: u64, value: u64, at_ms: u64) {
+        self.grant(client, token, at_ms);
+        self.write(client, token, value + 1, at_ms + 1);
+        self.release(client, token, at_ms + 2);
+    }
+
+    fn check(&self, ended_ms: u64) -> Report {
+        Check {
+            events: &self.events,
+            writes: self.register.log(),
+            final_value: self.register.value(),
+            faults: &self.faults,
+            began_ns: 0,
+            ended_ns: ended_ms * MS,
+            progress_bound: Duration::from_secs(5),
+            residue: 0,
+        }
+        .run()
+    }
+}
+
+#[test]
+fn a_clean_serial_history_passes_every_target() {
+    let mut run = Run::default();
+    for turn in 0..10 {
+        run.turn(turn % 3, turn as u64 + 1, turn as u64, turn as u64 * 10);
+    }
+    let report = run.check(200);
+    assert_eq!(report.grants, 10);
+    assert_eq!((report.writes_accepted, report.final_value), (10, 10));
+    assert_eq!((report.lost_updates, report.overlaps), (0, 0));
+    assert!(
+        report
+            .violations(&Targets::consensus(Duration::ZERO))
+            .is_empty(),
+        "{report:?}"
+    );
+}
+
+#[test]
+fn two_holders_at_once_show_as_an_overlap_and_a_lost_update() {
+    let mut run = Run::default();
+    run.grant(1, 1, 0);
+    run.grant(2, 2, 100);
+    // Both read 0; the older holder writes first, so fencing cannot turn it away.
+    run.write(1, 1, 1, 150);
+    run.write(2, 2, 1, 160);
+    run.lost(1, 1, 300);
+    run.release(2, 2, 400);
+    let report = run.check(500);
+    assert_eq!((report.overlaps, report.longest_overlap_ms), (1, 200.0));
+    assert_eq!((report.writes_accepted, report.lost_updates), (2, 1));
+    assert_eq!(report.stale_writes_accepted, 0);
+    let broken = report.violations(&Targets::consensus(Duration::from_millis(100)));
+    assert_eq!(broken.len(), 2, "{broken:?}");
+    assert!(report.violations(&Targets::lease()).is_empty());
+}
+
+#[test]
+fn a_stale_holder_is_turned_away_by_the_register() {
+    let mut run = Run::default();
+    run.grant(1, 1, 0);
+    run.grant(2, 2, 100);
+    run.write(2, 2, 1, 110);
+    run.write(1, 1, 1, 120);
+    run.release(2, 2, 130);
+    run.lost(1, 1, 140);
+    let report = run.check(200);
+    assert_eq!((report.writes_accepted, report.writes_rejected), (1, 1));
+    assert_eq!((report.stale_writes_accepted, report.lost_updates), (0, 0));
+    assert_eq!(report.longest_overlap_ms, 30.0);
+}
+
+#[test]
+fn a_broken_register_is_caught_from_its_own_log() {
+    let write = |client, token, value, verdict| RegisterWrite {
+        client,
+        token,
+        value,
+        verdict,
+    };
+    let writes = [
+        write(1, 5, 1, Verdict::Accepted),
+        write(2, 3, 2, Verdict::Accepted),
+        write(3, 9, 3, Verdict::Rejected { highest: 5 }),
+    ];
+    let events = [Event::new(4, EventKind::Write, 0, 0, Outcome::Ok)
+        .with_token(9)
+        .with_value(9)];
+    let report = Check {
+        events: &events,
+        writes: &writes,
+        final_value: 7,
+        faults: &[],
+        began_ns: 0,
+        ended_ns: 0,
+        progress_bound: Duration::from_secs(1),
+        residue: 0,
+    }
+    .run();
+    assert_eq!(report.stale_writes_accepted, 1);
+    // The rejected write with a higher token, the final value, the unknown acknowledgement.
+    assert_eq!(report.register_faults, 3);
+}
+
+#[test]
+fn frozen_time_is_not_belief_and_a_kill_ends_it() {
+    let mut run = Run::default();
+    run.grant(1, 1, 0);
+    run.fault(FaultKind::ClientFreeze, 1, 1_000, 8_000);
+    run.grant(2, 2, 5_000);
+    run.release(2, 2, 9_500);
+    run.lost(1, 1, 10_000);
+    // Client 1 believed [0, 1 s] and [9 s, 10 s]; client 2 held [5 s, 9.5 s].
+    let report = run.check(20_000);
+    assert_eq!((report.overlaps, report.longest_overlap_ms), (1, 500.0));
+
+    let mut run = Run::default();
+    run.grant(1, 1, 0);
+    run.fault(FaultKind::ClientKill, 1, 1_000, 500);
+    run.grant(2, 2, 3_000);
+    run.release(2, 2, 4_000);
+    assert_eq!(run.check(5_000).overlaps, 0);
+}
+
+#[test]
+fn progress_is_judged_after_each_heal_when_there_is_time() {
+    let mut run = Run::default();
+    run.turn(1, 1, 0, 0);
+    // Healed at 2 s, nothing until 20 s, the next fault at 30 s: a stall.
+    run.fault(FaultKind::ServerPause, 0, 1_000, 1_000);
+    run.turn(1, 2, 1, 20_000);
+    // Healed at 31 s, the next fault at 32 s: too soon to judge.
+    run.fault(FaultKind::ServerPause, 0, 30_000, 1_000);
+    run.fault(FaultKind::ServerPause, 0, 32_000, 1_000);
+    // Client 2 wrote only before the last heal at 33 s.
+    run.turn(2, 3, 2, 25_000);
+    run.turn(1, 4, 3, 34_000);
+    let report = run.check(40_000);
+    assert_eq!((report.stalls, report.unjudged_faults), (1, 1));
+    assert_eq!(report.clients_without_progress, vec![2]);
+    assert_eq!(report.violations(&Targets::lease()).len(), 2);
+}

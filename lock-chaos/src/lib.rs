@@ -1,0 +1,29 @@
+//! A Jepsen-style chaos run: how safe a lock stays under random faults, measured.
+//!
+//! A run has four parts, each in its own module:
+//!
+//! - [`register`]: the **fenced register**, a counter outside the lock's backend that accepts
+//!   a write only with a fencing token not lower than the last one it accepted, and logs
+//!   every write with its verdict. Clients increment it under the lock (read, then write the
+//!   value plus one with their token), so that a holder that lost the lock without knowing
+//!   is turned away, and a lock that let two holders in at once shows as lost increments.
+//! - [`history`]: what each client did and saw, one [`Event`] per operation
+//!   with its times on one clock, its token and its outcome.
+//! - [`schedule`]: the **nemesis**'s plan, a seeded list of fault windows (the same seed
+//!   gives the same plan).
+//! - [`checker`]: an **independent checker** over the histories, the register's log and
+//!   the plan: stale writes accepted, lost or duplicated increments, intervals in which two
+//!   clients both believed they held the lock, progress after each fault, residue.
+//!
+//! The checker trusts neither the lock nor the register: it recomputes from the logs what
+//! each of them claims.
+
+pub mod checker;
+pub mod history;
+pub mod register;
+pub mod schedule;
+
+pub use checker::{Check, Report};
+pub use history::{Event, EventKind, Outcome};
+pub use register::{FencedRegister, RegisterWrite, Verdict};
+pub use schedule::{Fault, FaultKind, Plan, PlanOptions};
