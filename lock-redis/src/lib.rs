@@ -84,7 +84,7 @@
 //!
 //! ```text
 //! ACL SETUSER locker on >s3cret ~{lock* &{lock* +@scripting +get +set +del +exists +incr
-//!     +pexpire +time +lpop +rpush +lrem +lindex +lpos +blpop +hget +hset +hdel +publish
+//!     +pexpire +pttl +time +lpop +rpush +lrem +lindex +lpos +blpop +hget +hset +hdel +publish
 //!     +subscribe +unsubscribe +ping
 //! ```
 //!

@@ -616,6 +616,53 @@ async fn cancel_racing_grants_never_strand_the_lock_pubsub() {
 /// the holder's next renewal finds no key, or its lease runs out, and its lost signal fires
 /// within about a ttl of the restart; a new client gets the lock; the old guard's release
 /// returns `Lost` and leaves the new holder alone.
+/// A holder and a waiter that both die with their connections cut (crashed processes, or a
+/// network gone from under them) leave nothing but the fencing counter once the lease and
+/// the waiter's liveness have run out: the queue expires with its last live waiter instead
+/// of waiting for the next user of the lock to clean it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_that_all_die_leave_no_queue_behind() {
+    let server = start_server().await;
+    let mut admin = admin(&server).await;
+    let proxy = FaultProxy::start(server.socket_addr()).expect("a fault proxy");
+    let a = connect(proxy.address().port(), RedisStrategy::Queue).await;
+    let b = connect(proxy.address().port(), RedisStrategy::Queue).await;
+    let name = unique_name("dead-queue");
+    let held = a
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the lock is free");
+    let b_lock = b.lock(&name).unwrap();
+    let waiting = tokio::spawn(async move { b_lock.acquire(Some(Duration::from_secs(60))).await });
+    expect_waiting(
+        &mut admin,
+        &name,
+        RedisStrategy::Queue,
+        1,
+        SLACK,
+        "B queues",
+    )
+    .await;
+    proxy.cut();
+    waiting.abort();
+    let _ = waiting.await;
+    drop((held, a, b));
+    let took = expect_only_fence(
+        &mut admin,
+        &name,
+        TTL * 10 + SLACK * 5,
+        "after the holder and the waiter died",
+    )
+    .await;
+    report(
+        "dead_queue",
+        format_args!("only the fencing counter left {took:?} after both died (ttl {TTL:?})"),
+    );
+}
+
 /// An observer whose connection is cut for less than a lease, while the leadership
 /// changes, rides it out: its watch does not end with the cut's errors, and it follows to
 /// the new leader once Redis answers again.
@@ -1147,7 +1194,7 @@ async fn a_release_whose_reply_is_lost_is_no_loss() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_acl_rule_is_enough() {
     const RULE: &str = "on >s3cret ~{lock* &{lock* +@scripting +get +set +del +exists +incr \
-                        +pexpire +time +lpop +rpush +lrem +lindex +lpos +blpop +hget +hset \
+                        +pexpire +pttl +time +lpop +rpush +lrem +lindex +lpos +blpop +hget +hset \
                         +hdel +publish +subscribe +unsubscribe +ping";
     let server = start_server().await;
     let mut admin = admin(&server).await;

@@ -66,4 +66,12 @@ else
 end
 redis.call('HSET', deadlines_key, id, now + tonumber(liveness))
 keep_value(id, math.max(tonumber(ttl), tonumber(liveness)))
+-- The queue outlives its last live waiter by no more than that waiter's liveness: waiters
+-- that all died (their server restarted under them, their process was killed) leave
+-- nothing behind for good. Only lengthened, never shortened, by a waiter.
+for _, key in ipairs({queue_key, deadlines_key}) do
+  if redis.call('PTTL', key) < tonumber(liveness) then
+    redis.call('PEXPIRE', key, liveness)
+  end
+end
 return 0
