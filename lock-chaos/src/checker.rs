@@ -287,7 +287,9 @@ impl Check<'_> {
             for fault in mine {
                 let (from, to) = (self.fault_ns(fault.start_ms), self.fault_ns(fault.end_ms()));
                 match fault.kind {
-                    FaultKind::ClientKill if from >= start => end = end.min(from),
+                    // A grant recorded between the kill's start and the signal's arrival
+                    // ends with the process all the same.
+                    FaultKind::ClientKill if to >= start => end = end.min(from.max(start)),
                     FaultKind::ClientFreeze => frozen.push((from, to)),
                     _ => {}
                 }

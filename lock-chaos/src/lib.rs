@@ -17,10 +17,20 @@
 //!
 //! The checker trusts neither the lock nor the register: it recomputes from the logs what
 //! each of them claims.
+//!
+//! [`client`] is one client process's loop, and [`run`] a whole run: real servers (a
+//! three-member ZooKeeper ensemble or etcd cluster, one Redis server, three for Redlock),
+//! the register, the clients as OS processes (so that they can be frozen and killed for
+//! real), each behind fault proxies of its own (so that it can be cut off), and the nemesis.
+//! The `chaos` command runs one (`chaos run --backend zookeeper --duration 60s`), checks a
+//! finished one again (`chaos check`), and is each client (`chaos client`);
+//! `scripts/chaos` runs every backend for ten minutes.
 
 pub mod checker;
+pub mod client;
 pub mod history;
 pub mod register;
+pub mod run;
 pub mod schedule;
 
 pub use checker::{Check, Report};

@@ -191,6 +191,14 @@ fn frozen_time_is_not_belief_and_a_kill_ends_it() {
     run.grant(2, 2, 3_000);
     run.release(2, 2, 4_000);
     assert_eq!(run.check(5_000).overlaps, 0);
+
+    // Granted just after the kill began, before the signal landed: it dies all the same.
+    let mut run = Run::default();
+    run.fault(FaultKind::ClientKill, 1, 1_000, 500);
+    run.grant(1, 1, 1_001);
+    run.grant(2, 2, 3_000);
+    run.release(2, 2, 4_000);
+    assert_eq!(run.check(5_000).overlaps, 0);
 }
 
 #[test]

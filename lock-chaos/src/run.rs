@@ -1,0 +1,699 @@
+//! A whole chaos run: real servers, the fenced register, client processes behind fault
+//! proxies of their own, the nemesis following its plan, and the checker at the end.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use distlock::etcd::EtcdLockProvider;
+use distlock::redis::RedisLockProvider;
+use distlock::zookeeper::ZkLockProvider;
+use distlock::{BackendConfig, LockError};
+use lock_testbed::proxy::FaultProxy;
+use lock_testbed::servers::{
+    EtcdCluster, EtcdOptions, LocalServer, RedisOptions, RedisServer, ServerError, ZkEnsemble,
+    ZkOptions,
+};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use crate::checker::{Check, Report, Targets};
+use crate::client::now_ns;
+use crate::history::{Event, parse_lines};
+use crate::register::{RegisterServer, RegisterWrite};
+use crate::schedule::{Fault, FaultKind, Plan, PlanOptions};
+
+/// The backend a run hits, with its servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Backend {
+    /// A three-member ZooKeeper ensemble.
+    Zookeeper,
+    /// One Redis server.
+    Redis,
+    /// Redlock over three Redis servers.
+    Redlock,
+    /// A three-member etcd cluster.
+    Etcd,
+}
+
+impl Backend {
+    /// Its name in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Zookeeper => "zookeeper",
+            Backend::Redis => "redis",
+            Backend::Redlock => "redlock",
+            Backend::Etcd => "etcd",
+        }
+    }
+
+    /// The clients' session timeout or lease.
+    pub fn session(self) -> Duration {
+        match self {
+            Backend::Zookeeper | Backend::Etcd => Duration::from_secs(4),
+            Backend::Redis | Backend::Redlock => Duration::from_secs(2),
+        }
+    }
+
+    /// The faults it is put through by default.
+    pub fn faults(self) -> Vec<FaultKind> {
+        let mut kinds = vec![
+            FaultKind::ServerPause,
+            FaultKind::ServerKill,
+            FaultKind::ClientFreeze,
+            FaultKind::ClientKill,
+            FaultKind::Partition,
+        ];
+        if matches!(self, Backend::Zookeeper | Backend::Etcd) {
+            kinds.push(FaultKind::LeaderKill);
+        }
+        kinds
+    }
+
+    /// What it is held to: a consensus backend to no overlap beyond its session (the
+    /// documented lost-signal bound) and no lost update; a lease backend to fencing only.
+    pub fn targets(self) -> Targets {
+        match self {
+            Backend::Zookeeper | Backend::Etcd => Targets::consensus(self.session()),
+            Backend::Redis | Backend::Redlock => Targets::lease(),
+        }
+    }
+
+    fn members(self) -> usize {
+        if self == Backend::Redis { 1 } else { 3 }
+    }
+}
+
+/// What a run does.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RunOptions {
+    /// The backend.
+    pub backend: Backend,
+    /// How long the clients run.
+    pub duration: Duration,
+    /// How many client processes.
+    pub clients: u32,
+    /// The nemesis's seed.
+    pub seed: u64,
+    /// The faults to draw from (empty: the backend's own list).
+    pub faults: Vec<FaultKind>,
+    /// How long a client holds the lock after its write.
+    pub hold: Duration,
+    /// The `chaos` executable, run as `chaos client …` for each client.
+    pub executable: PathBuf,
+    /// Where histories and the report go.
+    pub out: PathBuf,
+}
+
+impl RunOptions {
+    /// A run of `backend` for `duration` with `clients` clients and the nemesis seeded with
+    /// `seed`, every fault the backend allows, holds of 5 ms; clients are `executable client`.
+    pub fn new(
+        backend: Backend,
+        duration: Duration,
+        clients: u32,
+        seed: u64,
+        executable: impl Into<PathBuf>,
+        out: impl Into<PathBuf>,
+    ) -> Self {
+        RunOptions {
+            backend,
+            duration,
+            clients,
+            seed,
+            faults: Vec::new(),
+            hold: Duration::from_millis(5),
+            executable: executable.into(),
+            out: out.into(),
+        }
+    }
+
+    /// Sets [`faults`](Self::faults).
+    #[must_use]
+    pub fn with_faults(mut self, faults: Vec<FaultKind>) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// Sets [`hold`](Self::hold).
+    #[must_use]
+    pub fn with_hold(mut self, hold: Duration) -> Self {
+        self.hold = hold;
+        self
+    }
+}
+
+/// What a run found.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Outcome {
+    /// The backend.
+    pub backend: Backend,
+    /// The seed.
+    pub seed: u64,
+    /// When the run began and ended, on the clients' clock (the faults' times count from
+    /// the beginning).
+    pub began_ns: u64,
+    /// See [`began_ns`](Self::began_ns).
+    pub ended_ns: u64,
+    /// The faults as injected, with their actual times.
+    pub faults: Vec<Fault>,
+    /// The checker's report.
+    pub report: Report,
+    /// What the report breaks of the backend's targets.
+    pub violations: Vec<String>,
+}
+
+impl Outcome {
+    /// A table of the report's figures, and the violations.
+    pub fn summary(&self) -> String {
+        let r = &self.report;
+        let rows = [
+            ("backend", self.backend.as_str().to_owned()),
+            ("seed", self.seed.to_string()),
+            ("operations", r.operations.to_string()),
+            ("grants", r.grants.to_string()),
+            ("faults injected", r.faults.to_string()),
+            ("writes accepted", r.writes_accepted.to_string()),
+            ("stale writes rejected", r.writes_rejected.to_string()),
+            ("stale writes accepted", r.stale_writes_accepted.to_string()),
+            ("register faults", r.register_faults.to_string()),
+            ("final value", r.final_value.to_string()),
+            ("lost updates", r.lost_updates.to_string()),
+            ("duplicated updates", r.duplicated_updates.to_string()),
+            ("overlaps", r.overlaps.to_string()),
+            ("longest overlap", format!("{:.1} ms", r.longest_overlap_ms)),
+            (
+                "stalls after faults",
+                format!("{} ({} not judged)", r.stalls, r.unjudged_faults),
+            ),
+            (
+                "clients without progress",
+                format!("{:?}", r.clients_without_progress),
+            ),
+            ("residue", r.residue.to_string()),
+        ];
+        let mut text: String = rows
+            .iter()
+            .map(|(what, value)| format!("{what:<26} {value}\n"))
+            .collect();
+        if self.violations.is_empty() {
+            text.push_str("verdict                    every target held\n");
+        } else {
+            for violation in &self.violations {
+                text.push_str(&format!("violation                  {violation}\n"));
+            }
+        }
+        text
+    }
+}
+
+/// Why a run could not be made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// A server would not start or obey.
+    #[error("servers: {0}")]
+    Server(#[from] ServerError),
+    /// A file, a proxy or a client process failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The plan could not be drawn.
+    #[error("plan: {0}")]
+    Plan(#[from] crate::schedule::PlanError),
+    /// The backend refused the residue check.
+    #[error("residue check: {0}")]
+    Lock(#[from] LockError),
+    /// A history file is not made of events.
+    #[error("history {file}: line {line}: {error}")]
+    History {
+        /// The file.
+        file: PathBuf,
+        /// The line, from 1.
+        line: usize,
+        /// What is wrong with it.
+        error: serde_json::Error,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RunError {
+    let what = what.into();
+    move |source| RunError::Io { what, source }
+}
+
+/// The servers of a run.
+enum Servers {
+    Zookeeper(ZkEnsemble),
+    Redis(Vec<RedisServer>),
+    Etcd(EtcdCluster),
+}
+
+impl Servers {
+    async fn start(backend: Backend) -> Result<Self, RunError> {
+        Ok(match backend {
+            Backend::Zookeeper => {
+                let options = ZkOptions::default().with_tick_time(Duration::from_millis(500));
+                let ensemble = ZkEnsemble::start(3, options).await?;
+                ensemble.wait_for_leader(Duration::from_secs(30)).await?;
+                Servers::Zookeeper(ensemble)
+            }
+            Backend::Redis | Backend::Redlock => {
+                // Durable, as production runs a lock server: every write is on disk
+                // before its reply, so that a killed server comes back with its keys and
+                // its fencing counter.
+                let options = ["--appendonly", "yes", "--appendfsync", "always"]
+                    .into_iter()
+                    .fold(RedisOptions::default(), RedisOptions::with_arg);
+                let mut servers = Vec::new();
+                for _ in 0..backend.members() {
+                    servers.push(RedisServer::start(options.clone()).await?);
+                }
+                Servers::Redis(servers)
+            }
+            Backend::Etcd => {
+                let cluster = EtcdCluster::start(3, EtcdOptions::default()).await?;
+                cluster.wait_for_leader(Duration::from_secs(30)).await?;
+                Servers::Etcd(cluster)
+            }
+        })
+    }
+
+    fn addresses(&self) -> Vec<SocketAddr> {
+        let parse = |address: String| address.trim_start_matches("http://").parse().ok();
+        match self {
+            Servers::Zookeeper(ensemble) => (0..ensemble.len())
+                .filter_map(|index| ensemble.address(index).ok().and_then(parse))
+                .collect(),
+            Servers::Redis(servers) => servers.iter().map(LocalServer::socket_addr).collect(),
+            Servers::Etcd(cluster) => cluster.endpoints().into_iter().filter_map(parse).collect(),
+        }
+    }
+
+    fn pause(&mut self, index: usize, pause: bool) -> Result<(), ServerError> {
+        match (self, pause) {
+            (Servers::Zookeeper(ensemble), true) => ensemble.pause(index),
+            (Servers::Zookeeper(ensemble), false) => ensemble.resume(index),
+            (Servers::Etcd(cluster), true) => cluster.pause(index),
+            (Servers::Etcd(cluster), false) => cluster.resume(index),
+            (Servers::Redis(servers), true) => servers[index].pause(),
+            (Servers::Redis(servers), false) => servers[index].resume(),
+        }
+    }
+
+    fn kill(&mut self, index: usize) -> Result<(), ServerError> {
+        match self {
+            Servers::Zookeeper(ensemble) => ensemble.kill(index),
+            Servers::Etcd(cluster) => cluster.kill(index),
+            Servers::Redis(servers) => {
+                servers[index].kill();
+                Ok(())
+            }
+        }
+    }
+
+    async fn restart(&mut self, index: usize) -> Result<(), ServerError> {
+        match self {
+            Servers::Zookeeper(ensemble) => ensemble.restart(index).await,
+            Servers::Etcd(cluster) => cluster.restart(index).await,
+            Servers::Redis(servers) => servers[index].restart().await,
+        }
+    }
+
+    async fn leader(&self) -> Option<usize> {
+        match self {
+            Servers::Zookeeper(ensemble) => ensemble.leader().await,
+            Servers::Etcd(cluster) => cluster.leader().await,
+            Servers::Redis(_) => None,
+        }
+    }
+}
+
+/// The URL of `backend` on `hosts`.
+fn url(backend: Backend, hosts: &[SocketAddr]) -> String {
+    let hosts: Vec<String> = hosts.iter().map(ToString::to_string).collect();
+    let hosts = hosts.join(",");
+    let session = humantime_like(backend.session());
+    match backend {
+        Backend::Zookeeper => {
+            format!("zk://{hosts}?session_timeout={session}&strategy=predecessor")
+        }
+        Backend::Redis => format!("redis://{hosts}?ttl={session}&strategy=queue&timeout=1s"),
+        Backend::Redlock => format!("redlock://{hosts}?ttl={session}&timeout=500ms"),
+        Backend::Etcd => {
+            format!("etcd://{hosts}?lease_ttl={session}&strategy=predecessor&timeout=1s")
+        }
+    }
+}
+
+fn humantime_like(duration: Duration) -> String {
+    format!("{}ms", duration.as_millis())
+}
+
+/// Nodes or keys of the lock `name` left on the servers.
+async fn residue(backend: Backend, hosts: &[SocketAddr], name: &str) -> Result<usize, LockError> {
+    let per_server: Vec<String> = match backend {
+        Backend::Redlock => hosts
+            .iter()
+            .map(|host| url(Backend::Redis, &[*host]))
+            .collect(),
+        _ => vec![url(backend, hosts)],
+    };
+    let mut left = 0;
+    for url in per_server {
+        left += match BackendConfig::from_url(&url)? {
+            BackendConfig::ZooKeeper(config) => ZkLockProvider::connect(config)
+                .await?
+                .contenders(name)
+                .await?
+                .len(),
+            BackendConfig::Redis(config) => {
+                let holders = RedisLockProvider::connect(config)
+                    .await?
+                    .holders(name)
+                    .await?;
+                usize::from(holders.owner.is_some()) + holders.queue.len()
+            }
+            BackendConfig::Etcd(config) => EtcdLockProvider::connect(config)
+                .await?
+                .contenders(name)
+                .await?
+                .len(),
+            other => {
+                return Err(LockError::Unsupported {
+                    backend: other.backend(),
+                    what: "a chaos run".into(),
+                });
+            }
+        };
+    }
+    Ok(left)
+}
+
+/// One client slot: its proxies (one per server) and its current process.
+struct Slot {
+    proxies: Vec<FaultProxy>,
+    process: Option<Child>,
+    generation: u32,
+}
+
+impl Slot {
+    fn pid(&self) -> Option<Pid> {
+        self.process
+            .as_ref()
+            .and_then(Child::id)
+            .and_then(|pid| i32::try_from(pid).ok())
+            .map(Pid::from_raw)
+    }
+
+    fn signal(&self, signal: Signal) {
+        if let Some(pid) = self.pid() {
+            let _ = kill(pid, signal);
+        }
+    }
+}
+
+/// Everything a run drives.
+struct Run<'o> {
+    options: &'o RunOptions,
+    servers: Servers,
+    register: RegisterServer,
+    slots: Vec<Slot>,
+    name: String,
+}
+
+impl Run<'_> {
+    fn spawn_client(&mut self, index: usize) -> Result<(), RunError> {
+        let slot = &mut self.slots[index];
+        slot.generation += 1;
+        let hosts: Vec<SocketAddr> = slot.proxies.iter().map(|proxy| proxy.address()).collect();
+        let out = &self.options.out;
+        let history = out.join(format!("client-{index}-{}.jsonl", slot.generation));
+        let log =
+            std::fs::File::create(out.join(format!("client-{index}-{}.log", slot.generation)))
+                .map_err(io("a client log"))?;
+        let child = Command::new(&self.options.executable)
+            .arg("client")
+            .args(["--client", &index.to_string()])
+            .args(["--url", &url(self.options.backend, &hosts)])
+            .args(["--name", &self.name])
+            .args(["--register", &self.register.address().to_string()])
+            .args(["--hold-ms", &self.options.hold.as_millis().to_string()])
+            .arg("--history")
+            .arg(&history)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(io("a client process"))?;
+        slot.process = Some(child);
+        Ok(())
+    }
+
+    /// Injects `fault`; returns whether it was (a leader kill without a leader is not).
+    async fn inject(&mut self, fault: &Fault) -> Result<bool, RunError> {
+        let target = fault.target as usize;
+        match fault.kind {
+            FaultKind::ServerPause => self.servers.pause(target, true)?,
+            FaultKind::ServerKill => self.servers.kill(target)?,
+            FaultKind::LeaderKill => match self.servers.leader().await {
+                Some(leader) => self.servers.kill(leader)?,
+                None => return Ok(false),
+            },
+            FaultKind::ClientFreeze => self.slots[target].signal(Signal::SIGSTOP),
+            FaultKind::ClientKill => {
+                if let Some(mut child) = self.slots[target].process.take() {
+                    let _ = child.start_kill();
+                    let _ = child.wait().await;
+                }
+            }
+            FaultKind::Partition => self.slots[target]
+                .proxies
+                .iter()
+                .for_each(|proxy| proxy.cut()),
+        }
+        Ok(true)
+    }
+
+    /// Heals `fault`, injected on `leader` for a leader kill.
+    async fn heal(&mut self, fault: &Fault, leader: Option<usize>) -> Result<(), RunError> {
+        let target = fault.target as usize;
+        match fault.kind {
+            FaultKind::ServerPause => self.servers.pause(target, false)?,
+            FaultKind::ServerKill => self.servers.restart(target).await?,
+            FaultKind::LeaderKill => {
+                if let Some(leader) = leader {
+                    self.servers.restart(leader).await?;
+                }
+            }
+            FaultKind::ClientFreeze => self.slots[target].signal(Signal::SIGCONT),
+            FaultKind::ClientKill => self.spawn_client(target)?,
+            FaultKind::Partition => self.slots[target]
+                .proxies
+                .iter()
+                .for_each(|proxy| proxy.pass()),
+        }
+        Ok(())
+    }
+}
+
+/// Runs a whole chaos run and writes `report.json` and the histories into `options.out`.
+///
+/// # Errors
+///
+/// As [`RunError`]: the run could not be made. What the run found, good or bad, is the
+/// [`Outcome`].
+pub async fn run(options: &RunOptions) -> Result<Outcome, RunError> {
+    let backend = options.backend;
+    std::fs::create_dir_all(&options.out).map_err(io("the output directory"))?;
+    let servers = Servers::start(backend).await?;
+    let upstream = servers.addresses();
+    let mut slots = Vec::new();
+    for _ in 0..options.clients {
+        let proxies = upstream
+            .iter()
+            .map(|&address| FaultProxy::start(address))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(io("a fault proxy"))?;
+        slots.push(Slot {
+            proxies,
+            process: None,
+            generation: 0,
+        });
+    }
+    let register = RegisterServer::start().await.map_err(io("the register"))?;
+    let mut run = Run {
+        options,
+        servers,
+        register,
+        slots,
+        name: format!("chaos-{}", options.seed),
+    };
+    let kinds = if options.faults.is_empty() {
+        backend.faults()
+    } else {
+        options.faults.clone()
+    };
+    let mut plan_options = PlanOptions::new(
+        options.seed,
+        options.duration,
+        kinds,
+        options.clients,
+        u32::try_from(backend.members()).unwrap_or(1),
+    );
+    plan_options.freeze_at_least = backend.session() + Duration::from_secs(1);
+    let plan = Plan::draw(&plan_options)?;
+
+    let began_ns = now_ns();
+    let began = Instant::now();
+    for index in 0..run.slots.len() {
+        run.spawn_client(index)?;
+    }
+    let mut injected = Vec::new();
+    for fault in &plan.faults {
+        tokio::time::sleep_until(began + Duration::from_millis(fault.start_ms)).await;
+        let leader = if fault.kind == FaultKind::LeaderKill {
+            run.servers.leader().await
+        } else {
+            None
+        };
+        let start_ns = now_ns();
+        if !run.inject(fault).await? {
+            tracing::info!(?fault, "chaos: fault not injected");
+            continue;
+        }
+        tokio::time::sleep_until(began + Duration::from_millis(fault.end_ms())).await;
+        run.heal(fault, leader).await?;
+        let end_ns = now_ns();
+        injected.push(Fault {
+            start_ms: (start_ns - began_ns) / 1_000_000,
+            duration_ms: (end_ns - start_ns) / 1_000_000,
+            ..*fault
+        });
+        tracing::info!(?fault, "chaos: fault healed");
+    }
+    tokio::time::sleep_until(began + options.duration).await;
+
+    // The clients finish their turn and leave; the ones that do not are killed.
+    for slot in &run.slots {
+        slot.signal(Signal::SIGTERM);
+    }
+    for slot in &mut run.slots {
+        if let Some(mut child) = slot.process.take()
+            && tokio::time::timeout(backend.session() * 2, child.wait())
+                .await
+                .is_err()
+        {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+    let ended_ns = now_ns();
+
+    // What killed clients left behind goes with their sessions or leases.
+    let settle = Instant::now() + backend.session() * 2 + Duration::from_secs(5);
+    let left = loop {
+        let left = residue(backend, &upstream, &run.name).await?;
+        if left == 0 || Instant::now() >= settle {
+            break left;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+
+    let events = read_histories(&options.out)?;
+    let register = run.register.snapshot();
+    let report = Check {
+        events: &events,
+        writes: register.log(),
+        final_value: register.value(),
+        faults: &injected,
+        began_ns,
+        ended_ns,
+        progress_bound: backend.session() * 3,
+        residue: left,
+    }
+    .run();
+    let violations = report.violations(&backend.targets());
+    let register_log = serde_json::to_string(register.log()).unwrap_or_default();
+    std::fs::write(options.out.join("register.json"), register_log).map_err(io("register.json"))?;
+    let outcome = Outcome {
+        backend,
+        seed: options.seed,
+        began_ns,
+        ended_ns,
+        faults: injected,
+        report,
+        violations,
+    };
+    let json = serde_json::to_string_pretty(&outcome).unwrap_or_default();
+    std::fs::write(options.out.join("report.json"), json).map_err(io("report.json"))?;
+    Ok(outcome)
+}
+
+/// Checks a finished run's directory again, from its histories, `register.json` and
+/// `report.json`: the checker's verdict without the run.
+///
+/// # Errors
+///
+/// When a file is missing or not what the run writes.
+pub fn check_again(dir: &Path) -> Result<Outcome, RunError> {
+    let read = |file: &str| std::fs::read_to_string(dir.join(file)).map_err(io(file.to_owned()));
+    let json = |file: &str, error: serde_json::Error| RunError::History {
+        file: dir.join(file),
+        line: error.line(),
+        error,
+    };
+    let mut outcome: Outcome =
+        serde_json::from_str(&read("report.json")?).map_err(|e| json("report.json", e))?;
+    let writes: Vec<RegisterWrite> =
+        serde_json::from_str(&read("register.json")?).map_err(|e| json("register.json", e))?;
+    let events = read_histories(dir)?;
+    let report = Check {
+        events: &events,
+        writes: &writes,
+        final_value: outcome.report.final_value,
+        faults: &outcome.faults,
+        began_ns: outcome.began_ns,
+        ended_ns: outcome.ended_ns,
+        progress_bound: outcome.backend.session() * 3,
+        residue: outcome.report.residue,
+    }
+    .run();
+    outcome.violations = report.violations(&outcome.backend.targets());
+    outcome.report = report;
+    Ok(outcome)
+}
+
+/// Every client's events, from the `client-*.jsonl` files in `dir`.
+fn read_histories(dir: &Path) -> Result<Vec<Event>, RunError> {
+    let mut events = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io("the output directory"))? {
+        let path = entry.map_err(io("the output directory"))?.path();
+        if path.extension().is_none_or(|ext| ext != "jsonl") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).map_err(io("a history"))?;
+        // A client killed in the middle of a line leaves a partial last line.
+        let whole = text.rfind('\n').map_or("", |end| &text[..=end]);
+        events.extend(
+            parse_lines(whole).map_err(|(line, error)| RunError::History {
+                file: path.clone(),
+                line,
+                error,
+            })?,
+        );
+    }
+    Ok(events)
+}
