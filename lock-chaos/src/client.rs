@@ -227,32 +227,26 @@ async fn increment(
 ) {
     let client = options.client;
     let started = now_ns();
-    let connection = match register {
-        Some(connection) => connection,
+    let read = match register {
+        Some(connection) => connection.read().await,
         None => match RegisterClient::connect(options.register).await {
-            Ok(connection) => register.insert(connection),
-            Err(error) => {
-                history.record(&Event::new(
-                    client,
-                    EventKind::Read,
-                    started,
-                    now_ns(),
-                    Outcome::Failed(error.to_string()),
-                ));
-                return;
-            }
+            Ok(connection) => register.insert(connection).read().await,
+            Err(error) => Err(error),
         },
     };
-    let value = match connection.read().await {
-        Ok(value) => value,
-        Err(error) => {
+    let (value, connection) = match (read, register.as_mut()) {
+        (Ok(value), Some(connection)) => (value, connection),
+        (read, _) => {
             *register = None;
+            let error = read
+                .err()
+                .map_or_else(|| "no connection".to_owned(), |e| e.to_string());
             history.record(&Event::new(
                 client,
                 EventKind::Read,
                 started,
                 now_ns(),
-                Outcome::Failed(error.to_string()),
+                Outcome::Failed(error),
             ));
             return;
         }

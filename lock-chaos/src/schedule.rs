@@ -27,9 +27,45 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
+    /// Every kind.
+    pub const ALL: [FaultKind; 6] = [
+        FaultKind::ServerPause,
+        FaultKind::ServerKill,
+        FaultKind::LeaderKill,
+        FaultKind::ClientFreeze,
+        FaultKind::ClientKill,
+        FaultKind::Partition,
+    ];
+
+    /// Its name: `server-pause`, `client-kill`, …
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultKind::ServerPause => "server-pause",
+            FaultKind::ServerKill => "server-kill",
+            FaultKind::LeaderKill => "leader-kill",
+            FaultKind::ClientFreeze => "client-freeze",
+            FaultKind::ClientKill => "client-kill",
+            FaultKind::Partition => "partition",
+        }
+    }
+
     /// Whether the fault's target is a client (else a server).
     pub fn targets_client(self) -> bool {
         matches!(self, FaultKind::ClientFreeze | FaultKind::ClientKill)
+    }
+}
+
+impl std::str::FromStr for FaultKind {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        FaultKind::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = FaultKind::ALL.iter().map(|kind| kind.as_str()).collect();
+                format!("unknown fault {name:?}; one of {}", names.join(", "))
+            })
     }
 }
 
@@ -207,14 +243,16 @@ mod tests {
     use super::*;
 
     fn every_kind() -> Vec<FaultKind> {
-        vec![
-            FaultKind::ServerPause,
-            FaultKind::ServerKill,
-            FaultKind::LeaderKill,
-            FaultKind::ClientFreeze,
-            FaultKind::ClientKill,
-            FaultKind::Partition,
-        ]
+        FaultKind::ALL.to_vec()
+    }
+
+    #[test]
+    fn kinds_parse_from_their_names() {
+        for kind in FaultKind::ALL {
+            assert_eq!(kind.as_str().parse::<FaultKind>(), Ok(kind));
+        }
+        let refused = "meteor".parse::<FaultKind>().unwrap_err();
+        assert!(refused.contains("server-pause"), "{refused}");
     }
 
     #[test]

@@ -43,9 +43,11 @@ enum Command {
         /// The nemesis's seed: the same seed, the same plan.
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// The faults to draw from (default: every fault the backend's servers allow).
-        #[arg(long, value_enum, value_delimiter = ',')]
-        faults: Vec<FaultArg>,
+        /// The faults to draw from, comma-separated (default: every fault the backend's
+        /// servers allow): server-pause, server-kill, leader-kill, client-freeze,
+        /// client-kill, partition.
+        #[arg(long, value_delimiter = ',')]
+        faults: Vec<FaultKind>,
         /// How long a client holds the lock after its write.
         #[arg(long, default_value = "5ms", value_parser = humantime::parse_duration)]
         hold: Duration,
@@ -86,29 +88,6 @@ enum BackendArg {
     Etcd,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum FaultArg {
-    ServerPause,
-    ServerKill,
-    LeaderKill,
-    ClientFreeze,
-    ClientKill,
-    Partition,
-}
-
-impl From<FaultArg> for FaultKind {
-    fn from(fault: FaultArg) -> Self {
-        match fault {
-            FaultArg::ServerPause => FaultKind::ServerPause,
-            FaultArg::ServerKill => FaultKind::ServerKill,
-            FaultArg::LeaderKill => FaultKind::LeaderKill,
-            FaultArg::ClientFreeze => FaultKind::ClientFreeze,
-            FaultArg::ClientKill => FaultKind::ClientKill,
-            FaultArg::Partition => FaultKind::Partition,
-        }
-    }
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -139,7 +118,7 @@ async fn main() -> ExitCode {
                 }
             };
             let options = RunOptions::new(backend, duration, clients, seed, executable, out)
-                .with_faults(faults.into_iter().map(FaultKind::from).collect())
+                .with_faults(faults)
                 .with_hold(hold);
             match run::run(&options).await {
                 Ok(outcome) => verdict(&outcome),
