@@ -254,8 +254,9 @@ impl Check<'_> {
         self.began_ns + ms * 1_000_000
     }
 
-    /// Each client's beliefs, frozen time left out: `(client, start, end)` pieces.
-    fn beliefs(&self) -> Vec<(u32, u64, u64)> {
+    /// Each client's belief that it held the lock, frozen time left out, as
+    /// `(client, start_ns, end_ns)` pieces.
+    pub fn beliefs(&self) -> Vec<(u32, u64, u64)> {
         let mut ends: HashMap<(u32, u64), u64> = HashMap::new();
         for event in self.events {
             let Some(token) = event.token else { continue };

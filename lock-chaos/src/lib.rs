@@ -32,6 +32,7 @@ pub mod history;
 pub mod register;
 pub mod run;
 pub mod schedule;
+pub mod timeline;
 
 pub use checker::{Check, Report};
 pub use history::{Event, EventKind, Outcome};

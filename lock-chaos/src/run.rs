@@ -26,6 +26,7 @@ use crate::client::now_ns;
 use crate::history::{Event, parse_lines};
 use crate::register::{RegisterServer, RegisterWrite};
 use crate::schedule::{Fault, FaultKind, Plan, PlanOptions};
+use crate::timeline::Timeline;
 
 /// The backend a run hits, with its servers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -509,7 +510,8 @@ impl Run<'_> {
     }
 }
 
-/// Runs a whole chaos run and writes `report.json` and the histories into `options.out`.
+/// Runs a whole chaos run and writes the histories, `register.json`, `report.json` and
+/// `timeline.svg` into `options.out`.
 ///
 /// # Errors
 ///
@@ -614,36 +616,78 @@ pub async fn run(options: &RunOptions) -> Result<Outcome, RunError> {
 
     let events = read_histories(&options.out)?;
     let register = run.register.snapshot();
-    let report = Check {
-        events: &events,
-        writes: register.log(),
-        final_value: register.value(),
-        faults: &injected,
-        began_ns,
-        ended_ns,
-        progress_bound: backend.session() * 3,
-        residue: left,
-    }
-    .run();
-    let violations = report.violations(&backend.targets());
     let register_log = serde_json::to_string(register.log()).unwrap_or_default();
     std::fs::write(options.out.join("register.json"), register_log).map_err(io("register.json"))?;
-    let outcome = Outcome {
+    let mut outcome = Outcome {
         backend,
         seed: options.seed,
         began_ns,
         ended_ns,
         faults: injected,
-        report,
-        violations,
+        report: Report::default(),
+        violations: Vec::new(),
     };
+    outcome.report.final_value = register.value();
+    outcome.report.residue = left;
+    finish(&mut outcome, &options.out, &events, register.log())?;
     let json = serde_json::to_string_pretty(&outcome).unwrap_or_default();
     std::fs::write(options.out.join("report.json"), json).map_err(io("report.json"))?;
     Ok(outcome)
 }
 
+/// Checks the history into `outcome` (whose final value and residue are already known) and
+/// draws `timeline.svg` into `dir`.
+fn finish(
+    outcome: &mut Outcome,
+    dir: &Path,
+    events: &[Event],
+    writes: &[RegisterWrite],
+) -> Result<(), RunError> {
+    let check = Check {
+        events,
+        writes,
+        final_value: outcome.report.final_value,
+        faults: &outcome.faults,
+        began_ns: outcome.began_ns,
+        ended_ns: outcome.ended_ns,
+        progress_bound: outcome.backend.session() * 3,
+        residue: outcome.report.residue,
+    };
+    let report = check.run();
+    let clients = events
+        .iter()
+        .map(|event| event.client + 1)
+        .max()
+        .unwrap_or(0);
+    let title = format!(
+        "{}, seed {}: {} faults, {} grants",
+        outcome.backend.as_str(),
+        outcome.seed,
+        report.faults,
+        report.grants
+    );
+    let svg = Timeline {
+        title: &title,
+        events,
+        beliefs: &check.beliefs(),
+        faults: &outcome.faults,
+        began_ns: outcome.began_ns,
+        ended_ns: outcome.ended_ns,
+        clients,
+    }
+    .svg()
+    .map_err(|error| RunError::Io {
+        what: "timeline.svg".into(),
+        source: std::io::Error::other(error),
+    })?;
+    std::fs::write(dir.join("timeline.svg"), svg).map_err(io("timeline.svg"))?;
+    outcome.violations = report.violations(&outcome.backend.targets());
+    outcome.report = report;
+    Ok(())
+}
+
 /// Checks a finished run's directory again, from its histories, `register.json` and
-/// `report.json`: the checker's verdict without the run.
+/// `report.json`: the checker's verdict without the run (and `timeline.svg` drawn again).
 ///
 /// # Errors
 ///
@@ -660,19 +704,7 @@ pub fn check_again(dir: &Path) -> Result<Outcome, RunError> {
     let writes: Vec<RegisterWrite> =
         serde_json::from_str(&read("register.json")?).map_err(|e| json("register.json", e))?;
     let events = read_histories(dir)?;
-    let report = Check {
-        events: &events,
-        writes: &writes,
-        final_value: outcome.report.final_value,
-        faults: &outcome.faults,
-        began_ns: outcome.began_ns,
-        ended_ns: outcome.ended_ns,
-        progress_bound: outcome.backend.session() * 3,
-        residue: outcome.report.residue,
-    }
-    .run();
-    outcome.violations = report.violations(&outcome.backend.targets());
-    outcome.report = report;
+    finish(&mut outcome, dir, &events, &writes)?;
     Ok(outcome)
 }
 

@@ -22,7 +22,8 @@ pub enum FaultKind {
     ClientFreeze,
     /// A client is killed; a new client takes its place at the window's end.
     ClientKill,
-    /// A server is cut off from the others (and its clients from it) for the window.
+    /// A client is cut off from every server for the window (its connections closed, new
+    /// ones refused), past its session or lease or not.
     Partition,
 }
 
@@ -51,7 +52,10 @@ impl FaultKind {
 
     /// Whether the fault's target is a client (else a server).
     pub fn targets_client(self) -> bool {
-        matches!(self, FaultKind::ClientFreeze | FaultKind::ClientKill)
+        matches!(
+            self,
+            FaultKind::ClientFreeze | FaultKind::ClientKill | FaultKind::Partition
+        )
     }
 }
 
