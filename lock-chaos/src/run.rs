@@ -78,11 +78,13 @@ impl Backend {
     }
 
     /// What it is held to: a consensus backend to no overlap beyond its session (the
-    /// documented lost-signal bound) and no lost update; a lease backend to fencing only.
+    /// documented lost-signal bound) and no lost update; Redis to fencing; Redlock, whose
+    /// tokens are best effort, to progress and no residue only.
     pub fn targets(self) -> Targets {
         match self {
             Backend::Zookeeper | Backend::Etcd => Targets::consensus(self.session()),
-            Backend::Redis | Backend::Redlock => Targets::lease(),
+            Backend::Redis => Targets::lease(),
+            Backend::Redlock => Targets::best_effort(),
         }
     }
 
@@ -164,6 +166,9 @@ pub struct Outcome {
     pub began_ns: u64,
     /// See [`began_ns`](Self::began_ns).
     pub ended_ns: u64,
+    /// How many client slots the run had.
+    #[serde(default)]
+    pub clients: u32,
     /// The faults as injected, with their actual times.
     pub faults: Vec<Fault>,
     /// The checker's report.
@@ -185,6 +190,7 @@ impl Outcome {
             ("writes accepted", r.writes_accepted.to_string()),
             ("stale writes rejected", r.writes_rejected.to_string()),
             ("stale writes accepted", r.stale_writes_accepted.to_string()),
+            ("tokens granted twice", r.tokens_granted_twice.to_string()),
             ("register faults", r.register_faults.to_string()),
             ("final value", r.final_value.to_string()),
             ("lost updates", r.lost_updates.to_string()),
@@ -193,7 +199,10 @@ impl Outcome {
             ("longest overlap", format!("{:.1} ms", r.longest_overlap_ms)),
             (
                 "stalls after faults",
-                format!("{} ({} not judged)", r.stalls, r.unjudged_faults),
+                format!(
+                    "{} (longest recovery {:.0} ms)",
+                    r.stalls, r.longest_recovery_ms
+                ),
             ),
             (
                 "clients without progress",
@@ -341,6 +350,13 @@ impl Servers {
     }
 }
 
+/// How soon after a fault heals the lock must serve someone again: the session or lease
+/// (a dead holder's entry lasts that long), an election, a restart, with room for a
+/// loaded machine.
+fn progress_bound(backend: Backend) -> Duration {
+    backend.session() * 3
+}
+
 /// The URL of `backend` on `hosts`.
 fn url(backend: Backend, hosts: &[SocketAddr]) -> String {
     let hosts: Vec<String> = hosts.iter().map(ToString::to_string).collect();
@@ -463,40 +479,61 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Injects `fault`; returns whether it was (a leader kill without a leader is not).
-    async fn inject(&mut self, fault: &Fault) -> Result<bool, RunError> {
+    /// Injects `fault`; returns the fault as injected (a leader kill names the member it
+    /// killed), or `None` when it could not be (no leader, a server not running).
+    async fn inject(&mut self, fault: &Fault) -> Option<Fault> {
         let target = fault.target as usize;
-        match fault.kind {
-            FaultKind::ServerPause => self.servers.pause(target, true)?,
-            FaultKind::ServerKill => self.servers.kill(target)?,
-            FaultKind::LeaderKill => match self.servers.leader().await {
-                Some(leader) => self.servers.kill(leader)?,
-                None => return Ok(false),
-            },
-            FaultKind::ClientFreeze => self.slots[target].signal(Signal::SIGSTOP),
+        let mut injected = *fault;
+        let done = match fault.kind {
+            FaultKind::ServerPause => self.servers.pause(target, true),
+            FaultKind::ServerKill => self.servers.kill(target),
+            FaultKind::LeaderKill => {
+                let leader = self.servers.leader().await?;
+                injected.target = u32::try_from(leader).ok()?;
+                self.servers.kill(leader)
+            }
+            FaultKind::ClientFreeze => {
+                self.slots[target].signal(Signal::SIGSTOP);
+                Ok(())
+            }
             FaultKind::ClientKill => {
                 if let Some(mut child) = self.slots[target].process.take() {
                     let _ = child.start_kill();
                     let _ = child.wait().await;
                 }
+                Ok(())
             }
-            FaultKind::Partition => self.slots[target]
-                .proxies
-                .iter()
-                .for_each(|proxy| proxy.cut()),
+            FaultKind::Partition => {
+                self.slots[target]
+                    .proxies
+                    .iter()
+                    .for_each(|proxy| proxy.cut());
+                Ok(())
+            }
+        };
+        match done {
+            Ok(()) => Some(injected),
+            Err(error) => {
+                tracing::warn!(?fault, %error, "chaos: fault not injected");
+                None
+            }
         }
-        Ok(true)
     }
 
-    /// Heals `fault`, injected on `leader` for a leader kill.
-    async fn heal(&mut self, fault: &Fault, leader: Option<usize>) -> Result<(), RunError> {
+    /// Heals `fault` as injected. A server that will not come back is tried again (its
+    /// restart is bounded); one that never does is reported and the run goes on.
+    async fn heal(&mut self, fault: &Fault) -> Result<(), RunError> {
         let target = fault.target as usize;
         match fault.kind {
             FaultKind::ServerPause => self.servers.pause(target, false)?,
-            FaultKind::ServerKill => self.servers.restart(target).await?,
-            FaultKind::LeaderKill => {
-                if let Some(leader) = leader {
-                    self.servers.restart(leader).await?;
+            FaultKind::ServerKill | FaultKind::LeaderKill => {
+                for attempt in 1..=3 {
+                    match self.servers.restart(target).await {
+                        Ok(()) => break,
+                        Err(error) => {
+                            tracing::warn!(?fault, %error, attempt, "chaos: a restart failed");
+                        }
+                    }
                 }
             }
             FaultKind::ClientFreeze => self.slots[target].signal(Signal::SIGCONT),
@@ -519,7 +556,7 @@ impl Run<'_> {
 /// [`Outcome`].
 pub async fn run(options: &RunOptions) -> Result<Outcome, RunError> {
     let backend = options.backend;
-    std::fs::create_dir_all(&options.out).map_err(io("the output directory"))?;
+    prepare(&options.out)?;
     let servers = Servers::start(backend).await?;
     let upstream = servers.addresses();
     let mut slots = Vec::new();
@@ -563,38 +600,46 @@ pub async fn run(options: &RunOptions) -> Result<Outcome, RunError> {
     for index in 0..run.slots.len() {
         run.spawn_client(index)?;
     }
+    // The plan's times are targets: a restart that takes longer pushes the next fault back
+    // rather than eating its quiet time, and a fault that no longer fits before the settle
+    // time is left out. The clients run on for the progress bound after the last heal.
+    let quiet = plan_options.quiet.0;
+    let last_start = began + options.duration.saturating_sub(plan_options.settle);
     let mut injected = Vec::new();
+    let mut healed = began;
     for fault in &plan.faults {
-        tokio::time::sleep_until(began + Duration::from_millis(fault.start_ms)).await;
-        let leader = if fault.kind == FaultKind::LeaderKill {
-            run.servers.leader().await
-        } else {
-            None
-        };
-        let start_ns = now_ns();
-        if !run.inject(fault).await? {
-            tracing::info!(?fault, "chaos: fault not injected");
-            continue;
+        let due = (began + Duration::from_millis(fault.start_ms)).max(healed + quiet);
+        let length = Duration::from_millis(fault.duration_ms);
+        if due + length > last_start {
+            break;
         }
-        tokio::time::sleep_until(began + Duration::from_millis(fault.end_ms())).await;
-        run.heal(fault, leader).await?;
+        tokio::time::sleep_until(due).await;
+        let start_ns = now_ns();
+        let Some(fault) = run.inject(fault).await else {
+            continue;
+        };
+        tokio::time::sleep_until(due + length).await;
+        run.heal(&fault).await?;
+        healed = Instant::now();
         let end_ns = now_ns();
         injected.push(Fault {
             start_ms: (start_ns - began_ns) / 1_000_000,
-            duration_ms: (end_ns - start_ns) / 1_000_000,
-            ..*fault
+            duration_ms: (end_ns - start_ns).div_ceil(1_000_000),
+            ..fault
         });
         tracing::info!(?fault, "chaos: fault healed");
     }
-    tokio::time::sleep_until(began + options.duration).await;
+    tokio::time::sleep_until((began + options.duration).max(healed + progress_bound(backend)))
+        .await;
 
     // The clients finish their turn and leave; the ones that do not are killed.
     for slot in &run.slots {
         slot.signal(Signal::SIGTERM);
     }
+    let leave_by = Instant::now() + backend.session() * 2;
     for slot in &mut run.slots {
         if let Some(mut child) = slot.process.take()
-            && tokio::time::timeout(backend.session() * 2, child.wait())
+            && tokio::time::timeout_at(leave_by, child.wait())
                 .await
                 .is_err()
         {
@@ -607,9 +652,12 @@ pub async fn run(options: &RunOptions) -> Result<Outcome, RunError> {
     // What killed clients left behind goes with their sessions or leases.
     let settle = Instant::now() + backend.session() * 2 + Duration::from_secs(5);
     let left = loop {
-        let left = residue(backend, &upstream, &run.name).await?;
-        if left == 0 || Instant::now() >= settle {
-            break left;
+        match residue(backend, &upstream, &run.name).await {
+            Ok(0) => break 0,
+            Ok(left) if Instant::now() >= settle => break left,
+            Err(error) if Instant::now() >= settle => return Err(error.into()),
+            Ok(_) => {}
+            Err(error) => tracing::debug!(%error, "chaos: residue check failed; asking again"),
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
@@ -623,6 +671,7 @@ pub async fn run(options: &RunOptions) -> Result<Outcome, RunError> {
         seed: options.seed,
         began_ns,
         ended_ns,
+        clients: options.clients,
         faults: injected,
         report: Report::default(),
         violations: Vec::new(),
@@ -650,7 +699,8 @@ fn finish(
         faults: &outcome.faults,
         began_ns: outcome.began_ns,
         ended_ns: outcome.ended_ns,
-        progress_bound: outcome.backend.session() * 3,
+        progress_bound: progress_bound(outcome.backend),
+        clients: outcome.clients,
         residue: outcome.report.residue,
     };
     let report = check.run();
@@ -706,6 +756,25 @@ pub fn check_again(dir: &Path) -> Result<Outcome, RunError> {
     let events = read_histories(dir)?;
     finish(&mut outcome, dir, &events, &writes)?;
     Ok(outcome)
+}
+
+/// Makes `dir`, or empties it of an earlier run's files, whose histories would mix with
+/// this run's.
+fn prepare(dir: &Path) -> Result<(), RunError> {
+    std::fs::create_dir_all(dir).map_err(io("the output directory"))?;
+    for entry in std::fs::read_dir(dir).map_err(io("the output directory"))? {
+        let path = entry.map_err(io("the output directory"))?.path();
+        let name = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .unwrap_or("");
+        let ours = name.starts_with("client-")
+            || ["report.json", "register.json", "timeline.svg"].contains(&name);
+        if ours {
+            std::fs::remove_file(&path).map_err(io("an earlier run's file"))?;
+        }
+    }
+    Ok(())
 }
 
 /// Every client's events, from the `client-*.jsonl` files in `dir`.

@@ -83,6 +83,7 @@ impl Run {
             began_ns: 0,
             ended_ns: ended_ms * MS,
             progress_bound: Duration::from_secs(5),
+            clients: 3,
             residue: 0,
         }
         .run()
@@ -165,6 +166,7 @@ fn a_broken_register_is_caught_from_its_own_log() {
         began_ns: 0,
         ended_ns: 0,
         progress_bound: Duration::from_secs(1),
+        clients: 4,
         residue: 0,
     }
     .run();
@@ -202,20 +204,59 @@ fn frozen_time_is_not_belief_and_a_kill_ends_it() {
 }
 
 #[test]
-fn progress_is_judged_after_each_heal_when_there_is_time() {
+fn progress_after_faults_and_per_client() {
     let mut run = Run::default();
     run.turn(1, 1, 0, 0);
-    // Healed at 2 s, nothing until 20 s, the next fault at 30 s: a stall.
+    // Healed at 2 s, the next write at 20 s.
     run.fault(FaultKind::ServerPause, 0, 1_000, 1_000);
     run.turn(1, 2, 1, 20_000);
-    // Healed at 31 s, the next fault at 32 s: too soon to judge.
-    run.fault(FaultKind::ServerPause, 0, 30_000, 1_000);
-    run.fault(FaultKind::ServerPause, 0, 32_000, 1_000);
-    // Client 2 wrote only before the last heal at 33 s.
     run.turn(2, 3, 2, 25_000);
+    // Healed at 31 s: client 1 writes after it, client 2 only before, client 0 never.
+    run.fault(FaultKind::ServerPause, 0, 30_000, 1_000);
     run.turn(1, 4, 3, 34_000);
     let report = run.check(40_000);
-    assert_eq!((report.stalls, report.unjudged_faults), (1, 1));
-    assert_eq!(report.clients_without_progress, vec![2]);
-    assert_eq!(report.violations(&Targets::lease()).len(), 2);
+    assert_eq!(report.stalls, 0);
+    assert_eq!(report.longest_recovery_ms, 18_001.0);
+    assert_eq!(report.clients_without_progress, vec![0, 2]);
+    assert_eq!(report.violations(&Targets::lease()).len(), 1);
+    // Too little time after the last heal to judge the clients.
+    assert!(run.check(33_000).clients_without_progress.is_empty());
+    // Nobody wrote after a heal: a stall.
+    run.fault(FaultKind::ClientKill, 1, 36_000, 500);
+    let report = run.check(45_000);
+    assert_eq!(report.stalls, 1);
+}
+
+#[test]
+fn a_token_granted_twice_is_counted_and_each_grant_ends_at_its_own_release() {
+    let mut run = Run::default();
+    run.grant(1, 7, 0);
+    run.release(1, 7, 10);
+    run.grant(2, 8, 20);
+    // The same token again, to the same client: its belief ends at its own release, and
+    // overlaps client 2's.
+    run.grant(1, 7, 25);
+    run.release(2, 8, 30);
+    run.release(1, 7, 40);
+    let report = run.check(50);
+    assert_eq!(report.tokens_granted_twice, 1);
+    assert_eq!((report.overlaps, report.longest_overlap_ms), (1, 5.0));
+    let broken = report.violations(&Targets::consensus(Duration::from_millis(1)));
+    assert_eq!(broken.len(), 2, "{broken:?}");
+}
+
+#[test]
+fn an_equal_token_from_another_client_is_a_stale_write() {
+    let mut run = Run::default();
+    run.grant(1, 7, 0);
+    run.grant(2, 7, 5);
+    run.write(2, 7, 1, 10);
+    run.write(1, 7, 1, 12);
+    let report = run.check(20);
+    assert_eq!(
+        (report.writes_accepted, report.stale_writes_accepted),
+        (2, 1)
+    );
+    assert_eq!(report.violations(&Targets::lease()).len(), 1);
+    assert!(report.violations(&Targets::best_effort()).is_empty());
 }
