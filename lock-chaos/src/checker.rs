@@ -89,6 +89,9 @@ pub struct Report {
     pub overlaps: usize,
     /// The longest such intersection, in milliseconds.
     pub longest_overlap_ms: f64,
+    /// Who overlapped longest, and when.
+    #[serde(default)]
+    pub longest_overlap: Option<Overlap>,
     /// Faults after whose heal no client wrote again before the end of the run.
     pub stalls: usize,
     /// The longest time from a fault's heal to the next write by any client, in
@@ -99,6 +102,19 @@ pub struct Report {
     pub clients_without_progress: Vec<u32>,
     /// Nodes or keys left on the servers.
     pub residue: usize,
+}
+
+/// Two clients believing at once: the one whose belief began first, the other, and when
+/// the other's began (milliseconds into the run).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Overlap {
+    /// The client whose belief began first.
+    pub earlier: u32,
+    /// The client whose belief began while the other's lasted.
+    pub later: u32,
+    /// When the later belief began, in milliseconds into the run.
+    pub at_ms: f64,
 }
 
 /// What a backend is held to.
@@ -374,7 +390,7 @@ impl Check<'_> {
     fn overlaps(&self, report: &mut Report) {
         let mut pieces = self.beliefs();
         pieces.sort_unstable_by_key(|&(_, start, _)| start);
-        let mut longest = 0;
+        let mut longest: Option<(u64, Overlap)> = None;
         for (index, &(client, _, end)) in pieces.iter().enumerate() {
             for &(other, other_start, other_end) in &pieces[index + 1..] {
                 if other_start >= end {
@@ -382,11 +398,23 @@ impl Check<'_> {
                 }
                 if other != client {
                     report.overlaps += 1;
-                    longest = longest.max(end.min(other_end) - other_start);
+                    let length = end.min(other_end) - other_start;
+                    if longest.is_none_or(|(longest, _)| length > longest) {
+                        let at_ms = other_start.saturating_sub(self.began_ns) as f64 / 1e6;
+                        let overlap = Overlap {
+                            earlier: client,
+                            later: other,
+                            at_ms,
+                        };
+                        longest = Some((length, overlap));
+                    }
                 }
             }
         }
-        report.longest_overlap_ms = longest as f64 / 1e6;
+        if let Some((length, overlap)) = longest {
+            report.longest_overlap_ms = length as f64 / 1e6;
+            report.longest_overlap = Some(overlap);
+        }
     }
 
     /// Recovery after each fault, and clients that never wrote after the last one.

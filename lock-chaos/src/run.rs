@@ -196,7 +196,16 @@ impl Outcome {
             ("lost updates", r.lost_updates.to_string()),
             ("duplicated updates", r.duplicated_updates.to_string()),
             ("overlaps", r.overlaps.to_string()),
-            ("longest overlap", format!("{:.1} ms", r.longest_overlap_ms)),
+            (
+                "longest overlap",
+                match r.longest_overlap {
+                    Some(o) => format!(
+                        "{:.1} ms (clients {} then {}, {:.0} ms into the run)",
+                        r.longest_overlap_ms, o.earlier, o.later, o.at_ms
+                    ),
+                    None => "none".to_owned(),
+                },
+            ),
             (
                 "stalls after faults",
                 format!(

@@ -120,6 +120,11 @@ fn two_holders_at_once_show_as_an_overlap_and_a_lost_update() {
     run.release(2, 2, 400);
     let report = run.check(500);
     assert_eq!((report.overlaps, report.longest_overlap_ms), (1, 200.0));
+    let overlap = report.longest_overlap.unwrap();
+    assert_eq!(
+        (overlap.earlier, overlap.later, overlap.at_ms),
+        (1, 2, 100.0)
+    );
     assert_eq!((report.writes_accepted, report.lost_updates), (2, 1));
     assert_eq!(report.stale_writes_accepted, 0);
     let broken = report.violations(&Targets::consensus(Duration::from_millis(100)));
