@@ -100,6 +100,9 @@ pub enum ClientError {
     /// The history file could not be made.
     #[error("history file: {0}")]
     History(#[from] io::Error),
+    /// The handler that stops the client on SIGTERM could not be installed.
+    #[error("SIGTERM handler: {0}")]
+    Signal(io::Error),
     /// The lock's name was refused.
     #[error("lock: {0}")]
     Lock(#[from] LockError),
@@ -113,7 +116,8 @@ pub enum ClientError {
 /// As [`run`]; or when no signal handler can be installed.
 pub async fn main(options: &ClientOptions) -> Result<(), ClientError> {
     let (stop, stopped) = watch::channel(false);
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(ClientError::Signal)?;
     tokio::spawn(async move {
         terminate.recv().await;
         let _ = stop.send(true);

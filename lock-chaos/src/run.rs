@@ -370,7 +370,7 @@ fn progress_bound(backend: Backend) -> Duration {
 fn url(backend: Backend, hosts: &[SocketAddr]) -> String {
     let hosts: Vec<String> = hosts.iter().map(ToString::to_string).collect();
     let hosts = hosts.join(",");
-    let session = humantime_like(backend.session());
+    let session = humantime::format_duration(backend.session());
     match backend {
         Backend::Zookeeper => {
             format!("zk://{hosts}?session_timeout={session}&strategy=predecessor")
@@ -381,10 +381,6 @@ fn url(backend: Backend, hosts: &[SocketAddr]) -> String {
             format!("etcd://{hosts}?lease_ttl={session}&strategy=predecessor&timeout=1s")
         }
     }
-}
-
-fn humantime_like(duration: Duration) -> String {
-    format!("{}ms", duration.as_millis())
 }
 
 /// Nodes or keys of the lock `name` left on the servers.
