@@ -1,5 +1,5 @@
 //! Fault tests of the single-server Redis lock provider, each against a server of its own
-//! (TTL 1 s, clients logged in as the ACL user limited to `{lock*` keys): a holder cut off
+//! (TTL 2 s, clients logged in as the ACL user limited to `{lock*` keys): a holder cut off
 //! past its lease, cancels racing grants, a server restart under a held lock, the ACL user's
 //! limits, and who wakes up on a release (herd evidence). Every test checks invariants — an
 //! occupancy counter, the keys left on the server, who owns them, when grants happen — not
@@ -35,7 +35,7 @@ use tokio::time::{Instant, sleep, timeout};
 /// Slack for one operation or one reaction on a loaded two-core machine.
 const SLACK: Duration = Duration::from_secs(1);
 /// How often the watchdog renews (ttl/3), and a queue or pub/sub waiter refreshes.
-const PERIOD: Duration = Duration::from_millis(333);
+const PERIOD: Duration = Duration::from_millis(TTL.as_millis() as u64 / 3);
 
 fn report(test: &str, line: impl Display) {
     eprintln!("faults::{test}: {line}");
@@ -272,7 +272,7 @@ async fn holder_cut_past_the_ttl_loses_the_lock() {
         valid_end - lost_at
     );
     // The last renewal was sent at most a period before the cut: the validity left at the
-    // cut is at least ttl − drift − period (≈ 655 ms), less scheduling delays.
+    // cut is at least ttl − drift − period (≈ 1.3 s), less scheduling delays.
     assert!(
         lost_after >= TTL / 2,
         "lost only {lost_after:?} after the cut: earlier than the validity allows"

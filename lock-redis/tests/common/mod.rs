@@ -23,15 +23,19 @@ use lock_testbed::proxy::{FaultProxy, ReplyKind};
 use lock_testbed::servers::{RedisOptions, RedisServer, RedisTarget, free_port};
 use redis::AsyncCommands;
 
-/// The lease of the test clients: short, so that expiry cases finish quickly.
-pub(crate) const TTL: Duration = Duration::from_millis(1000);
-
 /// How long the cases let one operation take (the suite's operation slack).
 const OPERATION_SLACK: Duration = Duration::from_secs(1);
 
+/// The lease of the test clients: short, so that expiry cases finish quickly, but long
+/// enough that a renewal may take the operation slack. The watchdog renews every ttl/3 and
+/// the lease runs out 2/3 ttl after that, so the lease has to be at least 1.5 times the
+/// slack; with 1 s, one slow renewal (667 ms) on a loaded machine lost a healthy lock.
+pub(crate) const TTL: Duration = Duration::from_secs(2);
+const _: () = assert!(TTL.as_millis() * 2 > OPERATION_SLACK.as_millis() * 3);
+
 /// The lease of the Redlock test clients. Redlock waits at most a third of its lease for a
 /// round of votes (a slow server must not eat the validity), so with this lease a round may
-/// take the operation slack, as one request to a single server may. With [`TTL`] a round had
+/// take the operation slack, as one request to a single server may. With a 1 s lease a round had
 /// 333 ms, and a heavily loaded machine failed grants and releases the suite allows.
 pub(crate) const REDLOCK_TTL: Duration = Duration::from_secs(3);
 /// The admin password of every test server.
