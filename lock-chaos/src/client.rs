@@ -195,31 +195,32 @@ async fn turn(
         &Event::new(client, EventKind::Acquire, started, now_ns(), Outcome::Ok).with_token(token),
     );
     let lost = guard.lost();
-    let watcher = tokio::spawn({
-        let history = history.clone();
-        async move {
-            if lost.wait().await.is_some() {
-                let at = now_ns();
-                history.record(
-                    &Event::new(client, EventKind::Lost, at, at, Outcome::Ok).with_token(token),
-                );
-            }
+    // Watched beside the work rather than in a task of its own, so that a client frozen
+    // as a task (see `run`) notices its loss no sooner than a frozen process would.
+    let watcher = async {
+        if lost.wait().await.is_some() {
+            let at = now_ns();
+            history.record(
+                &Event::new(client, EventKind::Lost, at, at, Outcome::Ok).with_token(token),
+            );
         }
-    });
-    increment(options, token, register, history).await;
-    tokio::time::sleep(options.hold).await;
-    let releasing = now_ns();
-    let outcome = match guard.release().await {
-        Ok(()) => Outcome::Ok,
-        Err(error) if error.is_retryable() => Outcome::Unknown(error.to_string()),
-        Err(error) => Outcome::Failed(error.to_string()),
     };
-    history.record(
-        &Event::new(client, EventKind::Release, releasing, now_ns(), outcome).with_token(token),
-    );
-    drop(guard);
-    // The watcher ends with the guard; a loss it saw first is already recorded.
-    let _ = watcher.await;
+    let work = async {
+        increment(options, token, register, history).await;
+        tokio::time::sleep(options.hold).await;
+        let releasing = now_ns();
+        let outcome = match guard.release().await {
+            Ok(()) => Outcome::Ok,
+            Err(error) if error.is_retryable() => Outcome::Unknown(error.to_string()),
+            Err(error) => Outcome::Failed(error.to_string()),
+        };
+        history.record(
+            &Event::new(client, EventKind::Release, releasing, now_ns(), outcome).with_token(token),
+        );
+        // The watcher ends with the guard; a loss it saw first is already recorded.
+        drop(guard);
+    };
+    tokio::join!(work, watcher);
 }
 
 /// Reads the register and writes one more with `token`, both recorded.

@@ -19,9 +19,12 @@
 //! each of them claims.
 //!
 //! [`client`] is one client process's loop, and [`run`] a whole run: real servers (a
-//! three-member ZooKeeper ensemble or etcd cluster, one Redis server, three for Redlock),
-//! the register, the clients as OS processes (so that they can be frozen and killed for
-//! real), each behind fault proxies of its own (so that it can be cut off), and the nemesis.
+//! three-member ZooKeeper ensemble or etcd cluster, as processes or in containers where a
+//! member can be cut off from the others; one Redis server, three for Redlock), the
+//! register, the clients as OS processes (so that they can be frozen and killed for real),
+//! each behind fault proxies of its own (so that it can be cut off), and the nemesis. The
+//! memory backend lives in the run's own process, and so do its clients, as tasks that are
+//! frozen (no longer polled) and killed (dropped) where they stand.
 //! The `chaos` command runs one (`chaos run --backend zookeeper --duration 60s`), checks a
 //! finished one again (`chaos check`), and is each client (`chaos client`);
 //! `scripts/chaos` runs every backend for ten minutes.

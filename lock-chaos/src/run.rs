@@ -1,5 +1,6 @@
-//! A whole chaos run: real servers, the fenced register, client processes behind fault
-//! proxies of their own, the nemesis following its plan, and the checker at the end.
+//! A whole chaos run: real servers (`servers`), the fenced register, client processes
+//! behind fault proxies of their own, or tasks for the in-process memory backend
+//! (`slots`), the nemesis following its plan, and the checker at the end.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -11,22 +12,23 @@ use distlock::redis::RedisLockProvider;
 use distlock::zookeeper::ZkLockProvider;
 use distlock::{BackendConfig, LockError};
 use lock_testbed::proxy::FaultProxy;
-use lock_testbed::servers::{
-    EtcdCluster, EtcdOptions, LocalServer, RedisOptions, RedisServer, ServerError, ZkEnsemble,
-    ZkOptions,
-};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use lock_testbed::servers::{ServerError, ServerMode};
 use serde::{Deserialize, Serialize};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::time::Instant;
 
 use crate::checker::{Check, Report, Targets};
-use crate::client::now_ns;
+use crate::client::{ClientOptions, now_ns};
 use crate::history::{Event, parse_lines};
 use crate::register::{RegisterServer, RegisterWrite};
 use crate::schedule::{Fault, FaultKind, Plan, PlanOptions};
 use crate::timeline::Timeline;
+
+mod servers;
+mod slots;
+
+use servers::Servers;
+use slots::{Body, Slot, TaskClient};
 
 /// The backend a run hits, with its servers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -41,6 +43,9 @@ pub enum Backend {
     Redlock,
     /// A three-member etcd cluster.
     Etcd,
+    /// The in-memory reference backend: its server and its clients are in the run's own
+    /// process, the clients as tasks that are frozen and killed in place.
+    Memory,
 }
 
 impl Backend {
@@ -51,19 +56,26 @@ impl Backend {
             Backend::Redis => "redis",
             Backend::Redlock => "redlock",
             Backend::Etcd => "etcd",
+            Backend::Memory => "memory",
         }
     }
 
-    /// The clients' session timeout or lease.
+    /// The clients' session timeout or lease. The memory backend has no timeouts: the run
+    /// ends a frozen client's session this long into the freeze, as a server would.
     pub fn session(self) -> Duration {
         match self {
             Backend::Zookeeper | Backend::Etcd => Duration::from_secs(4),
-            Backend::Redis | Backend::Redlock => Duration::from_secs(2),
+            Backend::Redis | Backend::Redlock | Backend::Memory => Duration::from_secs(2),
         }
     }
 
-    /// The faults it is put through by default.
-    pub fn faults(self) -> Vec<FaultKind> {
+    /// The faults it is put through by default with its servers where `mode` says: every
+    /// kind its servers allow. Member partitions need an ensemble in containers; the
+    /// memory backend, without servers or a network, gets client freezes and kills.
+    pub fn faults(self, mode: ServerMode) -> Vec<FaultKind> {
+        if self == Backend::Memory {
+            return vec![FaultKind::ClientFreeze, FaultKind::ClientKill];
+        }
         let mut kinds = vec![
             FaultKind::ServerPause,
             FaultKind::ServerKill,
@@ -73,23 +85,33 @@ impl Backend {
         ];
         if matches!(self, Backend::Zookeeper | Backend::Etcd) {
             kinds.push(FaultKind::LeaderKill);
+            if mode == ServerMode::Containers {
+                kinds.push(FaultKind::MemberPartition);
+            }
         }
         kinds
     }
 
-    /// What it is held to: a consensus backend to no overlap beyond its session (the
-    /// documented lost-signal bound) and no lost update; Redis to fencing; Redlock, whose
+    /// What it is held to: a consensus backend (and the memory backend, the contract's
+    /// reference) to no overlap beyond its session (the documented lost-signal bound) and
+    /// no lost update; Redis to fencing; Redlock, whose
     /// tokens are best effort, to progress and no residue only.
     pub fn targets(self) -> Targets {
         match self {
-            Backend::Zookeeper | Backend::Etcd => Targets::consensus(self.session()),
+            Backend::Zookeeper | Backend::Etcd | Backend::Memory => {
+                Targets::consensus(self.session())
+            }
             Backend::Redis => Targets::lease(),
             Backend::Redlock => Targets::best_effort(),
         }
     }
 
     fn members(self) -> usize {
-        if self == Backend::Redis { 1 } else { 3 }
+        match self {
+            Backend::Memory => 0,
+            Backend::Redis => 1,
+            Backend::Zookeeper | Backend::Etcd | Backend::Redlock => 3,
+        }
     }
 }
 
@@ -109,6 +131,9 @@ pub struct RunOptions {
     pub faults: Vec<FaultKind>,
     /// How long a client holds the lock after its write.
     pub hold: Duration,
+    /// Where the servers run: processes, or containers (an ensemble whose members can be
+    /// cut off from each other).
+    pub servers: ServerMode,
     /// The `chaos` executable, run as `chaos client …` for each client.
     pub executable: PathBuf,
     /// Where histories and the report go.
@@ -133,6 +158,7 @@ impl RunOptions {
             seed,
             faults: Vec::new(),
             hold: Duration::from_millis(5),
+            servers: ServerMode::Processes,
             executable: executable.into(),
             out: out.into(),
         }
@@ -149,6 +175,13 @@ impl RunOptions {
     #[must_use]
     pub fn with_hold(mut self, hold: Duration) -> Self {
         self.hold = hold;
+        self
+    }
+
+    /// Sets [`servers`](Self::servers).
+    #[must_use]
+    pub fn with_servers(mut self, servers: ServerMode) -> Self {
+        self.servers = servers;
         self
     }
 }
@@ -272,93 +305,6 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RunError {
     move |source| RunError::Io { what, source }
 }
 
-/// The servers of a run.
-enum Servers {
-    Zookeeper(ZkEnsemble),
-    Redis(Vec<RedisServer>),
-    Etcd(EtcdCluster),
-}
-
-impl Servers {
-    async fn start(backend: Backend) -> Result<Self, RunError> {
-        Ok(match backend {
-            Backend::Zookeeper => {
-                let options = ZkOptions::default().with_tick_time(Duration::from_millis(500));
-                let ensemble = ZkEnsemble::start(3, options).await?;
-                ensemble.wait_for_leader(Duration::from_secs(30)).await?;
-                Servers::Zookeeper(ensemble)
-            }
-            Backend::Redis | Backend::Redlock => {
-                // Durable, as production runs a lock server: every write is on disk
-                // before its reply, so that a killed server comes back with its keys and
-                // its fencing counter.
-                let options = ["--appendonly", "yes", "--appendfsync", "always"]
-                    .into_iter()
-                    .fold(RedisOptions::default(), RedisOptions::with_arg);
-                let mut servers = Vec::new();
-                for _ in 0..backend.members() {
-                    servers.push(RedisServer::start(options.clone()).await?);
-                }
-                Servers::Redis(servers)
-            }
-            Backend::Etcd => {
-                let cluster = EtcdCluster::start(3, EtcdOptions::default()).await?;
-                cluster.wait_for_leader(Duration::from_secs(30)).await?;
-                Servers::Etcd(cluster)
-            }
-        })
-    }
-
-    fn addresses(&self) -> Vec<SocketAddr> {
-        let parse = |address: String| address.trim_start_matches("http://").parse().ok();
-        match self {
-            Servers::Zookeeper(ensemble) => (0..ensemble.len())
-                .filter_map(|index| ensemble.address(index).ok().and_then(parse))
-                .collect(),
-            Servers::Redis(servers) => servers.iter().map(LocalServer::socket_addr).collect(),
-            Servers::Etcd(cluster) => cluster.endpoints().into_iter().filter_map(parse).collect(),
-        }
-    }
-
-    fn pause(&mut self, index: usize, pause: bool) -> Result<(), ServerError> {
-        match (self, pause) {
-            (Servers::Zookeeper(ensemble), true) => ensemble.pause(index),
-            (Servers::Zookeeper(ensemble), false) => ensemble.resume(index),
-            (Servers::Etcd(cluster), true) => cluster.pause(index),
-            (Servers::Etcd(cluster), false) => cluster.resume(index),
-            (Servers::Redis(servers), true) => servers[index].pause(),
-            (Servers::Redis(servers), false) => servers[index].resume(),
-        }
-    }
-
-    fn kill(&mut self, index: usize) -> Result<(), ServerError> {
-        match self {
-            Servers::Zookeeper(ensemble) => ensemble.kill(index),
-            Servers::Etcd(cluster) => cluster.kill(index),
-            Servers::Redis(servers) => {
-                servers[index].kill();
-                Ok(())
-            }
-        }
-    }
-
-    async fn restart(&mut self, index: usize) -> Result<(), ServerError> {
-        match self {
-            Servers::Zookeeper(ensemble) => ensemble.restart(index).await,
-            Servers::Etcd(cluster) => cluster.restart(index).await,
-            Servers::Redis(servers) => servers[index].restart().await,
-        }
-    }
-
-    async fn leader(&self) -> Option<usize> {
-        match self {
-            Servers::Zookeeper(ensemble) => ensemble.leader().await,
-            Servers::Etcd(cluster) => cluster.leader().await,
-            Servers::Redis(_) => None,
-        }
-    }
-}
-
 /// How soon after a fault heals the lock must serve someone again: the session or lease
 /// (a dead holder's entry lasts that long), an election, a restart, with room for a
 /// loaded machine.
@@ -366,7 +312,8 @@ fn progress_bound(backend: Backend) -> Duration {
     backend.session() * 3
 }
 
-/// The URL of `backend` on `hosts`.
+/// The URL of `backend` on `hosts`; a memory backend's clients get their providers from the
+/// run's server instead.
 fn url(backend: Backend, hosts: &[SocketAddr]) -> String {
     let hosts: Vec<String> = hosts.iter().map(ToString::to_string).collect();
     let hosts = hosts.join(",");
@@ -380,17 +327,23 @@ fn url(backend: Backend, hosts: &[SocketAddr]) -> String {
         Backend::Etcd => {
             format!("etcd://{hosts}?lease_ttl={session}&strategy=predecessor&timeout=1s")
         }
+        Backend::Memory => "memory://".to_owned(),
     }
 }
 
 /// Nodes or keys of the lock `name` left on the servers.
-async fn residue(backend: Backend, hosts: &[SocketAddr], name: &str) -> Result<usize, LockError> {
+async fn residue(servers: &Servers, backend: Backend, name: &str) -> Result<usize, LockError> {
+    if let Servers::Memory(server) = servers {
+        let (holders, waiters) = server.provider().entries(name)?;
+        return Ok(holders + waiters);
+    }
+    let hosts = servers.addresses();
     let per_server: Vec<String> = match backend {
         Backend::Redlock => hosts
             .iter()
             .map(|host| url(Backend::Redis, &[*host]))
             .collect(),
-        _ => vec![url(backend, hosts)],
+        _ => vec![url(backend, &hosts)],
     };
     let mut left = 0;
     for url in per_server {
@@ -423,29 +376,6 @@ async fn residue(backend: Backend, hosts: &[SocketAddr], name: &str) -> Result<u
     Ok(left)
 }
 
-/// One client slot: its proxies (one per server) and its current process.
-struct Slot {
-    proxies: Vec<FaultProxy>,
-    process: Option<Child>,
-    generation: u32,
-}
-
-impl Slot {
-    fn pid(&self) -> Option<Pid> {
-        self.process
-            .as_ref()
-            .and_then(Child::id)
-            .and_then(|pid| i32::try_from(pid).ok())
-            .map(Pid::from_raw)
-    }
-
-    fn signal(&self, signal: Signal) {
-        if let Some(pid) = self.pid() {
-            let _ = kill(pid, signal);
-        }
-    }
-}
-
 /// Everything a run drives.
 struct Run<'o> {
     options: &'o RunOptions,
@@ -462,12 +392,25 @@ impl Run<'_> {
         let hosts: Vec<SocketAddr> = slot.proxies.iter().map(|proxy| proxy.address()).collect();
         let out = &self.options.out;
         let history = out.join(format!("client-{index}-{}.jsonl", slot.generation));
+        let client = u32::try_from(index).unwrap_or(u32::MAX);
+        if let Servers::Memory(server) = &self.servers {
+            let options = ClientOptions::new(
+                client,
+                url(Backend::Memory, &[]),
+                &self.name,
+                self.register.address(),
+                history,
+            )
+            .with_hold(self.options.hold);
+            slot.client = Some(Body::Task(TaskClient::spawn(options, server.provider())));
+            return Ok(());
+        }
         let log =
             std::fs::File::create(out.join(format!("client-{index}-{}.log", slot.generation)))
                 .map_err(io("a client log"))?;
         let child = Command::new(&self.options.executable)
             .arg("client")
-            .args(["--client", &index.to_string()])
+            .args(["--client", &client.to_string()])
             .args(["--url", &url(self.options.backend, &hosts)])
             .args(["--name", &self.name])
             .args(["--register", &self.register.address().to_string()])
@@ -480,7 +423,7 @@ impl Run<'_> {
             .kill_on_drop(true)
             .spawn()
             .map_err(io("a client process"))?;
-        slot.process = Some(child);
+        slot.client = Some(Body::Process(child));
         Ok(())
     }
 
@@ -490,29 +433,28 @@ impl Run<'_> {
         let target = fault.target as usize;
         let mut injected = *fault;
         let done = match fault.kind {
-            FaultKind::ServerPause => self.servers.pause(target, true),
-            FaultKind::ServerKill => self.servers.kill(target),
+            FaultKind::ServerPause => self.servers.pause(target, true).await,
+            FaultKind::ServerKill => self.servers.kill(target).await,
             FaultKind::LeaderKill => {
                 let leader = self.servers.leader().await?;
                 injected.target = u32::try_from(leader).ok()?;
-                self.servers.kill(leader)
+                self.servers.kill(leader).await
             }
+            FaultKind::MemberPartition => self.servers.partition(target, true).await,
             FaultKind::ClientFreeze => {
-                self.slots[target].signal(Signal::SIGSTOP);
-                Ok(())
-            }
-            FaultKind::ClientKill => {
-                if let Some(mut child) = self.slots[target].process.take() {
-                    let _ = child.start_kill();
-                    let _ = child.wait().await;
+                let slot = &self.slots[target];
+                slot.freeze(true);
+                if let Some(Body::Task(task)) = &slot.client {
+                    task.expire_session_after(self.options.backend.session());
                 }
                 Ok(())
             }
+            FaultKind::ClientKill => {
+                self.slots[target].kill().await;
+                Ok(())
+            }
             FaultKind::Partition => {
-                self.slots[target]
-                    .proxies
-                    .iter()
-                    .for_each(|proxy| proxy.cut());
+                self.slots[target].cut(true);
                 Ok(())
             }
         };
@@ -530,7 +472,7 @@ impl Run<'_> {
     async fn heal(&mut self, fault: &Fault) -> Result<(), RunError> {
         let target = fault.target as usize;
         match fault.kind {
-            FaultKind::ServerPause => self.servers.pause(target, false)?,
+            FaultKind::ServerPause => self.servers.pause(target, false).await?,
             FaultKind::ServerKill | FaultKind::LeaderKill => {
                 for attempt in 1..=3 {
                     match self.servers.restart(target).await {
@@ -541,12 +483,10 @@ impl Run<'_> {
                     }
                 }
             }
-            FaultKind::ClientFreeze => self.slots[target].signal(Signal::SIGCONT),
+            FaultKind::MemberPartition => self.servers.partition(target, false).await?,
+            FaultKind::ClientFreeze => self.slots[target].freeze(false),
             FaultKind::ClientKill => self.spawn_client(target)?,
-            FaultKind::Partition => self.slots[target]
-                .proxies
-                .iter()
-                .for_each(|proxy| proxy.pass()),
+            FaultKind::Partition => self.slots[target].cut(false),
         }
         Ok(())
     }
@@ -562,7 +502,7 @@ impl Run<'_> {
 pub async fn run(options: &RunOptions) -> Result<Outcome, RunError> {
     let backend = options.backend;
     prepare(&options.out)?;
-    let servers = Servers::start(backend).await?;
+    let servers = Servers::start(backend, options.servers).await?;
     let upstream = servers.addresses();
     let mut slots = Vec::new();
     for _ in 0..options.clients {
@@ -571,11 +511,7 @@ pub async fn run(options: &RunOptions) -> Result<Outcome, RunError> {
             .map(|&address| FaultProxy::start(address))
             .collect::<Result<Vec<_>, _>>()
             .map_err(io("a fault proxy"))?;
-        slots.push(Slot {
-            proxies,
-            process: None,
-            generation: 0,
-        });
+        slots.push(Slot::new(proxies));
     }
     let register = RegisterServer::start().await.map_err(io("the register"))?;
     let mut run = Run {
@@ -586,7 +522,7 @@ pub async fn run(options: &RunOptions) -> Result<Outcome, RunError> {
         name: format!("chaos-{}", options.seed),
     };
     let kinds = if options.faults.is_empty() {
-        backend.faults()
+        backend.faults(options.servers)
     } else {
         options.faults.clone()
     };
@@ -595,9 +531,12 @@ pub async fn run(options: &RunOptions) -> Result<Outcome, RunError> {
         options.duration,
         kinds,
         options.clients,
-        u32::try_from(backend.members()).unwrap_or(1),
+        u32::try_from(backend.members()).unwrap_or(0),
     );
     plan_options.freeze_at_least = backend.session() + Duration::from_secs(1);
+    // Past failure detection: ZooKeeper's syncLimit (5 ticks of 500 ms), etcd's election
+    // timeout (1 s).
+    plan_options.member_partition_at_least = Duration::from_secs(3);
     let plan = Plan::draw(&plan_options)?;
 
     let began_ns = now_ns();
@@ -638,26 +577,17 @@ pub async fn run(options: &RunOptions) -> Result<Outcome, RunError> {
         .await;
 
     // The clients finish their turn and leave; the ones that do not are killed.
-    for slot in &run.slots {
-        slot.signal(Signal::SIGTERM);
-    }
+    run.slots.iter().for_each(Slot::ask_to_leave);
     let leave_by = Instant::now() + backend.session() * 2;
     for slot in &mut run.slots {
-        if let Some(mut child) = slot.process.take()
-            && tokio::time::timeout_at(leave_by, child.wait())
-                .await
-                .is_err()
-        {
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-        }
+        slot.wait_until_left(leave_by).await;
     }
     let ended_ns = now_ns();
 
     // What killed clients left behind goes with their sessions or leases.
     let settle = Instant::now() + backend.session() * 2 + Duration::from_secs(5);
     let left = loop {
-        match residue(backend, &upstream, &run.name).await {
+        match residue(&run.servers, backend, &run.name).await {
             Ok(0) => break 0,
             Ok(left) if Instant::now() >= settle => break left,
             Err(error) if Instant::now() >= settle => return Err(error.into()),

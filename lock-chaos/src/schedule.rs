@@ -25,17 +25,22 @@ pub enum FaultKind {
     /// A client is cut off from every server for the window (its connections closed, new
     /// ones refused), past its session or lease or not.
     Partition,
+    /// A server is cut off from the other members of its ensemble for the window (a real
+    /// network partition: servers in containers, disconnected from their network), while
+    /// its clients still reach it.
+    MemberPartition,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 6] = [
+    pub const ALL: [FaultKind; 7] = [
         FaultKind::ServerPause,
         FaultKind::ServerKill,
         FaultKind::LeaderKill,
         FaultKind::ClientFreeze,
         FaultKind::ClientKill,
         FaultKind::Partition,
+        FaultKind::MemberPartition,
     ];
 
     /// Its name: `server-pause`, `client-kill`, …
@@ -47,6 +52,7 @@ impl FaultKind {
             FaultKind::ClientFreeze => "client-freeze",
             FaultKind::ClientKill => "client-kill",
             FaultKind::Partition => "partition",
+            FaultKind::MemberPartition => "member-partition",
         }
     }
 
@@ -115,6 +121,9 @@ pub struct PlanOptions {
     /// How long a client freeze lasts at least: longer than a session or a lease, so that
     /// the frozen client's lock is taken from it.
     pub freeze_at_least: Duration,
+    /// How long a member partition lasts at least: longer than the ensemble's failure
+    /// detection, so that a cut-off leader is replaced while its clients still reach it.
+    pub member_partition_at_least: Duration,
     /// No fault in this much time at the start and at the end of the run.
     pub settle: Duration,
 }
@@ -138,6 +147,7 @@ impl PlanOptions {
             fault_length: (Duration::from_millis(500), Duration::from_millis(2500)),
             quiet: (Duration::from_millis(200), Duration::from_secs(1)),
             freeze_at_least: Duration::ZERO,
+            member_partition_at_least: Duration::ZERO,
             settle: Duration::from_secs(5),
         }
     }
@@ -216,8 +226,14 @@ impl Plan {
         loop {
             let kind = options.kinds[rng.usize(..options.kinds.len())];
             let mut duration_ms = between(&mut rng, options.fault_length);
-            if kind == FaultKind::ClientFreeze {
-                duration_ms = duration_ms.max(millis(options.freeze_at_least));
+            match kind {
+                FaultKind::ClientFreeze => {
+                    duration_ms = duration_ms.max(millis(options.freeze_at_least));
+                }
+                FaultKind::MemberPartition => {
+                    duration_ms = duration_ms.max(millis(options.member_partition_at_least));
+                }
+                _ => {}
             }
             let target = match kind {
                 FaultKind::LeaderKill => 0,
@@ -272,8 +288,10 @@ mod tests {
     fn windows_keep_their_bounds_and_do_not_overlap() {
         let mut options = PlanOptions::new(9, Duration::from_secs(600), every_kind(), 5, 3);
         options.freeze_at_least = Duration::from_secs(5);
+        options.member_partition_at_least = Duration::from_secs(3);
         let plan = Plan::draw(&options).unwrap();
-        // Ten minutes, with five-second freezes among the faults.
+        // Ten minutes, with five-second freezes and three-second member partitions among
+        // the faults.
         assert!(plan.faults.len() >= 200, "{} faults", plan.faults.len());
         for fault in &plan.faults {
             assert!(
@@ -282,6 +300,9 @@ mod tests {
             );
             if fault.kind == FaultKind::ClientFreeze {
                 assert!(fault.duration_ms >= 5_000, "{fault:?}");
+            } else if fault.kind == FaultKind::MemberPartition {
+                // Every drawn length (at most 2.5 s) is raised to the floor.
+                assert_eq!(fault.duration_ms, 3_000, "{fault:?}");
             } else {
                 assert!((500..=2_500).contains(&fault.duration_ms), "{fault:?}");
             }

@@ -25,6 +25,7 @@ fn shade(kind: FaultKind) -> RGBAColor {
         FaultKind::ClientFreeze => RGBColor(0x56, 0xb4, 0xe9),
         FaultKind::ClientKill => RGBColor(0x99, 0x99, 0x99),
         FaultKind::Partition => RGBColor(0x00, 0x9e, 0x73),
+        FaultKind::MemberPartition => RGBColor(0x00, 0x72, 0xb2),
     };
     colour.mix(0.25)
 }
@@ -91,7 +92,11 @@ impl Timeline<'_> {
             .label_style((FONT, 13))
             .draw()?;
 
-        for kind in FaultKind::ALL {
+        // Only the kinds the run injected, so that the legend stays above the rows.
+        let injected = FaultKind::ALL
+            .into_iter()
+            .filter(|&kind| self.faults.iter().any(|fault| fault.kind == kind));
+        for kind in injected {
             let windows = self
                 .faults
                 .iter()

@@ -1,9 +1,11 @@
 //! Short chaos runs, one per backend, one at a time: a minute of five clients under the
-//! nemesis with a fixed seed, held to the backend's targets (see `Backend::targets`):
+//! nemesis with a fixed seed (1, or 4 for the ZooKeeper ensemble in containers), held to the backend's targets (see `Backend::targets`):
 //! progress after every fault and no residue everywhere; no stale write accepted where the
-//! tokens strictly increase (ZooKeeper, etcd, Redis); for ZooKeeper and etcd also no lost
-//! update, no token granted twice and no overlap beyond the session. Redlock's best-effort
-//! tokens are measured. `scripts/chaos` runs longer ones.
+//! tokens strictly increase (ZooKeeper, etcd, Redis, memory); for ZooKeeper, etcd and memory
+//! also no lost update, no token granted twice and no overlap beyond the session. Redlock's
+//! best-effort tokens are measured. The ZooKeeper ensemble runs in containers, where its
+//! members are also cut off from each other (with processes when no engine answers, except
+//! under `LOCK_CONFORMANCE_STRICT`). `scripts/chaos` runs longer ones.
 #![allow(
     clippy::expect_used,
     clippy::print_stderr,
@@ -12,23 +14,27 @@
 
 use std::time::Duration;
 
-use lock_chaos::run::{Backend, RunOptions, run};
+use lock_chaos::FaultKind;
+use lock_chaos::run::{Backend, Outcome, RunOptions, run};
+use lock_testbed::servers::ServerMode;
+use lock_testbed::servers::containers;
 use tokio::sync::Mutex;
 
 /// The runs share two cores: one at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
-async fn short_run(backend: Backend) {
+async fn short_run(backend: Backend, servers: ServerMode, seed: u64) -> Outcome {
     let _turn = ONE_AT_A_TIME.lock().await;
     let out = tempfile::tempdir().expect("a directory for the run");
     let options = RunOptions::new(
         backend,
         Duration::from_secs(60),
         5,
-        1,
+        seed,
         env!("CARGO_BIN_EXE_chaos"),
         out.path(),
-    );
+    )
+    .with_servers(servers);
     let outcome = run(&options).await.expect("the run");
     eprintln!("{}", outcome.summary());
     let report = &outcome.report;
@@ -49,24 +55,47 @@ async fn short_run(backend: Backend) {
         "only {} increments in a minute",
         report.writes_accepted
     );
+    outcome
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_ensemble_keeps_its_targets() {
-    short_run(Backend::Zookeeper).await;
+    if let Err(why) = containers::check_ready().await {
+        assert!(
+            !lock_conformance::runner::strict(),
+            "containers are required under STRICT: {why}"
+        );
+        eprintln!("no member partitions, the servers run as processes: {why}");
+        short_run(Backend::Zookeeper, ServerMode::Processes, 1).await;
+        return;
+    }
+    // Seed 4's plan cuts a member off six times and kills the leader five times.
+    let outcome = short_run(Backend::Zookeeper, ServerMode::Containers, 4).await;
+    assert!(
+        outcome
+            .faults
+            .iter()
+            .any(|fault| fault.kind == FaultKind::MemberPartition),
+        "no member was cut off from the ensemble"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_cluster_keeps_its_targets() {
-    short_run(Backend::Etcd).await;
+    short_run(Backend::Etcd, ServerMode::Processes, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_keeps_fencing() {
-    short_run(Backend::Redis).await;
+    short_run(Backend::Redis, ServerMode::Processes, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_keeps_progress_and_leaves_nothing() {
-    short_run(Backend::Redlock).await;
+    short_run(Backend::Redlock, ServerMode::Processes, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_keeps_its_targets() {
+    short_run(Backend::Memory, ServerMode::Processes, 1).await;
 }

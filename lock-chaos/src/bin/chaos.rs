@@ -19,6 +19,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use lock_chaos::FaultKind;
 use lock_chaos::client::{self, ClientOptions};
 use lock_chaos::run::{self, Backend, RunOptions};
+use lock_testbed::servers::ServerMode;
 
 #[derive(Parser)]
 #[command(about = "A Jepsen-style chaos run of a distlock backend")]
@@ -45,12 +46,17 @@ enum Command {
         seed: u64,
         /// The faults to draw from, comma-separated (default: every fault the backend's
         /// servers allow): server-pause, server-kill, leader-kill, client-freeze,
-        /// client-kill, partition.
+        /// client-kill, partition, member-partition.
         #[arg(long, value_delimiter = ',')]
         faults: Vec<FaultKind>,
         /// How long a client holds the lock after its write.
         #[arg(long, default_value = "5ms", value_parser = humantime::parse_duration)]
         hold: Duration,
+        /// Where the servers run: processes, or containers (zookeeper and etcd only: their
+        /// members can then be cut off from each other, the member-partition fault; needs
+        /// the engine and image `scripts/ensure-docker` sets up).
+        #[arg(long, value_enum, default_value_t = ServersArg::Processes)]
+        servers: ServersArg,
         /// Where the histories and report.json go.
         #[arg(long)]
         out: PathBuf,
@@ -86,6 +92,14 @@ enum BackendArg {
     Redis,
     Redlock,
     Etcd,
+    /// The in-memory reference backend, with its clients as tasks of this process.
+    Memory,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ServersArg {
+    Processes,
+    Containers,
 }
 
 #[tokio::main]
@@ -102,6 +116,7 @@ async fn main() -> ExitCode {
             seed,
             faults,
             hold,
+            servers,
             out,
         } => {
             let backend = match backend {
@@ -109,6 +124,11 @@ async fn main() -> ExitCode {
                 BackendArg::Redis => Backend::Redis,
                 BackendArg::Redlock => Backend::Redlock,
                 BackendArg::Etcd => Backend::Etcd,
+                BackendArg::Memory => Backend::Memory,
+            };
+            let servers = match servers {
+                ServersArg::Processes => ServerMode::Processes,
+                ServersArg::Containers => ServerMode::Containers,
             };
             let executable = match std::env::current_exe() {
                 Ok(executable) => executable,
@@ -119,7 +139,8 @@ async fn main() -> ExitCode {
             };
             let options = RunOptions::new(backend, duration, clients, seed, executable, out)
                 .with_faults(faults)
-                .with_hold(hold);
+                .with_hold(hold)
+                .with_servers(servers);
             match run::run(&options).await {
                 Ok(outcome) => verdict(&outcome),
                 Err(error) => {

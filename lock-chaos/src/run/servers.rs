@@ -1,0 +1,185 @@
+//! The servers of a run, as processes or in containers, and the server faults the nemesis
+//! injects into them.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use lock_core::memory::MemoryServer;
+use lock_testbed::servers::containers::{self, EtcdContainerCluster, ZkContainerEnsemble};
+use lock_testbed::servers::{
+    EtcdCluster, EtcdOptions, LocalServer, RedisOptions, RedisServer, ServerError, ServerMode,
+    ZkEnsemble, ZkOptions,
+};
+
+use super::Backend;
+
+/// How long an ensemble may take to elect its first leader.
+const ELECTION_BOUND: Duration = Duration::from_secs(30);
+
+/// The servers of a run.
+pub(super) enum Servers {
+    Zookeeper(ZkEnsemble),
+    ZookeeperContainers(ZkContainerEnsemble),
+    Redis(Vec<RedisServer>),
+    Etcd(EtcdCluster),
+    EtcdContainers(EtcdContainerCluster),
+    /// The memory backend's server, inside the run's own process.
+    Memory(MemoryServer),
+}
+
+impl Servers {
+    /// Starts `backend`'s servers where `mode` says; only the ensembles run in containers
+    /// (where a member can be cut off from the others).
+    pub(super) async fn start(backend: Backend, mode: ServerMode) -> Result<Self, ServerError> {
+        if mode == ServerMode::Containers {
+            if !matches!(backend, Backend::Zookeeper | Backend::Etcd) {
+                return Err(ServerError::InvalidSetting {
+                    variable: "servers".to_owned(),
+                    value: format!("containers for {}", backend.as_str()),
+                    expected: "containers for zookeeper or etcd only (their members can be \
+                               partitioned from each other); processes for the others"
+                        .to_owned(),
+                });
+            }
+            containers::check_ready().await?;
+        }
+        let zk_options = || ZkOptions::default().with_tick_time(Duration::from_millis(500));
+        Ok(match (backend, mode) {
+            (Backend::Zookeeper, ServerMode::Containers) => {
+                let ensemble = ZkContainerEnsemble::start(3, zk_options()).await?;
+                ensemble.wait_for_leader(ELECTION_BOUND).await?;
+                Servers::ZookeeperContainers(ensemble)
+            }
+            (Backend::Zookeeper, _) => {
+                let ensemble = ZkEnsemble::start(3, zk_options()).await?;
+                ensemble.wait_for_leader(ELECTION_BOUND).await?;
+                Servers::Zookeeper(ensemble)
+            }
+            (Backend::Etcd, ServerMode::Containers) => {
+                let cluster = EtcdContainerCluster::start(3, EtcdOptions::default()).await?;
+                cluster.wait_for_leader(ELECTION_BOUND).await?;
+                Servers::EtcdContainers(cluster)
+            }
+            (Backend::Etcd, _) => {
+                let cluster = EtcdCluster::start(3, EtcdOptions::default()).await?;
+                cluster.wait_for_leader(ELECTION_BOUND).await?;
+                Servers::Etcd(cluster)
+            }
+            (Backend::Redis | Backend::Redlock, _) => {
+                // Durable, as production runs a lock server: every write is on disk
+                // before its reply, so that a killed server comes back with its keys and
+                // its fencing counter.
+                let options = ["--appendonly", "yes", "--appendfsync", "always"]
+                    .into_iter()
+                    .fold(RedisOptions::default(), RedisOptions::with_arg);
+                let mut servers = Vec::new();
+                for _ in 0..backend.members() {
+                    servers.push(RedisServer::start(options.clone()).await?);
+                }
+                Servers::Redis(servers)
+            }
+            (Backend::Memory, _) => Servers::Memory(MemoryServer::new()),
+        })
+    }
+
+    /// The members' client addresses (none for the memory backend).
+    pub(super) fn addresses(&self) -> Vec<SocketAddr> {
+        let parse = |address: String| address.trim_start_matches("http://").parse().ok();
+        match self {
+            Servers::Zookeeper(ensemble) => (0..ensemble.len())
+                .filter_map(|index| ensemble.address(index).ok().and_then(parse))
+                .collect(),
+            Servers::ZookeeperContainers(ensemble) => (0..ensemble.len())
+                .filter_map(|index| ensemble.address(index).ok().and_then(parse))
+                .collect(),
+            Servers::Redis(servers) => servers.iter().map(LocalServer::socket_addr).collect(),
+            Servers::Etcd(cluster) => cluster.endpoints().into_iter().filter_map(parse).collect(),
+            Servers::EtcdContainers(cluster) => {
+                cluster.endpoints().into_iter().filter_map(parse).collect()
+            }
+            Servers::Memory(_) => Vec::new(),
+        }
+    }
+
+    /// Pauses member `index` (`pause`), or lets it go on.
+    pub(super) async fn pause(&mut self, index: usize, pause: bool) -> Result<(), ServerError> {
+        match (self, pause) {
+            (Servers::Zookeeper(ensemble), true) => ensemble.pause(index),
+            (Servers::Zookeeper(ensemble), false) => ensemble.resume(index),
+            (Servers::ZookeeperContainers(ensemble), true) => ensemble.pause(index).await,
+            (Servers::ZookeeperContainers(ensemble), false) => ensemble.resume(index).await,
+            (Servers::Etcd(cluster), true) => cluster.pause(index),
+            (Servers::Etcd(cluster), false) => cluster.resume(index),
+            (Servers::EtcdContainers(cluster), true) => cluster.pause(index).await,
+            (Servers::EtcdContainers(cluster), false) => cluster.resume(index).await,
+            (Servers::Redis(servers), true) => member(servers, index)?.pause(),
+            (Servers::Redis(servers), false) => member(servers, index)?.resume(),
+            (Servers::Memory(_), _) => Err(no_members()),
+        }
+    }
+
+    /// Kills member `index`; [`restart`](Self::restart) starts it again.
+    pub(super) async fn kill(&mut self, index: usize) -> Result<(), ServerError> {
+        match self {
+            Servers::Zookeeper(ensemble) => ensemble.kill(index),
+            Servers::ZookeeperContainers(ensemble) => ensemble.kill(index).await,
+            Servers::Etcd(cluster) => cluster.kill(index),
+            Servers::EtcdContainers(cluster) => cluster.kill(index).await,
+            Servers::Redis(servers) => {
+                member(servers, index)?.kill();
+                Ok(())
+            }
+            Servers::Memory(_) => Err(no_members()),
+        }
+    }
+
+    /// Starts member `index` again after [`kill`](Self::kill), and waits until it serves.
+    pub(super) async fn restart(&mut self, index: usize) -> Result<(), ServerError> {
+        match self {
+            Servers::Zookeeper(ensemble) => ensemble.restart(index).await,
+            Servers::ZookeeperContainers(ensemble) => ensemble.restart(index).await,
+            Servers::Etcd(cluster) => cluster.restart(index).await,
+            Servers::EtcdContainers(cluster) => cluster.restart(index).await,
+            Servers::Redis(servers) => member(servers, index)?.restart().await,
+            Servers::Memory(_) => Err(no_members()),
+        }
+    }
+
+    /// Cuts member `index` off from the other members (its clients still reach it), or
+    /// connects it again: only an ensemble in containers can be partitioned.
+    pub(super) async fn partition(&mut self, index: usize, cut: bool) -> Result<(), ServerError> {
+        match (self, cut) {
+            (Servers::ZookeeperContainers(ensemble), true) => ensemble.partition(index).await,
+            (Servers::ZookeeperContainers(ensemble), false) => ensemble.heal(index).await,
+            (Servers::EtcdContainers(cluster), true) => cluster.partition(index).await,
+            (Servers::EtcdContainers(cluster), false) => cluster.heal(index).await,
+            _ => Err(ServerError::InvalidSetting {
+                variable: "faults".to_owned(),
+                value: "member-partition".to_owned(),
+                expected: "an ensemble in containers (--servers containers)".to_owned(),
+            }),
+        }
+    }
+
+    /// The member that leads the ensemble now, if any.
+    pub(super) async fn leader(&self) -> Option<usize> {
+        match self {
+            Servers::Zookeeper(ensemble) => ensemble.leader().await,
+            Servers::ZookeeperContainers(ensemble) => ensemble.leader().await,
+            Servers::Etcd(cluster) => cluster.leader().await,
+            Servers::EtcdContainers(cluster) => cluster.leader().await,
+            Servers::Redis(_) | Servers::Memory(_) => None,
+        }
+    }
+}
+
+fn member(servers: &mut [RedisServer], index: usize) -> Result<&mut RedisServer, ServerError> {
+    let len = servers.len();
+    servers
+        .get_mut(index)
+        .ok_or(ServerError::NoSuchMember { index, len })
+}
+
+fn no_members() -> ServerError {
+    ServerError::NoSuchMember { index: 0, len: 0 }
+}
