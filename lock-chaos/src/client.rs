@@ -1,4 +1,5 @@
-//! One chaos client: an OS process of its own that loops acquire → read the register →
+//! One chaos client: an OS process of its own (a task of the run's process for the
+//! in-process memory backend) that loops acquire → read the register →
 //! write one more with the grant's token → release, and records every operation and every
 //! lost signal as an [`Event`] line in its history file, written at once so that a killed
 //! client's history holds everything up to its death.
@@ -196,7 +197,7 @@ async fn turn(
     );
     let lost = guard.lost();
     // Watched beside the work rather than in a task of its own, so that a client frozen
-    // as a task (see `run`) notices its loss no sooner than a frozen process would.
+    // as a task (the run's `freezable`) notices its loss no sooner than a frozen process would.
     let watcher = async {
         if lost.wait().await.is_some() {
             let at = now_ns();

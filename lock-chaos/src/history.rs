@@ -48,7 +48,7 @@ pub enum Outcome {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Event {
-    /// The client (one OS process of the run).
+    /// The client (one OS process of the run, or one task for the memory backend).
     pub client: u32,
     /// What it did.
     pub kind: EventKind,

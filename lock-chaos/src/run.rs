@@ -123,7 +123,7 @@ pub struct RunOptions {
     pub backend: Backend,
     /// How long the clients run.
     pub duration: Duration,
-    /// How many client processes.
+    /// How many clients (processes; tasks for the memory backend).
     pub clients: u32,
     /// The nemesis's seed.
     pub seed: u64,
@@ -285,6 +285,18 @@ pub enum RunError {
     /// The plan could not be drawn.
     #[error("plan: {0}")]
     Plan(#[from] crate::schedule::PlanError),
+    /// A fault the backend's servers cannot be put through: a leader kill without an
+    /// ensemble, a member partition without containers, any but client freezes and kills on
+    /// the memory backend.
+    #[error("{backend} cannot be put through {fault} here; it can be through: {allowed}")]
+    UnsupportedFault {
+        /// The backend, and where its servers run.
+        backend: String,
+        /// The fault asked for.
+        fault: &'static str,
+        /// The faults it can be put through, comma-separated.
+        allowed: String,
+    },
     /// The backend refused the residue check.
     #[error("residue check: {0}")]
     Lock(#[from] LockError),
@@ -442,11 +454,7 @@ impl Run<'_> {
             }
             FaultKind::MemberPartition => self.servers.partition(target, true).await,
             FaultKind::ClientFreeze => {
-                let slot = &self.slots[target];
-                slot.freeze(true);
-                if let Some(Body::Task(task)) = &slot.client {
-                    task.expire_session_after(self.options.backend.session());
-                }
+                self.slots[target].freeze(true, self.options.backend.session());
                 Ok(())
             }
             FaultKind::ClientKill => {
@@ -483,8 +491,19 @@ impl Run<'_> {
                     }
                 }
             }
-            FaultKind::MemberPartition => self.servers.partition(target, false).await?,
-            FaultKind::ClientFreeze => self.slots[target].freeze(false),
+            FaultKind::MemberPartition => {
+                for attempt in 1..=3 {
+                    match self.servers.partition(target, false).await {
+                        Ok(()) => break,
+                        Err(error) => {
+                            tracing::warn!(?fault, %error, attempt, "chaos: a heal failed");
+                        }
+                    }
+                }
+            }
+            FaultKind::ClientFreeze => {
+                self.slots[target].freeze(false, self.options.backend.session());
+            }
             FaultKind::ClientKill => self.spawn_client(target)?,
             FaultKind::Partition => self.slots[target].cut(false),
         }
@@ -501,6 +520,18 @@ impl Run<'_> {
 /// [`Outcome`].
 pub async fn run(options: &RunOptions) -> Result<Outcome, RunError> {
     let backend = options.backend;
+    let allowed = backend.faults(options.servers);
+    if let Some(fault) = options.faults.iter().find(|kind| !allowed.contains(kind)) {
+        let names: Vec<&str> = allowed.iter().map(|kind| kind.as_str()).collect();
+        return Err(RunError::UnsupportedFault {
+            backend: match options.servers {
+                ServerMode::Containers => format!("{} in containers", backend.as_str()),
+                _ => backend.as_str().to_owned(),
+            },
+            fault: fault.as_str(),
+            allowed: names.join(", "),
+        });
+    }
     prepare(&options.out)?;
     let servers = Servers::start(backend, options.servers).await?;
     let upstream = servers.addresses();
@@ -522,7 +553,7 @@ pub async fn run(options: &RunOptions) -> Result<Outcome, RunError> {
         name: format!("chaos-{}", options.seed),
     };
     let kinds = if options.faults.is_empty() {
-        backend.faults(options.servers)
+        allowed
     } else {
         options.faults.clone()
     };
@@ -535,7 +566,7 @@ pub async fn run(options: &RunOptions) -> Result<Outcome, RunError> {
     );
     plan_options.freeze_at_least = backend.session() + Duration::from_secs(1);
     // Past failure detection: ZooKeeper's syncLimit (5 ticks of 500 ms), etcd's election
-    // timeout (1 s).
+    // timeout (100 ms on the test servers).
     plan_options.member_partition_at_least = Duration::from_secs(3);
     let plan = Plan::draw(&plan_options)?;
 

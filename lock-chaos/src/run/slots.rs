@@ -40,37 +40,39 @@ impl Slot {
         }
     }
 
-    /// Freezes the client where it stands, or lets it go on.
-    pub(super) fn freeze(&self, freeze: bool) {
-        match &self.client {
+    /// Freezes the client where it stands, or lets it go on. A task's session ends
+    /// `session` into its freeze (the in-process server has no timeouts of its own), as a
+    /// server ends the session of a client that stopped answering.
+    pub(super) fn freeze(&mut self, freeze: bool, session: Duration) {
+        match &mut self.client {
             Some(Body::Process(child)) => {
-                signal(
-                    child,
-                    if freeze {
-                        Signal::SIGSTOP
-                    } else {
-                        Signal::SIGCONT
-                    },
-                );
+                let signal_to_send = if freeze {
+                    Signal::SIGSTOP
+                } else {
+                    Signal::SIGCONT
+                };
+                signal(child, signal_to_send);
             }
-            Some(Body::Task(task)) => {
-                let _ = task.frozen.send(freeze);
-            }
+            Some(Body::Task(task)) => task.freeze(freeze, Some(session)),
             None => {}
         }
     }
 
-    /// Kills the client at once: a process by SIGKILL; a task is dropped where it stands
-    /// and its session ends, as a process's would with its connection.
+    /// Kills the client at once: a process by SIGKILL. A task first stands still for
+    /// [`LAST_BYTES`], then is dropped where it stands, which ends its session.
     pub(super) async fn kill(&mut self) {
         match self.client.take() {
             Some(Body::Process(mut child)) => {
                 let _ = child.start_kill();
                 let _ = child.wait().await;
             }
-            Some(Body::Task(task)) => {
-                task.handle.abort();
-                let _ = task.handle.await;
+            Some(Body::Task(mut task)) => {
+                task.freeze(true, None);
+                tokio::time::sleep(LAST_BYTES).await;
+                task.abort();
+                if let Some(handle) = task.handle.take() {
+                    report_panic(handle.await);
+                }
             }
             None => {}
         }
@@ -101,9 +103,17 @@ impl Slot {
             Some(Body::Process(child)) => tokio::time::timeout_at(deadline, child.wait())
                 .await
                 .is_ok(),
-            Some(Body::Task(task)) => tokio::time::timeout_at(deadline, &mut task.handle)
-                .await
-                .is_ok(),
+            Some(Body::Task(task)) => match task.handle.as_mut() {
+                Some(handle) => match tokio::time::timeout_at(deadline, handle).await {
+                    Ok(joined) => {
+                        task.handle = None;
+                        report_panic(joined);
+                        true
+                    }
+                    Err(_) => false,
+                },
+                None => true,
+            },
             None => true,
         };
         if left {
@@ -120,13 +130,30 @@ fn signal(child: &Child, signal: Signal) {
     }
 }
 
+/// How long a killed task stands still before it is dropped. A killed process's last
+/// bytes (a register write in flight) still reach their peer; a task dropped at once would
+/// also free its lock at once, before those bytes landed, which no server can do: it
+/// learns of a death from the connection or the session, later.
+const LAST_BYTES: Duration = Duration::from_millis(50);
+
+fn report_panic(joined: Result<(), tokio::task::JoinError>) {
+    if let Err(error) = joined
+        && error.is_panic()
+    {
+        tracing::error!(%error, "chaos: a task client panicked");
+    }
+}
+
 /// A client running as a task of the run's process, with a session of its own on the
-/// in-process server.
+/// in-process server. Dropping it stops the task.
 pub(super) struct TaskClient {
-    handle: JoinHandle<()>,
+    /// `None` once joined.
+    handle: Option<JoinHandle<()>>,
     frozen: watch::Sender<bool>,
     stop: watch::Sender<bool>,
     provider: MemoryLockProvider,
+    /// The session's end, pending while the client is frozen.
+    expiry: Option<JoinHandle<()>>,
 }
 
 impl TaskClient {
@@ -144,21 +171,43 @@ impl TaskClient {
             frozen_rx,
         ));
         TaskClient {
-            handle,
+            handle: Some(handle),
             frozen,
             stop,
             provider,
+            expiry: None,
         }
     }
 
-    /// Ends the client's session after `after`, as a server ends the session of a client
-    /// that stopped answering: the in-process server has no timeouts of its own.
-    pub(super) fn expire_session_after(&self, after: Duration) {
-        let provider = self.provider.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(after).await;
-            provider.expire_session();
-        });
+    /// Freezes the task, its session ending `session` into the freeze (or never, for
+    /// `None`), or lets it go on with the session it has then.
+    fn freeze(&mut self, freeze: bool, session: Option<Duration>) {
+        let _ = self.frozen.send(freeze);
+        if let Some(expiry) = self.expiry.take() {
+            expiry.abort();
+        }
+        if let (true, Some(session)) = (freeze, session) {
+            let provider = self.provider.clone();
+            self.expiry = Some(tokio::spawn(async move {
+                tokio::time::sleep(session).await;
+                provider.expire_session();
+            }));
+        }
+    }
+
+    fn abort(&mut self) {
+        if let Some(expiry) = self.expiry.take() {
+            expiry.abort();
+        }
+        if let Some(handle) = &self.handle {
+            handle.abort();
+        }
+    }
+}
+
+impl Drop for TaskClient {
+    fn drop(&mut self) {
+        self.abort();
     }
 }
 
