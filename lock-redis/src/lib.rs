@@ -3,9 +3,10 @@
 //!
 //! **Redis locks are efficiency-grade.** They keep two workers from doing the same job
 //! twice most of the time; they do not guarantee mutual exclusion through a failover, a
-//! paused process or a clock jump, and their fencing tokens are best-effort (a failover can
-//! roll the counter back; under Redlock they are not monotonic at all). Where correctness
-//! matters, use the ZooKeeper backend and pass the fencing token to the protected resource.
+//! paused process or a clock jump, and their fencing tokens are best-effort (a failover or a
+//! restart without the data can roll the counter back, on one server as under Redlock).
+//! Where correctness matters, use the ZooKeeper backend and pass the fencing token to the
+//! protected resource.
 //!
 //! # Providers
 //!
@@ -70,10 +71,11 @@
 //! next renewal, and tokens start again from 1. Tokens increase only while the server keeps
 //! its data: [`Fencing::BestEffort`](lock_core::Fencing::BestEffort).
 //!
-//! Redlock does not depend on one server, but its tokens are **not monotonic**: each server
-//! keeps its own counter, a grant reports the largest among the servers that granted it,
-//! and a later majority without that server reports a smaller one. Its safety also rests
-//! on bounded clock drift and process pauses shorter than the validity.
+//! Redlock does not depend on one server. Each server keeps its own counter; a grant
+//! reports the largest count of its majority and, in a second round, raises those servers'
+//! counters to it, so that tokens increase from grant to grant while the servers keep
+//! their data (any two majorities share a server). Its safety also rests on bounded clock
+//! drift and process pauses shorter than the validity.
 //!
 //! # An ACL user for the locks
 //!

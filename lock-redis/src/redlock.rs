@@ -33,10 +33,14 @@ pub(crate) const REDLOCK: &str = "redlock";
 /// delay. Release and renewal go to every server; the watchdog renews at ttl/3 and a
 /// renewal counts when a majority confirms it.
 ///
-/// **Fencing tokens are not monotonic.** Each server keeps its own counter and a grant
-/// reports the largest counter among the servers that granted it; a later majority that
-/// lacks the server with the largest counter reports a smaller token. Waiters poll (with
-/// jittered delays): no FIFO order.
+/// **Fencing tokens increase from grant to grant** while the servers keep their data. Each
+/// server keeps its own counter, and a vote counts it up; a grant's token is the largest
+/// count of its majority, and a second round raises the counters of the servers that voted
+/// to that token before the grant holds. Any later grant needs a majority of the owner
+/// keys, so it votes on one of those servers after this grant let go there, and counts
+/// past the token. (One more round trip per grant; without it, a later majority lacking
+/// the server with the largest count would report a smaller token.) A server restarted without its data breaks this, as it breaks a single server's
+/// counter: [`Fencing::BestEffort`]. Waiters poll (with jittered delays): no FIFO order.
 ///
 /// ```no_run
 /// use lock_core::LockProvider;
@@ -392,7 +396,7 @@ impl RedlockClaim {
         let answers = self
             .shared
             .on_all(|node| {
-                let vote = scripts::grant(&self.keys, &self.id, ttl);
+                let vote = scripts::vote(&self.keys, &self.id, ttl);
                 node.run::<(u64, String)>(vote, self.name.as_str())
             })
             .await;
@@ -407,20 +411,22 @@ impl RedlockClaim {
             .filter(|(token, _)| *token == 0)
             .map(|(_, holder)| holder.clone())
             .collect();
-        let valid = self
-            .shared
-            .config
-            .lease
-            .ttl
-            .checked_sub(began.elapsed())
-            .and_then(|left| left.checked_sub(self.shared.drift()))
-            .is_some_and(|left| !left.is_zero());
         let quorum = self.shared.quorum();
-        if tokens.len() >= quorum && valid {
-            let token = tokens.into_iter().max().unwrap_or_default();
-            return (Round::Held(token, began), began);
+        let mut errors: Vec<LockError> = Vec::new();
+        if tokens.len() >= quorum && self.valid(began) {
+            let token = tokens.iter().copied().max().unwrap_or_default();
+            let voters: Vec<bool> = answers
+                .iter()
+                .map(|answer| answer.as_ref().is_ok_and(|(token, _)| *token > 0))
+                .collect();
+            match self.raise(token, &voters).await {
+                Ok(()) if self.valid(began) => return (Round::Held(token, began), began),
+                Ok(()) => {}
+                Err(raise_errors) => errors = raise_errors,
+            }
         }
-        let errors: Vec<LockError> = answers.into_iter().filter_map(Result::err).collect();
+        let valid = self.valid(began);
+        errors.extend(answers.into_iter().filter_map(Result::err));
         // Busy when another contender holds a majority; otherwise the votes are split
         // (say one each on three servers), which the smallest owner id settles.
         let busy = holders
@@ -450,6 +456,41 @@ impl RedlockClaim {
             return (Round::Busy, asked);
         }
         (Round::Split { errors, kept }, asked)
+    }
+
+    /// Whether votes asked for at `began` still leave some validity: `ttl − elapsed −
+    /// drift`.
+    fn valid(&self, began: Instant) -> bool {
+        self.shared
+            .config
+            .lease
+            .ttl
+            .checked_sub(began.elapsed())
+            .and_then(|left| left.checked_sub(self.shared.drift()))
+            .is_some_and(|left| !left.is_zero())
+    }
+
+    /// The second round of a grant: the fencing counter of every server raised to at least
+    /// `token`, confirmed by each of the `voters` (the servers whose votes made the
+    /// majority). Tokens then strictly increase from grant to grant while the servers keep
+    /// their data: a later grant needs a majority of the owner keys, so it votes on one of
+    /// these servers, and only after this grant let go of the key there, which is after
+    /// the raise; its vote counts past `token`. Without every voter's confirmation the
+    /// grant does not hold: the servers' errors.
+    async fn raise(&self, token: u64, voters: &[bool]) -> Result<(), Vec<LockError>> {
+        let answers = self
+            .shared
+            .on_all(|node| node.run::<u64>(scripts::raise(&self.keys, token), self.name.as_str()))
+            .await;
+        let confirmed = answers
+            .iter()
+            .zip(voters)
+            .all(|(answer, voter)| !voter || answer.is_ok());
+        if confirmed {
+            return Ok(());
+        }
+        // A voter that did not confirm answered with an error.
+        Err(answers.into_iter().filter_map(Result::err).collect())
     }
 
     /// `RELEASE` on every server not yet confirmed: how many confirmed in all, and how

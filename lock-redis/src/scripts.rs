@@ -50,6 +50,10 @@ pub(crate) static CANCEL: LazyLock<Script> =
 pub(crate) static EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/extend.lua")));
 
+/// `RAISE(token)` on the fencing counter → 1: Redlock's second round.
+pub(crate) static RAISE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/raise.lua")));
+
 pub(crate) static LEADER: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/leader.lua")));
 
@@ -66,6 +70,20 @@ pub(crate) fn grant(keys: &LockKeys, id: &str, ttl: Duration) -> ScriptInvocatio
         .key(&keys.fence)
         .arg(id)
         .arg(millis(ttl));
+    invocation
+}
+
+/// Redlock's vote on one server: `GRANT(id, ttl, vote)`, counting anew on a key it holds.
+pub(crate) fn vote(keys: &LockKeys, id: &str, ttl: Duration) -> ScriptInvocation<'static> {
+    let mut invocation = grant(keys, id, ttl);
+    invocation.arg("1");
+    invocation
+}
+
+/// `RAISE(token)` on the lock's fencing counter.
+pub(crate) fn raise(keys: &LockKeys, token: u64) -> ScriptInvocation<'static> {
+    let mut invocation = RAISE.prepare_invoke();
+    invocation.key(&keys.fence).arg(token);
     invocation
 }
 

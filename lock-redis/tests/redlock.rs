@@ -135,3 +135,51 @@ async fn a_majority_grants_and_a_minority_fails_fast_without_partial_grants() {
     guard.release().await.unwrap();
     eprintln!("redlock: one of three servers down: granted in {granted_in:?}");
 }
+
+/// A grant's token is above every earlier grant's, whichever majority granted them. Server
+/// 0 has counted far ahead of the others; a grant by all three reports its count, and its
+/// second round raises the other two to it, so that the next grant, by servers 1 and 2 with
+/// server 0 gone, counts past it. Without the second round that grant reported 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_rise_from_one_majority_to_another() {
+    let mut servers = Vec::new();
+    let mut admins = Vec::new();
+    for _ in 0..3 {
+        let server = start_server().await;
+        admins.push(admin(&server).await);
+        servers.push(server);
+    }
+    let ports: Vec<u16> = servers.iter().map(LocalServer::port).collect();
+    let provider = RedlockProvider::connect(redlock_config(&ports))
+        .await
+        .unwrap();
+    let name = unique_name("redlock-tokens");
+    let fence = format!("{}:fence", tag(&name));
+    let _: () = admins[0].set(&fence, 100).await.unwrap();
+    let lock = provider.lock(&name).unwrap();
+
+    let mut first = lock.try_acquire().await.unwrap().expect("a free lock");
+    let first_token = first.fencing_token().0;
+    assert_eq!(
+        first_token, 101,
+        "the grant reports its majority's largest count"
+    );
+    for admin in &mut admins[1..] {
+        let counter: u64 = admin.get(&fence).await.unwrap();
+        assert!(
+            counter >= first_token,
+            "a counter of the majority was left at {counter}, below the grant's {first_token}"
+        );
+    }
+    first.release().await.unwrap();
+
+    servers[0].kill();
+    let mut second = lock.try_acquire().await.unwrap().expect("a free lock");
+    let second_token = second.fencing_token().0;
+    assert!(
+        second_token > first_token,
+        "servers 1 and 2 granted {second_token} after {first_token}"
+    );
+    second.release().await.unwrap();
+    eprintln!("redlock tokens: {first_token} by all three, then {second_token} by two");
+}

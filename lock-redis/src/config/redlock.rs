@@ -17,8 +17,9 @@ const MAX_DRIFT_FACTOR: f64 = 0.5;
 /// How to lock with Redlock over several independent Redis servers.
 ///
 /// A lock is held when a majority ([`quorum`](RedlockConfig::quorum)) of the servers
-/// granted it within its validity, `ttl − elapsed − clock_drift_factor × ttl`. Fencing
-/// tokens are not monotonic under Redlock. Use an odd number of servers, at least three:
+/// granted it within its validity, `ttl − elapsed − clock_drift_factor × ttl`, and those
+/// servers then raised their fencing counters to the grant's token, so that tokens increase
+/// from grant to grant while the servers keep their data. Use an odd number of servers, at least three:
 /// with fewer, or an even number, a failed server costs more than it should (the URL
 /// parser warns).
 ///
