@@ -156,8 +156,9 @@ impl Targets {
         }
     }
 
-    /// The targets of a backend whose tokens are best effort (Redlock: a counter per
-    /// server, so that two grants can carry one token): stale writes are measured too.
+    /// The targets of a backend whose tokens are best effort (say, a counter per server
+    /// whose largest count a grant reports, so that two grants can carry one token): stale
+    /// writes are measured, not judged.
     pub fn best_effort() -> Self {
         Targets {
             fenced: false,

@@ -110,7 +110,7 @@ pub enum ClientError {
 }
 
 /// The client process: connects (asking again while the servers cannot be reached), runs
-/// [`run`] until SIGTERM, and returns.
+/// [`run`] until SIGTERM or until the process that started it is gone, and returns.
 ///
 /// # Errors
 ///
@@ -119,8 +119,21 @@ pub async fn main(options: &ClientOptions) -> Result<(), ClientError> {
     let (stop, stopped) = watch::channel(false);
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(ClientError::Signal)?;
+    // SIGTERM from the run, or the run gone (killed, so that it could not stop its
+    // clients): a client has no business outliving it.
+    let parent = nix::unistd::getppid();
     tokio::spawn(async move {
-        terminate.recv().await;
+        let mut orphaned = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = terminate.recv() => break,
+                _ = orphaned.tick() => {
+                    if nix::unistd::getppid() != parent {
+                        break;
+                    }
+                }
+            }
+        }
         let _ = stop.send(true);
     });
     let provider = loop {

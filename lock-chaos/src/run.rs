@@ -94,15 +94,14 @@ impl Backend {
 
     /// What it is held to: a consensus backend (and the memory backend, the contract's
     /// reference) to no overlap beyond its session (the documented lost-signal bound) and
-    /// no lost update; Redis to fencing; Redlock, whose
-    /// tokens are best effort, to progress and no residue only.
+    /// no lost update; Redis and Redlock, whose leases can run out under a paused holder, to
+    /// fencing: no stale write accepted.
     pub fn targets(self) -> Targets {
         match self {
             Backend::Zookeeper | Backend::Etcd | Backend::Memory => {
                 Targets::consensus(self.session())
             }
-            Backend::Redis => Targets::lease(),
-            Backend::Redlock => Targets::best_effort(),
+            Backend::Redis | Backend::Redlock => Targets::lease(),
         }
     }
 

@@ -1,11 +1,11 @@
 //! Short chaos runs, one per backend, one at a time: a minute of five clients under the
-//! nemesis with a fixed seed (1, or 4 for the ZooKeeper ensemble in containers), held to the backend's targets (see `Backend::targets`):
-//! progress after every fault and no residue everywhere; no stale write accepted where the
-//! tokens strictly increase (ZooKeeper, etcd, Redis, memory); for ZooKeeper, etcd and memory
-//! also no lost update, no token granted twice and no overlap beyond the session. Redlock's
-//! best-effort tokens are measured. The ZooKeeper ensemble runs in containers, where its
-//! members are also cut off from each other (with processes when no engine answers, except
-//! under `LOCK_CONFORMANCE_STRICT`). `scripts/chaos` runs longer ones.
+//! nemesis with a fixed seed (1, or 4 for the ZooKeeper ensemble in containers), held to
+//! the backend's targets (see `Backend::targets`): progress after every fault and no
+//! residue everywhere; no stale write accepted; for ZooKeeper, etcd and memory also no lost
+//! update, no token granted twice and no overlap beyond the session. The ZooKeeper ensemble
+//! runs in containers, where its members are also cut off from each other (with processes
+//! when no engine answers, except under `LOCK_CONFORMANCE_STRICT`). `scripts/chaos` runs
+//! longer ones.
 #![allow(
     clippy::expect_used,
     clippy::print_stderr,
@@ -91,7 +91,7 @@ async fn redis_keeps_fencing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redlock_keeps_progress_and_leaves_nothing() {
+async fn redlock_keeps_fencing() {
     short_run(Backend::Redlock, ServerMode::Processes, 1).await;
 }
 
