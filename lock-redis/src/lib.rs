@@ -74,7 +74,9 @@
 //! Redlock does not depend on one server. Each server keeps its own counter; a grant
 //! reports the largest count of its majority and, in a second round, raises those servers'
 //! counters to it, so that tokens increase from grant to grant while the servers keep
-//! their data (any two majorities share a server). Its safety also rests on bounded clock
+//! their data (any two majorities share a server), and while every client of the lock
+//! takes that second round: a client of an earlier version that does not can report a
+//! smaller token. Its safety also rests on bounded clock
 //! drift and process pauses shorter than the validity.
 //!
 //! # An ACL user for the locks

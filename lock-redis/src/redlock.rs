@@ -97,8 +97,21 @@ impl Shared {
         F: Fn(&'a Node) -> Fut,
         Fut: Future<Output = Result<T, LockError>> + 'a,
     {
+        self.on_each(self.nodes.iter(), request).await
+    }
+
+    /// Runs `request` on each of `nodes` at once, each bounded by the round budget.
+    async fn on_each<'a, T, F, Fut>(
+        &'a self,
+        nodes: impl Iterator<Item = &'a Node>,
+        request: F,
+    ) -> Vec<Result<T, LockError>>
+    where
+        F: Fn(&'a Node) -> Fut,
+        Fut: Future<Output = Result<T, LockError>> + 'a,
+    {
         let budget = self.round_budget();
-        let calls = self.nodes.iter().map(|node| {
+        let calls = nodes.map(|node| {
             let call = request(node);
             async move {
                 tokio::time::timeout(budget, call)
@@ -396,7 +409,7 @@ impl RedlockClaim {
         let answers = self
             .shared
             .on_all(|node| {
-                let vote = scripts::vote(&self.keys, &self.id, ttl);
+                let vote = scripts::grant(&self.keys, &self.id, ttl);
                 node.run::<(u64, String)>(vote, self.name.as_str())
             })
             .await;
@@ -470,27 +483,29 @@ impl RedlockClaim {
             .is_some_and(|left| !left.is_zero())
     }
 
-    /// The second round of a grant: the fencing counter of every server raised to at least
-    /// `token`, confirmed by each of the `voters` (the servers whose votes made the
-    /// majority). Tokens then strictly increase from grant to grant while the servers keep
+    /// The second round of a grant: the fencing counter of each of the `voters` (the
+    /// servers whose votes made the majority) raised to at least `token`, and confirmed. Tokens then strictly increase from grant to grant while the servers keep
     /// their data: a later grant needs a majority of the owner keys, so it votes on one of
     /// these servers, and only after this grant let go of the key there, which is after
     /// the raise; its vote counts past `token`. Without every voter's confirmation the
     /// grant does not hold: the servers' errors.
     async fn raise(&self, token: u64, voters: &[bool]) -> Result<(), Vec<LockError>> {
+        // Only the voters: the argument needs no other server, and one that did not answer
+        // the vote would cost a second round budget of the validity.
+        let nodes = self.shared.nodes.iter().zip(voters);
         let answers = self
             .shared
-            .on_all(|node| node.run::<u64>(scripts::raise(&self.keys, token), self.name.as_str()))
+            .on_each(
+                nodes.filter(|(_, voted)| **voted).map(|(node, _)| node),
+                |node| node.run::<u64>(scripts::raise(&self.keys, token), self.name.as_str()),
+            )
             .await;
-        let confirmed = answers
-            .iter()
-            .zip(voters)
-            .all(|(answer, voter)| !voter || answer.is_ok());
-        if confirmed {
-            return Ok(());
+        let errors: Vec<LockError> = answers.into_iter().filter_map(Result::err).collect();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
         }
-        // A voter that did not confirm answered with an error.
-        Err(answers.into_iter().filter_map(Result::err).collect())
     }
 
     /// `RELEASE` on every server not yet confirmed: how many confirmed in all, and how

@@ -73,13 +73,6 @@ pub(crate) fn grant(keys: &LockKeys, id: &str, ttl: Duration) -> ScriptInvocatio
     invocation
 }
 
-/// Redlock's vote on one server: `GRANT(id, ttl, vote)`, counting anew on a key it holds.
-pub(crate) fn vote(keys: &LockKeys, id: &str, ttl: Duration) -> ScriptInvocation<'static> {
-    let mut invocation = grant(keys, id, ttl);
-    invocation.arg("1");
-    invocation
-}
-
 /// `RAISE(token)` on the lock's fencing counter.
 pub(crate) fn raise(keys: &LockKeys, token: u64) -> ScriptInvocation<'static> {
     let mut invocation = RAISE.prepare_invoke();

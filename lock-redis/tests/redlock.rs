@@ -183,3 +183,41 @@ async fn tokens_rise_from_one_majority_to_another() {
     second.release().await.unwrap();
     eprintln!("redlock tokens: {first_token} by all three, then {second_token} by two");
 }
+
+/// A server that does not answer costs a grant one round budget, not two: the second round
+/// goes only to the servers that voted. With a third of the ttl waited out twice, the grant
+/// came back with so little validity that its first renewal, which waits out the silent
+/// server too, came too late and the lock was lost at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_server_costs_a_grant_one_round() {
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        servers.push(start_server().await);
+    }
+    let ports: Vec<u16> = servers.iter().map(LocalServer::port).collect();
+    let provider = RedlockProvider::connect(redlock_config(&ports))
+        .await
+        .unwrap();
+    let name = unique_name("redlock-silent");
+    let lock = provider.lock(&name).unwrap();
+    // One round waits at most a third of the ttl for a server (the config's timeout is
+    // longer).
+    let budget = REDLOCK_TTL / 3;
+
+    servers[0].pause().unwrap();
+    let asked = Instant::now();
+    let mut guard = lock.try_acquire().await.unwrap().expect("a free lock");
+    let took = asked.elapsed();
+    assert!(
+        took < budget * 2,
+        "the grant took {took:?}: the silent server was waited for twice (budget {budget:?})"
+    );
+    sleep(REDLOCK_TTL * 2).await;
+    assert!(
+        !guard.is_lost(),
+        "the lock was lost with two of three servers answering"
+    );
+    guard.release().await.unwrap();
+    servers[0].resume().unwrap();
+    eprintln!("redlock with a silent server: granted in {took:?}");
+}

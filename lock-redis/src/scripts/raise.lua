@@ -1,6 +1,6 @@
--- RAISE(token) -> 1: Redlock's second round. The fencing counter becomes at least the
--- grant's token, so that any later grant, whose majority shares a server with this one's,
--- counts past it there.
+-- RAISE(token) -> 1: Redlock's second round, on each server that voted for a grant. The
+-- fencing counter becomes at least the grant's token, so that any later grant, which must
+-- vote on one of these servers after this grant let go there, counts past it.
 local counter_key = KEYS[1]
 local token = tonumber(ARGV[1])
 
