@@ -76,8 +76,8 @@
 //! counters to it, so that tokens increase from grant to grant while the servers keep
 //! their data (any two majorities share a server), and while every client of the lock
 //! takes that second round: a client of an earlier version that does not can report a
-//! smaller token. Its safety also rests on bounded clock
-//! drift and process pauses shorter than the validity.
+//! smaller token. Its safety also rests on bounded clock drift and process pauses shorter
+//! than the validity.
 //!
 //! # An ACL user for the locks
 //!

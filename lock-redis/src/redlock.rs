@@ -39,8 +39,9 @@ pub(crate) const REDLOCK: &str = "redlock";
 /// to that token before the grant holds. Any later grant needs a majority of the owner
 /// keys, so it votes on one of those servers after this grant let go there, and counts
 /// past the token. (One more round trip per grant; without it, a later majority lacking
-/// the server with the largest count would report a smaller token.) A server restarted without its data breaks this, as it breaks a single server's
-/// counter: [`Fencing::BestEffort`]. Waiters poll (with jittered delays): no FIFO order.
+/// the server with the largest count would report a smaller token.) A server restarted
+/// without its data breaks this, as it breaks a single server's counter:
+/// [`Fencing::BestEffort`]. Waiters poll (with jittered delays): no FIFO order.
 ///
 /// ```no_run
 /// use lock_core::LockProvider;
@@ -484,11 +485,12 @@ impl RedlockClaim {
     }
 
     /// The second round of a grant: the fencing counter of each of the `voters` (the
-    /// servers whose votes made the majority) raised to at least `token`, and confirmed. Tokens then strictly increase from grant to grant while the servers keep
-    /// their data: a later grant needs a majority of the owner keys, so it votes on one of
-    /// these servers, and only after this grant let go of the key there, which is after
-    /// the raise; its vote counts past `token`. Without every voter's confirmation the
-    /// grant does not hold: the servers' errors.
+    /// servers whose votes made the majority) raised to at least `token`, and confirmed.
+    /// Tokens then strictly increase from grant to grant while the servers keep their
+    /// data: a later grant needs a majority of the owner keys, so it votes on one of these
+    /// servers, and only after this grant let go of the key there, which is after the
+    /// raise; its vote counts past `token`. Without every voter's confirmation the grant
+    /// does not hold: the servers' errors.
     async fn raise(&self, token: u64, voters: &[bool]) -> Result<(), Vec<LockError>> {
         // Only the voters: the argument needs no other server, and one that did not answer
         // the vote would cost a second round budget of the validity.

@@ -17,7 +17,7 @@ use common::{REDLOCK_TTL, admin, redlock_config, start_server, tag};
 use lock_conformance::unique_name;
 use lock_core::{LockError, LockProvider};
 use lock_redis::RedlockProvider;
-use lock_testbed::servers::LocalServer;
+use lock_testbed::servers::{LocalServer, RedisServer};
 use redis::AsyncCommands;
 use tokio::time::{Instant, sleep};
 
@@ -36,22 +36,32 @@ async fn owners(admins: &mut [Option<redis::aio::ConnectionManager>], name: &str
     found
 }
 
+/// Three servers of the test's own, and their ports.
+async fn three_servers() -> (Vec<RedisServer>, Vec<u16>) {
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        servers.push(start_server().await);
+    }
+    let ports = servers.iter().map(LocalServer::port).collect();
+    (servers, ports)
+}
+
+/// A Redlock client of the servers at `ports`.
+async fn connect(ports: &[u16]) -> RedlockProvider {
+    RedlockProvider::connect(redlock_config(ports))
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_majority_grants_and_a_minority_fails_fast_without_partial_grants() {
-    let mut servers = Vec::new();
+    let (mut servers, ports) = three_servers().await;
     let mut admins = Vec::new();
-    for _ in 0..3 {
-        let server = start_server().await;
-        admins.push(Some(admin(&server).await));
-        servers.push(server);
+    for server in &servers {
+        admins.push(Some(admin(server).await));
     }
-    let ports: Vec<u16> = servers.iter().map(LocalServer::port).collect();
-    let provider = RedlockProvider::connect(redlock_config(&ports))
-        .await
-        .unwrap();
-    let other = RedlockProvider::connect(redlock_config(&ports))
-        .await
-        .unwrap();
+    let provider = connect(&ports).await;
+    let other = connect(&ports).await;
     let name = unique_name("redlock-kill");
     let lock = provider.lock(&name).unwrap();
 
@@ -142,17 +152,12 @@ async fn a_majority_grants_and_a_minority_fails_fast_without_partial_grants() {
 /// server 0 gone, counts past it. Without the second round that grant reported 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_rise_from_one_majority_to_another() {
-    let mut servers = Vec::new();
+    let (mut servers, ports) = three_servers().await;
     let mut admins = Vec::new();
-    for _ in 0..3 {
-        let server = start_server().await;
-        admins.push(admin(&server).await);
-        servers.push(server);
+    for server in &servers {
+        admins.push(admin(server).await);
     }
-    let ports: Vec<u16> = servers.iter().map(LocalServer::port).collect();
-    let provider = RedlockProvider::connect(redlock_config(&ports))
-        .await
-        .unwrap();
+    let provider = connect(&ports).await;
     let name = unique_name("redlock-tokens");
     let fence = format!("{}:fence", tag(&name));
     let _: () = admins[0].set(&fence, 100).await.unwrap();
@@ -190,14 +195,8 @@ async fn tokens_rise_from_one_majority_to_another() {
 /// server too, came too late and the lock was lost at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_server_costs_a_grant_one_round() {
-    let mut servers = Vec::new();
-    for _ in 0..3 {
-        servers.push(start_server().await);
-    }
-    let ports: Vec<u16> = servers.iter().map(LocalServer::port).collect();
-    let provider = RedlockProvider::connect(redlock_config(&ports))
-        .await
-        .unwrap();
+    let (servers, ports) = three_servers().await;
+    let provider = connect(&ports).await;
     let name = unique_name("redlock-silent");
     let lock = provider.lock(&name).unwrap();
     // One round waits at most a third of the ttl for a server (the config's timeout is

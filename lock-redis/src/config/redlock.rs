@@ -19,9 +19,9 @@ const MAX_DRIFT_FACTOR: f64 = 0.5;
 /// A lock is held when a majority ([`quorum`](RedlockConfig::quorum)) of the servers
 /// granted it within its validity, `ttl − elapsed − clock_drift_factor × ttl`, and those
 /// servers then raised their fencing counters to the grant's token, so that tokens increase
-/// from grant to grant while the servers keep their data. Use an odd number of servers, at least three:
-/// with fewer, or an even number, a failed server costs more than it should (the URL
-/// parser warns).
+/// from grant to grant while the servers keep their data. Use an odd number of servers, at
+/// least three: with fewer, or an even number, a failed server costs more than it should
+/// (the URL parser warns).
 ///
 /// ```
 /// use lock_redis::{RedisServer, RedlockConfig};
