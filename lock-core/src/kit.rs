@@ -9,7 +9,8 @@
 //!
 //! - [`SessionOwner`] and [`Closed`]: the provider *is* the session; the session ends when
 //!   the last provider handle goes, and lock handles then fail with
-//!   [`LockError::SessionExpired`];
+//!   [`LockError::SessionExpired`]; [`SessionSlot`] replaces a server-side session that
+//!   expired;
 //! - [`Cleanup`]: removes a waiter's server-side entry unless the attempt disarms it, so that
 //!   a dropped `acquire` leaves nothing behind (the cancel-safety contract);
 //! - [`retry_in_background`]: the best-effort clean-up that outlives a dropped future,
@@ -17,7 +18,10 @@
 //! - [`LostSignals`]: the lost signals of a session's guards, fired together when the
 //!   session is lost;
 //! - [`Wakeups`]: the wake-up and futile wake-up counts of a wait loop, for the herd
-//!   measurements.
+//!   measurements;
+//! - [`lease_guard`]: for a backend whose grants are leases (a key with an expiry), the
+//!   guard and the watchdog that renews it; the backend writes the [`Lease`] (renew,
+//!   release).
 //!
 //! ```
 //! use std::time::Duration;
@@ -75,6 +79,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::watch;
+
+mod lease;
+mod session_slot;
+
+pub use lease::{Lease, Renewal, lease_guard, release_in_background};
+pub use session_slot::{SessionSlot, SlotSession};
 
 use crate::election::{LeaderSource, check_value, follow};
 use crate::{

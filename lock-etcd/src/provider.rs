@@ -52,7 +52,7 @@ impl EtcdLockProvider {
         let shared = Arc::new(Shared::open(config).await?);
         let closing = Arc::clone(&shared);
         Ok(EtcdLockProvider {
-            _owner: SessionOwner::new(move || closing.close()),
+            _owner: SessionOwner::new(move || closing.sessions.close(&closing.closed)),
             shared,
         })
     }

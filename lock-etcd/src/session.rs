@@ -16,7 +16,7 @@ use std::time::Duration;
 use etcd_client::{
     Certificate, Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper, TlsOptions,
 };
-use lock_core::kit::{Closed, LostSignals};
+use lock_core::kit::{Closed, LostSignals, SessionSlot, SlotSession};
 use lock_core::{Deadline, LockError, LossReason, LostNotifier, Metrics};
 use tokio::time::Instant;
 
@@ -307,7 +307,7 @@ async fn keep_alive(session: Arc<Session>) {
                     tracing::warn!(%error, "etcd: the lease was not renewed in time");
                     // A keep-alive that timed out here may still have reached the server:
                     // revoke, so that the keys do not outlive the session by a ttl.
-                    end_and_revoke(&session);
+                    session.close();
                     return;
                 }
                 tracing::debug!(%error, "etcd: a keep-alive failed; trying again");
@@ -400,8 +400,7 @@ pub(crate) struct Shared {
     pub(crate) config: EtcdConfig,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) closed: Closed,
-    current: Mutex<Option<Arc<Session>>>,
-    opening: tokio::sync::Mutex<()>,
+    pub(crate) sessions: SessionSlot<Session>,
 }
 
 impl Shared {
@@ -413,18 +412,13 @@ impl Shared {
             config,
             metrics,
             closed: Closed::new(),
-            current: Mutex::new(Some(session)),
-            opening: tokio::sync::Mutex::new(()),
+            sessions: SessionSlot::new(session),
         })
     }
 
     /// The current session, if it is not over.
     pub(crate) fn current(&self) -> Option<Arc<Session>> {
-        self.current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .filter(|session| !session.is_over())
+        self.sessions.latest().filter(|session| !session.is_over())
     }
 
     /// A live session for an acquisition of `name`: the current one, or a new one.
@@ -432,60 +426,29 @@ impl Shared {
         &self,
         name: &lock_core::LockName,
     ) -> Result<Arc<Session>, LockError> {
-        self.closed.check(BACKEND, name)?;
-        if let Some(session) = self.current() {
-            return Ok(session);
-        }
-        let _opening = self.opening.lock().await;
-        if let Some(session) = self.current() {
-            return Ok(session);
-        }
-        let session = Session::open(&self.config, Arc::clone(&self.metrics)).await?;
-        // Checked and stored under the lock `close` takes, so that a close in between
-        // cannot miss the new session.
-        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        if self.closed.is_closed() {
-            drop(current);
-            end_and_revoke(&session);
-            return Err(LockError::SessionExpired {
-                backend: BACKEND,
-                name: Some(name.to_string()),
-            });
-        }
-        *current = Some(Arc::clone(&session));
-        Ok(session)
-    }
-
-    /// The provider's last handle is gone: the session ends and its lease is revoked, which
-    /// frees every key on it.
-    pub(crate) fn close(&self) {
-        let taken = {
-            let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-            self.closed.close();
-            current.take()
-        };
-        if let Some(session) = taken {
-            end_and_revoke(&session);
-        }
+        let open = || Session::open(&self.config, Arc::clone(&self.metrics));
+        self.sessions.live(&self.closed, BACKEND, name, open).await
     }
 }
 
-/// Ends `session` and revokes its lease in the background (the lease's ttl is the backstop
-/// when that fails or no runtime is left).
-fn end_and_revoke(session: &Arc<Session>) {
-    session.end(LossReason::SessionExpired);
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let (mut leases, lease, timeout) = (
-        session.client.lease_client(),
-        session.lease,
-        session.timeout,
-    );
-    session.metrics.record_server_requests(1);
-    runtime.spawn(async move {
-        if let Err(error) = bounded(timeout, None, leases.revoke(lease)).await {
-            tracing::debug!(%error, "etcd: the lease was not revoked; it will expire");
-        }
-    });
+impl SlotSession for Session {
+    fn is_over(&self) -> bool {
+        Session::is_over(self)
+    }
+
+    /// Ends the session and revokes its lease in the background (the lease's ttl is the
+    /// backstop when that fails or no runtime is left), which frees every key on it.
+    fn close(&self) {
+        self.end(LossReason::SessionExpired);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (mut leases, lease, timeout) = (self.client.lease_client(), self.lease, self.timeout);
+        self.metrics.record_server_requests(1);
+        runtime.spawn(async move {
+            if let Err(error) = bounded(timeout, None, leases.revoke(lease)).await {
+                tracing::debug!(%error, "etcd: the lease was not revoked; it will expire");
+            }
+        });
+    }
 }

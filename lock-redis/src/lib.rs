@@ -104,7 +104,6 @@
 mod config;
 mod election;
 mod error;
-mod guard;
 mod keys;
 mod lock;
 mod node;

@@ -6,14 +6,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::kit::{Abandon, Cleanup, Closed, MutexAttempt, Retry, Wakeups, retry_in_background};
-use lock_core::{Deadline, Guard, LockError, LockName};
+use lock_core::kit::{
+    Abandon, Cleanup, Closed, Lease, MutexAttempt, Renewal, Retry, Wakeups, lease_guard,
+    retry_in_background,
+};
+use lock_core::{Deadline, FencingToken, Guard, LockError, LockName};
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::RedisStrategy;
 use crate::error::BACKEND;
-use crate::guard::{Lease, Renewal, grant as make_guard};
 use crate::keys::LockKeys;
 use crate::provider::Shared;
 use crate::scripts::{self, ATTEMPT, CANCEL, QueueArgs, RELEASE};
@@ -179,7 +181,7 @@ impl RedisLock {
             Ok(Some(Found { token, sent, lease })) => {
                 attempt.disarm();
                 self.shared.metrics.record_grant();
-                make_guard(grant, &self.name, token, sent, lease).map(Some)
+                lease_guard(grant, &self.name, FencingToken(token), sent, lease).map(Some)
             }
             Ok(None) => {
                 // Only a queue waiter leaves anything behind (its place, maybe a grant that

@@ -7,17 +7,19 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::{join_all, try_join_all};
-use lock_core::kit::{Abandon, Cleanup, Closed, MutexAttempt, SessionOwner, Wakeups};
+use lock_core::kit::{
+    Abandon, Cleanup, Closed, Lease, MutexAttempt, Renewal, SessionOwner, Wakeups, lease_guard,
+    release_in_background,
+};
 use lock_core::{
-    Capabilities, Deadline, DistributedLock, Fencing, Guard, LockError, LockName, LockProvider,
-    Metrics, MetricsSnapshot, WaitKind,
+    Capabilities, Deadline, DistributedLock, Fencing, FencingToken, Guard, LockError, LockName,
+    LockProvider, Metrics, MetricsSnapshot, WaitKind,
 };
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::RedlockConfig;
 use crate::error::connection;
-use crate::guard::{Lease, Renewal, grant as make_guard};
 use crate::keys::LockKeys;
 use crate::node::Node;
 use crate::scripts::{self, QueueArgs, RELEASE};
@@ -300,7 +302,7 @@ struct Votes(Arc<RedlockClaim>);
 
 impl Abandon for Votes {
     fn abandon(self) {
-        crate::guard::release_in_background(self.0 as Arc<dyn Lease>);
+        release_in_background(self.0 as Arc<dyn Lease>);
     }
 }
 
@@ -334,14 +336,9 @@ impl MutexAttempt for RedlockLock {
                 Round::Held(token, asked) => {
                     votes.disarm();
                     self.shared.metrics.record_grant();
-                    return make_guard(
-                        grant,
-                        &self.name,
-                        token,
-                        asked,
-                        self.shared.config.lease.ttl,
-                    )
-                    .map(Some);
+                    let ttl = self.shared.config.lease.ttl;
+                    return lease_guard(grant, &self.name, FencingToken(token), asked, ttl)
+                        .map(Some);
                 }
                 Round::Busy => split_rounds = 0,
                 Round::Split { errors, kept } => {

@@ -1,9 +1,9 @@
 //! The ZooKeeper lock provider: one session, shared by its locks.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use lock_core::kit::{Closed, SessionOwner};
+use lock_core::kit::{Closed, SessionOwner, SessionSlot};
 use lock_core::{
     Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Fencing,
     FencingToken, LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
@@ -60,13 +60,12 @@ impl ZkLockProvider {
         let shared = Arc::new(Shared {
             config,
             metrics: Arc::new(Metrics::new()),
-            session: Mutex::new(Some(session)),
-            opening: tokio::sync::Mutex::new(()),
+            sessions: SessionSlot::new(session),
             closed: Closed::new(),
         });
         let closing = Arc::clone(&shared);
         Ok(ZkLockProvider {
-            _owner: SessionOwner::new(move || closing.close()),
+            _owner: SessionOwner::new(move || closing.sessions.close(&closing.closed)),
             shared,
         })
     }

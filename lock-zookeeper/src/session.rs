@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use lock_core::kit::{Closed, LostSignals};
+use lock_core::kit::{Closed, LostSignals, SessionSlot, SlotSession};
 use lock_core::{LockError, LockName, LossReason, LostNotifier, Metrics};
 use tokio::time::{Instant, MissedTickBehavior};
 use zookeeper_client::{Acls, Client, SessionState};
@@ -171,15 +171,6 @@ impl Session {
         self.health.guards.unregister(registration);
     }
 
-    /// Ends the session on this side at once: its guards are lost and nothing more is
-    /// done with it, whether or not the server hears of the close.
-    pub(crate) fn close(&self) {
-        self.health.over.store(true, Ordering::Release);
-        self.health.fire_all(&LossReason::Other(
-            "the provider was closed, ending its session".into(),
-        ));
-    }
-
     pub(crate) fn is_suspect(&self) -> bool {
         self.health.suspect.load(Ordering::Acquire)
     }
@@ -196,6 +187,21 @@ impl Session {
     /// How often [`keep_alive`] asks the server something while guards are held.
     fn heartbeat_interval(&self) -> Duration {
         (self.timeout() / HEARTBEATS_PER_TIMEOUT).max(Duration::from_millis(10))
+    }
+}
+
+impl SlotSession for Session {
+    fn is_over(&self) -> bool {
+        Session::is_over(self)
+    }
+
+    /// Ends the session on this side at once: its guards are lost and nothing more is done
+    /// with it. Dropping the last client closes it on the server (in-flight calls first).
+    fn close(&self) {
+        self.health.over.store(true, Ordering::Release);
+        self.health.fire_all(&LossReason::Other(
+            "the provider was closed, ending its session".into(),
+        ));
     }
 }
 
@@ -299,55 +305,19 @@ async fn monitor(
 pub(crate) struct Shared {
     pub(crate) config: ZkConfig,
     pub(crate) metrics: Arc<Metrics>,
-    pub(crate) session: Mutex<Option<Arc<Session>>>,
-    /// Serialises opening a replacement session.
-    pub(crate) opening: tokio::sync::Mutex<()>,
+    pub(crate) sessions: SessionSlot<Session>,
     pub(crate) closed: Closed,
 }
 
 impl Shared {
-    /// The end of the provider's last handle: dropping the last client of the session closes
-    /// it on the server (in-flight calls finish first). The guards learn of it here, whether
-    /// or not the close gets through.
-    pub(crate) fn close(&self) {
-        self.closed.close();
-        let session = self
-            .session
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(session) = session {
-            session.close();
-        }
-    }
-}
-
-impl Shared {
+    /// The latest session, over or not.
     pub(crate) fn current(&self) -> Option<Arc<Session>> {
-        self.session
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.sessions.latest()
     }
 
     /// The live session, opening a new one if the last one is over.
     pub(crate) async fn session(&self, name: &LockName) -> Result<Arc<Session>, LockError> {
-        self.closed.check(BACKEND, name)?;
-        if let Some(session) = self.current()
-            && !session.is_over()
-        {
-            return Ok(session);
-        }
-        let _opening = self.opening.lock().await;
-        if let Some(session) = self.current()
-            && !session.is_over()
-        {
-            return Ok(session);
-        }
-        self.closed.check(BACKEND, name)?;
-        tracing::info!(lock = %name, "zookeeper: the session is over; opening a new one");
-        let session = Session::open(&self.config).await?;
-        *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&session));
-        Ok(session)
+        let open = || Session::open(&self.config);
+        self.sessions.live(&self.closed, BACKEND, name, open).await
     }
 }
