@@ -15,9 +15,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lock_testbed::servers::{
-    ETCD_ENV, EtcdOptions, EtcdServer, LocalServer, REDIS_ENV, RedisOptions, RedisServer,
-    RedisTarget, SERVERS_ENV, ServerError, ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget,
-    shared_etcd, shared_redis, shared_zk,
+    ETCD_ENV, EtcdOptions, EtcdServer, LocalServer, REDIS_ENV, RedisOptions, RedisSentinelOptions,
+    RedisSentinelSet, RedisServer, RedisTarget, SERVERS_ENV, ServerError, ZK_ENV, ZkEnsemble,
+    ZkOptions, ZkServer, ZkTarget, shared_etcd, shared_redis, shared_zk,
 };
 
 /// Set in the child test process that starts shared servers and then exits without
@@ -422,6 +422,40 @@ async fn redis_restart_same_port_no_data() {
         "$-1",
         "no persistence: data is gone"
     );
+}
+
+#[tokio::test]
+async fn redis_sentinel_fails_over_on_demand_and_after_a_kill() {
+    let options = RedisSentinelOptions::default()
+        .with_server(RedisOptions::default().with_password("admin"))
+        .with_service("jobs");
+    let mut set = RedisSentinelSet::start(options).await.unwrap();
+    let first = set.data_servers()[0].socket_addr();
+    assert_eq!(set.primary().await.unwrap(), first);
+    assert_eq!(set.sentinel_addresses().len(), 3);
+    assert!(
+        set.url(Some(("locker", "p w")))
+            .starts_with("redis+sentinel://locker:p%20w@127.0.0.1:")
+    );
+    assert!(set.url(None).ends_with("/jobs"));
+    let mut primary = Resp::connect(first.port());
+    assert_eq!(primary.call(&["AUTH", "admin"]), "+OK");
+    assert_eq!(primary.call(&["SET", "k", "v"]), "+OK");
+    // Replication is asynchronous: a failover may lose what no replica has yet.
+    assert_eq!(primary.call(&["WAIT", "2", "5000"]), ":2");
+
+    let promoted = set.failover().await.unwrap();
+    assert_ne!(promoted, first);
+    assert_eq!(set.primary().await.unwrap(), promoted);
+    let mut conn = Resp::connect(promoted.port());
+    assert_eq!(conn.call(&["AUTH", "admin"]), "+OK");
+    assert_eq!(conn.call(&["GET", "k"]), "v", "the replica had the write");
+
+    let (killed, after) = set.kill_primary().await.unwrap();
+    assert_eq!(set.data_servers()[killed].socket_addr(), promoted);
+    assert!(set.data_servers()[killed].pid().is_none());
+    assert_ne!(after, promoted);
+    assert_eq!(set.primary().await.unwrap(), after);
 }
 
 // ---- etcd -----------------------------------------------------------------------------

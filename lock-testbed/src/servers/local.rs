@@ -51,6 +51,11 @@ impl ServerProcess {
         })
         .await
     }
+
+    /// The client socket address.
+    pub(crate) fn node_addr(&self) -> SocketAddr {
+        self.node.addr()
+    }
 }
 
 /// A server started here as a child process on 127.0.0.1: [`ZkServer`], [`RedisServer`] or

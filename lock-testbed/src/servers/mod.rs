@@ -16,6 +16,9 @@
 //! directory. This is what makes the process-wide [`shared_zk`], [`shared_redis`] and
 //! [`shared_etcd`] servers safe: Rust never drops statics.
 //!
+//! [`RedisSentinelSet`] runs a Redis primary with replicas under Redis Sentinel, and fails
+//! it over on demand.
+//!
 //! [`ZkServer`], [`RedisServer`] and [`EtcdServer`] share their address, pid, directory and
 //! log accessors and their fault injection (pause, resume, kill, restart) through the
 //! [`LocalServer`] trait; bring it into scope to call them.
@@ -40,6 +43,7 @@ mod mode;
 mod probe;
 mod process;
 mod redis;
+mod sentinel;
 mod target;
 mod zookeeper;
 
@@ -55,6 +59,7 @@ pub use local::{LocalServer, ServerProcess};
 pub use mode::{SERVERS_ENV, ServerMode};
 pub use process::free_port;
 pub use redis::{REDIS_ENV, RedisOptions, RedisServer, RedisTarget};
+pub use sentinel::{RedisSentinelOptions, RedisSentinelSet};
 pub use target::{Target, TargetServer};
 pub use zookeeper::{ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget};
 

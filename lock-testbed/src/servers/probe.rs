@@ -169,6 +169,77 @@ pub(crate) async fn redis_ping(
     .await
 }
 
+/// Sends one command (after `AUTH` when a password is given) and reads its reply: a status
+/// or an integer as one item, a bulk string as one item (none when nil), or an array of
+/// bulk strings, one item each (nested arrays flattened). An error reply is an error.
+pub(crate) async fn redis_query(
+    addr: SocketAddr,
+    password: Option<&str>,
+    args: &[&str],
+    timeout: Duration,
+) -> Result<Vec<String>, ServerError> {
+    let what = || format!("the answer to {} from Redis at {addr}", args.join(" "));
+    bounded(what, timeout, async {
+        let mut stream = BufReader::new(TcpStream::connect(addr).await?);
+        if let Some(password) = password {
+            let reply = resp_line(&mut stream, &[b"AUTH", password.as_bytes()]).await?;
+            if reply != "+OK" {
+                return Err(protocol(format!("AUTH answered {reply:?}")));
+            }
+        }
+        let args: Vec<&[u8]> = args.iter().map(|arg| arg.as_bytes()).collect();
+        stream.get_mut().write_all(&resp_command(&args)).await?;
+        let mut items = Vec::new();
+        read_reply(&mut stream, &mut items).await?;
+        Ok(items)
+    })
+    .await
+}
+
+fn protocol(detail: String) -> ServerError {
+    ServerError::Protocol {
+        server: "Redis".to_owned(),
+        detail,
+    }
+}
+
+/// Reads one RESP reply into `items` (see [`redis_query`]).
+async fn read_reply(
+    stream: &mut BufReader<TcpStream>,
+    items: &mut Vec<String>,
+) -> Result<(), ServerError> {
+    let mut pending = 1_i64;
+    while pending > 0 {
+        pending -= 1;
+        let mut line = String::new();
+        if stream.read_line(&mut line).await? == 0 {
+            return Err(protocol("connection closed before a reply".to_owned()));
+        }
+        let line = line.trim_end();
+        let (kind, rest) = line.split_at(line.len().min(1));
+        let count = || {
+            rest.parse::<i64>()
+                .map_err(|_| protocol(format!("bad length in {line:?}")))
+        };
+        match kind {
+            "+" | ":" => items.push(rest.to_owned()),
+            "-" => return Err(protocol(format!("error reply {rest:?}"))),
+            "*" => pending += count()?.max(0),
+            "$" => {
+                let Ok(len) = usize::try_from(count()?) else {
+                    continue; // nil
+                };
+                let mut bulk = vec![0; len + 2];
+                stream.read_exact(&mut bulk).await?;
+                bulk.truncate(len);
+                items.push(String::from_utf8_lossy(&bulk).into_owned());
+            }
+            _ => return Err(protocol(format!("unexpected reply {line:?}"))),
+        }
+    }
+    Ok(())
+}
+
 /// An HTTP/1.0 GET over a raw socket; returns the whole response (headers and body).
 pub(crate) async fn http_get(
     addr: SocketAddr,

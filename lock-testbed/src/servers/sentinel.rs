@@ -1,0 +1,355 @@
+//! A Redis primary with replicas under Redis Sentinel, all child processes: what production
+//! Redis often is, with failovers on demand.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::info;
+
+use super::probe::{Probe, redis_query};
+use super::process::{Instance, Launch, free_port, loopback, require_program};
+use super::redis::encode_userinfo;
+use super::{
+    DEFAULT_STARTUP_TIMEOUT, LocalServer, RedisOptions, RedisServer, ServerError, ServerProcess,
+};
+
+const SENTINEL: &str = "Redis Sentinel";
+/// How long one question to a server may take.
+const ASK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How to run a [`RedisSentinelSet`].
+///
+/// Build it from [`RedisSentinelOptions::default`] and the `with_*` methods.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RedisSentinelOptions {
+    /// The name the sentinels monitor the primary under: `distlock` by default.
+    pub service: String,
+    /// How the data servers run (password, ACL user, binary): every one alike. The
+    /// sentinels and the replicas log in with its password.
+    pub server: RedisOptions,
+    /// How many replicas: 2 by default.
+    pub replicas: usize,
+    /// How many sentinels (the quorum is a majority of them): 3 by default.
+    pub sentinels: usize,
+    /// How long the primary must be silent before the sentinels call it down: 1 s by
+    /// default.
+    pub down_after: Duration,
+    /// The bound on start-up (every server, and the sentinels knowing each other and the
+    /// replicas) and on a failover: [`DEFAULT_STARTUP_TIMEOUT`] by default.
+    pub startup_timeout: Duration,
+}
+
+impl Default for RedisSentinelOptions {
+    fn default() -> Self {
+        RedisSentinelOptions {
+            service: "distlock".to_owned(),
+            server: RedisOptions::default(),
+            replicas: 2,
+            sentinels: 3,
+            down_after: Duration::from_secs(1),
+            startup_timeout: DEFAULT_STARTUP_TIMEOUT,
+        }
+    }
+}
+
+impl RedisSentinelOptions {
+    /// Sets how the data servers run.
+    pub fn with_server(mut self, server: RedisOptions) -> Self {
+        self.server = server;
+        self
+    }
+
+    /// Sets the service name.
+    pub fn with_service(mut self, service: impl Into<String>) -> Self {
+        self.service = service.into();
+        self
+    }
+}
+
+/// A primary, its replicas and the sentinels that watch them, on 127.0.0.1.
+///
+/// The data servers are [`RedisServer`]s (no persistence); [`failover`](Self::failover)
+/// has the sentinels promote a replica, [`kill_primary`](Self::kill_primary) kills the
+/// primary and waits until they have. Dropping the set kills every process.
+#[derive(Debug)]
+pub struct RedisSentinelSet {
+    /// The first started as the primary; which one is primary now, the sentinels say.
+    data: Vec<RedisServer>,
+    sentinels: Vec<ServerProcess>,
+    opts: RedisSentinelOptions,
+}
+
+impl RedisSentinelSet {
+    /// Starts the primary, the replicas and the sentinels, and waits (bounded by
+    /// [`RedisSentinelOptions::startup_timeout`]) until every sentinel knows the other
+    /// sentinels and the replicas: from then on a failover can happen.
+    pub async fn start(opts: RedisSentinelOptions) -> Result<Self, ServerError> {
+        let began = Instant::now();
+        let primary = RedisServer::start(opts.server.clone()).await?;
+        let primary_port = primary.port();
+        let mut data = vec![primary];
+        for _ in 0..opts.replicas {
+            let mut replica = opts
+                .server
+                .clone()
+                .with_arg("--replicaof")
+                .with_arg("127.0.0.1")
+                .with_arg(primary_port.to_string());
+            if let Some(password) = &opts.server.password {
+                replica = replica.with_arg("--masterauth").with_arg(password.clone());
+            }
+            data.push(RedisServer::start(replica).await?);
+        }
+        let mut sentinels = Vec::with_capacity(opts.sentinels);
+        for _ in 0..opts.sentinels {
+            sentinels.push(start_sentinel(&opts, primary_port).await?);
+        }
+        let set = RedisSentinelSet {
+            data,
+            sentinels,
+            opts,
+        };
+        set.wait_until_known(began + set.opts.startup_timeout)
+            .await?;
+        info!(took = ?began.elapsed(), sentinels = ?set.sentinel_addresses(), "Redis Sentinel set ready");
+        Ok(set)
+    }
+
+    /// The sentinels' addresses, `127.0.0.1:port`.
+    pub fn sentinel_addresses(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|sentinel| sentinel.node_addr().to_string())
+            .collect()
+    }
+
+    /// The service name.
+    pub fn service(&self) -> &str {
+        &self.opts.service
+    }
+
+    /// `redis+sentinel://[user:password@]s1,s2,s3/SERVICE`, logging in to the data servers
+    /// as `login` (user, password) if given.
+    pub fn url(&self, login: Option<(&str, &str)>) -> String {
+        let userinfo = login.map_or(String::new(), |(user, password)| {
+            format!("{}:{}@", encode_userinfo(user), encode_userinfo(password))
+        });
+        format!(
+            "redis+sentinel://{userinfo}{}/{}",
+            self.sentinel_addresses().join(","),
+            self.opts.service
+        )
+    }
+
+    /// The data servers, the first started as the primary.
+    pub fn data_servers(&self) -> &[RedisServer] {
+        &self.data
+    }
+
+    /// The data servers, mutably (to kill or restart one).
+    pub fn data_servers_mut(&mut self) -> &mut [RedisServer] {
+        &mut self.data
+    }
+
+    /// The primary as the first sentinel that answers names it.
+    pub async fn primary(&self) -> Result<SocketAddr, ServerError> {
+        let mut last = None;
+        for sentinel in &self.sentinels {
+            match self.primary_by(sentinel.node_addr()).await {
+                Ok(primary) => return Ok(primary),
+                Err(error) => last = Some(error),
+            }
+        }
+        Err(last.unwrap_or(ServerError::NotRunning {
+            server: SENTINEL.to_owned(),
+        }))
+    }
+
+    /// Has the sentinels promote a replica (`SENTINEL FAILOVER`), and waits until every
+    /// sentinel names the new primary and it says it is one. Returns its address.
+    pub async fn failover(&self) -> Result<SocketAddr, ServerError> {
+        let before = self.primary().await?;
+        let sentinel = self.sentinels[0].node_addr();
+        let service = self.opts.service.as_str();
+        // Refused while the sentinels still settle a previous failover: asked again.
+        let deadline = Instant::now() + self.opts.startup_timeout;
+        loop {
+            match redis_query(
+                sentinel,
+                None,
+                &["SENTINEL", "FAILOVER", service],
+                ASK_TIMEOUT,
+            )
+            .await
+            {
+                Ok(_) => break,
+                Err(error) if Instant::now() >= deadline => return Err(error),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+        self.wait_for_new_primary(before).await
+    }
+
+    /// Kills the primary's process, and waits until every sentinel names a new primary and
+    /// it says it is one (the old one stays killed; [`LocalServer::restart`] it through
+    /// [`data_servers_mut`](Self::data_servers_mut) to have it rejoin as a replica).
+    /// Returns the old primary's index in [`data_servers`](Self::data_servers) and the new
+    /// primary's address.
+    pub async fn kill_primary(&mut self) -> Result<(usize, SocketAddr), ServerError> {
+        let before = self.primary().await?;
+        let index = self
+            .data
+            .iter()
+            .position(|server| server.socket_addr() == before)
+            .ok_or_else(|| ServerError::Protocol {
+                server: SENTINEL.to_owned(),
+                detail: format!("the sentinels name {before} as primary, not one of the set"),
+            })?;
+        self.data[index].kill();
+        let after = self.wait_for_new_primary(before).await?;
+        Ok((index, after))
+    }
+
+    async fn primary_by(&self, sentinel: SocketAddr) -> Result<SocketAddr, ServerError> {
+        let service = self.opts.service.as_str();
+        let args = ["SENTINEL", "GET-MASTER-ADDR-BY-NAME", service];
+        let answer = redis_query(sentinel, None, &args, ASK_TIMEOUT).await?;
+        match answer.as_slice() {
+            [host, port] => format!("{host}:{port}")
+                .parse()
+                .map_err(|_| protocol(format!("{sentinel} names {host}:{port} as primary"))),
+            other => Err(protocol(format!("{sentinel} answered {other:?}"))),
+        }
+    }
+
+    /// Waits until every sentinel names a primary other than `before` and it answers
+    /// `ROLE` as a master.
+    async fn wait_for_new_primary(&self, before: SocketAddr) -> Result<SocketAddr, ServerError> {
+        let deadline = Instant::now() + self.opts.startup_timeout;
+        let password = self.opts.server.password.as_deref();
+        let mut last = String::from("no sentinel answered");
+        loop {
+            let mut named = Vec::new();
+            for sentinel in &self.sentinels {
+                match self.primary_by(sentinel.node_addr()).await {
+                    Ok(primary) => named.push(primary),
+                    Err(error) => last = error.to_string(),
+                }
+            }
+            if let Some(&primary) = named.first()
+                && primary != before
+                && named.len() == self.sentinels.len()
+                && named.iter().all(|other| *other == primary)
+            {
+                match redis_query(primary, password, &["ROLE"], ASK_TIMEOUT).await {
+                    Ok(role) if role.first().is_some_and(|role| role == "master") => {
+                        info!(%before, %primary, "Redis Sentinel failed over");
+                        return Ok(primary);
+                    }
+                    Ok(role) => last = format!("{primary} answers ROLE with {role:?}"),
+                    Err(error) => last = error.to_string(),
+                }
+            } else if !named.is_empty() {
+                last = format!("the sentinels name {named:?}");
+            }
+            if Instant::now() >= deadline {
+                return Err(ServerError::Timeout {
+                    what: format!("a failover away from {before} ({last})"),
+                    after: self.opts.startup_timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until every sentinel knows the other sentinels and every replica.
+    async fn wait_until_known(&self, deadline: Instant) -> Result<(), ServerError> {
+        let service = self.opts.service.as_str();
+        let wanted = |field: &str| match field {
+            "num-other-sentinels" => Some(self.sentinels.len() - 1),
+            "num-slaves" => Some(self.opts.replicas),
+            _ => None,
+        };
+        let mut last = String::new();
+        loop {
+            let mut ready = true;
+            for sentinel in &self.sentinels {
+                let args = ["SENTINEL", "MASTER", service];
+                let answer = redis_query(sentinel.node_addr(), None, &args, ASK_TIMEOUT).await?;
+                for pair in answer.chunks(2) {
+                    if let [field, value] = pair
+                        && let Some(wanted) = wanted(field)
+                        && value.parse::<usize>().ok() != Some(wanted)
+                    {
+                        ready = false;
+                        last = format!("{field} is {value}, not {wanted}");
+                    }
+                }
+            }
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(ServerError::Timeout {
+                    what: format!("the sentinels to know each other and the replicas ({last})"),
+                    after: self.opts.startup_timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+fn protocol(detail: String) -> ServerError {
+    ServerError::Protocol {
+        server: SENTINEL.to_owned(),
+        detail,
+    }
+}
+
+/// Starts one sentinel monitoring the primary at `primary_port`, from a configuration file
+/// in its directory (a sentinel rewrites its file as it learns).
+async fn start_sentinel(
+    opts: &RedisSentinelOptions,
+    primary_port: u16,
+) -> Result<ServerProcess, ServerError> {
+    let program = require_program("Redis", &opts.server.binary, "redis-server")?;
+    let quorum = opts.sentinels / 2 + 1;
+    let (process, (), _took) = ServerProcess::start(SENTINEL, "lock-sentinel-", |dir| {
+        let port = free_port()?;
+        let service = &opts.service;
+        let mut config = format!(
+            "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\n\
+             sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}\n\
+             sentinel down-after-milliseconds {service} {down}\n\
+             sentinel failover-timeout {service} 5000\n",
+            dir = dir.display(),
+            down = opts.down_after.as_millis(),
+        );
+        if let Some(password) = &opts.server.password {
+            config.push_str(&format!("sentinel auth-pass {service} {password}\n"));
+        }
+        let file: PathBuf = dir.join("sentinel.conf");
+        std::fs::write(&file, config)?;
+        let launch = Launch {
+            program: program.clone(),
+            args: vec![file.into_os_string(), OsString::from("--sentinel")],
+            cwd: dir.to_path_buf(),
+        };
+        let node = Instance::new(
+            SENTINEL,
+            launch,
+            dir.join("server.log"),
+            loopback(port),
+            Probe::RedisPing { password: None },
+            opts.startup_timeout,
+        );
+        Ok((node, ()))
+    })
+    .await?;
+    Ok(process)
+}
