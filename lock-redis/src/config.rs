@@ -13,9 +13,11 @@ use lock_core::url::{LockUrl, duration};
 use serde::Deserialize;
 
 mod redlock;
+mod sentinel;
 mod server;
 
 pub use redlock::RedlockConfig;
+pub use sentinel::RedisSentinel;
 pub use server::RedisServer;
 use server::servers;
 
@@ -165,8 +167,11 @@ lock_core::url_enum! {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisConfig {
-    /// The server.
+    /// The server; with [`sentinel`](Self::sentinel), its login and database only.
     pub server: RedisServer,
+    /// Find the primary through Redis Sentinel and follow its failovers; `None` (the
+    /// default) connects to `server`.
+    pub sentinel: Option<RedisSentinel>,
     /// The key prefix, the lease and the request timeout.
     pub lease: LeaseOptions,
     /// How waiters wait. Default [`RedisStrategy::Queue`].
@@ -178,24 +183,26 @@ impl RedisConfig {
     pub fn new(server: RedisServer) -> Self {
         RedisConfig {
             server,
+            sentinel: None,
             lease: LeaseOptions::default(),
             strategy: RedisStrategy::default(),
         }
     }
 
-    /// Parses a `redis://` or `rediss://` (TLS) connection URL and
-    /// [validates](Self::validate) the result.
+    /// Parses a `redis://` or `rediss://` (TLS) connection URL, or a `redis+sentinel://`
+    /// one (see [`RedisSentinel`]), and [validates](Self::validate) the result.
     ///
     /// ```text
     /// redis://[user[:password]@]host[:port][/db]?prefix=lock&ttl=30s&strategy=queue
+    /// redis+sentinel://[user[:password]@]sentinel1[:26379],sentinel2/SERVICE[/db]?ttl=30s
     /// ```
     ///
     /// | part | meaning | default |
     /// |---|---|---|
     /// | `rediss://` | connect with TLS | plain TCP |
     /// | `user:password@` | ACL user and password; `:password@` alone for the `default` user | none |
-    /// | host, port | exactly one server | port 6379 |
-    /// | `/db` | logical database, a non-negative integer | 0 |
+    /// | host, port | exactly one server (with `redis+sentinel://`, the sentinels) | port 6379 (26379) |
+    /// | `/db` | logical database, a non-negative integer (`/SERVICE/db` with `redis+sentinel://`) | 0 |
     /// | `prefix` | key prefix: non-empty, ≤ 128 bytes, no `{`, `}` or control characters | `lock` |
     /// | `ttl` | lease, from 100ms to 1 day | `30s` |
     /// | `strategy` | `polling`, `pubsub` or `queue` ([`RedisStrategy`]) | `queue` |
@@ -224,12 +231,13 @@ impl RedisConfig {
         let tls = match url.scheme.as_str() {
             "redis" => false,
             "rediss" => true,
+            "redis+sentinel" => return sentinel::from_url(&url, url.query()?),
             other => {
                 return Err(config_error(
                     "redis",
                     format!(
-                        "the URL scheme is {other:?}; expected redis:// or rediss:// \
-                         (redlock:// URLs are parsed by RedlockConfig)"
+                        "the URL scheme is {other:?}; expected redis://, rediss:// or \
+                         redis+sentinel:// (redlock:// URLs are parsed by RedlockConfig)"
                     ),
                 ));
             }
@@ -243,18 +251,8 @@ impl RedisConfig {
             );
             return Err(config_error("redis", message));
         }
-        let mut servers = servers(&url, tls, params.tls_ca, "redis")?;
-        let config = RedisConfig {
-            server: servers.remove(0),
-            lease: LeaseOptions {
-                key_prefix: params.prefix,
-                ttl: params.ttl,
-                timeout: params.timeout,
-            },
-            strategy: params.strategy,
-        };
-        config.validate()?;
-        Ok(config)
+        let mut servers = servers(&url, tls, params.tls_ca.clone(), "redis")?;
+        params.config(servers.remove(0), None)
     }
 
     /// Checks every setting.
@@ -265,6 +263,9 @@ impl RedisConfig {
     /// key prefix, ttl or timeout out of bounds.
     pub fn validate(&self) -> Result<(), LockError> {
         self.server.validate()?;
+        if let Some(sentinel) = &self.sentinel {
+            sentinel.validate(&self.server)?;
+        }
         self.lease.validate_for("redis")
     }
 }
@@ -272,6 +273,8 @@ impl RedisConfig {
 lock_core::setters! { RedisConfig {
     /// Sets the waiting strategy.
     with_strategy(strategy: RedisStrategy) => strategy = strategy;
+    /// Finds the primary through Redis Sentinel.
+    with_sentinel(sentinel: RedisSentinel) => sentinel = Some(sentinel);
     /// Sets the lease settings: key prefix, lease and request timeout.
     with_lease(lease: LeaseOptions) => lease = lease;
 }}
@@ -319,6 +322,29 @@ struct RedisParams {
     #[serde(with = "duration")]
     timeout: Duration,
     tls_ca: Option<PathBuf>,
+}
+
+impl RedisParams {
+    /// The [validated](RedisConfig::validate) configuration of `server` (and `sentinel`)
+    /// with these parameters.
+    fn config(
+        self,
+        server: RedisServer,
+        sentinel: Option<RedisSentinel>,
+    ) -> Result<RedisConfig, LockError> {
+        let config = RedisConfig {
+            server,
+            sentinel,
+            lease: LeaseOptions {
+                key_prefix: self.prefix,
+                ttl: self.ttl,
+                timeout: self.timeout,
+            },
+            strategy: self.strategy,
+        };
+        config.validate()?;
+        Ok(config)
+    }
 }
 
 impl Default for RedisParams {

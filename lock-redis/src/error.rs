@@ -36,7 +36,8 @@ pub(crate) fn lock_error(
             source: Some(Box::new(error)),
         };
     }
-    let retryable = code == "BUSY"
+    // UNBLOCKED: a blocked request ended by the server (a primary demoted to a replica).
+    let retryable = matches!(code.as_str(), "BUSY" | "UNBLOCKED")
         || matches!(
             error.kind(),
             ErrorKind::Server(

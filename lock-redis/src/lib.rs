@@ -1,5 +1,5 @@
-//! The Redis backend of distlock: efficiency-grade locks on one Redis server, or Redlock over
-//! several.
+//! The Redis backend of distlock: efficiency-grade locks on one Redis server (or on the
+//! primary Redis Sentinel names), or Redlock over several.
 //!
 //! **Redis locks are efficiency-grade.** They keep two workers from doing the same job
 //! twice most of the time; they do not guarantee mutual exclusion through a failover, a
@@ -13,6 +13,9 @@
 //! - [`RedisLockProvider`] on one server: `redis://[user[:password]@]host[:port][/db]?prefix=lock&ttl=30s&strategy=queue&timeout=5s`
 //!   (`rediss://` for TLS, with `tls_ca=/path/ca.pem`)
 //!   ([`RedisConfig::from_url`]);
+//! - the same on the primary that Redis Sentinel names, following its failovers:
+//!   `redis+sentinel://[user[:password]@]sentinel1[:26379],sentinel2/SERVICE[/db]?…`
+//!   ([`RedisSentinel`]);
 //! - [`RedlockProvider`] over independent servers: `redlock://[user:password@]host1[:port],host2,host3[/db]?ttl=&retry_count=&retry_delay=&drift_factor=&timeout=`
 //!   ([`RedlockConfig::from_url`]).
 //!
@@ -71,6 +74,17 @@
 //! next renewal, and tokens start again from 1. Tokens increase only while the server keeps
 //! its data: [`Fencing::BestEffort`](lock_core::Fencing::BestEffort).
 //!
+//! Under Redis Sentinel ([`RedisSentinel`]) the provider asks the sentinels for the primary,
+//! listens to every sentinel's `+switch-master` announcements and moves to the announced
+//! primary once it confirms its role, and asks again after a connection error or a
+//! refusal by a replica (`READONLY`, `UNBLOCKED`). Meanwhile requests fail with retryable
+//! errors. A queued waiter keeps waiting while its place lasts (its liveness less one
+//! refresh period, counted from its last refresh) and if the place reached the new primary;
+//! a holder keeps its lock through a failover shorter than its lease's validity, if the
+//! grant reached the new primary. The window above stays: a failover loses what the
+//! promoted replica had not yet received, and leaves the old primary taking writes until
+//! the sentinels reconfigure it (grants made there are lost).
+//!
 //! Redlock does not depend on one server. Each server keeps its own counter; a grant
 //! reports the largest count of its majority and, in a second round, raises those servers'
 //! counters to it, so that tokens increase from grant to grant while the servers keep
@@ -92,7 +106,8 @@
 //!     +subscribe +unsubscribe +ping
 //! ```
 //!
-//! then `redis://locker:s3cret@host?prefix=lock`. A lock outside the user's key pattern
+//! then `redis://locker:s3cret@host?prefix=lock`. Under Redis Sentinel the user also needs
+//! `+role` (the primary confirms its role). A lock outside the user's key pattern
 //! fails with [`LockError::PermissionDenied`](lock_core::LockError::PermissionDenied); a
 //! wrong password with [`LockError::Auth`](lock_core::LockError::Auth).
 //!
@@ -112,7 +127,9 @@ mod redlock;
 mod scripts;
 mod subscriber;
 
-pub use config::{LeaseOptions, RedisConfig, RedisServer, RedisStrategy, RedlockConfig};
+pub use config::{
+    LeaseOptions, RedisConfig, RedisSentinel, RedisServer, RedisStrategy, RedlockConfig,
+};
 pub use election::RedisElection;
 pub use lock::RedisLock;
 pub use provider::{RedisHolders, RedisLockProvider};

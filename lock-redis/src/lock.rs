@@ -231,12 +231,19 @@ impl RedisLock {
             let Some(subscription) = pubsub.as_mut() else {
                 // Subscribe, then try once more: a release between the first try and the
                 // subscription would otherwise go unheard.
-                pubsub = Some(
-                    self.shared
-                        .node
-                        .subscribe(&self.keys.channel, self.name.as_str())
-                        .await?,
-                );
+                let joining = self
+                    .shared
+                    .node
+                    .subscribe(&self.keys.channel, self.name.as_str());
+                match joining.await {
+                    Ok(joined) => pubsub = Some(joined),
+                    // The subscription connection is moving (a failover): try again.
+                    Err(error) if error.is_retryable() && !deadline.has_passed() => {
+                        tracing::debug!(lock = %self.name, %error, "redis: no subscription; trying again");
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                    }
+                    Err(error) => return Err(error),
+                }
                 continue;
             };
             let nap = deadline.remaining().map_or(period, |left| left.min(period));
@@ -261,11 +268,36 @@ impl RedisLock {
         let queue = !deadline.is_immediate();
         let mut mode = if queue { Queueing::Join } else { Queueing::No };
         let mut connection = None;
+        // A queued waiter rides out an outage (a failover, a restart) while its place lasts:
+        // the server keeps it for `liveness` after its last refresh; a margin of one
+        // refresh period is kept for the request that refreshes it.
+        let lasts = liveness(ttl, self.shared.config.lease.timeout).saturating_sub(period);
+        let mut refreshed = Instant::now();
         loop {
             // Grants pushed to our list come after this request was handled: the lease
             // runs from no earlier than its sending.
             let sent = Instant::now();
-            let token = grant.attempt(mode).await?;
+            let token = match grant.attempt(mode).await {
+                Ok(token) => token,
+                Err(error)
+                    if matches!(mode, Queueing::Refresh)
+                        && error.is_retryable()
+                        && refreshed.elapsed() < lasts
+                        && !deadline.has_passed() =>
+                {
+                    tracing::debug!(lock = %self.name, %error, "redis: refresh failed; the place lasts, trying again");
+                    connection = None;
+                    tokio::time::sleep(
+                        deadline
+                            .remaining()
+                            .map_or(RETRY_PAUSE, |left| left.min(RETRY_PAUSE)),
+                    )
+                    .await;
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
+            refreshed = sent;
             // Done waiting, one way or another: keep the blocking connection for the next.
             if (token != 0 || !queue || deadline.has_passed())
                 && let Some(done) = connection.take()
@@ -300,8 +332,24 @@ impl RedisLock {
                 return Ok(None);
             }
             mode = Queueing::Refresh;
+            // A connection to a server that is no longer the primary would block on a list
+            // that no hand-off reaches.
+            if connection
+                .as_ref()
+                .is_some_and(|kept| !self.shared.node.is_current(kept))
+            {
+                connection = None;
+            }
             if connection.is_none() {
-                connection = Some(self.shared.node.dedicated(self.name.as_str()).await?);
+                connection = match self.shared.node.dedicated(self.name.as_str()).await {
+                    Ok(dedicated) => Some(dedicated),
+                    // The place lasts: the next refresh decides (as after a failed wait).
+                    Err(error) if error.is_retryable() => {
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                        continue;
+                    }
+                    Err(error) => return Err(error),
+                };
             }
             let Some(blocking) = connection.as_mut() else {
                 continue;
@@ -316,19 +364,24 @@ impl RedisLock {
             let budget = wait + self.shared.node.timeout();
             let popped: Option<(String, u64)> = match tokio::time::timeout(
                 budget,
-                blpop.query_async(blocking),
+                blpop.query_async(&mut blocking.connection),
             )
             .await
             {
                 Ok(Ok(popped)) => popped,
                 Ok(Err(error)) => {
+                    // The server went away, or stopped being the primary (a demoted primary
+                    // unblocks its waiters with UNBLOCKED, and refuses with READONLY):
+                    // wait again on a new connection, after the next refresh.
+                    if let Some(failed) = connection.take() {
+                        self.shared.node.failed_on(&failed, &error);
+                    }
                     let error = crate::error::lock_error(BACKEND, error, Some(self.name.as_str()));
-                    if !matches!(error, LockError::Connection { .. }) {
+                    if !error.is_retryable() {
                         // Refused (an ACL without BLPOP, say): no use trying again.
                         return Err(error);
                     }
                     tracing::debug!(lock = %self.name, %error, "redis: blocking wait failed; reconnecting");
-                    connection = None;
                     tokio::time::sleep(RETRY_PAUSE).await;
                     None
                 }

@@ -1,35 +1,66 @@
 //! One Redis server as the locks see it: a shared, reconnecting connection for short
-//! requests, and dedicated connections for the requests that block.
+//! requests, and dedicated connections for the requests that block; with Redis Sentinel,
+//! whichever server is the primary.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
+use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use lock_core::{LockError, Metrics};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::{
-    AsyncConnectionConfig, Client, ConnectionAddr, FromRedisValue, IntoConnectionInfo,
-    RedisConnectionInfo, ScriptInvocation, TlsCertificates,
+    AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo,
+    RedisConnectionInfo, RedisError, ScriptInvocation, ServerErrorKind, TlsCertificates,
 };
 
-use crate::config::RedisServer;
-use crate::error::{connection, lock_error, timed_out_request};
+use crate::config::{RedisSentinel, RedisServer};
+use crate::error::{connection, is_connection, lock_error, timed_out_request};
 use crate::subscriber::{Subscriber, Subscription};
 
-/// A connection to one server, counting its requests.
+/// A connection to one server, counting its requests. With Redis Sentinel the server is
+/// the primary the sentinels name, found again after a connection error or a write refused
+/// by a replica, so that the node follows failovers.
 #[derive(Clone)]
-pub(crate) struct Node {
-    client: Client,
-    manager: ConnectionManager,
+pub(crate) struct Node(Arc<Inner>);
+
+struct Inner {
     timeout: Duration,
     backend: &'static str,
-    address: String,
     metrics: Arc<Metrics>,
-    /// Idle connections for blocking requests, kept for the next waiter.
-    idle: Arc<Mutex<Vec<MultiplexedConnection>>>,
-    /// The subscription connection the pub/sub waiters share.
-    subscriber: Arc<Subscriber>,
+    /// The server requests go to now; replaced when the sentinels name another.
+    link: RwLock<Arc<Link>>,
+    finder: Option<Finder>,
 }
+
+/// One server's connections.
+struct Link {
+    client: Client,
+    manager: ConnectionManager,
+    address: String,
+    /// Idle connections for blocking requests, kept for the next waiter.
+    idle: Mutex<Vec<MultiplexedConnection>>,
+    /// The subscription connection the pub/sub waiters share.
+    subscriber: Subscriber,
+}
+
+/// How the primary is found through the sentinels.
+struct Finder {
+    sentinel: tokio::sync::Mutex<Sentinel>,
+    service: String,
+    login: SentinelNodeConnectionInfo,
+    /// The same login, for a primary a sentinel announces.
+    redis_login: RedisConnectionInfo,
+    /// Held by the search in progress.
+    searching: tokio::sync::Mutex<()>,
+    /// When the last search began: one search at a time, and at most one per
+    /// [`SEARCH_PAUSE`], however many requests fail.
+    searched: Mutex<Option<Instant>>,
+}
+
+/// The shortest pause between two searches for the primary.
+const SEARCH_PAUSE: Duration = Duration::from_millis(100);
 
 /// How many idle blocking connections a node keeps.
 const MAX_IDLE: usize = 64;
@@ -37,7 +68,7 @@ const MAX_IDLE: usize = 64;
 impl fmt::Debug for Node {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Node")
-            .field("address", &self.address)
+            .field("address", &self.address())
             .finish()
     }
 }
@@ -109,39 +140,89 @@ impl Node {
         lazy: bool,
     ) -> Result<Self, LockError> {
         let client = client(server, backend)?;
-        let config = manager_config(timeout);
-        let manager = if lazy {
-            ConnectionManager::new_lazy_with_config(client.clone(), config)
-                .map_err(|error| lock_error(backend, error, None))?
-        } else {
-            let connecting = ConnectionManager::new_with_config(client.clone(), config);
-            let Ok(connected) = tokio::time::timeout(timeout, connecting).await else {
-                let message = format!("no connection to {} within {timeout:?}", server.address());
-                return Err(connection(backend, None, message));
-            };
-            connected.map_err(|error| lock_error(backend, error, None))?
-        };
-        let subscriber = Subscriber::new(client.clone(), timeout, backend, Arc::clone(&metrics));
-        Ok(Node {
-            client,
-            manager,
-            timeout,
-            backend,
-            address: server.address(),
-            metrics,
-            idle: Arc::default(),
-            subscriber: Arc::new(subscriber),
-        })
+        let link = Link::connect(client, server.address(), timeout, backend, &metrics, lazy);
+        Ok(Node::with(link.await?, None, timeout, backend, metrics))
     }
 
-    /// The server's `host:port`.
-    pub(crate) fn address(&self) -> &str {
-        &self.address
+    /// Connects to the primary that `sentinel`'s sentinels name, logging in as `server`
+    /// says, giving up after `timeout`.
+    pub(crate) async fn connect_sentinel(
+        sentinel: &RedisSentinel,
+        server: &RedisServer,
+        timeout: Duration,
+        backend: &'static str,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, LockError> {
+        let urls: Vec<String> = sentinel
+            .sentinels
+            .iter()
+            .map(|address| match address.rsplit_once(':') {
+                // A port after the host (an IPv6 host is in brackets).
+                Some((_, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
+                    format!("redis://{address}")
+                }
+                _ => format!("redis://{address}:{}", RedisSentinel::DEFAULT_PORT),
+            })
+            .collect();
+        let sentinels =
+            Sentinel::build(urls.clone()).map_err(|error| lock_error(backend, error, None))?;
+        let announcers = urls
+            .iter()
+            .map(|url| Client::open(url.as_str()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| lock_error(backend, error, None))?;
+        let mut login = RedisConnectionInfo::default().set_db(server.db);
+        if let Some(user) = &server.username {
+            login = login.set_username(user);
+        }
+        if let Some(password) = &server.password {
+            login = login.set_password(password);
+        }
+        let finder = Finder {
+            sentinel: tokio::sync::Mutex::new(sentinels),
+            service: sentinel.service.clone(),
+            login: SentinelNodeConnectionInfo::default().set_redis_connection_info(login.clone()),
+            redis_login: login,
+            searching: tokio::sync::Mutex::new(()),
+            searched: Mutex::new(None),
+        };
+        let link = finder.find(timeout, backend, &metrics).await?;
+        let node = Node::with(link, Some(finder), timeout, backend, metrics);
+        for announcer in announcers {
+            let service = sentinel.service.clone();
+            tokio::spawn(follow_switches(Arc::downgrade(&node.0), announcer, service));
+        }
+        Ok(node)
+    }
+
+    fn with(
+        link: Link,
+        finder: Option<Finder>,
+        timeout: Duration,
+        backend: &'static str,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Node(Arc::new(Inner {
+            timeout,
+            backend,
+            metrics,
+            link: RwLock::new(Arc::new(link)),
+            finder,
+        }))
+    }
+
+    fn link(&self) -> Arc<Link> {
+        Arc::clone(&self.0.link.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The server's `host:port` (the current primary's, with Sentinel).
+    pub(crate) fn address(&self) -> String {
+        self.link().address.clone()
     }
 
     /// The request timeout.
     pub(crate) fn timeout(&self) -> Duration {
-        self.timeout
+        self.0.timeout
     }
 
     /// Runs a script on the shared connection, within the request timeout.
@@ -150,9 +231,10 @@ impl Node {
         invocation: ScriptInvocation<'_>,
         name: &str,
     ) -> Result<T, LockError> {
-        self.metrics.record_server_requests(1);
-        let mut connection = self.manager.clone();
-        self.within(Some(name), invocation.invoke_async(&mut connection))
+        self.0.metrics.record_server_requests(1);
+        let link = self.link();
+        let mut connection = link.manager.clone();
+        self.within(&link, Some(name), invocation.invoke_async(&mut connection))
             .await
     }
 
@@ -163,17 +245,19 @@ impl Node {
         pipeline: &redis::Pipeline,
         name: &str,
     ) -> Result<T, LockError> {
-        let mut connection = self.manager.clone();
-        self.within(Some(name), pipeline.query_async(&mut connection))
+        let link = self.link();
+        let mut connection = link.manager.clone();
+        self.within(&link, Some(name), pipeline.query_async(&mut connection))
             .await
     }
 
     /// `PING`, within the request timeout.
     pub(crate) async fn ping(&self) -> Result<(), LockError> {
-        self.metrics.record_server_requests(1);
-        let mut connection = self.manager.clone();
+        self.0.metrics.record_server_requests(1);
+        let link = self.link();
+        let mut connection = link.manager.clone();
         let ping = redis::cmd("PING");
-        self.within(None, ping.query_async::<String>(&mut connection))
+        self.within(&link, None, ping.query_async::<String>(&mut connection))
             .await?;
         Ok(())
     }
@@ -181,43 +265,148 @@ impl Node {
     /// A connection of its own, for a request that blocks on the server (`BLPOP`): an idle
     /// one if there is one, else a new one. Hand it back with [`Node::give_back`] once its
     /// request has completed.
-    pub(crate) async fn dedicated(&self, name: &str) -> Result<MultiplexedConnection, LockError> {
-        if let Some(idle) = self
+    pub(crate) async fn dedicated(&self, name: &str) -> Result<Blocking, LockError> {
+        let link = self.link();
+        let idle = link
             .idle
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .pop()
-        {
-            return Ok(idle);
+            .pop();
+        if let Some(connection) = idle {
+            return Ok(Blocking { connection, link });
         }
-        self.metrics.record_server_requests(1);
+        self.0.metrics.record_server_requests(1);
         let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeout))
+            .set_connection_timeout(Some(self.0.timeout))
             .set_response_timeout(None);
-        let connecting = self
+        let connecting = link
             .client
             .get_multiplexed_async_connection_with_config(&config);
-        self.within(Some(name), connecting).await
+        let connection = self.within(&link, Some(name), connecting).await?;
+        Ok(Blocking { connection, link })
     }
 
-    /// `request` within the request timeout, its errors as lock errors naming `name`.
+    /// `request` within the request timeout, its errors as lock errors naming `name`. An
+    /// error that says the server may no longer be the primary starts a search for it.
     async fn within<T>(
         &self,
+        link: &Arc<Link>,
         name: Option<&str>,
         request: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, LockError> {
-        match tokio::time::timeout(self.timeout, request).await {
-            Ok(answer) => answer.map_err(|error| lock_error(self.backend, error, name)),
-            Err(_) => Err(timed_out_request(self.backend, name)),
+        match tokio::time::timeout(self.0.timeout, request).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(error)) => {
+                if may_have_moved(&error) {
+                    self.search_from(link);
+                }
+                Err(lock_error(self.0.backend, error, name))
+            }
+            Err(_) => {
+                self.search_from(link);
+                Err(timed_out_request(self.0.backend, name))
+            }
+        }
+    }
+
+    /// With Sentinel, looks for the primary in the background, unless `failed` (the link a
+    /// request failed on) is no longer current or a search ran less than [`SEARCH_PAUSE`]
+    /// ago. Requests meanwhile go to the old server and fail as they would.
+    fn search_from(&self, failed: &Arc<Link>) {
+        if Arc::ptr_eq(failed, &self.link()) {
+            self.search(true, None);
+        }
+    }
+
+    /// With Sentinel, looks for the primary in the background (`throttled`: unless a
+    /// search began less than [`SEARCH_PAUSE`] ago), and moves to it if it is another; at
+    /// `announced`, if given (a `+switch-master` announcement), once it confirms that it is
+    /// the primary. One search at a time: each checks the current server again first.
+    fn search(&self, throttled: bool, announced: Option<(String, u16)>) {
+        let Some(finder) = &self.0.finder else {
+            return;
+        };
+        {
+            let mut searched = finder
+                .searched
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if throttled && searched.is_some_and(|at| at.elapsed() < SEARCH_PAUSE) {
+                return;
+            }
+            *searched = Some(Instant::now());
+        }
+        let node = self.clone();
+        tokio::spawn(async move {
+            let Some(finder) = &node.0.finder else {
+                return;
+            };
+            let _one_at_a_time = finder.searching.lock().await;
+            let inner = &node.0;
+            let (timeout, backend, metrics) = (inner.timeout, inner.backend, &inner.metrics);
+            let found = match announced {
+                Some((host, port)) if format!("{host}:{port}") == node.address() => return,
+                Some((host, port)) => finder.at(host, port, timeout, backend, metrics).await,
+                None => match finder.locate(timeout, backend).await {
+                    Ok((_, address)) if address == node.address() => return,
+                    Ok((client, address)) => {
+                        Link::connect(client, address, timeout, backend, metrics, false).await
+                    }
+                    Err(error) => Err(error),
+                },
+            };
+            match found {
+                Ok(found) => {
+                    tracing::info!(
+                        from = %node.address(),
+                        to = %found.address,
+                        "redis: the sentinels name a new primary"
+                    );
+                    let old = std::mem::replace(
+                        &mut *inner.link.write().unwrap_or_else(PoisonError::into_inner),
+                        Arc::new(found),
+                    );
+                    // Pub/sub waiters join again, on the new primary.
+                    old.subscriber.close();
+                }
+                // Credentials the new primary refuses will not pass by themselves.
+                Err(error @ (LockError::Auth { .. } | LockError::PermissionDenied { .. })) => {
+                    tracing::warn!(%error, "redis: the primary the sentinels name refuses this client");
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "redis: no primary found; asking again later")
+                }
+            }
+        });
+    }
+
+    /// Whether `blocking` is a connection to the current server.
+    pub(crate) fn is_current(&self, blocking: &Blocking) -> bool {
+        Arc::ptr_eq(&blocking.link, &self.link())
+    }
+
+    /// A blocking request on `blocking` failed with `error`: with Sentinel, a search for
+    /// the primary if the error says the server may no longer be it.
+    pub(crate) fn failed_on(&self, blocking: &Blocking, error: &RedisError) {
+        if may_have_moved(error) {
+            self.search_from(&blocking.link);
         }
     }
 
     /// Keeps a blocking connection whose last request completed (never one whose request
-    /// was abandoned: the server may still be blocked on it).
-    pub(crate) fn give_back(&self, connection: MultiplexedConnection) {
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+    /// was abandoned: the server may still be blocked on it), if its server is still the
+    /// current one.
+    pub(crate) fn give_back(&self, blocking: Blocking) {
+        if !Arc::ptr_eq(&blocking.link, &self.link()) {
+            return;
+        }
+        let mut idle = blocking
+            .link
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if idle.len() < MAX_IDLE {
-            idle.push(connection);
+            idle.push(blocking.connection);
         }
     }
 
@@ -227,6 +416,201 @@ impl Node {
         channel: &str,
         name: &str,
     ) -> Result<Subscription, LockError> {
-        self.subscriber.join(channel, name).await
+        self.link().subscriber.join(channel, name).await
+    }
+}
+
+/// Whether `error` says the server may no longer be the primary: it cannot be reached, or
+/// it is a replica now (it refuses writes, or ended a blocked request on its demotion).
+fn may_have_moved(error: &RedisError) -> bool {
+    is_connection(error)
+        || matches!(
+            error.kind(),
+            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+        )
+        || error.code() == Some("UNBLOCKED")
+}
+
+/// A connection for blocking requests, from [`Node::dedicated`].
+pub(crate) struct Blocking {
+    pub(crate) connection: MultiplexedConnection,
+    link: Arc<Link>,
+}
+
+impl Link {
+    /// The connections to the server `client` reaches at `address`.
+    async fn connect(
+        client: Client,
+        address: String,
+        timeout: Duration,
+        backend: &'static str,
+        metrics: &Arc<Metrics>,
+        lazy: bool,
+    ) -> Result<Self, LockError> {
+        let config = manager_config(timeout);
+        let manager = if lazy {
+            ConnectionManager::new_lazy_with_config(client.clone(), config)
+                .map_err(|error| lock_error(backend, error, None))?
+        } else {
+            let connecting = ConnectionManager::new_with_config(client.clone(), config);
+            let Ok(connected) = tokio::time::timeout(timeout, connecting).await else {
+                let message = format!("no connection to {address} within {timeout:?}");
+                return Err(connection(backend, None, message));
+            };
+            connected.map_err(|error| lock_error(backend, error, None))?
+        };
+        let subscriber = Subscriber::new(client.clone(), timeout, backend, Arc::clone(metrics));
+        Ok(Link {
+            client,
+            manager,
+            address,
+            idle: Mutex::default(),
+            subscriber,
+        })
+    }
+}
+
+impl Finder {
+    /// Asks the sentinels for the primary, confirmed by its `ROLE`, within `timeout`: a
+    /// client for it, and its address.
+    async fn locate(
+        &self,
+        timeout: Duration,
+        backend: &'static str,
+    ) -> Result<(Client, String), LockError> {
+        let searching = async {
+            let mut sentinel = self.sentinel.lock().await;
+            sentinel
+                .async_master_for(&self.service, Some(&self.login))
+                .await
+        };
+        let Ok(found) = tokio::time::timeout(timeout, searching).await else {
+            let message = format!(
+                "no sentinel named a primary for {:?} within {timeout:?}",
+                self.service
+            );
+            return Err(connection(backend, None, message));
+        };
+        let client = found.map_err(|error| match error.kind() {
+            // Flagged down by the sentinels (a failover under way): it passes.
+            ErrorKind::MasterNameNotFoundBySentinel => {
+                let message = format!(
+                    "no sentinel names a live primary for {:?}: {error}",
+                    self.service
+                );
+                connection(backend, None, message)
+            }
+            _ => lock_error(backend, error, None),
+        })?;
+        let address = client.get_connection_info().addr().to_string();
+        Ok((client, address))
+    }
+
+    /// The connections to the server at `host:port` (announced by a sentinel), once it
+    /// answers `ROLE` as the primary, all within `timeout`.
+    async fn at(
+        &self,
+        host: String,
+        port: u16,
+        timeout: Duration,
+        backend: &'static str,
+        metrics: &Arc<Metrics>,
+    ) -> Result<Link, LockError> {
+        let address = format!("{host}:{port}");
+        let info = ConnectionAddr::Tcp(host, port)
+            .into_connection_info()
+            .map_err(|error| lock_error(backend, error, None))?
+            .set_redis_settings(self.redis_login.clone());
+        let client = Client::open(info).map_err(|error| lock_error(backend, error, None))?;
+        let link = Link::connect(client, address, timeout, backend, metrics, false).await?;
+        let mut manager = link.manager.clone();
+        let role = redis::cmd("ROLE");
+        let asking = role.query_async::<redis::Value>(&mut manager);
+        match tokio::time::timeout(timeout, asking).await {
+            Ok(Ok(redis::Value::Array(role)))
+                if role.first().is_some_and(
+                    |first| matches!(first, redis::Value::BulkString(role) if role == b"master"),
+                ) =>
+            {
+                Ok(link)
+            }
+            Ok(Err(error)) => Err(lock_error(backend, error, None)),
+            _ => {
+                let message = format!("{} does not say it is the primary", link.address);
+                Err(connection(backend, None, message))
+            }
+        }
+    }
+
+    /// The primary's connections.
+    async fn find(
+        &self,
+        timeout: Duration,
+        backend: &'static str,
+        metrics: &Arc<Metrics>,
+    ) -> Result<Link, LockError> {
+        let (client, address) = self.locate(timeout, backend).await?;
+        Link::connect(client, address, timeout, backend, metrics, false).await
+    }
+}
+
+/// Listens to one sentinel's `+switch-master` announcements (subscribing again when its
+/// connection closes) and has `node` move to the announced primary at once when its
+/// service fails over: so that a client does not go on writing to a demoted primary that
+/// the sentinels have not yet told to follow the new one. Each sentinel has a listener: the
+/// first to learn of the failover tells. Ends with the node.
+async fn follow_switches(node: Weak<Inner>, sentinel: Client, service: String) {
+    const PAUSE: Duration = Duration::from_millis(500);
+    loop {
+        let Some(timeout) = node.upgrade().map(|inner| inner.timeout) else {
+            return;
+        };
+        let subscribing = async {
+            let mut pubsub = sentinel.get_async_pubsub().await?;
+            pubsub.subscribe("+switch-master").await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        let mut pubsub = match tokio::time::timeout(timeout, subscribing).await {
+            Ok(Ok(pubsub)) => pubsub,
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "redis: no announcements from a sentinel; trying again");
+                tokio::time::sleep(PAUSE).await;
+                continue;
+            }
+            Err(_) => continue,
+        };
+        let mut announcements = pubsub.on_message();
+        let mut checks = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            let announcement = tokio::select! {
+                announcement = announcements.next() => announcement,
+                // Checks now and then whether the node is still there.
+                _ = checks.tick() => {
+                    if node.strong_count() == 0 {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let Some(announcement) = announcement else {
+                break;
+            };
+            // "<service> <old ip> <old port> <new ip> <new port>"
+            let payload: String = announcement.get_payload().unwrap_or_default();
+            let words: Vec<&str> = payload.split(' ').collect();
+            let [announced, _, _, host, port] = words[..] else {
+                continue;
+            };
+            if announced != service {
+                continue;
+            }
+            let Some(inner) = node.upgrade() else {
+                return;
+            };
+            tracing::debug!(%payload, "redis: the sentinels announce a failover");
+            let to = port.parse().ok().map(|port| (host.to_owned(), port));
+            Node(inner).search(false, to);
+        }
+        tokio::time::sleep(PAUSE).await;
     }
 }

@@ -72,14 +72,22 @@ impl RedisLockProvider {
         config.validate()?;
         let metrics = Arc::new(Metrics::new());
         let timeout = config.lease.timeout;
-        let node = Node::connect(
-            &config.server,
-            timeout,
-            BACKEND,
-            Arc::clone(&metrics),
-            false,
-        )
-        .await?;
+        let node = match &config.sentinel {
+            Some(sentinel) => {
+                let metrics = Arc::clone(&metrics);
+                Node::connect_sentinel(sentinel, &config.server, timeout, BACKEND, metrics).await?
+            }
+            None => {
+                Node::connect(
+                    &config.server,
+                    timeout,
+                    BACKEND,
+                    Arc::clone(&metrics),
+                    false,
+                )
+                .await?
+            }
+        };
         let shared = Arc::new(Shared {
             config,
             node,

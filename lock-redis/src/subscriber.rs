@@ -28,6 +28,8 @@ pub(crate) struct Subscriber {
     link: Arc<Link>,
     /// Requests to the task that owns the connection; started on first use.
     requests: Mutex<Option<mpsc::UnboundedSender<Request>>>,
+    /// Closed for good (its server is no longer the primary): no task is started again.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// What the connection task needs to connect and report.
@@ -50,6 +52,9 @@ enum Request {
         channel: String,
         generation: u64,
     },
+    /// Drop the connection and end: every subscription ends, and its waiter joins again
+    /// (on another server).
+    Close,
 }
 
 struct Joined {
@@ -110,6 +115,7 @@ impl Subscriber {
                 metrics,
             }),
             requests: Mutex::new(None),
+            closed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -136,17 +142,32 @@ impl Subscriber {
         }
     }
 
-    /// The running task's request queue, starting the task if there is none.
+    /// The running task's request queue, starting the task if there is none (and the
+    /// subscriber is not closed: then a queue whose requests go nowhere, so that joins fail
+    /// as with a task gone).
     fn requests(&self) -> mpsc::UnboundedSender<Request> {
         let mut requests = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
         match requests.as_ref() {
             Some(running) if !running.is_closed() => running.clone(),
+            _ if self.closed.load(std::sync::atomic::Ordering::Acquire) => {
+                mpsc::unbounded_channel().0
+            }
             _ => {
                 let (sender, receiver) = mpsc::unbounded_channel();
                 tokio::spawn(serve(Arc::clone(&self.link), receiver));
                 *requests = Some(sender.clone());
                 sender
             }
+        }
+    }
+
+    /// Ends the connection and every subscription on it.
+    pub(crate) fn close(&self) {
+        let requests = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        if let Some(running) = requests.as_ref() {
+            let _ = running.send(Request::Close);
         }
     }
 
@@ -294,6 +315,7 @@ async fn serve(link: Arc<Link>, mut requests: mpsc::UnboundedReceiver<Request>) 
                 Some(Request::Leave { channel, generation }) => {
                     connection.leave(&link, &channel, generation).await;
                 }
+                Some(Request::Close) => return,
             },
             channel = connection.next_channel() => match channel {
                 Some(channel) => {

@@ -23,6 +23,8 @@ use lock_testbed::proxy::{FaultProxy, ReplyKind};
 use lock_testbed::servers::{RedisOptions, RedisServer, RedisTarget, free_port};
 use redis::AsyncCommands;
 
+pub(crate) mod sentinel;
+
 /// How long the cases let one operation take (the suite's operation slack).
 const OPERATION_SLACK: Duration = Duration::from_secs(1);
 
@@ -38,6 +40,18 @@ const _: () = assert!(TTL.as_millis() * 2 > OPERATION_SLACK.as_millis() * 3);
 /// take the operation slack, as one request to a single server may. With a 1 s lease a round had
 /// 333 ms, and a heavily loaded machine failed grants and releases the suite allows.
 pub(crate) const REDLOCK_TTL: Duration = Duration::from_secs(3);
+/// How long a partition must last to end a client's session: its holds' leases and its
+/// queued waiters' places, which the server keeps for three refresh periods (ttl/3, at most
+/// 2 s), the request `timeout` and a second after the waiter's last refresh; and a second
+/// more.
+pub(crate) fn session_cut(ttl: Duration, timeout: Duration) -> Duration {
+    let refresh = (ttl / 3).clamp(Duration::from_millis(10), Duration::from_secs(2));
+    (ttl * 2).max(refresh * 3 + timeout + Duration::from_secs(2))
+}
+
+/// The request timeout of the test clients.
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The admin password of every test server.
 pub(crate) const ADMIN_PASSWORD: &str = "admin-secret";
 /// The ACL user the clients use: every command, but only the keys of the `lock…` prefixes.
@@ -115,7 +129,7 @@ pub(crate) fn config(port: u16, strategy: RedisStrategy) -> RedisConfig {
     )
     .with_ttl(TTL)
     .with_strategy(strategy)
-    .with_timeout(Duration::from_secs(2))
+    .with_timeout(TIMEOUT)
 }
 
 /// The hash tag of the lock `name`: `{lock:escaped}`.
@@ -134,7 +148,7 @@ pub(crate) async fn keys_of(admin: &mut redis::aio::ConnectionManager, name: &st
 }
 
 /// The bounds of both harnesses, from their lease `ttl`.
-fn timing(ttl: Duration) -> Timing {
+pub(crate) fn timing(ttl: Duration) -> Timing {
     Timing::default()
         .with_operation_slack(OPERATION_SLACK)
         .with_handoff_bound(Duration::from_secs(2))
@@ -148,10 +162,10 @@ pub(crate) struct Proxy(pub(crate) FaultProxy);
 
 #[async_trait]
 impl SessionExpiry for Proxy {
-    /// A partition longer than the lease: the key expires on the server.
+    /// A partition longer than the lease and a waiter's place: both expire on the server.
     async fn expire_session(&self) -> FaultResult {
         self.0.cut();
-        tokio::time::sleep(TTL * 2).await;
+        tokio::time::sleep(session_cut(TTL, TIMEOUT)).await;
         self.0.pass();
         Ok(())
     }
@@ -215,7 +229,7 @@ impl RedisHarness {
     }
 }
 
-fn failed(error: impl std::fmt::Display) -> FaultError {
+pub(crate) fn failed(error: impl std::fmt::Display) -> FaultError {
     FaultError::Failed(error.to_string())
 }
 
@@ -304,46 +318,54 @@ impl Inspector for RedisHarness {
     /// value left without its place or lease, or a record of the last leader left without
     /// any value, counts as a waiter (residue).
     async fn entries(&self, name: &str) -> Result<Entries, LockError> {
-        let tag = tag(name);
-        let election = format!("{}.election}}", tag.trim_end_matches('}'));
-        let mut admin = self.admin();
-        let glob: String = election
-            .chars()
-            .flat_map(|c| match c {
-                '*' | '?' | '[' | ']' | '\\' => vec!['\\', c],
-                c => vec![c],
-            })
-            .collect();
-        let fetched: redis::RedisResult<(u64, u64, u64, u64, Vec<String>, u64)> = redis::pipe()
-            .exists(format!("{tag}:owner"))
-            .llen(format!("{tag}:queue"))
-            .exists(format!("{election}:owner"))
-            .llen(format!("{election}:queue"))
-            .keys(format!("{glob}:v:*"))
-            .exists(format!("{election}:leader"))
-            .query_async(&mut admin)
-            .await;
-        let (holders, waiters, leaders, candidates, values, last_leader) =
-            fetched.map_err(|error| LockError::Backend {
-                backend: "test",
-                name: Some(name.into()),
-                message: error.to_string(),
-                retryable: false,
-                source: None,
-            })?;
-        let (holders, waiters) = (holders + leaders, waiters + candidates);
-        let stray_values = (values.len() as u64).saturating_sub(leaders + candidates);
-        let stray_last_leader = u64::from(values.is_empty()) * last_leader;
-        Ok(Entries::new(
-            holders as usize,
-            (waiters + stray_values + stray_last_leader) as usize,
-        ))
+        entries_at(&mut self.admin(), name).await
     }
 
     fn records_waiters(&self, kind: LockKind) -> bool {
         kind == LockKind::Election
             || (kind == LockKind::Mutex && self.strategy == RedisStrategy::Queue)
     }
+}
+
+/// The holder and waiters of the lock `name` on the server `admin` reaches, and of the
+/// election of the same name (see [`RedisHarness`]'s inspector).
+pub(crate) async fn entries_at(
+    admin: &mut redis::aio::ConnectionManager,
+    name: &str,
+) -> Result<Entries, LockError> {
+    let tag = tag(name);
+    let election = format!("{}.election}}", tag.trim_end_matches('}'));
+    let glob: String = election
+        .chars()
+        .flat_map(|c| match c {
+            '*' | '?' | '[' | ']' | '\\' => vec!['\\', c],
+            c => vec![c],
+        })
+        .collect();
+    let fetched: redis::RedisResult<(u64, u64, u64, u64, Vec<String>, u64)> = redis::pipe()
+        .exists(format!("{tag}:owner"))
+        .llen(format!("{tag}:queue"))
+        .exists(format!("{election}:owner"))
+        .llen(format!("{election}:queue"))
+        .keys(format!("{glob}:v:*"))
+        .exists(format!("{election}:leader"))
+        .query_async(admin)
+        .await;
+    let (holders, waiters, leaders, candidates, values, last_leader) =
+        fetched.map_err(|error| LockError::Backend {
+            backend: "test",
+            name: Some(name.into()),
+            message: error.to_string(),
+            retryable: false,
+            source: None,
+        })?;
+    let (holders, waiters) = (holders + leaders, waiters + candidates);
+    let stray_values = (values.len() as u64).saturating_sub(leaders + candidates);
+    let stray_last_leader = u64::from(values.is_empty()) * last_leader;
+    Ok(Entries::new(
+        holders as usize,
+        (waiters + stray_values + stray_last_leader) as usize,
+    ))
 }
 
 /// The client configuration for Redlock over servers (or proxies) at `ports`.

@@ -266,8 +266,27 @@ impl RedisSentinelSet {
         }
     }
 
-    /// Waits until every sentinel knows the other sentinels and every replica.
+    /// Waits until every replica has synchronised with the primary and every sentinel
+    /// knows the other sentinels and every replica.
     async fn wait_until_known(&self, deadline: Instant) -> Result<(), ServerError> {
+        let primary = self.data[0].socket_addr();
+        let password = self.opts.server.password.as_deref();
+        loop {
+            let info = redis_query(primary, password, &["INFO", "replication"], ASK_TIMEOUT)
+                .await?
+                .concat();
+            let online = info.matches("state=online").count();
+            if online == self.opts.replicas {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(ServerError::Timeout {
+                    what: format!("{} replicas online ({online} are)", self.opts.replicas),
+                    after: self.opts.startup_timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let service = self.opts.service.as_str();
         let wanted = |field: &str| match field {
             "num-other-sentinels" => Some(self.sentinels.len() - 1),
