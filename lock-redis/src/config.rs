@@ -12,111 +12,19 @@ use lock_core::LockError;
 use lock_core::url::{LockUrl, duration};
 use serde::Deserialize;
 
+mod lease;
 mod redlock;
 mod sentinel;
 mod server;
 
+pub use lease::LeaseOptions;
 pub use redlock::RedlockConfig;
 pub use sentinel::RedisSentinel;
 pub use server::RedisServer;
 use server::servers;
 
-/// Longest accepted key prefix, in bytes.
-const MAX_PREFIX_LEN: usize = 128;
-/// Shortest accepted lease: the watchdog renews at ttl/3, which must leave time for a round
-/// trip.
-const MIN_TTL: Duration = Duration::from_millis(100);
-/// Longest accepted lease.
-const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
-/// Shortest and longest accepted request timeout.
-const MIN_TIMEOUT: Duration = Duration::from_millis(10);
-const MAX_TIMEOUT: Duration = Duration::from_secs(10 * 60);
-
 fn config_error(backend: &str, message: impl fmt::Display) -> LockError {
     LockError::config(format!("{backend}: {message}"))
-}
-
-/// The lease settings of [`RedisConfig`] and [`RedlockConfig`]: the same fields, defaults,
-/// bounds and URL parameters (`prefix`, `ttl`, `timeout`) for both.
-///
-/// Both configurations have setters for each field too (`with_key_prefix`, `with_ttl`,
-/// `with_timeout`), and `with_lease` for all three.
-///
-/// ```
-/// use std::time::Duration;
-/// use lock_redis::{LeaseOptions, RedisConfig, RedisServer, RedlockConfig};
-///
-/// let lease = LeaseOptions::default().with_ttl(Duration::from_secs(5));
-/// let redis = RedisConfig::new(RedisServer::new("cache")).with_lease(lease.clone());
-/// let redlock = RedlockConfig::new(["r1", "r2", "r3"].map(RedisServer::new)).with_lease(lease);
-/// assert_eq!(redis.lease, redlock.lease);
-/// assert_eq!(redis.lease.key_prefix, "lock");
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct LeaseOptions {
-    /// The first part of every key: the lock called `N` uses keys tagged `{prefix:N}`.
-    /// Non-empty, at most 128 bytes, without `{`, `}` or control characters. Default `lock`.
-    pub key_prefix: String,
-    /// The lease: how long a lock outlives its holder's crash. The watchdog renews it at
-    /// ttl/3 while the guard lives. From 100 ms to 1 day; default 30 s.
-    pub ttl: Duration,
-    /// How long connecting, or one request, may take before it fails with a retryable
-    /// [`LockError::Connection`]; from 10 ms to 10 minutes. Default 5 s.
-    pub timeout: Duration,
-}
-
-impl LeaseOptions {
-    /// The default key prefix, `lock`.
-    pub const DEFAULT_KEY_PREFIX: &'static str = "lock";
-    /// The default lease, 30 s.
-    pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
-    /// The default request timeout, 5 s.
-    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
-
-    /// Checks every setting, with errors naming `backend`.
-    fn validate_for(&self, backend: &str) -> Result<(), LockError> {
-        let prefix = &self.key_prefix;
-        let problem = if prefix.is_empty() {
-            Some("must not be empty")
-        } else if prefix.len() > MAX_PREFIX_LEN {
-            Some("is longer than 128 bytes")
-        } else if prefix.contains(['{', '}']) {
-            Some("must not contain '{' or '}' (they would break the key's hash tag)")
-        } else if prefix.chars().any(char::is_control) {
-            Some("must not contain control characters")
-        } else {
-            None
-        };
-        if let Some(problem) = problem {
-            let shown: String = prefix.chars().take(40).collect();
-            return Err(config_error(backend, format!("prefix {shown:?} {problem}")));
-        }
-        let ttl = self.ttl;
-        if !(MIN_TTL..=MAX_TTL).contains(&ttl) {
-            let rule = "it must be at least 100ms (the watchdog renews at ttl/3) and at most 1 day";
-            return Err(config_error(backend, format!("ttl is {ttl:?}; {rule}")));
-        }
-        let timeout = self.timeout;
-        if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&timeout) {
-            let rule = "it must be from 10ms to 10 minutes";
-            return Err(config_error(
-                backend,
-                format!("timeout is {timeout:?}; {rule}"),
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl Default for LeaseOptions {
-    fn default() -> Self {
-        LeaseOptions {
-            key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
-            ttl: Self::DEFAULT_TTL,
-            timeout: Self::DEFAULT_TIMEOUT,
-        }
-    }
 }
 
 lock_core::url_enum! {
@@ -176,9 +84,22 @@ pub struct RedisConfig {
     pub lease: LeaseOptions,
     /// How waiters wait. Default [`RedisStrategy::Queue`].
     pub strategy: RedisStrategy,
+    /// How many replicas must have a grant and each renewal before it counts (`WAIT`
+    /// after it); 0, the default, waits for none. A grant not acknowledged within
+    /// [`wait_timeout`](Self::wait_timeout) is given back and the acquisition fails with a
+    /// retryable error; a renewal not acknowledged counts as failed (the lock is lost if
+    /// none succeeds within the lease). Narrows, does not close, the failover window (see
+    /// the [crate docs](crate#failover-restarts-and-tokens)). At most 100.
+    pub wait_replicas: u32,
+    /// How long `WAIT` waits for the replicas: from 1 ms to the request timeout (checked
+    /// when `wait_replicas` is set). Default 100 ms.
+    pub wait_timeout: Duration,
 }
 
 impl RedisConfig {
+    /// The default [`wait_timeout`](Self::wait_timeout), 100 ms.
+    pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
+
     /// A configuration for `server` with every other setting at its default.
     pub fn new(server: RedisServer) -> Self {
         RedisConfig {
@@ -186,6 +107,8 @@ impl RedisConfig {
             sentinel: None,
             lease: LeaseOptions::default(),
             strategy: RedisStrategy::default(),
+            wait_replicas: 0,
+            wait_timeout: Self::DEFAULT_WAIT_TIMEOUT,
         }
     }
 
@@ -208,6 +131,8 @@ impl RedisConfig {
     /// | `strategy` | `polling`, `pubsub` or `queue` ([`RedisStrategy`]) | `queue` |
     /// | `timeout` | connecting, or one request, from 10ms to 10 minutes | `5s` |
     /// | `tls_ca` | with `rediss://`, a PEM file of the authorities to trust | the system's |
+    /// | `wait_replicas` | replicas that must acknowledge each grant and renewal (`WAIT`) | 0 |
+    /// | `wait_timeout` | how long `WAIT` waits, from 1ms to `timeout` | `100ms` |
     ///
     /// User, password and parameter values are percent-decoded.
     ///
@@ -266,7 +191,21 @@ impl RedisConfig {
         if let Some(sentinel) = &self.sentinel {
             sentinel.validate(&self.server)?;
         }
-        self.lease.validate_for("redis")
+        self.lease.validate_for("redis")?;
+        if self.wait_replicas > 100 {
+            let message = format!("wait_replicas is {}; at most 100", self.wait_replicas);
+            return Err(config_error("redis", message));
+        }
+        let wait = self.wait_timeout;
+        if self.wait_replicas > 0 && (wait < Duration::from_millis(1) || wait > self.lease.timeout)
+        {
+            let rule = "it must be from 1ms to the request timeout";
+            return Err(config_error(
+                "redis",
+                format!("wait_timeout is {wait:?}; {rule}"),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -275,40 +214,14 @@ lock_core::setters! { RedisConfig {
     with_strategy(strategy: RedisStrategy) => strategy = strategy;
     /// Finds the primary through Redis Sentinel.
     with_sentinel(sentinel: RedisSentinel) => sentinel = Some(sentinel);
+    /// Sets how many replicas must acknowledge each grant and renewal
+    /// ([`wait_replicas`](Self::wait_replicas)).
+    with_wait_replicas(replicas: u32) => wait_replicas = replicas;
+    /// Sets how long `WAIT` waits for them ([`wait_timeout`](Self::wait_timeout)).
+    with_wait_timeout(timeout: Duration) => wait_timeout = timeout;
     /// Sets the lease settings: key prefix, lease and request timeout.
     with_lease(lease: LeaseOptions) => lease = lease;
 }}
-
-/// The setters of the lease settings: on [`LeaseOptions`], and the same on [`RedisConfig`]
-/// and [`RedlockConfig`] for their `lease`.
-macro_rules! lease_setters {
-    ($($ty:ty $({ $lease:ident })?),*) => {$(
-        impl $ty {
-            /// Sets the key prefix.
-            #[must_use]
-            pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
-                self$(.$lease)?.key_prefix = prefix.into();
-                self
-            }
-
-            /// Sets the lease.
-            #[must_use]
-            pub fn with_ttl(mut self, ttl: Duration) -> Self {
-                self$(.$lease)?.ttl = ttl;
-                self
-            }
-
-            /// Sets the request timeout.
-            #[must_use]
-            pub fn with_timeout(mut self, timeout: Duration) -> Self {
-                self$(.$lease)?.timeout = timeout;
-                self
-            }
-        }
-    )*};
-}
-
-lease_setters!(LeaseOptions, RedisConfig { lease }, RedlockConfig { lease });
 
 /// The query parameters of a `redis://` or `rediss://` URL; their defaults are
 /// [`RedisConfig::new`]'s.
@@ -322,6 +235,9 @@ struct RedisParams {
     #[serde(with = "duration")]
     timeout: Duration,
     tls_ca: Option<PathBuf>,
+    wait_replicas: u32,
+    #[serde(with = "duration")]
+    wait_timeout: Duration,
 }
 
 impl RedisParams {
@@ -341,6 +257,8 @@ impl RedisParams {
                 timeout: self.timeout,
             },
             strategy: self.strategy,
+            wait_replicas: self.wait_replicas,
+            wait_timeout: self.wait_timeout,
         };
         config.validate()?;
         Ok(config)
@@ -356,6 +274,8 @@ impl Default for RedisParams {
             strategy: RedisStrategy::default(),
             timeout: lease.timeout,
             tls_ca: None,
+            wait_replicas: 0,
+            wait_timeout: RedisConfig::DEFAULT_WAIT_TIMEOUT,
         }
     }
 }
@@ -417,6 +337,26 @@ pub(super) mod tests {
             !debug.contains("p@ss") && debug.contains("<redacted>"),
             "{debug}"
         );
+    }
+
+    #[test]
+    fn replica_acknowledgements() {
+        let config = redis("redis://h?wait_replicas=2&wait_timeout=50ms");
+        assert_eq!(config.wait_replicas, 2);
+        assert_eq!(config.wait_timeout, Duration::from_millis(50));
+        assert_eq!(redis("redis://h").wait_replicas, 0);
+        let built = RedisConfig::new(RedisServer::new("h"))
+            .with_wait_replicas(1)
+            .with_wait_timeout(Duration::from_millis(20));
+        assert!(built.validate().is_ok());
+        for case in [
+            "redis://h?wait_replicas=101|wait_replicas is 101",
+            "redis://h?wait_replicas=-1|wait_replicas",
+            "redis://h?wait_replicas=1&wait_timeout=0ms|wait_timeout|from 1ms to the request",
+            "redis://h?wait_replicas=1&wait_timeout=6s|wait_timeout|from 1ms to the request",
+        ] {
+            rejects(RedisConfig::from_url, case);
+        }
     }
 
     #[test]
@@ -497,7 +437,7 @@ pub(super) mod tests {
             "redis://u:topsecret@h:99999|port",
             "redis://h?ttl|no value",
             "redis://u:topsecret@h?retry_count=3|unknown parameter \"retry_count\" for redis://\
-             |known: prefix, ttl, strategy, timeout, tls_ca",
+             |known: prefix, ttl, strategy, timeout, tls_ca, wait_replicas, wait_timeout",
             "redis://u:topsecret@h?strategy=herd|strategy|\"herd\"|polling, pubsub or queue",
         ];
         cases.extend(table.map(str::to_owned));

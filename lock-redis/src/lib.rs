@@ -85,6 +85,13 @@
 //! promoted replica had not yet received, and leaves the old primary taking writes until
 //! the sentinels reconfigure it (grants made there are lost).
 //!
+//! `wait_replicas=N` ([`RedisConfig::wait_replicas`]) narrows that window: a grant counts
+//! only once `N` replicas have acknowledged it (`WAIT`, after a renewal written on a
+//! connection of its own), and is otherwise given back with a retryable error; a renewal
+//! not acknowledged counts as failed. A failover that promotes an acknowledging replica
+//! then keeps the grant and the counter; a demoted primary that lost its replicas grants
+//! nothing more.
+//!
 //! Redlock does not depend on one server. Each server keeps its own counter; a grant
 //! reports the largest count of its majority and, in a second round, raises those servers'
 //! counters to it, so that tokens increase from grant to grant while the servers keep

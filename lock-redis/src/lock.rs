@@ -179,6 +179,17 @@ impl RedisLock {
         };
         match granted {
             Ok(Some(Found { token, sent, lease })) => {
+                // With `wait_replicas`, the grant counts once the replicas have it; if they
+                // do not, the clean-up gives it back.
+                if self.shared.config.wait_replicas > 0 {
+                    match grant.extend().await? {
+                        Renewal::Renewed => {}
+                        _ => {
+                            return Err(grant
+                                .not_confirmed("the grant was gone before the replicas had it"));
+                        }
+                    }
+                }
                 attempt.disarm();
                 self.shared.metrics.record_grant();
                 lease_guard(grant, &self.name, FencingToken(token), sent, lease).map(Some)
@@ -481,6 +492,43 @@ impl Claim {
         }))
     }
 
+    /// Runs the write `invocation`; with `wait_replicas`, it counts only once that many
+    /// replicas have acknowledged it (`what` names it in the error).
+    async fn acknowledged<T: redis::FromRedisValue>(
+        &self,
+        invocation: redis::ScriptInvocation<'_>,
+        what: &str,
+    ) -> Result<T, LockError> {
+        let config = &self.shared.config;
+        if config.wait_replicas == 0 {
+            return self.run(invocation).await;
+        }
+        let (wanted, wait) = (config.wait_replicas, config.wait_timeout);
+        let (answer, acknowledged) = self
+            .shared
+            .node
+            .run_acknowledged(invocation, self.name.as_str(), wanted, wait)
+            .await?;
+        if acknowledged < wanted {
+            return Err(self.not_confirmed(&format!(
+                "the {what} reached {acknowledged} of {wanted} replicas (wait_replicas) \
+                 within {wait:?}"
+            )));
+        }
+        Ok(answer)
+    }
+
+    /// The retryable error of a grant or renewal the replicas did not confirm.
+    fn not_confirmed(&self, message: &str) -> LockError {
+        LockError::Backend {
+            backend: BACKEND,
+            name: Some(self.name.to_string()),
+            message: message.to_owned(),
+            retryable: true,
+            source: None,
+        }
+    }
+
     /// What every queue script takes after the owner id.
     fn queue_args(&self) -> QueueArgs {
         let lease = &self.shared.config.lease;
@@ -547,7 +595,10 @@ impl Lease for Claim {
         let ttl = self.shared.config.lease.ttl;
         let candidate = self.value.is_some();
         let renewed: u64 = self
-            .run(scripts::extend(&self.keys, &self.id, ttl, candidate))
+            .acknowledged(
+                scripts::extend(&self.keys, &self.id, ttl, candidate),
+                "renewal",
+            )
             .await?;
         Ok(match renewed {
             1 => Renewal::Renewed,

@@ -238,6 +238,41 @@ impl Node {
             .await
     }
 
+    /// Runs `invocation` (a script that writes) on a connection of its own, then `WAIT`s at
+    /// most `wait` for `replicas` replicas to acknowledge it and every write before it on
+    /// the server: the script's answer, and how many replicas acknowledged. (`WAIT` counts
+    /// the writes of its own connection, and blocks it: hence a connection of its own.)
+    pub(crate) async fn run_acknowledged<T: FromRedisValue>(
+        &self,
+        invocation: ScriptInvocation<'_>,
+        name: &str,
+        replicas: u32,
+        wait: Duration,
+    ) -> Result<(T, u32), LockError> {
+        let mut blocking = self.dedicated(name).await?;
+        self.0.metrics.record_server_requests(2);
+        let link = Arc::clone(&blocking.link);
+        let answer = self
+            .within(
+                &link,
+                Some(name),
+                invocation.invoke_async(&mut blocking.connection),
+            )
+            .await?;
+        let mut waiting = redis::cmd("WAIT");
+        waiting
+            .arg(replicas)
+            .arg(crate::scripts::millis(wait).max(1));
+        let asking = waiting.query_async::<u32>(&mut blocking.connection);
+        let acknowledged = match tokio::time::timeout(wait + self.0.timeout, asking).await {
+            Ok(Ok(acknowledged)) => acknowledged,
+            Ok(Err(error)) => return Err(lock_error(self.0.backend, error, Some(name))),
+            Err(_) => return Err(timed_out_request(self.0.backend, Some(name))),
+        };
+        self.give_back(blocking);
+        Ok((answer, acknowledged))
+    }
+
     /// Runs `pipeline` on the shared connection, within the request timeout, for read-only
     /// inspection: not counted in the metrics, which are for lock operations.
     pub(crate) async fn query<T: FromRedisValue>(

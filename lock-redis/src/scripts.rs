@@ -80,7 +80,6 @@ pub(crate) fn raise(keys: &LockKeys, token: u64) -> ScriptInvocation<'static> {
     invocation
 }
 
-/// `EXTEND(id, ttl)` on the lock's owner key and release receipt.
 /// `EXTEND` of `id`'s lease, and of its value when it is an election candidate.
 pub(crate) fn extend(
     keys: &LockKeys,

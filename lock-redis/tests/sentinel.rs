@@ -68,19 +68,27 @@ async fn until_on(
     }
 }
 
-/// Waits until `replicas` replicas of `primary` have everything it wrote (`WAIT`).
+/// Waits (at most 10 s) until `replicas` replicas of `primary` have everything it wrote
+/// (`WAIT`): a replica the sentinels have just pointed at it may still be synchronising.
 async fn replicated(primary: std::net::SocketAddr, replicas: u64) {
-    let mut admin = common::admin_at(&format!("redis://:{ADMIN_PASSWORD}@{primary}")).await;
-    let acknowledged: u64 = redis::cmd("WAIT")
-        .arg(replicas)
-        .arg(5000)
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    assert!(
-        acknowledged >= replicas,
-        "{acknowledged} of {replicas} replicas"
-    );
+    let admin = common::admin_at(&format!("redis://:{ADMIN_PASSWORD}@{primary}")).await;
+    common::wait_until(
+        Duration::from_secs(10),
+        "replicas acknowledging every write",
+        || {
+            let mut admin = admin.clone();
+            async move {
+                redis::cmd("WAIT")
+                    .arg(replicas)
+                    .arg(200)
+                    .query_async::<u64>(&mut admin)
+                    .await
+                    .unwrap_or_default()
+            }
+        },
+        |acknowledged| *acknowledged >= replicas,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -190,4 +198,57 @@ async fn a_queued_waiter_is_served_across_a_promotion() {
     );
     next.release().await.unwrap();
     eprintln!("sentinel: a queued waiter served {served:?} after the release");
+}
+
+#[tokio::test]
+async fn wait_replicas_holds_grants_and_renewals_to_the_replicas() {
+    let set = start_set().await;
+    let url = format!(
+        "{}?wait_replicas=2&wait_timeout=200ms",
+        set.url(Some(("default", ADMIN_PASSWORD)))
+    );
+    let connect = || async {
+        let config = RedisConfig::from_url(&url).unwrap().with_ttl(TTL);
+        assert_eq!(config.wait_replicas, 2);
+        RedisLockProvider::connect(config).await.unwrap()
+    };
+    let (holder, other) = (connect().await, connect().await);
+    let name = unique_name("wait");
+    let held = holder.lock(&name).unwrap().acquire(None).await.unwrap();
+    // Renewals every ttl/3, each acknowledged by both replicas.
+    tokio::time::sleep(TTL).await;
+    assert!(!held.is_lost() && !held.is_suspect());
+
+    // One replica stops answering: no grant or renewal reaches two replicas any more.
+    let replica = &set.data_servers()[1];
+    use lock_testbed::servers::LocalServer;
+    replica.pause().unwrap();
+    let other_name = unique_name("wait-other");
+    let began = Instant::now();
+    let refused = other.lock(&other_name).unwrap().try_acquire().await;
+    let took = began.elapsed();
+    assert!(
+        matches!(&refused, Err(error) if error.is_retryable()
+            && error.to_string().contains("1 of 2 replicas")),
+        "{refused:?}"
+    );
+    assert!(took < Duration::from_secs(2), "refused in {took:?}");
+    let primary = set.primary().await.unwrap();
+    let admin = common::admin_at(&format!("redis://:{ADMIN_PASSWORD}@{primary}")).await;
+    common::wait_until(
+        Duration::from_secs(3),
+        "the unconfirmed grant given back",
+        || {
+            let (mut admin, name) = (admin.clone(), other_name.clone());
+            async move { common::keys_of(&mut admin, &name).await }
+        },
+        |keys| !keys.iter().any(|key| key.ends_with(":owner")),
+    )
+    .await;
+    let lost = tokio::time::timeout(TTL * 2, held.lost().wait()).await;
+    assert!(
+        lost.is_ok(),
+        "a holder whose renewals the replicas miss loses the lock"
+    );
+    replica.resume().unwrap();
 }
