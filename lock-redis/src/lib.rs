@@ -89,8 +89,10 @@
 //! only once `N` replicas have acknowledged it (`WAIT`, after a renewal written on a
 //! connection of its own), and is otherwise given back with a retryable error; a renewal
 //! not acknowledged counts as failed. A failover that promotes an acknowledging replica
-//! then keeps the grant and the counter; a demoted primary that lost its replicas grants
-//! nothing more.
+//! then keeps the grant and the counter; on a demoted primary that lost its replicas,
+//! grants no longer count for clients with `wait_replicas` (clients without it are still
+//! granted there). Acknowledged means in the replicas' memory, not on their disks. An ACL
+//! user also needs `+wait` for it.
 //!
 //! Redlock does not depend on one server. Each server keeps its own counter; a grant
 //! reports the largest count of its majority and, in a second round, raises those servers'

@@ -179,17 +179,21 @@ impl RedisLock {
         };
         match granted {
             Ok(Some(Found { token, sent, lease })) => {
-                // With `wait_replicas`, the grant counts once the replicas have it; if they
-                // do not, the clean-up gives it back.
-                if self.shared.config.wait_replicas > 0 {
-                    match grant.extend().await? {
-                        Renewal::Renewed => {}
+                // With `wait_replicas`, the grant counts once the replicas have it (a renewal
+                // after it, acknowledged); if they do not, the clean-up gives it back. The
+                // acknowledged renewal set a full lease after `confirming`.
+                let (sent, lease) = if self.shared.config.wait_replicas > 0 {
+                    let confirming = Instant::now();
+                    match grant.renew("grant").await? {
+                        Renewal::Renewed => (confirming, self.shared.config.lease.ttl),
                         _ => {
                             return Err(grant
                                 .not_confirmed("the grant was gone before the replicas had it"));
                         }
                     }
-                }
+                } else {
+                    (sent, lease)
+                };
                 attempt.disarm();
                 self.shared.metrics.record_grant();
                 lease_guard(grant, &self.name, FencingToken(token), sent, lease).map(Some)
@@ -492,30 +496,38 @@ impl Claim {
         }))
     }
 
-    /// Runs the write `invocation`; with `wait_replicas`, it counts only once that many
-    /// replicas have acknowledged it (`what` names it in the error).
-    async fn acknowledged<T: redis::FromRedisValue>(
-        &self,
-        invocation: redis::ScriptInvocation<'_>,
-        what: &str,
-    ) -> Result<T, LockError> {
+    /// `EXTEND`; with `wait_replicas`, a renewal counts only once that many replicas have
+    /// acknowledged it (`what` names it in the error: the renewal, or a grant's
+    /// confirmation).
+    async fn renew(&self, what: &str) -> Result<Renewal, LockError> {
         let config = &self.shared.config;
-        if config.wait_replicas == 0 {
-            return self.run(invocation).await;
-        }
-        let (wanted, wait) = (config.wait_replicas, config.wait_timeout);
-        let (answer, acknowledged) = self
-            .shared
-            .node
-            .run_acknowledged(invocation, self.name.as_str(), wanted, wait)
-            .await?;
-        if acknowledged < wanted {
-            return Err(self.not_confirmed(&format!(
-                "the {what} reached {acknowledged} of {wanted} replicas (wait_replicas) \
-                 within {wait:?}"
-            )));
-        }
-        Ok(answer)
+        let ttl = config.lease.ttl;
+        let extend = scripts::extend(&self.keys, &self.id, ttl, self.value.is_some());
+        let renewed: u64 = if config.wait_replicas == 0 {
+            self.run(extend).await?
+        } else {
+            let (wanted, wait) = (config.wait_replicas, config.wait_timeout);
+            let name = self.name.as_str();
+            // Only a renewal writes (answer 1): gone or released, there is nothing to wait for.
+            let renewal =
+                self.shared
+                    .node
+                    .run_acknowledged(extend, name, (wanted, wait), |answer: &u64| *answer == 1);
+            match renewal.await? {
+                (_, Some(acknowledged)) if acknowledged < wanted => {
+                    return Err(self.not_confirmed(&format!(
+                        "the {what} reached {acknowledged} of {wanted} replicas \
+                         (wait_replicas) within {wait:?}"
+                    )));
+                }
+                (renewed, _) => renewed,
+            }
+        };
+        Ok(match renewed {
+            1 => Renewal::Renewed,
+            2 => Renewal::Released,
+            _ => Renewal::Gone,
+        })
     }
 
     /// The retryable error of a grant or renewal the replicas did not confirm.
@@ -592,19 +604,7 @@ impl Lease for Claim {
     }
 
     async fn extend(&self) -> Result<Renewal, LockError> {
-        let ttl = self.shared.config.lease.ttl;
-        let candidate = self.value.is_some();
-        let renewed: u64 = self
-            .acknowledged(
-                scripts::extend(&self.keys, &self.id, ttl, candidate),
-                "renewal",
-            )
-            .await?;
-        Ok(match renewed {
-            1 => Renewal::Renewed,
-            2 => Renewal::Released,
-            _ => Renewal::Gone,
-        })
+        self.renew("renewal").await
     }
 
     async fn release(&self) -> Result<bool, LockError> {

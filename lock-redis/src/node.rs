@@ -238,19 +238,20 @@ impl Node {
             .await
     }
 
-    /// Runs `invocation` (a script that writes) on a connection of its own, then `WAIT`s at
-    /// most `wait` for `replicas` replicas to acknowledge it and every write before it on
-    /// the server: the script's answer, and how many replicas acknowledged. (`WAIT` counts
-    /// the writes of its own connection, and blocks it: hence a connection of its own.)
+    /// Runs `invocation` (a script that writes) on a connection of its own, then, if its
+    /// answer `wrote`, `WAIT`s at most `wait` for `replicas` replicas to acknowledge it and
+    /// every write before it on the server: the script's answer, and how many replicas
+    /// acknowledged (`None` when it wrote nothing). (`WAIT` counts the writes of its own
+    /// connection, and blocks it: hence a connection of its own.)
     pub(crate) async fn run_acknowledged<T: FromRedisValue>(
         &self,
         invocation: ScriptInvocation<'_>,
         name: &str,
-        replicas: u32,
-        wait: Duration,
-    ) -> Result<(T, u32), LockError> {
+        (replicas, wait): (u32, Duration),
+        wrote: impl FnOnce(&T) -> bool,
+    ) -> Result<(T, Option<u32>), LockError> {
         let mut blocking = self.dedicated(name).await?;
-        self.0.metrics.record_server_requests(2);
+        self.0.metrics.record_server_requests(1);
         let link = Arc::clone(&blocking.link);
         let answer = self
             .within(
@@ -259,6 +260,11 @@ impl Node {
                 invocation.invoke_async(&mut blocking.connection),
             )
             .await?;
+        if !wrote(&answer) {
+            self.give_back(blocking);
+            return Ok((answer, None));
+        }
+        self.0.metrics.record_server_requests(1);
         let mut waiting = redis::cmd("WAIT");
         waiting
             .arg(replicas)
@@ -266,11 +272,17 @@ impl Node {
         let asking = waiting.query_async::<u32>(&mut blocking.connection);
         let acknowledged = match tokio::time::timeout(wait + self.0.timeout, asking).await {
             Ok(Ok(acknowledged)) => acknowledged,
-            Ok(Err(error)) => return Err(lock_error(self.0.backend, error, Some(name))),
-            Err(_) => return Err(timed_out_request(self.0.backend, Some(name))),
+            Ok(Err(error)) => {
+                self.failed_on(&blocking, &error);
+                return Err(lock_error(self.0.backend, error, Some(name)));
+            }
+            Err(_) => {
+                self.search_from(&link);
+                return Err(timed_out_request(self.0.backend, Some(name)));
+            }
         };
         self.give_back(blocking);
-        Ok((answer, acknowledged))
+        Ok((answer, Some(acknowledged)))
     }
 
     /// Runs `pipeline` on the shared connection, within the request timeout, for read-only

@@ -215,6 +215,20 @@ async fn wait_replicas_holds_grants_and_renewals_to_the_replicas() {
     let (holder, other) = (connect().await, connect().await);
     let name = unique_name("wait");
     let held = holder.lock(&name).unwrap().acquire(None).await.unwrap();
+    // A hand-off to a queued waiter is confirmed as well.
+    let handed = unique_name("wait-handoff");
+    let mut first = other.lock(&handed).unwrap().acquire(None).await.unwrap();
+    let lock = holder.lock(&handed).unwrap();
+    let waiting = tokio::spawn(async move { lock.acquire(None).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.release().await.unwrap();
+    let mut second = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the hand-off within 5 s")
+        .unwrap()
+        .unwrap();
+    assert!(second.fencing_token() > first.fencing_token());
+    second.release().await.unwrap();
     // Renewals every ttl/3, each acknowledged by both replicas.
     tokio::time::sleep(TTL).await;
     assert!(!held.is_lost() && !held.is_suspect());
@@ -229,7 +243,7 @@ async fn wait_replicas_holds_grants_and_renewals_to_the_replicas() {
     let took = began.elapsed();
     assert!(
         matches!(&refused, Err(error) if error.is_retryable()
-            && error.to_string().contains("1 of 2 replicas")),
+            && error.to_string().contains("the grant reached 1 of 2 replicas")),
         "{refused:?}"
     );
     assert!(took < Duration::from_secs(2), "refused in {took:?}");
