@@ -429,7 +429,9 @@ async fn redis_sentinel_fails_over_on_demand_and_after_a_kill() {
     let options = RedisSentinelOptions::default()
         .with_server(RedisOptions::default().with_password("admin"))
         .with_service("jobs");
+    let began = Instant::now();
     let mut set = RedisSentinelSet::start(options).await.unwrap();
+    eprintln!("startup: Redis Sentinel set ready in {:?}", began.elapsed());
     let first = set.data_servers()[0].socket_addr();
     assert_eq!(set.primary().await.unwrap(), first);
     assert_eq!(set.sentinel_addresses().len(), 3);

@@ -136,7 +136,18 @@ impl SentinelHarness {
                 .unwrap_or_else(|error| panic!("the client's user: {error}"));
         }
         let config = self.config(&user, CLIENT_PASSWORD).with_key_prefix(prefix);
-        let provider = RedisLockProvider::connect(config).await?;
+        // Just after an outage the sentinels may still flag the primary down: connecting
+        // then is a retryable error, as it would be for any client; a case's new client
+        // waits it out (at most 10 s).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let provider = loop {
+            match RedisLockProvider::connect(config.clone()).await {
+                Err(error) if error.is_retryable() && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                connected => break connected?,
+            }
+        };
         let expiry = Arc::new(CutOff {
             set: Arc::clone(&self.set),
             user,

@@ -89,12 +89,18 @@ impl RedisSentinelSet {
     /// sentinels and the replicas: from then on a failover can happen.
     pub async fn start(opts: RedisSentinelOptions) -> Result<Self, ServerError> {
         let began = Instant::now();
-        let primary = RedisServer::start(opts.server.clone()).await?;
+        // A primary waits 5 s by default before it sends a replica its first copy (for
+        // more replicas to join the same transfer): each data server may become primary.
+        let server = opts
+            .server
+            .clone()
+            .with_arg("--repl-diskless-sync-delay")
+            .with_arg("0");
+        let primary = RedisServer::start(server.clone()).await?;
         let primary_port = primary.port();
         let mut data = vec![primary];
         for _ in 0..opts.replicas {
-            let mut replica = opts
-                .server
+            let mut replica = server
                 .clone()
                 .with_arg("--replicaof")
                 .with_arg("127.0.0.1")
@@ -104,9 +110,22 @@ impl RedisSentinelSet {
             }
             data.push(RedisServer::start(replica).await?);
         }
+        // Each sentinel is told the others and the replicas up front, rather than left to
+        // find them through the primary (hello messages every 2 s, INFO every 10 s): that
+        // took the set about 5 s to start. Should a port turn out taken, that sentinel
+        // takes another and the others find it the slow way.
+        let peers = (0..opts.sentinels)
+            .map(|_| Ok((free_port()?, sentinel_id())))
+            .collect::<Result<Vec<_>, ServerError>>()?;
+        let replicas: Vec<u16> = data[1..].iter().map(LocalServer::port).collect();
         let mut sentinels = Vec::with_capacity(opts.sentinels);
-        for _ in 0..opts.sentinels {
-            sentinels.push(start_sentinel(&opts, primary_port).await?);
+        for index in 0..opts.sentinels {
+            let known = Known {
+                me: index,
+                peers: &peers,
+                replicas: &replicas,
+            };
+            sentinels.push(start_sentinel(&opts, primary_port, known).await?);
         }
         let set = RedisSentinelSet {
             data,
@@ -330,19 +349,41 @@ fn protocol(detail: String) -> ServerError {
     }
 }
 
+/// A random sentinel run id: 40 hex digits.
+fn sentinel_id() -> String {
+    (0..40)
+        .map(|_| char::from_digit(fastrand::u32(0..16), 16).unwrap_or('0'))
+        .collect()
+}
+
+/// What a sentinel is told up front: its own place among `peers` (port and run id each),
+/// and the replicas' ports.
+struct Known<'a> {
+    me: usize,
+    peers: &'a [(u16, String)],
+    replicas: &'a [u16],
+}
+
 /// Starts one sentinel monitoring the primary at `primary_port`, from a configuration file
 /// in its directory (a sentinel rewrites its file as it learns).
 async fn start_sentinel(
     opts: &RedisSentinelOptions,
     primary_port: u16,
+    known: Known<'_>,
 ) -> Result<ServerProcess, ServerError> {
     let program = require_program("Redis", &opts.server.binary, "redis-server")?;
     let quorum = opts.sentinels / 2 + 1;
+    let first_try = std::sync::atomic::AtomicBool::new(true);
     let (process, (), _took) = ServerProcess::start(SENTINEL, "lock-sentinel-", |dir| {
-        let port = free_port()?;
+        let (port, id) = &known.peers[known.me];
+        let port = if first_try.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            *port
+        } else {
+            free_port()?
+        };
         let service = &opts.service;
         let mut config = format!(
-            "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\n\
+            "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\nsentinel myid {id}\n\
              sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}\n\
              sentinel down-after-milliseconds {service} {down}\n\
              sentinel failover-timeout {service} 5000\n",
@@ -351,6 +392,18 @@ async fn start_sentinel(
         );
         if let Some(password) = &opts.server.password {
             config.push_str(&format!("sentinel auth-pass {service} {password}\n"));
+        }
+        for replica in known.replicas {
+            config.push_str(&format!(
+                "sentinel known-replica {service} 127.0.0.1 {replica}\n"
+            ));
+        }
+        for (index, (peer, peer_id)) in known.peers.iter().enumerate() {
+            if index != known.me {
+                config.push_str(&format!(
+                    "sentinel known-sentinel {service} 127.0.0.1 {peer} {peer_id}\n"
+                ));
+            }
         }
         let file: PathBuf = dir.join("sentinel.conf");
         std::fs::write(&file, config)?;
