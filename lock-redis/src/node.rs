@@ -75,13 +75,7 @@ impl fmt::Debug for Node {
 
 /// A client for `server`: address (TLS or not), database, credentials, trusted authorities.
 fn client(server: &RedisServer, backend: &'static str) -> Result<Client, LockError> {
-    let mut redis = RedisConnectionInfo::default().set_db(server.db);
-    if let Some(user) = &server.username {
-        redis = redis.set_username(user);
-    }
-    if let Some(password) = &server.password {
-        redis = redis.set_password(password);
-    }
+    let redis = login(server);
     let addr = if server.tls {
         // rustls needs a process-wide crypto provider; keep one the application chose.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -119,6 +113,18 @@ fn client(server: &RedisServer, backend: &'static str) -> Result<Client, LockErr
     built.map_err(|error| lock_error(backend, error, None))
 }
 
+/// `server`'s database and credentials.
+fn login(server: &RedisServer) -> RedisConnectionInfo {
+    let mut login = RedisConnectionInfo::default().set_db(server.db);
+    if let Some(user) = &server.username {
+        login = login.set_username(user);
+    }
+    if let Some(password) = &server.password {
+        login = login.set_password(password);
+    }
+    login
+}
+
 /// The shared connection's settings: every wait bounded by `timeout`.
 fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
@@ -153,17 +159,7 @@ impl Node {
         backend: &'static str,
         metrics: Arc<Metrics>,
     ) -> Result<Self, LockError> {
-        let urls: Vec<String> = sentinel
-            .sentinels
-            .iter()
-            .map(|address| match address.rsplit_once(':') {
-                // A port after the host (an IPv6 host is in brackets).
-                Some((_, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
-                    format!("redis://{address}")
-                }
-                _ => format!("redis://{address}:{}", RedisSentinel::DEFAULT_PORT),
-            })
-            .collect();
+        let urls = sentinel.urls();
         let sentinels =
             Sentinel::build(urls.clone()).map_err(|error| lock_error(backend, error, None))?;
         let announcers = urls
@@ -171,13 +167,7 @@ impl Node {
             .map(|url| Client::open(url.as_str()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|error| lock_error(backend, error, None))?;
-        let mut login = RedisConnectionInfo::default().set_db(server.db);
-        if let Some(user) = &server.username {
-            login = login.set_username(user);
-        }
-        if let Some(password) = &server.password {
-            login = login.set_password(password);
-        }
+        let login = login(server);
         let finder = Finder {
             sentinel: tokio::sync::Mutex::new(sentinels),
             service: sentinel.service.clone(),

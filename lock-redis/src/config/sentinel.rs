@@ -49,6 +49,19 @@ impl RedisSentinel {
         }
     }
 
+    /// A `redis://host:port` URL per sentinel, port 26379 where none is given.
+    pub(crate) fn urls(&self) -> Vec<String> {
+        let with_port = |address: &str| match address.rsplit_once(':') {
+            // A port after the host (an IPv6 host is in brackets).
+            Some((_, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
+                address.to_owned()
+            }
+            _ => format!("{address}:{}", Self::DEFAULT_PORT),
+        };
+        let urls = self.sentinels.iter().map(|address| with_port(address));
+        urls.map(|address| format!("redis://{address}")).collect()
+    }
+
     pub(super) fn validate(&self, server: &RedisServer) -> Result<(), LockError> {
         let problem = if server.tls || server.tls_ca.is_some() {
             "TLS is not supported with Redis Sentinel yet".to_owned()
@@ -150,6 +163,16 @@ mod tests {
                 .validate()
         };
         assert!(hand_built(RedisSentinel::new("jobs", ["s:1"])).is_ok());
+        let hand_ports = RedisSentinel::new("jobs", ["s", "s:1", "[::1]", "[::1]:2"]).urls();
+        assert_eq!(
+            hand_ports,
+            [
+                "redis://s:26379",
+                "redis://s:1",
+                "redis://[::1]:26379",
+                "redis://[::1]:2"
+            ]
+        );
         assert!(hand_built(RedisSentinel::new("jobs", Vec::<String>::new())).is_err());
         assert!(hand_built(RedisSentinel::new("", ["s:1"])).is_err());
         assert!(hand_built(RedisSentinel::new("jobs", ["a b"])).is_err());

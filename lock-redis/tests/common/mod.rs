@@ -327,6 +327,17 @@ impl Inspector for RedisHarness {
     }
 }
 
+/// The error of an inspection of the lock `name` that the server did not answer.
+pub(crate) fn inspection_failed(name: &str, error: impl std::fmt::Display) -> LockError {
+    LockError::Backend {
+        backend: "test",
+        name: Some(name.into()),
+        message: error.to_string(),
+        retryable: false,
+        source: None,
+    }
+}
+
 /// The holder and waiters of the lock `name` on the server `admin` reaches, and of the
 /// election of the same name (see [`RedisHarness`]'s inspector).
 pub(crate) async fn entries_at(
@@ -352,13 +363,7 @@ pub(crate) async fn entries_at(
         .query_async(admin)
         .await;
     let (holders, waiters, leaders, candidates, values, last_leader) =
-        fetched.map_err(|error| LockError::Backend {
-            backend: "test",
-            name: Some(name.into()),
-            message: error.to_string(),
-            retryable: false,
-            source: None,
-        })?;
+        fetched.map_err(|error| inspection_failed(name, error))?;
     let (holders, waiters) = (holders + leaders, waiters + candidates);
     let stray_values = (values.len() as u64).saturating_sub(leaders + candidates);
     let stray_last_leader = u64::from(values.is_empty()) * last_leader;
@@ -563,13 +568,7 @@ impl Inspector for RedlockHarness {
                 .clone()
                 .exists(format!("{}:owner", tag(name)))
                 .await
-                .map_err(|error| LockError::Backend {
-                    backend: "test",
-                    name: Some(name.into()),
-                    message: error.to_string(),
-                    retryable: false,
-                    source: None,
-                })?;
+                .map_err(|error| inspection_failed(name, error))?;
             holders = holders.max(exists as usize);
         }
         Ok(Entries::new(holders, 0))

@@ -18,7 +18,10 @@ use lock_testbed::servers::{
 };
 use redis::AsyncCommands;
 
-use super::{ADMIN_PASSWORD, TIMEOUT, admin_at, entries_at, failed, session_cut, tag, timing};
+use super::{
+    ADMIN_PASSWORD, TIMEOUT, admin_at, entries_at, failed, inspection_failed, session_cut, tag,
+    timing,
+};
 
 /// The lease of the clients: longer than a failover (the sentinels' second to call the
 /// primary down, their vote, the clients' move), so that a holder keeps its lock through
@@ -306,13 +309,7 @@ impl Inspector for SentinelHarness {
         let mut admin = self
             .primary_admin()
             .await
-            .map_err(|message| LockError::Backend {
-                backend: "test",
-                name: Some(name.into()),
-                message,
-                retryable: true,
-                source: None,
-            })?;
+            .map_err(|message| inspection_failed(name, message))?;
         entries_at(&mut admin, name).await
     }
 
