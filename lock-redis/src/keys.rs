@@ -6,7 +6,8 @@ use lock_core::LockName;
 /// The keys and channel of the lock called `name` under `prefix`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LockKeys {
-    /// `{prefix:name}:owner`: the holder's owner id, with the lease as its expiry.
+    /// `{prefix:name}:owner`: the holder's owner id, with the lease as its expiry; for a
+    /// read-write lock or semaphore, `…:holders`, each holder's lease end (a sorted set).
     pub(crate) owner: String,
     /// `{prefix:name}:fence`: the fencing counter; it outlives the holders on purpose.
     pub(crate) fence: String,
@@ -25,6 +26,9 @@ pub(crate) struct LockKeys {
     pub(crate) value_prefix: String,
     /// `{prefix:name}:released`: the channel a release is broadcast on (pub/sub strategy).
     pub(crate) channel: String,
+    /// `{prefix:name}:weights`: how many permits each holder or waiter of a read-write lock
+    /// or semaphore takes.
+    pub(crate) weights: String,
 }
 
 impl LockKeys {
@@ -42,6 +46,17 @@ impl LockKeys {
             waiter_prefix: format!("{tag}:w:"),
             value_prefix: format!("{tag}:v:"),
             channel: format!("{tag}:released"),
+            weights: format!("{tag}:weights"),
+        }
+    }
+
+    /// The keys of the read-write lock or semaphore (`kind`) called `name`:
+    /// `{prefix:name.kind}:…`, apart from the mutex of the same name.
+    pub(crate) fn for_permits(prefix: &str, name: &LockName, kind: &str) -> Self {
+        let tag = format!("{{{prefix}:{}.{kind}}}", name.escaped());
+        LockKeys {
+            owner: format!("{tag}:holders"),
+            ..Self::tagged(&tag)
         }
     }
 
@@ -59,6 +74,18 @@ impl LockKeys {
             &self.queue,
             &self.deadlines,
             &self.released,
+        ]
+    }
+
+    /// The keys in the order every permit script expects them.
+    pub(crate) fn permit_keys(&self) -> [&str; 6] {
+        [
+            &self.owner,
+            &self.fence,
+            &self.queue,
+            &self.deadlines,
+            &self.released,
+            &self.weights,
         ]
     }
 

@@ -63,6 +63,15 @@
 //! - [Leader elections](RedisElection) are locks of their own (`{prefix:name.election}`)
 //!   on the `Queue` strategy, whatever the provider's, each candidate's value kept beside its
 //!   place; efficiency-grade like the locks.
+//! - [Read-write locks](RedisRwLock) (`{prefix:name.rwlock}`) and
+//!   [semaphores](RedisSemaphore) (`{prefix:name.semaphore}`) are one queue of permits on
+//!   the `Queue` design, whatever the provider's strategy (`scripts/permits.lua`): a holder
+//!   takes some of a fixed number of permits (a semaphore's permit one of N; a reader one
+//!   of more than any count of readers reaches, a writer all of them), listed with its
+//!   lease's end in a sorted set. Waiters are admitted first come, first served while they
+//!   fit, so a waiting writer holds back the readers behind it; a release pushes a token
+//!   onto the list of each waiter it admits and wakes no one else. Every hold has its own
+//!   fencing token, lease and watchdog, as a mutex's.
 //!
 //! # Failover, restarts and tokens
 //!
@@ -105,14 +114,16 @@
 //! # An ACL user for the locks
 //!
 //! The locks need the scripting commands, the commands their scripts call (Redis checks
-//! those too), `BLPOP` (queue waiters), `SUBSCRIBE` (pub/sub waiters), `PING`, and the keys
+//! those too; the sorted-set ones are the read-write locks' and semaphores'), `BLPOP`
+//! (queue waiters), `SUBSCRIBE` (pub/sub waiters), `PING`, and the keys
 //! and channels of their prefix. A user limited to them (the test suite checks this rule
 //! with every strategy; add `+select` for a database other than 0):
 //!
 //! ```text
 //! ACL SETUSER locker on >s3cret ~{lock* &{lock* +@scripting +get +set +del +exists +incr
-//!     +pexpire +pttl +time +lpop +rpush +lrem +lindex +lpos +blpop +hget +hset +hdel +publish
-//!     +subscribe +unsubscribe +ping
+//!     +pexpire +pttl +time +lpop +rpush +lrem +lindex +lpos +llen +blpop +hget +hset +hdel
+//!     +zadd +zscore +zrange +zrangebyscore +zrem +zremrangebyscore +publish +subscribe
+//!     +unsubscribe +ping
 //! ```
 //!
 //! then `redis://locker:s3cret@host?prefix=lock`. Under Redis Sentinel the user also needs
@@ -131,6 +142,7 @@ mod error;
 mod keys;
 mod lock;
 mod node;
+mod permits;
 mod provider;
 mod redlock;
 mod scripts;
@@ -141,5 +153,6 @@ pub use config::{
 };
 pub use election::RedisElection;
 pub use lock::RedisLock;
+pub use permits::{RedisRwLock, RedisSemaphore};
 pub use provider::{RedisHolders, RedisLockProvider};
 pub use redlock::{RedlockLock, RedlockProvider};

@@ -18,7 +18,10 @@ use crate::config::RedisStrategy;
 use crate::error::BACKEND;
 use crate::keys::LockKeys;
 use crate::provider::Shared;
-use crate::scripts::{self, ATTEMPT, CANCEL, QueueArgs, RELEASE};
+use crate::scripts::{
+    self, ATTEMPT, CANCEL, PERMIT_ATTEMPT, PERMIT_CANCEL, PERMIT_EXTEND, PERMIT_RELEASE, QueueArgs,
+    RELEASE,
+};
 use crate::subscriber::Heard;
 
 /// How many times a request whose reply was lost is sent again (with the same owner id, so
@@ -59,8 +62,25 @@ pub struct RedisLock {
     shared: Arc<Shared>,
     name: LockName,
     keys: Arc<LockKeys>,
-    /// The provider's strategy, or the queue for an election.
+    /// The provider's strategy, or the queue for an election, a read-write lock or a
+    /// semaphore.
     strategy: RedisStrategy,
+    /// What a grant takes.
+    shape: Shape,
+}
+
+/// What a grant takes: the one owner key, or permits (read-write locks and semaphores).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// A mutex or an election: the owner key (`handoff.lua`).
+    Exclusive,
+    /// `weight` of the `capacity` permits (`permits.lua`).
+    Permits {
+        /// The permits a holder takes.
+        weight: u64,
+        /// The permits there are.
+        capacity: u64,
+    },
 }
 
 impl fmt::Debug for RedisLock {
@@ -108,6 +128,20 @@ impl RedisLock {
             name,
             keys,
             strategy,
+            shape: Shape::Exclusive,
+        }
+    }
+
+    /// A side of a read-write lock or a semaphore: `shape`'s permits of the keys
+    /// `{prefix:name.kind}:…`, always queued.
+    pub(crate) fn permits(shared: Arc<Shared>, name: LockName, kind: &str, shape: Shape) -> Self {
+        let keys = LockKeys::for_permits(&shared.config.lease.key_prefix, &name, kind);
+        RedisLock {
+            shared,
+            name,
+            keys: Arc::new(keys),
+            strategy: RedisStrategy::Queue,
+            shape,
         }
     }
 
@@ -123,6 +157,7 @@ impl RedisLock {
             name,
             keys,
             strategy: RedisStrategy::Queue,
+            shape: Shape::Exclusive,
         }
     }
 
@@ -169,6 +204,7 @@ impl RedisLock {
             name: self.name.clone(),
             id: Uuid::new_v4().simple().to_string(),
             strategy: self.strategy,
+            shape: self.shape,
             value: value.map(Arc::from),
         });
         // Armed from before the first request is sent.
@@ -449,6 +485,7 @@ pub(crate) struct Claim {
     name: LockName,
     id: String,
     strategy: RedisStrategy,
+    shape: Shape,
     /// An election candidate's value.
     value: Option<Arc<[u8]>>,
 }
@@ -502,7 +539,13 @@ impl Claim {
     async fn renew(&self, what: &str) -> Result<Renewal, LockError> {
         let config = &self.shared.config;
         let ttl = config.lease.ttl;
-        let extend = scripts::extend(&self.keys, &self.id, ttl, self.value.is_some());
+        let extend = match self.shape {
+            Shape::Exclusive => scripts::extend(&self.keys, &self.id, ttl, self.value.is_some()),
+            Shape::Permits { capacity, .. } => {
+                let args = self.queue_args();
+                scripts::permits(&PERMIT_EXTEND, &self.keys, &self.id, &args, capacity)
+            }
+        };
         let renewed: u64 = if config.wait_replicas == 0 {
             self.run(extend).await?
         } else {
@@ -553,16 +596,34 @@ impl Claim {
         }
     }
 
+    /// The queue script `exclusive`, or its permit form `permits`, for this claim.
+    fn script(
+        &self,
+        exclusive: &'static redis::Script,
+        permits: &'static redis::Script,
+        args: &QueueArgs,
+    ) -> redis::ScriptInvocation<'static> {
+        match self.shape {
+            Shape::Exclusive => scripts::queue(exclusive, &self.keys, &self.id, args),
+            Shape::Permits { capacity, .. } => {
+                scripts::permits(permits, &self.keys, &self.id, args, capacity)
+            }
+        }
+    }
+
     /// `ATTEMPT`: a token, 0, or -1 when a refreshing waiter's place is gone.
     async fn attempt(&self, mode: Queueing) -> Result<i64, LockError> {
         let args = self.queue_args();
         self.retrying(|| {
-            let mut invocation = scripts::queue(&ATTEMPT, &self.keys, &self.id, &args);
+            let mut invocation = self.script(&ATTEMPT, &PERMIT_ATTEMPT, &args);
             invocation.arg(match mode {
                 Queueing::No => "0",
                 Queueing::Join => "1",
                 Queueing::Refresh => "2",
             });
+            if let Shape::Permits { weight, .. } = self.shape {
+                invocation.arg(weight);
+            }
             // A refresh only keeps the value the join stored: up to 64 KiB need not travel
             // every ttl/3.
             if let Some(value) = &self.value
@@ -579,7 +640,7 @@ impl Claim {
     async fn cancel(&self) -> Result<bool, LockError> {
         let args = self.queue_args();
         let passed_on: u64 = self
-            .run(scripts::queue(&CANCEL, &self.keys, &self.id, &args))
+            .run(self.script(&CANCEL, &PERMIT_CANCEL, &args))
             .await?;
         Ok(passed_on == 1)
     }
@@ -610,7 +671,7 @@ impl Lease for Claim {
     async fn release(&self) -> Result<bool, LockError> {
         let args = self.queue_args();
         let released: u64 = self
-            .run(scripts::queue(&RELEASE, &self.keys, &self.id, &args))
+            .run(self.script(&RELEASE, &PERMIT_RELEASE, &args))
             .await?;
         Ok(released == 1)
     }

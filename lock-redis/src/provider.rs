@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use lock_core::kit::{Closed, SessionOwner};
 use lock_core::{
-    Capabilities, DistributedLock, Election, Fencing, LockError, LockName, LockProvider, Metrics,
-    MetricsSnapshot, WaitKind,
+    Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Fencing,
+    LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
 };
 
 use crate::config::{RedisConfig, RedisStrategy};
@@ -16,6 +16,7 @@ use crate::error::BACKEND;
 use crate::keys::LockKeys;
 use crate::lock::{RedisLock, refresh_period};
 use crate::node::Node;
+use crate::permits::{RedisRwLock, RedisSemaphore};
 
 /// A distlock provider on one Redis server.
 ///
@@ -218,6 +219,9 @@ impl LockProvider for RedisLockProvider {
             .with_fifo(fifo)
             .with_leases(true)
             .with_elections(true)
+            // Read-write locks and semaphores always queue, whatever the strategy.
+            .with_reader_writer(true)
+            .with_semaphore(true)
             // A crashed holder's key expires after the ttl; a waiter notices within one
             // refresh period.
             .with_crash_release_bound(Some(config.lease.ttl + refresh_period(config.lease.ttl)))
@@ -230,6 +234,28 @@ impl LockProvider for RedisLockProvider {
 
     fn metrics(&self) -> MetricsSnapshot {
         self.shared.metrics.snapshot()
+    }
+
+    /// A read-write lock under `{prefix:name.rwlock}`; see [`RedisRwLock`].
+    fn rw_lock(&self, name: &str) -> Result<Arc<dyn DistributedRwLock>, LockError> {
+        let name = LockName::new(name)?;
+        Ok(Arc::new(RedisRwLock::new(&self.shared, name)))
+    }
+
+    /// A semaphore under `{prefix:name.semaphore}`; see [`RedisSemaphore`].
+    fn semaphore(
+        &self,
+        name: &str,
+        permits: u32,
+    ) -> Result<Arc<dyn DistributedSemaphore>, LockError> {
+        let name = LockName::new(name)?;
+        if permits == 0 {
+            return Err(LockError::InvalidArgument {
+                backend: BACKEND,
+                message: format!("semaphore {name:?} needs at least one permit"),
+            });
+        }
+        Ok(Arc::new(RedisSemaphore::new(&self.shared, name, permits)))
     }
 
     /// An election on the queue strategy, `{prefix:name.election}:…`; see [`RedisElection`].

@@ -10,6 +10,13 @@
 //! (see `queue` below), and `ATTEMPT` adds `queue`. A waiter's own list, where a
 //! hand-off pushes its token, is `prefix .. id`.
 //!
+//! The permit scripts (`PERMIT_*`, for read-write locks and semaphores) start with
+//! `permits.lua`, which names their six keys: the holders (a sorted set: id → lease end in
+//! server ms), the fencing counter, the queue, the deadlines, the receipts of releases (a
+//! sorted set like the holders) and the weights (a hash: id → permits taken). Their
+//! arguments are `id, ttl, liveness, prefix, claim, capacity`; `PERMIT_ATTEMPT` adds
+//! `queue, weight`.
+//!
 //! An id is in the queue at most once (it joins only when not found there), so removing it
 //! stops at its one occurrence.
 
@@ -56,6 +63,31 @@ pub(crate) static RAISE: LazyLock<Script> =
 
 pub(crate) static LEADER: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/leader.lua")));
+
+/// The keys and the admission shared by the permit scripts.
+const PERMITS: &str = include_str!("scripts/permits.lua");
+
+/// A permit script: `permits.lua`, then `body`.
+fn with_permits(body: &str) -> Script {
+    Script::new(&format!("{PERMITS}\n{body}"))
+}
+
+/// `PERMIT_ATTEMPT(…, queue, weight)` → token, 0, or -1: a read-write lock's or
+/// semaphore's grant and a waiter's refresh.
+pub(crate) static PERMIT_ATTEMPT: LazyLock<Script> =
+    LazyLock::new(|| with_permits(include_str!("scripts/permit_attempt.lua")));
+
+/// `PERMIT_RELEASE(…)` → 1 released, 0 not a holder; then whoever fits is admitted.
+pub(crate) static PERMIT_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| with_permits(include_str!("scripts/permit_release.lua")));
+
+/// `PERMIT_CANCEL(…)` → 1 if an admission had raced the cancel and was passed on, else 0.
+pub(crate) static PERMIT_CANCEL: LazyLock<Script> =
+    LazyLock::new(|| with_permits(include_str!("scripts/permit_cancel.lua")));
+
+/// `PERMIT_EXTEND(…)` → 1 renewed, 2 released already, 0 gone.
+pub(crate) static PERMIT_EXTEND: LazyLock<Script> =
+    LazyLock::new(|| with_permits(include_str!("scripts/permit_extend.lua")));
 
 /// A duration as the scripts take it: whole milliseconds.
 pub(crate) fn millis(duration: Duration) -> u64 {
@@ -146,5 +178,29 @@ pub(crate) fn queue(
         } else {
             ""
         });
+    invocation
+}
+
+/// A permit script (`PERMIT_ATTEMPT`, `PERMIT_RELEASE`, `PERMIT_CANCEL`, `PERMIT_EXTEND`)
+/// for holder or waiter `id` on the six keys: `id, ttl, liveness, prefix, claim, capacity`
+/// (`PERMIT_ATTEMPT` takes two more).
+pub(crate) fn permits(
+    script: &'static Script,
+    keys: &LockKeys,
+    id: &str,
+    args: &QueueArgs,
+    capacity: u64,
+) -> ScriptInvocation<'static> {
+    let mut invocation = script.prepare_invoke();
+    for key in keys.permit_keys() {
+        invocation.key(key);
+    }
+    invocation
+        .arg(id)
+        .arg(millis(args.ttl))
+        .arg(millis(args.liveness))
+        .arg(&keys.waiter_prefix)
+        .arg(millis(args.claim))
+        .arg(capacity);
     invocation
 }

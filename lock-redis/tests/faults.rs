@@ -1194,8 +1194,9 @@ async fn a_release_whose_reply_is_lost_is_no_loss() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_acl_rule_is_enough() {
     const RULE: &str = "on >s3cret ~{lock* &{lock* +@scripting +get +set +del +exists +incr \
-                        +pexpire +pttl +time +lpop +rpush +lrem +lindex +lpos +blpop +hget +hset \
-                        +hdel +publish +subscribe +unsubscribe +ping";
+                        +pexpire +pttl +time +lpop +rpush +lrem +lindex +lpos +llen +blpop +hget \
+                        +hset +hdel +zadd +zscore +zrange +zrangebyscore +zrem +zremrangebyscore \
+                        +publish +subscribe +unsubscribe +ping";
     let server = start_server().await;
     let mut admin = admin(&server).await;
     let mut command = redis::cmd("ACL");
@@ -1240,6 +1241,33 @@ async fn the_documented_acl_rule_is_enough() {
         next.release().await.unwrap();
         expect_only_fence(&mut admin, &name, SLACK, "after the documented user").await;
     }
+    // The read-write lock and the semaphore: a writer held with a reader waiting, a renewal,
+    // the hand-off; a permit taken and given back.
+    let mut config = config(server.port(), RedisStrategy::Queue);
+    config.server.username = Some("documented".into());
+    config.server.password = Some("s3cret".into());
+    let provider = RedisLockProvider::connect(config).await.unwrap();
+    let name = unique_name("acl-doc-rw");
+    let rw = provider.rw_lock(&name).unwrap();
+    let mut writing = rw
+        .try_write()
+        .await
+        .unwrap()
+        .expect("a free read-write lock");
+    let reader = Arc::clone(&rw);
+    let reading = tokio::spawn(async move { reader.read(Some(SLACK * 5)).await });
+    expect_renewals(&writing, 1, TTL * 2).await;
+    assert!(!writing.is_lost(), "the writer's renewal failed");
+    writing.release().await.unwrap();
+    let mut read = timeout(SLACK * 5, reading).await.unwrap().unwrap().unwrap();
+    read.release().await.unwrap();
+    let semaphore = provider.semaphore(&name, 2).unwrap();
+    let mut permit = semaphore
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("a free permit");
+    permit.release().await.unwrap();
 }
 
 /// With a 30 s lease: a provider dropped before its guard frees the lock at once, not when

@@ -314,16 +314,15 @@ impl Faults for RedisHarness {
 
 #[async_trait]
 impl Inspector for RedisHarness {
-    /// The lock's holder and queue, and the election's of the same name; a candidate's
-    /// value left without its place or lease, or a record of the last leader left without
-    /// any value, counts as a waiter (residue).
+    /// The lock's holder and queue, the election's, the read-write lock's and the
+    /// semaphore's of the same name; a candidate's value left without its place or lease,
+    /// or a record of the last leader left without any value, counts as a waiter (residue).
     async fn entries(&self, name: &str) -> Result<Entries, LockError> {
         entries_at(&mut self.admin(), name).await
     }
 
     fn records_waiters(&self, kind: LockKind) -> bool {
-        kind == LockKind::Election
-            || (kind == LockKind::Mutex && self.strategy == RedisStrategy::Queue)
+        kind != LockKind::Mutex || self.strategy == RedisStrategy::Queue
     }
 }
 
@@ -364,7 +363,29 @@ pub(crate) async fn entries_at(
         .await;
     let (holders, waiters, leaders, candidates, values, last_leader) =
         fetched.map_err(|error| inspection_failed(name, error))?;
-    let (holders, waiters) = (holders + leaders, waiters + candidates);
+    // The read-write lock's and the semaphore's holders whose leases still run, and their
+    // waiters.
+    let mut permit_holders = 0;
+    let mut permit_waiters = 0;
+    for kind in ["rwlock", "semaphore"] {
+        let permits = format!("{}.{kind}}}", tag.trim_end_matches('}'));
+        let counted: redis::RedisResult<(u64, u64)> = redis::Script::new(
+            "local t = redis.call('TIME')
+             local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+             return {redis.call('ZCOUNT', KEYS[1], now, '+inf'), redis.call('LLEN', KEYS[2])}",
+        )
+        .key(format!("{permits}:holders"))
+        .key(format!("{permits}:queue"))
+        .invoke_async(admin)
+        .await;
+        let (live, queued) = counted.map_err(|error| inspection_failed(name, error))?;
+        permit_holders += live;
+        permit_waiters += queued;
+    }
+    let (holders, waiters) = (
+        holders + leaders + permit_holders,
+        waiters + candidates + permit_waiters,
+    );
     let stray_values = (values.len() as u64).saturating_sub(leaders + candidates);
     let stray_last_leader = u64::from(values.is_empty()) * last_leader;
     Ok(Entries::new(

@@ -314,7 +314,6 @@ impl Inspector for SentinelHarness {
     }
 
     fn records_waiters(&self, kind: LockKind) -> bool {
-        kind == LockKind::Election
-            || (kind == LockKind::Mutex && self.strategy == RedisStrategy::Queue)
+        kind != LockKind::Mutex || self.strategy == RedisStrategy::Queue
     }
 }
