@@ -21,7 +21,8 @@ use lock_conformance::runner::strict;
 use lock_conformance::{eventually, unique_name};
 use lock_testbed::proxy::FaultProxy;
 use lock_testbed::servers::{
-    LocalServer, RedisOptions, RedisServer, free_port, shared_etcd, shared_redis, shared_zk,
+    LocalServer, RedisOptions, RedisSentinelOptions, RedisSentinelSet, RedisServer, free_port,
+    shared_etcd, shared_redis, shared_zk,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -483,6 +484,23 @@ async fn zookeeper_busy_lock_exits_75() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_busy_lock_exits_75() {
     busy_lock_exits_75(&redis_url()).await;
+}
+
+/// A primary with two replicas under three sentinels, for `redis+sentinel://` URLs.
+async fn sentinel_set() -> RedisSentinelSet {
+    RedisSentinelSet::start(RedisSentinelOptions::default())
+        .await
+        .expect("a Redis Sentinel set for the test")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_sentinel_runs_never_overlap() {
+    runs_never_overlap(&sentinel_set().await.url(None)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_sentinel_busy_lock_exits_75() {
+    busy_lock_exits_75(&sentinel_set().await.url(None)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
