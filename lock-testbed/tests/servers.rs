@@ -15,9 +15,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lock_testbed::servers::{
-    ETCD_ENV, EtcdOptions, EtcdServer, LocalServer, REDIS_ENV, RedisOptions, RedisSentinelOptions,
-    RedisSentinelSet, RedisServer, RedisTarget, SERVERS_ENV, ServerError, ZK_ENV, ZkEnsemble,
-    ZkOptions, ZkServer, ZkTarget, shared_etcd, shared_redis, shared_zk,
+    ETCD_ENV, EtcdOptions, EtcdServer, LocalServer, REDIS_ENV, RedisClusterOptions,
+    RedisClusterSet, RedisOptions, RedisSentinelOptions, RedisSentinelSet, RedisServer,
+    RedisTarget, SERVERS_ENV, ServerError, ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget,
+    shared_etcd, shared_redis, shared_zk,
 };
 
 /// Set in the child test process that starts shared servers and then exits without
@@ -458,6 +459,70 @@ async fn redis_sentinel_fails_over_on_demand_and_after_a_kill() {
     assert!(set.data_servers()[killed].pid().is_none());
     assert_ne!(after, promoted);
     assert_eq!(set.primary().await.unwrap(), after);
+}
+
+/// A three-primary cluster with a replica each: a key lands on the primary that serves its
+/// slot; a slot moves to another primary with its keys (redirections meanwhile); a replica
+/// takes over its primary's slots.
+#[tokio::test]
+async fn redis_cluster_migrates_a_slot_and_fails_over() {
+    let options =
+        RedisClusterOptions::default().with_server(RedisOptions::default().with_password("admin"));
+    let began = Instant::now();
+    let set = RedisClusterSet::start(options).await.unwrap();
+    eprintln!("startup: Redis Cluster ready in {:?}", began.elapsed());
+    assert_eq!(set.nodes().len(), 6);
+    assert!(set.url(None).starts_with("redis+cluster://127.0.0.1:"));
+    let key = "{jobs}:owner";
+    let slot = set.slot_of(key).await.unwrap();
+    let owner = set.owner_of(slot).await.unwrap();
+    assert!(owner < 3, "a primary as made: {owner}");
+    let mut conn = Resp::connect(set.nodes()[owner].port());
+    assert_eq!(conn.call(&["AUTH", "admin"]), "+OK");
+    assert_eq!(conn.call(&["SET", key, "v"]), "+OK");
+    assert_eq!(conn.call(&["SET", "{jobs}:fence", "7"]), "+OK");
+    let other = (owner + 1) % 3;
+    let mut elsewhere = Resp::connect(set.nodes()[other].port());
+    assert_eq!(elsewhere.call(&["AUTH", "admin"]), "+OK");
+    assert!(elsewhere.call(&["GET", key]).starts_with("-MOVED"));
+
+    let migrating = set.migrate_slot(slot, other, Duration::from_millis(500));
+    let probing = async {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        // Halfway: one key moved, one not. The old owner answers for the one it has and
+        // redirects for the other.
+        let mut old = Resp::connect(set.nodes()[owner].port());
+        assert_eq!(old.call(&["AUTH", "admin"]), "+OK");
+        let answers = [old.call(&["GET", key]), old.call(&["GET", "{jobs}:fence"])];
+        assert!(
+            answers.iter().any(|answer| answer.starts_with("-ASK")),
+            "one key already moved: {answers:?}"
+        );
+    };
+    let (migrated, ()) = tokio::join!(migrating, probing);
+    migrated.unwrap();
+    assert_eq!(set.owner_of(slot).await.unwrap(), other);
+    assert_eq!(
+        elsewhere.call(&["GET", key]),
+        "v",
+        "the key moved with its slot"
+    );
+    assert!(conn.call(&["GET", key]).starts_with("-MOVED"));
+
+    // The replica of `other` (the set pairs replicas with primaries itself).
+    let replica = (3..6)
+        .find(|&index| {
+            let mut replica = Resp::connect(set.nodes()[index].port());
+            replica.call(&["AUTH", "admin"]);
+            replica.call(&["READONLY"]);
+            replica.call(&["GET", key]) == "v"
+        })
+        .expect("a replica of the slot's new owner");
+    set.failover(replica).await.unwrap();
+    assert_eq!(set.owner_of(slot).await.unwrap(), replica);
+    let mut promoted = Resp::connect(set.nodes()[replica].port());
+    assert_eq!(promoted.call(&["AUTH", "admin"]), "+OK");
+    assert_eq!(promoted.call(&["GET", key]), "v");
 }
 
 // ---- etcd -----------------------------------------------------------------------------

@@ -18,6 +18,8 @@
 //!
 //! [`RedisSentinelSet`] runs a Redis primary with replicas under Redis Sentinel, and fails
 //! it over on demand.
+//! [`RedisClusterSet`] runs a Redis Cluster (primaries with replicas, made with
+//! `redis-cli --cluster create`), and migrates a slot or promotes a replica on demand.
 //!
 //! [`ZkServer`], [`RedisServer`] and [`EtcdServer`] share their address, pid, directory and
 //! log accessors and their fault injection (pause, resume, kill, restart) through the
@@ -36,6 +38,7 @@
 //!
 //! All traffic stays on `127.0.0.1`. Nothing here prints; logs go through `tracing`.
 
+mod cluster;
 mod error;
 mod etcd;
 mod local;
@@ -53,6 +56,7 @@ pub mod containers;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+pub use cluster::{RedisClusterOptions, RedisClusterSet};
 pub use error::ServerError;
 pub use etcd::{ETCD_ENV, EtcdCluster, EtcdOptions, EtcdServer, EtcdTarget};
 pub use local::{LocalServer, ServerProcess};
