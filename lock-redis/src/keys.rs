@@ -17,7 +17,8 @@ pub(crate) struct LockKeys {
     /// not refreshed it counts as dead.
     pub(crate) deadlines: String,
     /// `{prefix:name}:released`: the owner id of the last release, for a lease's length, so
-    /// that a release sent again after its reply was lost learns that it had succeeded.
+    /// that a release sent again after its reply was lost learns that it had succeeded; for
+    /// a read-write lock or semaphore, each release's receipt (a sorted set, id → its end).
     pub(crate) released: String,
     /// `{prefix:name}:w:`: the prefix of each waiter's own list, `…:w:<owner id>`.
     pub(crate) waiter_prefix: String,

@@ -125,8 +125,9 @@ impl RedisLockProvider {
     /// per acquisition) and the lease left on it, the waiters' owner ids in the order the
     /// queue strategy will grant them, and the last token handed out. Only the
     /// [`Queue`](RedisStrategy::Queue) strategy queues its waiters on the server; under the
-    /// other strategies the waiters are not visible and the queue is empty. Not counted in
-    /// the provider's [metrics](LockProvider::metrics).
+    /// other strategies the waiters are not visible and the queue is empty. The mutex only:
+    /// a read-write lock's or semaphore's holders are not shown. Not counted in the
+    /// provider's [metrics](LockProvider::metrics).
     ///
     /// An ACL user limited to the lock commands (see the [crate docs](crate)) also needs
     /// `+pttl +lrange +multi +exec` for this.

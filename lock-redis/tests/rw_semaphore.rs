@@ -89,3 +89,48 @@ async fn semaphore_release_wakes_the_waiter_it_admits() {
         "one wake-up per release, none in vain: {run:?}"
     );
 }
+
+/// A writer that gives up at the head of the queue lets in at once the readers it kept
+/// out, rather than at their next refresh (a third of the lease, 667 ms here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_giving_up_lets_the_readers_behind_it_in() {
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    let h = RedisHarness::new(RedisStrategy::Queue).await;
+    let [reader, writer, late] = [
+        h.client().await.unwrap(),
+        h.client().await.unwrap(),
+        h.client().await.unwrap(),
+    ];
+    let name = lock_conformance::unique_name("rw-cancel");
+    let mut first = reader
+        .provider
+        .rw_lock(&name)
+        .unwrap()
+        .try_read()
+        .await
+        .unwrap()
+        .expect("a free lock");
+    let writing = writer.provider.rw_lock(&name).unwrap();
+    let waiting =
+        tokio::spawn(async move { writing.write(Some(Duration::from_millis(300))).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let reading = late.provider.rw_lock(&name).unwrap();
+    let behind = tokio::spawn(async move {
+        let guard = reading.read(Some(Duration::from_secs(5))).await;
+        (Instant::now(), guard)
+    });
+    let gave_up = waiting.await.unwrap();
+    let gave_up_at = Instant::now();
+    assert!(gave_up.is_err(), "the writer timed out behind the reader");
+    let (entered, guard) = behind.await.unwrap();
+    let mut guard = guard.unwrap();
+    let after = entered.saturating_duration_since(gave_up_at);
+    assert!(
+        after < Duration::from_millis(250),
+        "the reader behind the writer entered {after:?} after the writer gave up"
+    );
+    guard.release().await.unwrap();
+    first.release().await.unwrap();
+}

@@ -53,7 +53,12 @@ end
 -- someone else must be noticed.
 local queued = redis.call('LPOS', queue_key, id)
 if queue == '1' then
-  if not queued then redis.call('RPUSH', queue_key, id) end
+  if not queued then
+    -- A new place starts with an empty list: a token left there (a hand-off whose claim
+    -- lapsed while this join's reply was lost) is no grant.
+    redis.call('DEL', prefix .. id)
+    redis.call('RPUSH', queue_key, id)
+  end
 elseif queue == '2' then
   if not queued then
     redis.call('HDEL', deadlines_key, id)

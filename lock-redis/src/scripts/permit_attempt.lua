@@ -25,7 +25,12 @@ if not queued and redis.call('LLEN', queue_key) == 0 and used + weight <= capaci
   return redis.call('INCR', counter_key)
 end
 if queue == '1' then
-  if not queued then redis.call('RPUSH', queue_key, id) end
+  if not queued then
+    -- A new place starts with an empty list: a token left there (a hand-off whose claim
+    -- lapsed while this join's reply was lost) is no grant.
+    redis.call('DEL', prefix .. id)
+    redis.call('RPUSH', queue_key, id)
+  end
 elseif queue == '2' then
   if not queued then
     redis.call('HDEL', weights_key, id)

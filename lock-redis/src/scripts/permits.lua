@@ -42,6 +42,8 @@ local function in_use()
   for _, gone in ipairs(redis.call('ZRANGEBYSCORE', holders_key, '-inf', '(' .. now)) do
     redis.call('ZREM', holders_key, gone)
     redis.call('HDEL', weights_key, gone)
+    -- A token its claim lapsed on, never picked up, must not be taken for a grant later.
+    redis.call('DEL', prefix .. gone)
   end
   redis.call('ZREMRANGEBYSCORE', receipts_key, '-inf', '(' .. now)
   local used = 0
