@@ -69,13 +69,13 @@ impl BackendConfig {
         match scheme.as_str() {
             "memory" => memory_from_url(url),
             "zk" | "zookeeper" => zookeeper_from_url(url, &scheme),
-            "redis" | "rediss" | "redis+sentinel" => redis_from_url(url, &scheme),
+            "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => redis_from_url(url, &scheme),
             "redlock" => redlock_from_url(url, &scheme),
             "etcd" | "etcds" => etcd_from_url(url, &scheme),
             _ => Err(LockError::config(format!(
                 "unknown URL scheme {scheme:?}; distlock supports memory://, zk:// (or \
-                 zookeeper://), redis://, rediss://, redis+sentinel://, redlock://, etcd:// and \
-                 etcds:// (enabled features: {})",
+                 zookeeper://), redis://, rediss://, redis+sentinel://, redis+cluster://, \
+                 redlock://, etcd:// and etcds:// (enabled features: {})",
                 enabled_features()
             ))),
         }

@@ -37,7 +37,7 @@
 //! |---|---|---|
 //! | `memory` | yes | the in-memory backend (`memory://`) and the `memory` module |
 //! | `zookeeper` | no | the ZooKeeper backend (`zk://`, `zookeeper://`) as the `zookeeper` module |
-//! | `redis` | no | the Redis backend (`redis://`, `rediss://`, `redis+sentinel://`, `redlock://`) as the `redis` module |
+//! | `redis` | no | the Redis backend (`redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`, `redlock://`) as the `redis` module |
 //! | `etcd` | no | the etcd backend (`etcd://`, `etcds://`) as the `etcd` module; building it needs `protoc` |
 //! | `cli` | no | the `distlock` command-line tool, with every backend |
 //!
@@ -60,6 +60,7 @@
 //! | `zk`, `zookeeper` | `zk://[user:password@]h1:p1,h2:p2[/chroot]` (port 2181); credentials add digest auth | `session_timeout` (`10s`), `connect_timeout` (`5s`), `strategy` = `single`\|`children`\|`predecessor` (`predecessor`), `root` (`/distlock`), `node_format` = `curator`\|`kazoo` (`curator`), `acl` = `open`\|`creator` (`open`; `creator` needs credentials) |
 //! | `redis`, `rediss` | `redis://[user[:password]@]host[:port][/db]` (port 6379, db 0); `rediss` uses TLS | `prefix` (`lock`), `ttl` (`30s`, 100ms–1 day), `strategy` = `polling`\|`pubsub`\|`queue` (`queue`), `timeout` (`5s`), `tls_ca` (the system's authorities), `wait_replicas` (0, at most 100), `wait_timeout` (`100ms`, 1ms to `timeout`) |
 //! | `redis+sentinel` | `redis+sentinel://[user[:password]@]sentinel1[:port],sentinel2[:port]/SERVICE[/db]` (port 26379): the primary the sentinels name, followed through failovers | as `redis`, without `tls_ca` |
+//! | `redis+cluster` | `redis+cluster://[user[:password]@]node1[:port],node2[:port]` (port 6379): a Redis Cluster, each lock on the primary serving its slot, following `MOVED` and `ASK` | as `redis`, without `tls_ca`; `strategy` = `polling`\|`queue` |
 //! | `redlock` | `redlock://[user:password@]h1[:p],h2,h3[/db]` — independent servers, quorum N/2+1 | `prefix` (`lock`), `ttl` (`30s`), `retry_count` (`3`), `retry_delay` (`200ms`), `drift_factor` (`0.01`), `tls` (`false`), `tls_ca`, `timeout` (`5s`) |
 //! | `etcd` | `etcd://[user:password@]h1:2379,h2:2379[/prefix]` (port 2379, prefix `/distlock`); `etcds://` for TLS | `lease_ttl` (`10s`, whole seconds from 2 s), `strategy` = `single`\|`prefix`\|`predecessor` (`predecessor`), `timeout` (`5s`), `tls_ca` (a PEM file; the system's authorities by default) |
 //!

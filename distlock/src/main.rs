@@ -216,8 +216,8 @@ enum Command {
 /// Which lock, on which backend.
 #[derive(Debug, Args)]
 struct Target {
-    /// The backend: zk://, redis://, rediss://, redis+sentinel://, redlock://, etcd:// or
-    /// memory:// URL.
+    /// The backend: zk://, redis://, rediss://, redis+sentinel://, redis+cluster://,
+    /// redlock://, etcd:// or memory:// URL.
     #[arg(long, env = "DISTLOCK_URL", hide_env_values = true, value_name = "URL")]
     url: String,
 

@@ -21,8 +21,8 @@ use lock_conformance::runner::strict;
 use lock_conformance::{eventually, unique_name};
 use lock_testbed::proxy::FaultProxy;
 use lock_testbed::servers::{
-    LocalServer, RedisOptions, RedisSentinelOptions, RedisSentinelSet, RedisServer, free_port,
-    shared_etcd, shared_redis, shared_zk,
+    LocalServer, RedisClusterOptions, RedisClusterSet, RedisOptions, RedisSentinelOptions,
+    RedisSentinelSet, RedisServer, free_port, shared_etcd, shared_redis, shared_zk,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -501,6 +501,22 @@ async fn redis_sentinel_runs_never_overlap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_sentinel_busy_lock_exits_75() {
     busy_lock_exits_75(&sentinel_set().await.url(None)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_runs_never_overlap() {
+    let cluster = RedisClusterSet::start(RedisClusterOptions::default())
+        .await
+        .expect("a Redis Cluster for the test");
+    runs_never_overlap(&cluster.url(None)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_busy_lock_exits_75() {
+    let cluster = RedisClusterSet::start(RedisClusterOptions::default())
+        .await
+        .expect("a Redis Cluster for the test");
+    busy_lock_exits_75(&cluster.url(None)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

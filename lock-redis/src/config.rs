@@ -12,11 +12,13 @@ use lock_core::LockError;
 use lock_core::url::{LockUrl, duration};
 use serde::Deserialize;
 
+mod cluster;
 mod lease;
 mod redlock;
 mod sentinel;
 mod server;
 
+pub use cluster::RedisCluster;
 pub use lease::LeaseOptions;
 pub use redlock::RedlockConfig;
 pub use sentinel::RedisSentinel;
@@ -75,11 +77,15 @@ lock_core::url_enum! {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisConfig {
-    /// The server; with [`sentinel`](Self::sentinel), its login and database only.
+    /// The server; with [`sentinel`](Self::sentinel), its login and database only; with
+    /// [`cluster`](Self::cluster), its login only.
     pub server: RedisServer,
     /// Find the primary through Redis Sentinel and follow its failovers; `None` (the
     /// default) connects to `server`.
     pub sentinel: Option<RedisSentinel>,
+    /// Lock on a Redis Cluster, each lock on the primary serving its slot; `None` (the
+    /// default) connects to `server`.
+    pub cluster: Option<RedisCluster>,
     /// The key prefix, the lease and the request timeout.
     pub lease: LeaseOptions,
     /// How waiters wait. Default [`RedisStrategy::Queue`].
@@ -105,6 +111,7 @@ impl RedisConfig {
         RedisConfig {
             server,
             sentinel: None,
+            cluster: None,
             lease: LeaseOptions::default(),
             strategy: RedisStrategy::default(),
             wait_replicas: 0,
@@ -112,20 +119,22 @@ impl RedisConfig {
         }
     }
 
-    /// Parses a `redis://` or `rediss://` (TLS) connection URL, or a `redis+sentinel://`
-    /// one (see [`RedisSentinel`]), and [validates](Self::validate) the result.
+    /// Parses a `redis://` or `rediss://` (TLS) connection URL, a `redis+sentinel://` one
+    /// (see [`RedisSentinel`]) or a `redis+cluster://` one (see [`RedisCluster`]), and
+    /// [validates](Self::validate) the result.
     ///
     /// ```text
     /// redis://[user[:password]@]host[:port][/db]?prefix=lock&ttl=30s&strategy=queue
     /// redis+sentinel://[user[:password]@]sentinel1[:26379],sentinel2/SERVICE[/db]?ttl=30s
+    /// redis+cluster://[user[:password]@]node1[:6379],node2?ttl=30s&strategy=queue
     /// ```
     ///
     /// | part | meaning | default |
     /// |---|---|---|
     /// | `rediss://` | connect with TLS | plain TCP |
     /// | `user:password@` | ACL user and password; `:password@` alone for the `default` user | none |
-    /// | host, port | exactly one server (with `redis+sentinel://`, the sentinels) | port 6379 (26379) |
-    /// | `/db` | logical database, a non-negative integer (`/SERVICE/db` with `redis+sentinel://`) | 0 |
+    /// | host, port | exactly one server (with `redis+sentinel://`, the sentinels; with `redis+cluster://`, nodes of the cluster) | port 6379 (26379) |
+    /// | `/db` | logical database, a non-negative integer (`/SERVICE/db` with `redis+sentinel://`; none with `redis+cluster://`) | 0 |
     /// | `prefix` | key prefix: non-empty, ≤ 128 bytes, no `{`, `}` or control characters | `lock` |
     /// | `ttl` | lease, from 100ms to 1 day | `30s` |
     /// | `strategy` | `polling`, `pubsub` or `queue` ([`RedisStrategy`]) | `queue` |
@@ -157,12 +166,14 @@ impl RedisConfig {
             "redis" => false,
             "rediss" => true,
             "redis+sentinel" => return sentinel::from_url(&url, url.query()?),
+            "redis+cluster" => return cluster::from_url(&url, url.query()?),
             other => {
                 return Err(config_error(
                     "redis",
                     format!(
-                        "the URL scheme is {other:?}; expected redis://, rediss:// or \
-                         redis+sentinel:// (redlock:// URLs are parsed by RedlockConfig)"
+                        "the URL scheme is {other:?}; expected redis://, rediss://, \
+                         redis+sentinel:// or redis+cluster:// (redlock:// URLs are parsed by \
+                         RedlockConfig)"
                     ),
                 ));
             }
@@ -191,6 +202,13 @@ impl RedisConfig {
         if let Some(sentinel) = &self.sentinel {
             sentinel.validate(&self.server)?;
         }
+        if let Some(cluster) = &self.cluster {
+            if self.sentinel.is_some() {
+                let message = "a cluster or Sentinel, not both";
+                return Err(config_error("redis", message));
+            }
+            cluster.validate(&self.server, self.strategy)?;
+        }
         self.lease.validate_for("redis")?;
         if self.wait_replicas > 100 {
             let message = format!("wait_replicas is {}; at most 100", self.wait_replicas);
@@ -214,6 +232,8 @@ lock_core::setters! { RedisConfig {
     with_strategy(strategy: RedisStrategy) => strategy = strategy;
     /// Finds the primary through Redis Sentinel.
     with_sentinel(sentinel: RedisSentinel) => sentinel = Some(sentinel);
+    /// Locks on a Redis Cluster.
+    with_cluster(cluster: RedisCluster) => cluster = Some(cluster);
     /// Sets how many replicas must acknowledge each grant and renewal
     /// ([`wait_replicas`](Self::wait_replicas)).
     with_wait_replicas(replicas: u32) => wait_replicas = replicas;
@@ -251,6 +271,7 @@ impl RedisParams {
         let config = RedisConfig {
             server,
             sentinel,
+            cluster: None,
             lease: LeaseOptions {
                 key_prefix: self.prefix,
                 ttl: self.ttl,

@@ -44,6 +44,10 @@ pub(crate) fn lock_error(
                 ServerErrorKind::BusyLoading
                     | ServerErrorKind::TryAgain
                     | ServerErrorKind::ClusterDown
+                    // A slot that moved (a failover, a migration) once the cluster
+                    // connection's own redirections are spent: the next try finds it.
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
                     | ServerErrorKind::MasterDown
                     | ServerErrorKind::ReadOnly
             )
@@ -63,6 +67,8 @@ pub(crate) fn is_connection(error: &RedisError) -> bool {
         || error.is_timeout()
         || error.is_connection_dropped()
         || error.is_connection_refusal()
+        // A cluster node that cannot be reached (one that died, until its replica serves).
+        || error.kind() == ErrorKind::ClusterConnectionNotFound
 }
 
 /// A [`LockError::Connection`] (retryable) without a source, naming the lock if any.

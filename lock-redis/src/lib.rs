@@ -16,6 +16,8 @@
 //! - the same on the primary that Redis Sentinel names, following its failovers:
 //!   `redis+sentinel://[user[:password]@]sentinel1[:26379],sentinel2/SERVICE[/db]?…`
 //!   ([`RedisSentinel`]);
+//! - the same on a Redis Cluster, each lock on the primary serving its slot:
+//!   `redis+cluster://[user[:password]@]node1[:6379],node2?…` ([`RedisCluster`]);
 //! - [`RedlockProvider`] over independent servers: `redlock://[user:password@]host1[:port],host2,host3[/db]?ttl=&retry_count=&retry_delay=&drift_factor=&timeout=`
 //!   ([`RedlockConfig::from_url`]).
 //!
@@ -137,6 +139,7 @@
 //! system's certificate authorities, or those of the PEM file `tls_ca=/path/ca.pem`.
 
 mod config;
+mod connection;
 mod election;
 mod error;
 mod keys;
@@ -149,7 +152,8 @@ mod scripts;
 mod subscriber;
 
 pub use config::{
-    LeaseOptions, RedisConfig, RedisSentinel, RedisServer, RedisStrategy, RedlockConfig,
+    LeaseOptions, RedisCluster, RedisConfig, RedisSentinel, RedisServer, RedisStrategy,
+    RedlockConfig,
 };
 pub use election::RedisElection;
 pub use lock::RedisLock;

@@ -254,16 +254,37 @@ impl RedisLock {
     /// `GRANT` until granted or the deadline. Between two tries, a polling waiter sleeps
     /// (jittered exponential back-off); a pub/sub waiter subscribes to the release channel,
     /// then tries again on every broadcast (and every refresh period, for leases that run
-    /// out unannounced).
+    /// out unannounced). A try that fails with a retryable error is made again, for as long
+    /// as a queued waiter's place would last.
     async fn retry(&self, grant: &Claim, deadline: Deadline) -> Result<Option<Found>, LockError> {
         let polling = self.strategy == RedisStrategy::Polling;
         let period = refresh_period(self.shared.config.lease.ttl);
         let mut pause = POLL_MIN;
         let mut pubsub = None;
         let mut wakeups = Wakeups::new(&self.shared.metrics);
+        // A waiter rides out a short outage (a failover, a slot that moved) as a queued
+        // waiter does while its place lasts: for as long, since its last answer.
+        let lease = &self.shared.config.lease;
+        let rides_out = liveness(lease.ttl, lease.timeout);
+        let mut answered = Instant::now();
         loop {
-            if let Some(granted) = grant.try_grant().await? {
-                return Ok(Some(granted));
+            match grant.try_grant().await {
+                Ok(Some(granted)) => return Ok(Some(granted)),
+                Ok(None) => answered = Instant::now(),
+                Err(error)
+                    if error.is_retryable()
+                        && answered.elapsed() < rides_out
+                        && !deadline.is_immediate()
+                        && !deadline.has_passed() =>
+                {
+                    tracing::debug!(lock = %self.name, %error, "redis: try failed; trying again");
+                    let pause = deadline
+                        .remaining()
+                        .map_or(RETRY_PAUSE, |left| left.min(RETRY_PAUSE));
+                    tokio::time::sleep(pause).await;
+                    continue;
+                }
+                Err(error) => return Err(error),
             }
             wakeups.busy();
             if deadline.is_immediate() || deadline.has_passed() {
@@ -552,10 +573,12 @@ impl Claim {
             let (wanted, wait) = (config.wait_replicas, config.wait_timeout);
             let name = self.name.as_str();
             // Only a renewal writes (answer 1): gone or released, there is nothing to wait for.
-            let renewal =
-                self.shared
-                    .node
-                    .run_acknowledged(extend, name, (wanted, wait), |answer: &u64| *answer == 1);
+            let renewal = self.shared.node.run_acknowledged(
+                extend,
+                (name, &self.keys.owner),
+                (wanted, wait),
+                |answer: &u64| *answer == 1,
+            );
             match renewal.await? {
                 (_, Some(acknowledged)) if acknowledged < wanted => {
                     return Err(self.not_confirmed(&format!(

@@ -8,14 +8,16 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use lock_core::{LockError, Metrics};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
 use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::{
-    AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo,
-    RedisConnectionInfo, RedisError, ScriptInvocation, ServerErrorKind, TlsCertificates,
+    Client, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisConnectionInfo,
+    RedisError, ScriptInvocation, ServerErrorKind, TlsCertificates,
 };
 
-use crate::config::{RedisSentinel, RedisServer};
+use crate::config::{RedisCluster, RedisSentinel, RedisServer};
+use crate::connection::{Opener, Own, Shared};
 use crate::error::{connection, is_connection, lock_error, timed_out_request};
 use crate::subscriber::{Subscriber, Subscription};
 
@@ -34,15 +36,15 @@ struct Inner {
     finder: Option<Finder>,
 }
 
-/// One server's connections.
+/// One server's connections, or a cluster's.
 struct Link {
-    client: Client,
-    manager: ConnectionManager,
+    client: Opener,
+    manager: Shared,
     address: String,
     /// Idle connections for blocking requests, kept for the next waiter.
-    idle: Mutex<Vec<MultiplexedConnection>>,
-    /// The subscription connection the pub/sub waiters share.
-    subscriber: Subscriber,
+    idle: Mutex<Vec<Own>>,
+    /// The subscription connection the pub/sub waiters share (not on a cluster yet).
+    subscriber: Option<Subscriber>,
 }
 
 /// How the primary is found through the sentinels.
@@ -185,6 +187,51 @@ impl Node {
         Ok(node)
     }
 
+    /// Connects to the Redis Cluster that `cluster`'s nodes belong to, logging in as
+    /// `server` says, giving up after `timeout`.
+    pub(crate) async fn connect_cluster(
+        cluster: &RedisCluster,
+        server: &RedisServer,
+        timeout: Duration,
+        backend: &'static str,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, LockError> {
+        let build = |response_timeout: Option<Duration>| {
+            let mut builder = ClusterClient::builder(cluster.urls())
+                .connection_timeout(timeout)
+                // A request redirected (MOVED, ASK, TRYAGAIN while a slot moves) is sent
+                // again a few times, quickly.
+                .retries(5)
+                .min_retry_wait(10)
+                .max_retry_wait(200);
+            if let Some(response_timeout) = response_timeout {
+                builder = builder.response_timeout(response_timeout);
+            }
+            if let Some(user) = &server.username {
+                builder = builder.username(user);
+            }
+            if let Some(password) = &server.password {
+                builder = builder.password(password);
+            }
+            builder
+                .build()
+                .map_err(|error| lock_error(backend, error, None))
+        };
+        let (shared, blocking) = (build(Some(timeout))?, build(None)?);
+        let address = cluster.nodes.join(",");
+        match Link::cluster(shared, blocking, address, timeout, backend).await {
+            Ok(link) => Ok(Node::with(link, None, timeout, backend, metrics)),
+            // The cluster client reports a refused login as a failed connection: a node
+            // asked directly says which it is.
+            Err(error @ LockError::Connection { .. }) => {
+                Err(refusal(cluster, server, timeout, backend)
+                    .await
+                    .unwrap_or(error))
+            }
+            Err(error) => Err(error),
+        }
+    }
+
     fn with(
         link: Link,
         finder: Option<Finder>,
@@ -232,11 +279,12 @@ impl Node {
     /// answer `wrote`, `WAIT`s at most `wait` for `replicas` replicas to acknowledge it and
     /// every write before it on the server: the script's answer, and how many replicas
     /// acknowledged (`None` when it wrote nothing). (`WAIT` counts the writes of its own
-    /// connection, and blocks it: hence a connection of its own.)
+    /// connection, and blocks it: hence a connection of its own; on a cluster it goes to
+    /// the node that holds `key`, the lock `name`'s.)
     pub(crate) async fn run_acknowledged<T: FromRedisValue>(
         &self,
         invocation: ScriptInvocation<'_>,
-        name: &str,
+        (name, key): (&str, &str),
         (replicas, wait): (u32, Duration),
         wrote: impl FnOnce(&T) -> bool,
     ) -> Result<(T, Option<u32>), LockError> {
@@ -259,7 +307,7 @@ impl Node {
         waiting
             .arg(replicas)
             .arg(crate::scripts::millis(wait).max(1));
-        let asking = waiting.query_async::<u32>(&mut blocking.connection);
+        let asking = blocking.connection.query_at::<u32>(&waiting, key);
         let acknowledged = match tokio::time::timeout(wait + self.0.timeout, asking).await {
             Ok(Ok(acknowledged)) => acknowledged,
             Ok(Err(error)) => {
@@ -313,12 +361,7 @@ impl Node {
             return Ok(Blocking { connection, link });
         }
         self.0.metrics.record_server_requests(1);
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.0.timeout))
-            .set_response_timeout(None);
-        let connecting = link
-            .client
-            .get_multiplexed_async_connection_with_config(&config);
+        let connecting = link.client.open(self.0.timeout);
         let connection = self.within(&link, Some(name), connecting).await?;
         Ok(Blocking { connection, link })
     }
@@ -404,7 +447,9 @@ impl Node {
                         Arc::new(found),
                     );
                     // Pub/sub waiters join again, on the new primary.
-                    old.subscriber.close();
+                    if let Some(subscriber) = &old.subscriber {
+                        subscriber.close();
+                    }
                 }
                 // Credentials the new primary refuses will not pass by themselves.
                 Err(error @ (LockError::Auth { .. } | LockError::PermissionDenied { .. })) => {
@@ -453,8 +498,45 @@ impl Node {
         channel: &str,
         name: &str,
     ) -> Result<Subscription, LockError> {
-        self.link().subscriber.join(channel, name).await
+        match &self.link().subscriber {
+            Some(subscriber) => subscriber.join(channel, name).await,
+            None => Err(LockError::Unsupported {
+                backend: self.0.backend,
+                what: "pub/sub waiting on Redis Cluster".into(),
+            }),
+        }
     }
+}
+
+/// Why the first node of `cluster` that answers refuses `server`'s login, if it does.
+async fn refusal(
+    cluster: &RedisCluster,
+    server: &RedisServer,
+    timeout: Duration,
+    backend: &'static str,
+) -> Option<LockError> {
+    for url in cluster.urls() {
+        let Ok(info) = url.as_str().into_connection_info() else {
+            continue;
+        };
+        let Ok(client) = Client::open(info.set_redis_settings(login(server))) else {
+            continue;
+        };
+        match tokio::time::timeout(timeout, client.get_multiplexed_async_connection()).await {
+            Ok(Err(error)) => {
+                let refused = lock_error(backend, error, None);
+                if matches!(
+                    refused,
+                    LockError::Auth { .. } | LockError::PermissionDenied { .. }
+                ) {
+                    return Some(refused);
+                }
+            }
+            Ok(Ok(_)) => return None,
+            Err(_) => {}
+        }
+    }
+    None
 }
 
 /// Whether `error` says the server may no longer be the primary: it cannot be reached, or
@@ -470,7 +552,7 @@ fn may_have_moved(error: &RedisError) -> bool {
 
 /// A connection for blocking requests, from [`Node::dedicated`].
 pub(crate) struct Blocking {
-    pub(crate) connection: MultiplexedConnection,
+    pub(crate) connection: Own,
     link: Arc<Link>,
 }
 
@@ -498,11 +580,35 @@ impl Link {
         };
         let subscriber = Subscriber::new(client.clone(), timeout, backend, Arc::clone(metrics));
         Ok(Link {
-            client,
-            manager,
+            client: Opener::Server(Box::new(client)),
+            manager: Shared::Server(manager),
             address,
             idle: Mutex::default(),
-            subscriber,
+            subscriber: Some(subscriber),
+        })
+    }
+
+    /// The connections to the cluster whose nodes `shared` (short requests, bounded by
+    /// `timeout`) and `blocking` (no response timeout) reach, named `address`.
+    async fn cluster(
+        shared: ClusterClient,
+        blocking: ClusterClient,
+        address: String,
+        timeout: Duration,
+        backend: &'static str,
+    ) -> Result<Self, LockError> {
+        let Ok(connected) = tokio::time::timeout(timeout, shared.get_async_connection()).await
+        else {
+            let message = format!("no connection to the cluster at {address} within {timeout:?}");
+            return Err(connection(backend, None, message));
+        };
+        let manager = connected.map_err(|error| lock_error(backend, error, None))?;
+        Ok(Link {
+            client: Opener::Cluster(Box::new(blocking)),
+            manager: Shared::Cluster(manager),
+            address,
+            idle: Mutex::default(),
+            subscriber: None,
         })
     }
 }

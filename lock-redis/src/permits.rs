@@ -27,11 +27,11 @@ const READ_WRITE_CAPACITY: u64 = 1 << 32;
 /// # async fn demo() -> Result<(), lock_core::LockError> {
 /// use std::time::Duration;
 /// use lock_core::LockProvider;
-/// use lock_redis::{RedisConfig, RedisLockProvider};
+/// use lock_redis::RedisLockProvider;
 ///
-/// let provider = RedisLockProvider::connect(RedisConfig::new("127.0.0.1")).await?;
+/// let provider = RedisLockProvider::connect_url("redis://127.0.0.1:6379").await?;
 /// let prices = provider.rw_lock("prices")?;
-/// let reading = prices.read(Some(Duration::from_secs(5))).await?;
+/// let mut reading = prices.read(Some(Duration::from_secs(5))).await?;
 /// // … read, while other readers may too …
 /// reading.release().await?;
 /// # Ok(()) }
@@ -93,11 +93,11 @@ impl RwAttempt for RedisRwLock {
 /// # async fn demo() -> Result<(), lock_core::LockError> {
 /// use std::time::Duration;
 /// use lock_core::LockProvider;
-/// use lock_redis::{RedisConfig, RedisLockProvider};
+/// use lock_redis::RedisLockProvider;
 ///
-/// let provider = RedisLockProvider::connect(RedisConfig::new("127.0.0.1")).await?;
+/// let provider = RedisLockProvider::connect_url("redis://127.0.0.1:6379").await?;
 /// let uploads = provider.semaphore("uploads", 4)?;
-/// let permit = uploads.acquire(Some(Duration::from_secs(5))).await?;
+/// let mut permit = uploads.acquire(Some(Duration::from_secs(5))).await?;
 /// // … one of at most four uploads …
 /// permit.release().await?;
 /// # Ok(()) }

@@ -73,12 +73,16 @@ impl RedisLockProvider {
         config.validate()?;
         let metrics = Arc::new(Metrics::new());
         let timeout = config.lease.timeout;
-        let node = match &config.sentinel {
-            Some(sentinel) => {
+        let node = match (&config.sentinel, &config.cluster) {
+            (Some(sentinel), _) => {
                 let metrics = Arc::clone(&metrics);
                 Node::connect_sentinel(sentinel, &config.server, timeout, BACKEND, metrics).await?
             }
-            None => {
+            (None, Some(cluster)) => {
+                let metrics = Arc::clone(&metrics);
+                Node::connect_cluster(cluster, &config.server, timeout, BACKEND, metrics).await?
+            }
+            (None, None) => {
                 Node::connect(
                     &config.server,
                     timeout,

@@ -23,6 +23,7 @@ use lock_testbed::proxy::{FaultProxy, ReplyKind};
 use lock_testbed::servers::{RedisOptions, RedisServer, RedisTarget, free_port};
 use redis::AsyncCommands;
 
+pub(crate) mod cluster;
 pub(crate) mod sentinel;
 
 /// How long the cases let one operation take (the suite's operation slack).
@@ -337,13 +338,42 @@ pub(crate) fn inspection_failed(name: &str, error: impl std::fmt::Display) -> Lo
     }
 }
 
+/// Where the keys of a hash tag live: on one server, or on the cluster node that serves the
+/// tag's slot.
+#[async_trait]
+pub(crate) trait AdminFor: Sync {
+    /// An admin connection to the server holding the keys tagged `tag`.
+    async fn admin_for(&self, tag: &str) -> Result<redis::aio::ConnectionManager, String>;
+}
+
+#[async_trait]
+impl AdminFor for redis::aio::ConnectionManager {
+    async fn admin_for(&self, _tag: &str) -> Result<redis::aio::ConnectionManager, String> {
+        Ok(self.clone())
+    }
+}
+
 /// The holder and waiters of the lock `name` on the server `admin` reaches, and of the
-/// election of the same name (see [`RedisHarness`]'s inspector).
+/// election, read-write lock and semaphore of the same name (see [`RedisHarness`]'s
+/// inspector).
 pub(crate) async fn entries_at(
     admin: &mut redis::aio::ConnectionManager,
     name: &str,
 ) -> Result<Entries, LockError> {
+    entries_by(&admin.clone(), name).await
+}
+
+/// [`entries_at`], each kind's keys asked of the server `admins` names for their tag.
+pub(crate) async fn entries_by(admins: &dyn AdminFor, name: &str) -> Result<Entries, LockError> {
+    let fail = |error: String| inspection_failed(name, error);
     let tag = tag(name);
+    let mut admin = admins.admin_for(&tag).await.map_err(fail)?;
+    let (holders, waiters): (u64, u64) = redis::pipe()
+        .exists(format!("{tag}:owner"))
+        .llen(format!("{tag}:queue"))
+        .query_async(&mut admin)
+        .await
+        .map_err(|error| fail(error.to_string()))?;
     let election = format!("{}.election}}", tag.trim_end_matches('}'));
     let glob: String = election
         .chars()
@@ -352,23 +382,23 @@ pub(crate) async fn entries_at(
             c => vec![c],
         })
         .collect();
-    let fetched: redis::RedisResult<(u64, u64, u64, u64, Vec<String>, u64)> = redis::pipe()
-        .exists(format!("{tag}:owner"))
-        .llen(format!("{tag}:queue"))
+    let mut admin = admins.admin_for(&election).await.map_err(fail)?;
+    let fetched: redis::RedisResult<(u64, u64, Vec<String>, u64)> = redis::pipe()
         .exists(format!("{election}:owner"))
         .llen(format!("{election}:queue"))
         .keys(format!("{glob}:v:*"))
         .exists(format!("{election}:leader"))
-        .query_async(admin)
+        .query_async(&mut admin)
         .await;
-    let (holders, waiters, leaders, candidates, values, last_leader) =
-        fetched.map_err(|error| inspection_failed(name, error))?;
+    let (leaders, candidates, values, last_leader) =
+        fetched.map_err(|error| fail(error.to_string()))?;
     // The read-write lock's and the semaphore's holders whose leases still run, and their
     // waiters.
     let mut permit_holders = 0;
     let mut permit_waiters = 0;
     for kind in ["rwlock", "semaphore"] {
         let permits = format!("{}.{kind}}}", tag.trim_end_matches('}'));
+        let mut admin = admins.admin_for(&permits).await.map_err(fail)?;
         let counted: redis::RedisResult<(u64, u64)> = redis::Script::new(
             "local t = redis.call('TIME')
              local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -376,21 +406,17 @@ pub(crate) async fn entries_at(
         )
         .key(format!("{permits}:holders"))
         .key(format!("{permits}:queue"))
-        .invoke_async(admin)
+        .invoke_async(&mut admin)
         .await;
-        let (live, queued) = counted.map_err(|error| inspection_failed(name, error))?;
+        let (live, queued) = counted.map_err(|error| fail(error.to_string()))?;
         permit_holders += live;
         permit_waiters += queued;
     }
-    let (holders, waiters) = (
-        holders + leaders + permit_holders,
-        waiters + candidates + permit_waiters,
-    );
     let stray_values = (values.len() as u64).saturating_sub(leaders + candidates);
     let stray_last_leader = u64::from(values.is_empty()) * last_leader;
     Ok(Entries::new(
-        holders as usize,
-        (waiters + stray_values + stray_last_leader) as usize,
+        (holders + leaders + permit_holders) as usize,
+        (waiters + candidates + permit_waiters + stray_values + stray_last_leader) as usize,
     ))
 }
 

@@ -296,6 +296,37 @@ impl RedisClusterSet {
         self.wait_until_settled(deadline).await
     }
 
+    /// Kills node `index` and, if it was a primary, waits until its replica serves its slots
+    /// and every running node sees every slot served again (a node is called failing after
+    /// [`RedisClusterOptions::node_timeout`]); [`LocalServer::restart`] it through
+    /// [`nodes_mut`](Self::nodes_mut) to have it rejoin, as a replica.
+    pub async fn kill_and_fail_over(&mut self, index: usize) -> Result<(), ServerError> {
+        let address = self.member(index)?.socket_addr();
+        let table = self.table().await?;
+        let served: Vec<u16> = table
+            .iter()
+            .filter(|entry| entry.address == address && entry.primary)
+            .flat_map(|entry| entry.slots.iter().map(|&(low, _)| low))
+            .collect();
+        self.nodes[index].kill();
+        let deadline = Instant::now() + self.opts.startup_timeout;
+        for slot in served {
+            loop {
+                match self.owner_of(slot).await {
+                    Ok(owner) if owner != index => break,
+                    _ if Instant::now() >= deadline => {
+                        return Err(ServerError::Timeout {
+                            what: format!("a replica to take over slot {slot} from {address}"),
+                            after: self.opts.startup_timeout,
+                        });
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        }
+        self.wait_until_settled(deadline).await
+    }
+
     /// Waits until every running node says the cluster is ok with every slot and knows
     /// every node, and every replica holds its primary's copy.
     async fn wait_until_settled(&self, deadline: Instant) -> Result<(), ServerError> {
@@ -303,7 +334,7 @@ impl RedisClusterSet {
         let mut last = String::new();
         loop {
             let mut settled = true;
-            for node in &self.nodes {
+            for node in self.nodes.iter().filter(|node| node.pid().is_some()) {
                 match self.ask(node, &["CLUSTER", "INFO"]).await {
                     Ok(info) => {
                         let info = info.concat();

@@ -1,0 +1,131 @@
+//! The connections of a [`Node`](crate::node::Node): to one server, or to a Redis Cluster,
+//! where each request goes to the primary that serves its keys' slot (the cluster
+//! connection follows `MOVED` and `ASK` redirections itself).
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{AsyncConnectionConfig, Client, Cmd, FromRedisValue, Pipeline, RedisFuture, Value};
+
+/// The connection short requests share.
+#[derive(Clone)]
+pub(crate) enum Shared {
+    /// One server's, reconnecting.
+    Server(ConnectionManager),
+    /// A cluster's.
+    Cluster(ClusterConnection),
+}
+
+/// A connection of its own, for requests that block (`BLPOP`, `WAIT`).
+pub(crate) enum Own {
+    /// To one server.
+    Server(MultiplexedConnection),
+    /// To a cluster (one connection per node inside).
+    Cluster(ClusterConnection),
+}
+
+/// What opens [`Own`] connections.
+#[derive(Clone)]
+pub(crate) enum Opener {
+    /// One server's client.
+    Server(Box<Client>),
+    /// A cluster's client, with no response timeout (a blocking request waits for as long
+    /// as it asked).
+    Cluster(Box<ClusterClient>),
+}
+
+impl Opener {
+    /// A new connection of its own; the connection attempt bounded by `timeout`, its
+    /// requests not.
+    pub(crate) async fn open(&self, timeout: Duration) -> redis::RedisResult<Own> {
+        match self {
+            Opener::Server(client) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(None);
+                let connecting = client.get_multiplexed_async_connection_with_config(&config);
+                connecting.await.map(Own::Server)
+            }
+            Opener::Cluster(client) => client.get_async_connection().await.map(Own::Cluster),
+        }
+    }
+}
+
+impl Own {
+    /// `command` on the server that holds `key` (on one server, simply sent): for a
+    /// keyless command such as `WAIT`, which must reach the node the keys' writes went to.
+    pub(crate) async fn query_at<T: FromRedisValue>(
+        &mut self,
+        command: &Cmd,
+        key: &str,
+    ) -> redis::RedisResult<T> {
+        match self {
+            Own::Server(connection) => command.query_async(connection).await,
+            Own::Cluster(connection) => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                let value = connection.route_command(command.clone(), routing).await?;
+                T::from_redis_value(value).map_err(Into::into)
+            }
+        }
+    }
+}
+
+impl ConnectionLike for Shared {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Shared::Server(connection) => connection.req_packed_command(cmd),
+            Shared::Cluster(connection) => connection.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Shared::Server(connection) => connection.req_packed_commands(pipeline, offset, count),
+            Shared::Cluster(connection) => connection.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Shared::Server(connection) => connection.get_db(),
+            Shared::Cluster(connection) => connection.get_db(),
+        }
+    }
+}
+
+impl ConnectionLike for Own {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Own::Server(connection) => connection.req_packed_command(cmd),
+            Own::Cluster(connection) => connection.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Own::Server(connection) => connection.req_packed_commands(pipeline, offset, count),
+            Own::Cluster(connection) => connection.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Own::Server(connection) => connection.get_db(),
+            Own::Cluster(connection) => connection.get_db(),
+        }
+    }
+}
