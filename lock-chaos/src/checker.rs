@@ -15,8 +15,9 @@
 //! - **Progress**: after each fault heals, some client must write again (the longest such
 //!   recovery is reported), and every client must write at least once after the last fault
 //!   (judged when the run went on for the progress bound after it).
-//! - **Tokens**: a grant whose token an earlier grant had is counted; a write accepted with
-//!   a token equal to the highest but from another client is a stale write too.
+//! - **Tokens**: a grant whose token an earlier grant had is counted, and so is one whose
+//!   token is lower than an earlier grant's; a write accepted with a token equal to the
+//!   highest but from another client is a stale write too.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -71,6 +72,10 @@ pub struct Report {
     pub stale_writes_accepted: usize,
     /// Grants whose token an earlier grant had (0 where tokens strictly increase).
     pub tokens_granted_twice: usize,
+    /// Grants whose token is lower than one granted before them (0 where tokens strictly
+    /// increase): a fencing counter rolled back.
+    #[serde(default)]
+    pub token_regressions: usize,
     /// Writes the register turned away without cause, or a final value its log does not
     /// explain, or acknowledgements it has no record of (0 unless the register is broken).
     pub register_faults: usize,
@@ -245,12 +250,17 @@ impl Check<'_> {
             residue: self.residue,
             ..Report::default()
         };
-        let mut granted = BTreeSet::new();
-        for grant in self
+        let mut grants: Vec<&Event> = self
             .events
             .iter()
             .filter(|event| event.kind == EventKind::Acquire && event.is_ok())
-        {
+            .collect();
+        grants.sort_unstable_by_key(|grant| grant.end_ns);
+        let mut granted = BTreeSet::new();
+        for grant in grants {
+            if granted.last().is_some_and(|highest| grant.token < *highest) {
+                report.token_regressions += 1;
+            }
             if !granted.insert(grant.token) {
                 report.tokens_granted_twice += 1;
             }

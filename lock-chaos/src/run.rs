@@ -39,6 +39,9 @@ pub enum Backend {
     Zookeeper,
     /// One Redis server.
     Redis,
+    /// A Redis primary with two replicas under three sentinels, reached through the
+    /// sentinels (`redis+sentinel://`).
+    RedisSentinel,
     /// Redlock over three Redis servers.
     Redlock,
     /// A three-member etcd cluster.
@@ -54,6 +57,7 @@ impl Backend {
         match self {
             Backend::Zookeeper => "zookeeper",
             Backend::Redis => "redis",
+            Backend::RedisSentinel => "redis-sentinel",
             Backend::Redlock => "redlock",
             Backend::Etcd => "etcd",
             Backend::Memory => "memory",
@@ -65,7 +69,9 @@ impl Backend {
     pub fn session(self) -> Duration {
         match self {
             Backend::Zookeeper | Backend::Etcd => Duration::from_secs(4),
-            Backend::Redis | Backend::Redlock | Backend::Memory => Duration::from_secs(2),
+            Backend::Redis | Backend::RedisSentinel | Backend::Redlock | Backend::Memory => {
+                Duration::from_secs(2)
+            }
         }
     }
 
@@ -75,6 +81,18 @@ impl Backend {
     pub fn faults(self, mode: ServerMode) -> Vec<FaultKind> {
         if self == Backend::Memory {
             return vec![FaultKind::ClientFreeze, FaultKind::ClientKill];
+        }
+        if self == Backend::RedisSentinel {
+            // The clients reach the data servers at the addresses the sentinels announce,
+            // not through their proxies: they cannot be cut off.
+            return vec![
+                FaultKind::ServerPause,
+                FaultKind::ServerKill,
+                FaultKind::LeaderKill,
+                FaultKind::Failover,
+                FaultKind::ClientFreeze,
+                FaultKind::ClientKill,
+            ];
         }
         let mut kinds = vec![
             FaultKind::ServerPause,
@@ -95,13 +113,16 @@ impl Backend {
     /// What it is held to: a consensus backend (and the memory backend, the contract's
     /// reference) to no overlap beyond its session (the documented lost-signal bound) and
     /// no lost update; Redis and Redlock, whose leases can run out under a paused holder, to
-    /// fencing: no stale write accepted.
+    /// fencing: no stale write accepted. Under Sentinel, whose replication is asynchronous,
+    /// a failover can grant a held lock again and roll the fencing counter back: double
+    /// grants and token regressions are measured, not judged.
     pub fn targets(self) -> Targets {
         match self {
             Backend::Zookeeper | Backend::Etcd | Backend::Memory => {
                 Targets::consensus(self.session())
             }
             Backend::Redis | Backend::Redlock => Targets::lease(),
+            Backend::RedisSentinel => Targets::best_effort(),
         }
     }
 
@@ -109,7 +130,7 @@ impl Backend {
         match self {
             Backend::Memory => 0,
             Backend::Redis => 1,
-            Backend::Zookeeper | Backend::Etcd | Backend::Redlock => 3,
+            Backend::Zookeeper | Backend::Etcd | Backend::Redlock | Backend::RedisSentinel => 3,
         }
     }
 }
@@ -135,6 +156,9 @@ pub struct RunOptions {
     pub servers: ServerMode,
     /// The `chaos` executable, run as `chaos client …` for each client.
     pub executable: PathBuf,
+    /// For Redis: how many replicas must acknowledge a grant or renewal (`wait_replicas`,
+    /// with a `wait_timeout` of 100 ms); `None` for none.
+    pub wait_replicas: Option<u32>,
     /// Where histories and the report go.
     pub out: PathBuf,
 }
@@ -159,6 +183,7 @@ impl RunOptions {
             hold: Duration::from_millis(5),
             servers: ServerMode::Processes,
             executable: executable.into(),
+            wait_replicas: None,
             out: out.into(),
         }
     }
@@ -182,6 +207,22 @@ impl RunOptions {
     pub fn with_servers(mut self, servers: ServerMode) -> Self {
         self.servers = servers;
         self
+    }
+
+    /// Sets [`wait_replicas`](Self::wait_replicas).
+    #[must_use]
+    pub fn with_wait_replicas(mut self, replicas: Option<u32>) -> Self {
+        self.wait_replicas = replicas;
+        self
+    }
+
+    /// The clients' URL of the backend on `hosts` (their proxies, or the servers).
+    fn url(&self, hosts: &[SocketAddr]) -> String {
+        let mut url = url(self.backend, hosts);
+        if let Some(replicas) = self.wait_replicas {
+            url.push_str(&format!("&wait_replicas={replicas}&wait_timeout=100ms"));
+        }
+        url
     }
 }
 
@@ -223,6 +264,7 @@ impl Outcome {
             ("stale writes rejected", r.writes_rejected.to_string()),
             ("stale writes accepted", r.stale_writes_accepted.to_string()),
             ("tokens granted twice", r.tokens_granted_twice.to_string()),
+            ("token regressions", r.token_regressions.to_string()),
             ("register faults", r.register_faults.to_string()),
             ("final value", r.final_value.to_string()),
             ("lost updates", r.lost_updates.to_string()),
@@ -323,6 +365,9 @@ fn progress_bound(backend: Backend) -> Duration {
     backend.session() * 3
 }
 
+/// The name the sentinels of a [`Backend::RedisSentinel`] run know the primary by.
+const SENTINEL_SERVICE: &str = "distlock";
+
 /// The URL of `backend` on `hosts`; a memory backend's clients get their providers from the
 /// run's server instead.
 fn url(backend: Backend, hosts: &[SocketAddr]) -> String {
@@ -334,6 +379,9 @@ fn url(backend: Backend, hosts: &[SocketAddr]) -> String {
             format!("zk://{hosts}?session_timeout={session}&strategy=predecessor")
         }
         Backend::Redis => format!("redis://{hosts}?ttl={session}&strategy=queue&timeout=1s"),
+        Backend::RedisSentinel => format!(
+            "redis+sentinel://{hosts}/{SENTINEL_SERVICE}?ttl={session}&strategy=queue&timeout=1s"
+        ),
         Backend::Redlock => format!("redlock://{hosts}?ttl={session}&timeout=500ms"),
         Backend::Etcd => {
             format!("etcd://{hosts}?lease_ttl={session}&strategy=predecessor&timeout=1s")
@@ -422,7 +470,7 @@ impl Run<'_> {
         let child = Command::new(&self.options.executable)
             .arg("client")
             .args(["--client", &client.to_string()])
-            .args(["--url", &url(self.options.backend, &hosts)])
+            .args(["--url", &self.options.url(&hosts)])
             .args(["--name", &self.name])
             .args(["--register", &self.register.address().to_string()])
             .args(["--hold-ms", &self.options.hold.as_millis().to_string()])
@@ -452,6 +500,9 @@ impl Run<'_> {
                 self.servers.kill(leader).await
             }
             FaultKind::MemberPartition => self.servers.partition(target, true).await,
+            FaultKind::Failover => self.servers.failover().await.map(|old| {
+                injected.target = u32::try_from(old).unwrap_or(u32::MAX);
+            }),
             FaultKind::ClientFreeze => {
                 self.slots[target].freeze(true, self.options.backend.session());
                 Ok(())
@@ -498,6 +549,11 @@ impl Run<'_> {
                             tracing::warn!(?fault, %error, attempt, "chaos: a heal failed");
                         }
                     }
+                }
+            }
+            FaultKind::Failover => {
+                if let Err(error) = self.servers.wait_until_replica(target).await {
+                    tracing::warn!(?fault, %error, "chaos: the old primary was not demoted");
                 }
             }
             FaultKind::ClientFreeze => {
@@ -567,6 +623,11 @@ pub async fn run(options: &RunOptions) -> Result<Outcome, RunError> {
     // Past failure detection: ZooKeeper's syncLimit (5 ticks of 500 ms), etcd's election
     // timeout (100 ms on the test servers).
     plan_options.member_partition_at_least = Duration::from_secs(3);
+    if backend == Backend::RedisSentinel {
+        // The sentinels fail a primary over at most once in twice their failover timeout
+        // (2 s): a primary killed sooner would stay without a successor.
+        plan_options.quiet = (Duration::from_secs(2), Duration::from_secs(3));
+    }
     let plan = Plan::draw(&plan_options)?;
 
     let began_ns = now_ns();

@@ -29,11 +29,15 @@ pub enum FaultKind {
     /// network partition: servers in containers, disconnected from their network), while
     /// its clients still reach it.
     MemberPartition,
+    /// The sentinels are told to promote a replica (`SENTINEL FAILOVER`) while the primary
+    /// runs; the window lasts until they have demoted the old primary, which takes writes
+    /// until then.
+    Failover,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 7] = [
+    pub const ALL: [FaultKind; 8] = [
         FaultKind::ServerPause,
         FaultKind::ServerKill,
         FaultKind::LeaderKill,
@@ -41,6 +45,7 @@ impl FaultKind {
         FaultKind::ClientKill,
         FaultKind::Partition,
         FaultKind::MemberPartition,
+        FaultKind::Failover,
     ];
 
     /// Its name: `server-pause`, `client-kill`, …
@@ -53,6 +58,7 @@ impl FaultKind {
             FaultKind::ClientKill => "client-kill",
             FaultKind::Partition => "partition",
             FaultKind::MemberPartition => "member-partition",
+            FaultKind::Failover => "failover",
         }
     }
 
@@ -89,7 +95,8 @@ pub struct Fault {
     pub duration_ms: u64,
     /// What it does.
     pub kind: FaultKind,
-    /// The client or server it hits, by index (ignored by [`FaultKind::LeaderKill`]).
+    /// The client or server it hits, by index (drawn as 0 for [`FaultKind::LeaderKill`] and
+    /// [`FaultKind::Failover`], whose run names the primary they hit).
     pub target: u32,
 }
 
@@ -236,7 +243,7 @@ impl Plan {
                 _ => {}
             }
             let target = match kind {
-                FaultKind::LeaderKill => 0,
+                FaultKind::LeaderKill | FaultKind::Failover => 0,
                 kind if kind.targets_client() => rng.u32(..options.clients),
                 _ => rng.u32(..options.servers),
             };

@@ -26,6 +26,7 @@ fn shade(kind: FaultKind) -> RGBAColor {
         FaultKind::ClientKill => RGBColor(0x99, 0x99, 0x99),
         FaultKind::Partition => RGBColor(0x00, 0x9e, 0x73),
         FaultKind::MemberPartition => RGBColor(0x00, 0x72, 0xb2),
+        FaultKind::Failover => RGBColor(0xf0, 0xe4, 0x42),
     };
     colour.mix(0.25)
 }

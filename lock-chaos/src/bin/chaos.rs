@@ -46,7 +46,7 @@ enum Command {
         seed: u64,
         /// The faults to draw from, comma-separated (default: every fault the backend's
         /// servers allow): server-pause, server-kill, leader-kill, client-freeze,
-        /// client-kill, partition, member-partition.
+        /// client-kill, partition, member-partition, failover.
         #[arg(long, value_delimiter = ',')]
         faults: Vec<FaultKind>,
         /// How long a client holds the lock after its write.
@@ -60,6 +60,9 @@ enum Command {
         /// Where the histories and report.json go.
         #[arg(long)]
         out: PathBuf,
+        /// Redis: how many replicas must acknowledge each grant and renewal (WAIT, 100 ms).
+        #[arg(long)]
+        wait_replicas: Option<u32>,
     },
     /// Checks a finished run's directory again, from its files.
     Check {
@@ -90,6 +93,8 @@ enum Command {
 enum BackendArg {
     Zookeeper,
     Redis,
+    /// A Redis primary with two replicas under three sentinels.
+    RedisSentinel,
     Redlock,
     Etcd,
     /// The in-memory reference backend, with its clients as tasks of this process.
@@ -118,10 +123,12 @@ async fn main() -> ExitCode {
             hold,
             servers,
             out,
+            wait_replicas,
         } => {
             let backend = match backend {
                 BackendArg::Zookeeper => Backend::Zookeeper,
                 BackendArg::Redis => Backend::Redis,
+                BackendArg::RedisSentinel => Backend::RedisSentinel,
                 BackendArg::Redlock => Backend::Redlock,
                 BackendArg::Etcd => Backend::Etcd,
                 BackendArg::Memory => Backend::Memory,
@@ -140,7 +147,8 @@ async fn main() -> ExitCode {
             let options = RunOptions::new(backend, duration, clients, seed, executable, out)
                 .with_faults(faults)
                 .with_hold(hold)
-                .with_servers(servers);
+                .with_servers(servers)
+                .with_wait_replicas(wait_replicas);
             match run::run(&options).await {
                 Ok(outcome) => verdict(&outcome),
                 Err(error) => {

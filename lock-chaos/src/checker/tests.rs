@@ -245,6 +245,7 @@ fn a_token_granted_twice_is_counted_and_each_grant_ends_at_its_own_release() {
     run.release(1, 7, 40);
     let report = run.check(50);
     assert_eq!(report.tokens_granted_twice, 1);
+    assert_eq!(report.token_regressions, 1, "7 granted after 8");
     assert_eq!((report.overlaps, report.longest_overlap_ms), (1, 5.0));
     let broken = report.violations(&Targets::consensus(Duration::from_millis(1)));
     assert_eq!(broken.len(), 2, "{broken:?}");
@@ -264,4 +265,18 @@ fn an_equal_token_from_another_client_is_a_stale_write() {
     );
     assert_eq!(report.violations(&Targets::lease()).len(), 1);
     assert!(report.violations(&Targets::best_effort()).is_empty());
+}
+
+#[test]
+fn a_counter_rolled_back_shows_as_token_regressions() {
+    let mut run = Run::default();
+    // A failover lost the grants of tokens 3 and 4: the next ones are 3 (below the highest,
+    // 4) and 4 (granted twice, not below), then 5 is past the old highest.
+    for (turn, token) in [1, 2, 3, 4, 3, 4, 5].into_iter().enumerate() {
+        run.turn(turn as u32 % 3, token, turn as u64, turn as u64 * 10);
+    }
+    let report = run.check(100);
+    assert_eq!(report.token_regressions, 1);
+    assert_eq!(report.tokens_granted_twice, 2);
+    assert_eq!(report.overlaps, 0, "serial grants, no two holders at once");
 }

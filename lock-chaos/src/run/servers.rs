@@ -7,11 +7,11 @@ use std::time::Duration;
 use lock_core::memory::MemoryServer;
 use lock_testbed::servers::containers::{self, EtcdContainerCluster, ZkContainerEnsemble};
 use lock_testbed::servers::{
-    EtcdCluster, EtcdOptions, LocalServer, RedisOptions, RedisServer, ServerError, ServerMode,
-    ZkEnsemble, ZkOptions,
+    EtcdCluster, EtcdOptions, LocalServer, RedisOptions, RedisSentinelOptions, RedisSentinelSet,
+    RedisServer, ServerError, ServerMode, ZkEnsemble, ZkOptions,
 };
 
-use super::Backend;
+use super::{Backend, SENTINEL_SERVICE};
 
 /// How long an ensemble may take to elect its first leader.
 const ELECTION_BOUND: Duration = Duration::from_secs(30);
@@ -21,6 +21,8 @@ pub(super) enum Servers {
     Zookeeper(ZkEnsemble),
     ZookeeperContainers(ZkContainerEnsemble),
     Redis(Vec<RedisServer>),
+    /// The data servers (members) and their sentinels.
+    RedisSentinel(RedisSentinelSet),
     Etcd(EtcdCluster),
     EtcdContainers(EtcdContainerCluster),
     /// The memory backend's server, inside the run's own process.
@@ -66,17 +68,17 @@ impl Servers {
                 Servers::Etcd(cluster)
             }
             (Backend::Redis | Backend::Redlock, _) => {
-                // Durable, as production runs a lock server: every write is on disk
-                // before its reply, so that a killed server comes back with its keys and
-                // its fencing counter.
-                let options = ["--appendonly", "yes", "--appendfsync", "always"]
-                    .into_iter()
-                    .fold(RedisOptions::default(), RedisOptions::with_arg);
                 let mut servers = Vec::new();
                 for _ in 0..backend.members() {
-                    servers.push(RedisServer::start(options.clone()).await?);
+                    servers.push(RedisServer::start(durable_redis()).await?);
                 }
                 Servers::Redis(servers)
+            }
+            (Backend::RedisSentinel, _) => {
+                let options = RedisSentinelOptions::default()
+                    .with_service(SENTINEL_SERVICE)
+                    .with_server(durable_redis());
+                Servers::RedisSentinel(RedisSentinelSet::start(options).await?)
             }
             (Backend::Memory, _) => Servers::Memory(MemoryServer::new()),
         })
@@ -93,6 +95,12 @@ impl Servers {
                 .filter_map(|index| ensemble.address(index).ok().and_then(parse))
                 .collect(),
             Servers::Redis(servers) => servers.iter().map(LocalServer::socket_addr).collect(),
+            // The clients ask the sentinels for the primary.
+            Servers::RedisSentinel(set) => set
+                .sentinel_addresses()
+                .into_iter()
+                .filter_map(|address| address.parse().ok())
+                .collect(),
             Servers::Etcd(cluster) => cluster.endpoints().into_iter().filter_map(parse).collect(),
             Servers::EtcdContainers(cluster) => {
                 cluster.endpoints().into_iter().filter_map(parse).collect()
@@ -114,6 +122,8 @@ impl Servers {
             (Servers::EtcdContainers(cluster), false) => cluster.resume(index).await,
             (Servers::Redis(servers), true) => member(servers, index)?.pause(),
             (Servers::Redis(servers), false) => member(servers, index)?.resume(),
+            (Servers::RedisSentinel(set), true) => member(set.data_servers_mut(), index)?.pause(),
+            (Servers::RedisSentinel(set), false) => member(set.data_servers_mut(), index)?.resume(),
             (Servers::Memory(_), _) => Err(no_members()),
         }
     }
@@ -129,6 +139,18 @@ impl Servers {
                 member(servers, index)?.kill();
                 Ok(())
             }
+            Servers::RedisSentinel(set) => {
+                let primary = set.primary().await?;
+                let killed = member(set.data_servers_mut(), index)?;
+                killed.kill();
+                // Killed either way: a failover that does not come is the run's to see.
+                if killed.socket_addr() == primary
+                    && let Err(error) = set.wait_for_new_primary(primary).await
+                {
+                    tracing::warn!(%error, "chaos: no failover after the primary's death");
+                }
+                Ok(())
+            }
             Servers::Memory(_) => Err(no_members()),
         }
     }
@@ -141,6 +163,7 @@ impl Servers {
             Servers::Etcd(cluster) => cluster.restart(index).await,
             Servers::EtcdContainers(cluster) => cluster.restart(index).await,
             Servers::Redis(servers) => member(servers, index)?.restart().await,
+            Servers::RedisSentinel(set) => set.rejoin(index).await,
             Servers::Memory(_) => Err(no_members()),
         }
     }
@@ -168,8 +191,28 @@ impl Servers {
             Servers::ZookeeperContainers(ensemble) => ensemble.leader().await,
             Servers::Etcd(cluster) => cluster.leader().await,
             Servers::EtcdContainers(cluster) => cluster.leader().await,
+            Servers::RedisSentinel(set) => set.primary_index().await.ok(),
             Servers::Redis(_) | Servers::Memory(_) => None,
         }
+    }
+
+    /// Has the sentinels promote a replica while the primary runs; returns the old
+    /// primary's index.
+    pub(super) async fn failover(&self) -> Result<usize, ServerError> {
+        let Servers::RedisSentinel(set) = self else {
+            return Err(no_sentinels());
+        };
+        let old = set.primary_index().await?;
+        set.failover().await?;
+        Ok(old)
+    }
+
+    /// Waits until member `index`, a primary the sentinels replaced, is a replica again.
+    pub(super) async fn wait_until_replica(&self, index: usize) -> Result<(), ServerError> {
+        let Servers::RedisSentinel(set) = self else {
+            return Err(no_sentinels());
+        };
+        set.wait_until_replica(index).await
     }
 }
 
@@ -178,6 +221,22 @@ fn member(servers: &mut [RedisServer], index: usize) -> Result<&mut RedisServer,
     servers
         .get_mut(index)
         .ok_or(ServerError::NoSuchMember { index, len })
+}
+
+/// Durable, as production runs a lock server: every write is on disk before its reply, so
+/// that a killed server comes back with its keys and its fencing counter.
+fn durable_redis() -> RedisOptions {
+    ["--appendonly", "yes", "--appendfsync", "always"]
+        .into_iter()
+        .fold(RedisOptions::default(), RedisOptions::with_arg)
+}
+
+fn no_sentinels() -> ServerError {
+    ServerError::InvalidSetting {
+        variable: "faults".to_owned(),
+        value: "failover".to_owned(),
+        expected: "servers under Redis Sentinel (--backend redis-sentinel)".to_owned(),
+    }
 }
 
 fn no_members() -> ServerError {

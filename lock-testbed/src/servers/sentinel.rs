@@ -110,6 +110,9 @@ impl RedisSentinelSet {
             }
             data.push(RedisServer::start(replica).await?);
         }
+        // The sentinels' failover timeout is 2 s: a sentinel starts no failover of a primary
+        // within twice that of its last one, so that a primary killed soon after a failover
+        // goes without a successor for 4 s at most.
         // Each sentinel is told the others and the replicas up front, rather than left to
         // find them through the primary (hello messages every 2 s, INFO every 10 s): that
         // took the set about 5 s to start. Should a port turn out taken, that sentinel
@@ -220,17 +223,93 @@ impl RedisSentinelSet {
     /// primary's address.
     pub async fn kill_primary(&mut self) -> Result<(usize, SocketAddr), ServerError> {
         let before = self.primary().await?;
-        let index = self
-            .data
-            .iter()
-            .position(|server| server.socket_addr() == before)
-            .ok_or_else(|| ServerError::Protocol {
-                server: SENTINEL.to_owned(),
-                detail: format!("the sentinels name {before} as primary, not one of the set"),
-            })?;
+        let index = self.index_of(before)?;
         self.data[index].kill();
         let after = self.wait_for_new_primary(before).await?;
         Ok((index, after))
+    }
+
+    /// The index in [`data_servers`](Self::data_servers) of the primary the sentinels name.
+    pub async fn primary_index(&self) -> Result<usize, ServerError> {
+        let primary = self.primary().await?;
+        self.index_of(primary)
+    }
+
+    /// Starts data server `index` again after a kill and has it replicate the primary the
+    /// sentinels name, as the configuration file they rewrite would have it do (a server
+    /// started from arguments comes back with its first role); waits until it is a replica.
+    pub async fn rejoin(&mut self, index: usize) -> Result<(), ServerError> {
+        let server = self.member_mut(index)?;
+        server.restart().await?;
+        let own = server.socket_addr();
+        let primary = self.primary().await?;
+        if primary != own {
+            let password = self.opts.server.password.as_deref();
+            let (host, port) = (primary.ip().to_string(), primary.port().to_string());
+            redis_query(own, password, &["REPLICAOF", &host, &port], ASK_TIMEOUT).await?;
+        }
+        self.wait_until_replica(index).await
+    }
+
+    /// Waits (bounded by [`RedisSentinelOptions::startup_timeout`]) until data server
+    /// `index` answers `ROLE` as a replica that holds its primary's copy, unless the
+    /// sentinels name it primary. A primary
+    /// the sentinels replaced while it ran goes on taking writes until they demote it, about
+    /// 8 s after the failover.
+    pub async fn wait_until_replica(&self, index: usize) -> Result<(), ServerError> {
+        let own = self.member(index)?.socket_addr();
+        let password = self.opts.server.password.as_deref();
+        let deadline = Instant::now() + self.opts.startup_timeout;
+        loop {
+            // A replica answers `slave, host, port, state, offset`; "connected" once it holds
+            // its primary's copy (a server started from its old files must not be
+            // promoted before).
+            let last = match redis_query(own, password, &["ROLE"], ASK_TIMEOUT).await {
+                Ok(role)
+                    if role.first().is_some_and(|r| r == "slave")
+                        && role.get(3).is_some_and(|s| s == "connected") =>
+                {
+                    return Ok(());
+                }
+                Ok(_) if self.primary().await.is_ok_and(|primary| primary == own) => {
+                    return Ok(());
+                }
+                Ok(role) => format!("ROLE answers {role:?}"),
+                Err(error) => error.to_string(),
+            };
+            if Instant::now() >= deadline {
+                return Err(ServerError::Timeout {
+                    what: format!("{own} to become a replica ({last})"),
+                    after: self.opts.startup_timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn index_of(&self, address: SocketAddr) -> Result<usize, ServerError> {
+        self.data
+            .iter()
+            .position(|server| server.socket_addr() == address)
+            .ok_or_else(|| {
+                protocol(format!(
+                    "the sentinels name {address} as primary, not one of the set"
+                ))
+            })
+    }
+
+    fn member(&self, index: usize) -> Result<&RedisServer, ServerError> {
+        let len = self.data.len();
+        self.data
+            .get(index)
+            .ok_or(ServerError::NoSuchMember { index, len })
+    }
+
+    fn member_mut(&mut self, index: usize) -> Result<&mut RedisServer, ServerError> {
+        let len = self.data.len();
+        self.data
+            .get_mut(index)
+            .ok_or(ServerError::NoSuchMember { index, len })
     }
 
     async fn primary_by(&self, sentinel: SocketAddr) -> Result<SocketAddr, ServerError> {
@@ -245,9 +324,13 @@ impl RedisSentinelSet {
         }
     }
 
-    /// Waits until every sentinel names a primary other than `before` and it answers
-    /// `ROLE` as a master.
-    async fn wait_for_new_primary(&self, before: SocketAddr) -> Result<SocketAddr, ServerError> {
+    /// Waits (bounded by [`RedisSentinelOptions::startup_timeout`]) until every sentinel
+    /// names a primary other than `before` and it answers `ROLE` as a master. Returns its
+    /// address.
+    pub async fn wait_for_new_primary(
+        &self,
+        before: SocketAddr,
+    ) -> Result<SocketAddr, ServerError> {
         let deadline = Instant::now() + self.opts.startup_timeout;
         let password = self.opts.server.password.as_deref();
         let mut last = String::from("no sentinel answered");
@@ -386,7 +469,7 @@ async fn start_sentinel(
             "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\nsentinel myid {id}\n\
              sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}\n\
              sentinel down-after-milliseconds {service} {down}\n\
-             sentinel failover-timeout {service} 5000\n",
+             sentinel failover-timeout {service} 2000\n",
             dir = dir.display(),
             down = opts.down_after.as_millis(),
         );
