@@ -19,7 +19,8 @@ use lock_testbed::servers::{
 use redis::AsyncCommands;
 
 use super::{
-    ADMIN_PASSWORD, AdminFor, TIMEOUT, admin_at, entries_by, failed, session_cut, tag, timing,
+    ADMIN_PASSWORD, AdminFor, CLIENT_PASSWORD, TIMEOUT, admin_of, entries_by, failed, on_each,
+    session_cut, tag, timing, user_rules,
 };
 
 /// The lease of the clients: longer than a failover (a primary called failing after the
@@ -27,20 +28,12 @@ use super::{
 /// lock through one, as H5 asks.
 pub(crate) const CLUSTER_TTL: Duration = Duration::from_secs(5);
 
-/// The password of every client's ACL user.
-const CLIENT_PASSWORD: &str = "client-secret";
-
 /// Three primaries with a replica each, started for a test; the admin password only.
 pub(crate) async fn start_cluster() -> RedisClusterSet {
     let server = RedisOptions::default().with_password(ADMIN_PASSWORD);
     RedisClusterSet::start(RedisClusterOptions::default().with_server(server))
         .await
         .unwrap_or_else(|error| panic!("a Redis Cluster: {error}"))
-}
-
-/// A raw admin connection to the node at `address`.
-pub(crate) async fn admin_of(address: std::net::SocketAddr) -> redis::aio::ConnectionManager {
-    admin_at(&format!("redis://:{ADMIN_PASSWORD}@{address}")).await
 }
 
 /// An admin connection to the primary serving `key`'s slot.
@@ -56,45 +49,10 @@ pub(crate) async fn admin_for_key(
     Ok(admin_of(set.nodes()[owner].socket_addr()).await)
 }
 
-/// Runs the admin command `args` on every node that runs (ACL changes are per node).
-async fn on_every_node(set: &RedisClusterSet, args: &[&str]) -> FaultResult {
-    for node in set.nodes() {
-        if node.pid().is_none() {
-            continue;
-        }
-        let mut admin = admin_of(node.socket_addr()).await;
-        let mut command = redis::cmd(args[0]);
-        for arg in &args[1..] {
-            command.arg(*arg);
-        }
-        command
-            .query_async::<redis::Value>(&mut admin)
-            .await
-            .map_err(failed)?;
-    }
-    Ok(())
-}
-
-/// The ACL rules of a client user: every command and channel, the `{lock*` keys only.
-fn user_rules(user: &str, on: bool) -> Vec<String> {
-    [
-        "ACL",
-        "SETUSER",
-        user,
-        if on { "on" } else { "off" },
-        &format!(">{CLIENT_PASSWORD}"),
-        "~{lock*",
-        "&*",
-        "+@all",
-    ]
-    .map(str::to_owned)
-    .to_vec()
-}
-
 async fn set_user(set: &RedisClusterSet, user: &str, on: bool) -> FaultResult {
     let rules = user_rules(user, on);
     let rules: Vec<&str> = rules.iter().map(String::as_str).collect();
-    on_every_node(set, &rules).await
+    on_each(set.nodes(), &rules).await
 }
 
 /// The conformance harness on a Redis Cluster; see the module docs.
@@ -170,7 +128,7 @@ impl SessionExpiry for CutOff {
         {
             let set = self.set.lock().await;
             set_user(&set, &self.user, false).await?;
-            on_every_node(&set, &["CLIENT", "KILL", "USER", &self.user]).await?;
+            on_each(set.nodes(), &["CLIENT", "KILL", "USER", &self.user]).await?;
         }
         tokio::time::sleep(session_cut(CLUSTER_TTL, TIMEOUT)).await;
         set_user(&*self.set.lock().await, &self.user, true).await

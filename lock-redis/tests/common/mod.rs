@@ -338,6 +338,54 @@ pub(crate) fn inspection_failed(name: &str, error: impl std::fmt::Display) -> Lo
     }
 }
 
+/// The password of every Sentinel or Cluster client's ACL user.
+pub(crate) const CLIENT_PASSWORD: &str = "client-secret";
+
+/// The ACL rules of a client user: every command and channel, the `{lock*` keys only.
+pub(crate) fn user_rules(user: &str, on: bool) -> Vec<String> {
+    [
+        "ACL",
+        "SETUSER",
+        user,
+        if on { "on" } else { "off" },
+        &format!(">{CLIENT_PASSWORD}"),
+        "~{lock*",
+        "&*",
+        "+@all",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// A raw admin connection to the server at `address`.
+pub(crate) async fn admin_of(address: std::net::SocketAddr) -> redis::aio::ConnectionManager {
+    admin_at(&format!("redis://:{ADMIN_PASSWORD}@{address}")).await
+}
+
+/// Runs the admin command `args` on each of `servers` that runs (ACL changes, for one,
+/// are each server's own).
+pub(crate) async fn on_each<'s>(
+    servers: impl IntoIterator<Item = &'s RedisServer>,
+    args: &[&str],
+) -> FaultResult {
+    use lock_testbed::servers::LocalServer;
+    for server in servers {
+        if server.pid().is_none() {
+            continue;
+        }
+        let mut admin = admin_of(server.socket_addr()).await;
+        let mut command = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            command.arg(*arg);
+        }
+        command
+            .query_async::<redis::Value>(&mut admin)
+            .await
+            .map_err(failed)?;
+    }
+    Ok(())
+}
+
 /// Where the keys of a hash tag live: on one server, or on the cluster node that serves the
 /// tag's slot.
 #[async_trait]

@@ -19,17 +19,14 @@ use lock_testbed::servers::{
 use redis::AsyncCommands;
 
 use super::{
-    ADMIN_PASSWORD, TIMEOUT, admin_at, entries_at, failed, inspection_failed, session_cut, tag,
-    timing,
+    ADMIN_PASSWORD, CLIENT_PASSWORD, TIMEOUT, admin_of, entries_at, failed, inspection_failed,
+    on_each, session_cut, tag, timing, user_rules,
 };
 
 /// The lease of the clients: longer than a failover (the sentinels' second to call the
 /// primary down, their vote, the clients' move), so that a holder keeps its lock through
 /// one, as H5 asks. With the suite's 2 s lease, a failover under load outlasted it.
 pub(crate) const SENTINEL_TTL: Duration = Duration::from_secs(5);
-
-/// The password of every client's ACL user.
-const CLIENT_PASSWORD: &str = "client-secret";
 
 /// The data servers' options: the admin password only; the clients' users are made per
 /// client.
@@ -44,44 +41,9 @@ pub(crate) async fn start_set() -> RedisSentinelSet {
         .unwrap_or_else(|error| panic!("a Redis Sentinel set: {error}"))
 }
 
-/// A raw admin connection to the data server at `address`.
-async fn admin_of(address: std::net::SocketAddr) -> redis::aio::ConnectionManager {
-    admin_at(&format!("redis://:{ADMIN_PASSWORD}@{address}")).await
-}
-
 /// Runs the admin command `args` on every data server that runs.
 async fn on_every_server(set: &RedisSentinelSet, args: &[&str]) -> FaultResult {
-    for server in set.data_servers() {
-        if server.pid().is_none() {
-            continue;
-        }
-        let mut admin = admin_of(server.socket_addr()).await;
-        let mut command = redis::cmd(args[0]);
-        for arg in &args[1..] {
-            command.arg(*arg);
-        }
-        command
-            .query_async::<redis::Value>(&mut admin)
-            .await
-            .map_err(failed)?;
-    }
-    Ok(())
-}
-
-/// The ACL rules of a client user: every command and channel, the `{lock*` keys only.
-fn user_rules(user: &str, on: bool) -> Vec<String> {
-    [
-        "ACL",
-        "SETUSER",
-        user,
-        if on { "on" } else { "off" },
-        &format!(">{CLIENT_PASSWORD}"),
-        "~{lock*",
-        "&*",
-        "+@all",
-    ]
-    .map(str::to_owned)
-    .to_vec()
+    on_each(set.data_servers(), args).await
 }
 
 /// The conformance harness on a Sentinel set; see the module docs.
