@@ -84,7 +84,8 @@ pub struct RedisConfig {
     /// default) connects to `server`.
     pub sentinel: Option<RedisSentinel>,
     /// Lock on a Redis Cluster, each lock on the primary serving its slot; `None` (the
-    /// default) connects to `server`.
+    /// default) connects to `server`. Not with `sentinel`, TLS, a database other than 0,
+    /// the pub/sub strategy or `wait_replicas` (see [`RedisCluster`]).
     pub cluster: Option<RedisCluster>,
     /// The key prefix, the lease and the request timeout.
     pub lease: LeaseOptions,
@@ -207,7 +208,7 @@ impl RedisConfig {
                 let message = "a cluster or Sentinel, not both";
                 return Err(config_error("redis", message));
             }
-            cluster.validate(&self.server, self.strategy)?;
+            cluster.validate(self)?;
         }
         self.lease.validate_for("redis")?;
         if self.wait_replicas > 100 {

@@ -44,10 +44,6 @@ pub(crate) fn lock_error(
                 ServerErrorKind::BusyLoading
                     | ServerErrorKind::TryAgain
                     | ServerErrorKind::ClusterDown
-                    // A slot that moved (a failover, a migration) once the cluster
-                    // connection's own redirections are spent: the next try finds it.
-                    | ServerErrorKind::Moved
-                    | ServerErrorKind::Ask
                     | ServerErrorKind::MasterDown
                     | ServerErrorKind::ReadOnly
             )
@@ -89,4 +85,35 @@ pub(crate) fn connection(
 pub(crate) fn timed_out_request(backend: &'static str, name: Option<&str>) -> LockError {
     let message = "the server did not answer within the request timeout";
     connection(backend, name, message)
+}
+
+/// [`lock_error`] for a request to a Redis Cluster: a slot that moved (a failover, a
+/// migration) once the cluster connection's own redirections are spent, and a script that
+/// met a key of a slot being migrated, are retryable there (the next try finds the slot);
+/// from a single server they mean a misconfiguration, and are not.
+pub(crate) fn cluster_lock_error(
+    backend: &'static str,
+    error: RedisError,
+    name: Option<&str>,
+) -> LockError {
+    let moving = matches!(
+        error.kind(),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+    ) || error.to_string().contains("non local key");
+    match lock_error(backend, error, name) {
+        LockError::Backend {
+            backend,
+            name,
+            message,
+            source,
+            ..
+        } if moving => LockError::Backend {
+            backend,
+            name,
+            message,
+            retryable: true,
+            source,
+        },
+        other => other,
+    }
 }

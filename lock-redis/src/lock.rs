@@ -282,6 +282,9 @@ impl RedisLock {
                         .remaining()
                         .map_or(RETRY_PAUSE, |left| left.min(RETRY_PAUSE));
                     tokio::time::sleep(pause).await;
+                    if deadline.has_passed() {
+                        return Err(error);
+                    }
                     continue;
                 }
                 Err(error) => return Err(error),
@@ -448,7 +451,7 @@ impl RedisLock {
                     if let Some(failed) = connection.take() {
                         self.shared.node.failed_on(&failed, &error);
                     }
-                    let error = crate::error::lock_error(BACKEND, error, Some(self.name.as_str()));
+                    let error = self.shared.node.lock_error(error, Some(self.name.as_str()));
                     if !error.is_retryable() {
                         // Refused (an ACL without BLPOP, say): no use trying again.
                         return Err(error);

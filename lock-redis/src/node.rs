@@ -18,7 +18,7 @@ use redis::{
 
 use crate::config::{RedisCluster, RedisSentinel, RedisServer};
 use crate::connection::{Opener, Own, Shared};
-use crate::error::{connection, is_connection, lock_error, timed_out_request};
+use crate::error::{cluster_lock_error, connection, is_connection, lock_error, timed_out_request};
 use crate::subscriber::{Subscriber, Subscription};
 
 /// A connection to one server, counting its requests. With Redis Sentinel the server is
@@ -224,9 +224,9 @@ impl Node {
             // The cluster client reports a refused login as a failed connection: a node
             // asked directly says which it is.
             Err(error @ LockError::Connection { .. }) => {
-                Err(refusal(cluster, server, timeout, backend)
-                    .await
-                    .unwrap_or(error))
+                let asking = refusal(cluster, server, timeout, backend);
+                let refused = tokio::time::timeout(timeout, asking).await.ok().flatten();
+                Err(refused.unwrap_or(error))
             }
             Err(error) => Err(error),
         }
@@ -380,12 +380,21 @@ impl Node {
                 if may_have_moved(&error) {
                     self.search_from(link);
                 }
-                Err(lock_error(self.0.backend, error, name))
+                Err(self.lock_error(error, name))
             }
             Err(_) => {
                 self.search_from(link);
                 Err(timed_out_request(self.0.backend, name))
             }
+        }
+    }
+
+    /// `error` as a lock error naming the lock `name`, as this node's server or cluster
+    /// means it.
+    pub(crate) fn lock_error(&self, error: RedisError, name: Option<&str>) -> LockError {
+        match self.link().manager {
+            Shared::Cluster(_) => cluster_lock_error(self.0.backend, error, name),
+            Shared::Server(_) => lock_error(self.0.backend, error, name),
         }
     }
 

@@ -52,8 +52,8 @@ polling_cases! {
 }
 
 /// The lock's slot moves to another primary while a holder holds it and three waiters
-/// wait, with a pause halfway through its keys (requests meanwhile meet `ASK` and
-/// `TRYAGAIN`): the holder keeps the lock, nobody else gets in, and after the release the
+/// wait, with a pause halfway through its keys (the lock's scripts meanwhile meet
+/// `TRYAGAIN`, its moved keys `ASK`): the holder keeps the lock, nobody else gets in, and after the release the
 /// waiters are served one at a time, first come first served, with increasing tokens,
 /// leaving nothing behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -80,11 +80,12 @@ async fn a_slot_migrates_under_a_held_lock_with_waiters() {
     let most = Arc::new(AtomicUsize::new(1));
     let (served, mut order) = tokio::sync::mpsc::unbounded_channel();
     let mut clients = Vec::new();
+    let mut waiting = Vec::new();
     for index in 0..WAITERS {
         let client = h.client().await.unwrap();
         let lock = client.provider.lock(&name).unwrap();
         let (inside, most, served) = (Arc::clone(&inside), Arc::clone(&most), served.clone());
-        tokio::spawn(async move {
+        waiting.push(tokio::spawn(async move {
             let mut guard = lock.acquire(Some(Duration::from_secs(60))).await?;
             let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
             most.fetch_max(now, Ordering::SeqCst);
@@ -92,7 +93,7 @@ async fn a_slot_migrates_under_a_held_lock_with_waiters() {
             tokio::time::sleep(Duration::from_millis(20)).await;
             inside.fetch_sub(1, Ordering::SeqCst);
             guard.release().await
-        });
+        }));
         clients.push(client);
         // Queued in this order.
         let queued = Entries::new(1, index + 1);
@@ -145,6 +146,12 @@ async fn a_slot_migrates_under_a_held_lock_with_waiters() {
         tokens.windows(2).all(|pair| pair[0] < pair[1]),
         "tokens increase: {tokens:?}"
     );
+    for waiter in waiting {
+        waiter
+            .await
+            .unwrap()
+            .expect("every waiter acquires and releases");
+    }
     assert_eq!(most.load(Ordering::SeqCst), 1, "one holder at a time");
     for _ in 0..100 {
         if h.entries(&name).await.unwrap() == Entries::new(0, 0) {

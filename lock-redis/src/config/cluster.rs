@@ -12,7 +12,10 @@ use super::{RedisConfig, RedisParams, RedisServer, RedisStrategy, config_error};
 /// primary that serves its lock's slot (every key of a lock shares one hash tag, so one
 /// slot), following `MOVED` and `ASK` redirections as slots move and primaries fail over.
 /// Waiting by [`Queue`](RedisStrategy::Queue) and [`Polling`](RedisStrategy::Polling);
-/// not yet by pub/sub, nor with TLS. A node without a port is reached on 6379.
+/// not yet by pub/sub, nor with TLS or `wait_replicas`; only database 0. While a lock's
+/// slot migrates, its scripts are answered `TRYAGAIN` once some of its keys have moved:
+/// the lock's requests are retried until the move ends, and a holder whose lease runs out
+/// meanwhile loses its lock. A node without a port is reached on 6379.
 ///
 /// ```
 /// use lock_redis::{RedisCluster, RedisConfig, RedisServer};
@@ -45,11 +48,8 @@ impl RedisCluster {
             .collect()
     }
 
-    pub(super) fn validate(
-        &self,
-        server: &RedisServer,
-        strategy: RedisStrategy,
-    ) -> Result<(), LockError> {
+    pub(super) fn validate(&self, config: &RedisConfig) -> Result<(), LockError> {
+        let (server, strategy) = (&config.server, config.strategy);
         let problem = if server.tls || server.tls_ca.is_some() {
             "TLS is not supported with Redis Cluster yet".to_owned()
         } else if server.db != 0 {
@@ -60,6 +60,10 @@ impl RedisCluster {
         } else if strategy == RedisStrategy::PubSub {
             "strategy pubsub is not supported with Redis Cluster yet; use queue or polling"
                 .to_owned()
+        } else if config.wait_replicas > 0 {
+            // WAIT must follow the write on the same connection to the same primary, which a
+            // redirection between the two would break.
+            "wait_replicas is not supported with Redis Cluster yet".to_owned()
         } else if self.nodes.is_empty() {
             "no cluster node is given".to_owned()
         } else if let Some(bad) = self.nodes.iter().find(|node| {
@@ -133,6 +137,7 @@ mod tests {
             "redis+cluster://n1/2|takes no path",
             "redis+cluster://n1?strategy=pubsub|pubsub is not supported",
             "redis+cluster://n1?tls_ca=/ca.pem|tls_ca is not supported",
+            "redis+cluster://n1?wait_replicas=1|wait_replicas is not supported",
             "redis+cluster://topsecret@n1|without a password",
         ] {
             rejects(RedisConfig::from_url, case);
