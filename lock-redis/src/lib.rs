@@ -103,7 +103,12 @@
 //! then keeps the grant and the counter; on a demoted primary that lost its replicas,
 //! grants no longer count for clients with `wait_replicas` (clients without it are still
 //! granted there). Acknowledged means in the replicas' memory, not on their disks. An ACL
-//! user also needs `+wait` for it.
+//! user also needs `+wait` for it. Ask for every replica: a replica the sentinels did not
+//! promote follows the old primary until they reconfigure it, and acknowledges the grants
+//! made there meanwhile. Measured over 120 failovers with two replicas (the README's
+//! "Redis under Sentinel"): without `WAIT`, and with `wait_replicas=1`, every forced
+//! failover handed tokens out again; with `wait_replicas=2` none did, at a third of the
+//! grants per second.
 //!
 //! Redlock does not depend on one server. Each server keeps its own counter; a grant
 //! reports the largest count of its majority and, in a second round, raises those servers'
