@@ -187,6 +187,104 @@ fn record(harness: &str, id: &str, name: &str, outcome: &str, reason: &str) {
     }
 }
 
+/// The environment variable that narrows a
+/// [`conformance_suite!`](crate::conformance_suite!) run to some cases: their ids or names,
+/// comma-separated (`A7,b1_timeout_bounds`).
+pub const CASES_ENV: &str = "LOCK_CONFORMANCE_CASES";
+
+/// The environment variable that overrides how many cases a
+/// [`conformance_suite!`](crate::conformance_suite!) runs at once (for a runner that
+/// already runs several suites side by side).
+pub const AT_ONCE_ENV: &str = "LOCK_CONFORMANCE_AT_ONCE";
+
+/// Runs every case of the suite (or those [`CASES_ENV`] names), each on a harness of its
+/// own that `make` builds, `at_once` at a time (or as [`AT_ONCE_ENV`] says), and records
+/// each as a stamped test's; then fails naming the cases that failed. See
+/// [`conformance_suite!`](crate::conformance_suite!).
+#[doc(hidden)]
+#[allow(
+    clippy::panic,
+    reason = "this is the test runner: a failed case must fail the test"
+)]
+pub fn run_suite<H, M, F>(harness: &'static str, at_once: usize, make: M)
+where
+    H: crate::Harness + 'static,
+    M: Fn() -> F + Send + Sync + 'static,
+    F: Future<Output = H> + Send + 'static,
+{
+    let wanted: Option<Vec<String>> = std::env::var(CASES_ENV).ok().map(|cases| {
+        cases
+            .split(',')
+            .map(|case| case.trim().to_owned())
+            .collect()
+    });
+    let at_once = std::env::var(AT_ONCE_ENV)
+        .ok()
+        .and_then(|at_once| at_once.trim().parse().ok())
+        .unwrap_or(at_once);
+    let make = std::sync::Arc::new(make);
+    let failed = block_on(async move {
+        let turns = std::sync::Arc::new(tokio::sync::Semaphore::new(at_once.max(1)));
+        let mut running = tokio::task::JoinSet::new();
+        let cases = crate::cases::CASES.iter().filter(|case| {
+            wanted.as_ref().is_none_or(|wanted| {
+                wanted
+                    .iter()
+                    .any(|one| case.id.eq_ignore_ascii_case(one) || case.name == one)
+            })
+        });
+        for case in cases {
+            let (turns, make) = (std::sync::Arc::clone(&turns), std::sync::Arc::clone(&make));
+            running.spawn(async move {
+                let _turn = turns.acquire_owned().await;
+                // A task of its own, so that a failed case (a panic) is this case's alone.
+                let ran = tokio::spawn(async move {
+                    let recording = Recording::new(harness, case.id, case.name);
+                    let harness = make().await;
+                    let (result, not_checked) = run_case((case.run)(&harness)).await;
+                    recording.conclude(result, &not_checked);
+                });
+                ran.await.err().map(|_| case.name)
+            });
+        }
+        let mut failed = Vec::new();
+        while let Some(done) = running.join_next().await {
+            if let Ok(Some(name)) = done {
+                failed.push(name);
+            }
+        }
+        failed
+    });
+    if !failed.is_empty() {
+        panic!("{harness}: failed cases {failed:?} (their panics are above)");
+    }
+}
+
+/// Stamps one test, `conformance_suite`, that runs every case of the suite for a harness,
+/// `at_once` cases at a time, each on a harness of its own (the second argument, evaluated
+/// in an async block, as [`conformance_tests!`](crate::conformance_tests!)'s). For suites
+/// whose cases wait on servers and timers far more than they compute; each case is
+/// recorded for the verdict as a stamped test's, and [`CASES_ENV`] runs some of them only.
+///
+/// ```
+/// lock_conformance::conformance_suite!(4, lock_conformance::memory::MemoryHarness::new());
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! conformance_suite {
+    ($at_once:expr, $make:expr) => {
+        /// Every case of the conformance suite, side by side.
+        #[test]
+        fn conformance_suite() {
+            $crate::runner::run_suite(
+                concat!(env!("CARGO_PKG_NAME"), " ", module_path!()),
+                $at_once,
+                || async { $make },
+            );
+        }
+    };
+}
+
 /// Stamps one test per case of the suite for a harness.
 ///
 /// The argument is an expression, evaluated inside each test's async body (so it may

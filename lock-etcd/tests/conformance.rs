@@ -7,15 +7,15 @@ use lock_etcd::EtcdStrategy;
 
 mod single {
     use super::*;
-    lock_conformance::conformance_tests!(EtcdHarness::new(EtcdStrategy::Single).await);
+    lock_conformance::conformance_suite!(4, EtcdHarness::new(EtcdStrategy::Single).await);
 }
 
 mod prefix {
     use super::*;
-    lock_conformance::conformance_tests!(EtcdHarness::new(EtcdStrategy::Prefix).await);
+    lock_conformance::conformance_suite!(4, EtcdHarness::new(EtcdStrategy::Prefix).await);
 }
 
 mod predecessor {
     use super::*;
-    lock_conformance::conformance_tests!(EtcdHarness::new(EtcdStrategy::Predecessor).await);
+    lock_conformance::conformance_suite!(4, EtcdHarness::new(EtcdStrategy::Predecessor).await);
 }

@@ -8,20 +8,20 @@ use lock_redis::RedisStrategy;
 
 mod polling {
     use super::*;
-    lock_conformance::conformance_tests!(RedisHarness::new(RedisStrategy::Polling).await);
+    lock_conformance::conformance_suite!(4, RedisHarness::new(RedisStrategy::Polling).await);
 }
 
 mod pubsub {
     use super::*;
-    lock_conformance::conformance_tests!(RedisHarness::new(RedisStrategy::PubSub).await);
+    lock_conformance::conformance_suite!(4, RedisHarness::new(RedisStrategy::PubSub).await);
 }
 
 mod queue {
     use super::*;
-    lock_conformance::conformance_tests!(RedisHarness::new(RedisStrategy::Queue).await);
+    lock_conformance::conformance_suite!(4, RedisHarness::new(RedisStrategy::Queue).await);
 }
 
 mod redlock {
     use super::*;
-    lock_conformance::conformance_tests!(common::RedlockHarness::new().await);
+    lock_conformance::conformance_suite!(4, common::RedlockHarness::new().await);
 }

@@ -8,39 +8,11 @@ mod common;
 use common::cluster::ClusterHarness;
 use lock_redis::RedisStrategy;
 
-/// Every case of the suite with the queue strategy, each on a cluster of its own, four at a
-/// time: a case waits on its six servers and on timers far more than it computes, and one
-/// at a time the suite took minutes. Each case is recorded for the verdict as a stamped
-/// test's would be; the test fails with the list of the cases that failed.
-#[test]
-fn queue_suite() {
-    use futures_util::StreamExt;
-
-    const SIDE_BY_SIDE: usize = 4;
-    let failed = lock_conformance::runner::block_on(async {
-        let cases = lock_conformance::cases::CASES
-            .iter()
-            .map(|case| async move {
-                let ran = tokio::spawn(async move {
-                    let recording = lock_conformance::runner::Recording::new(
-                        concat!(env!("CARGO_PKG_NAME"), " redis_cluster::queue"),
-                        case.id,
-                        case.name,
-                    );
-                    let harness = ClusterHarness::new(RedisStrategy::Queue).await;
-                    let (result, not_checked) =
-                        lock_conformance::runner::run_case((case.run)(&harness)).await;
-                    recording.conclude(result, &not_checked);
-                });
-                ran.await.err().map(|_| case.name)
-            });
-        futures_util::stream::iter(cases)
-            .buffer_unordered(SIDE_BY_SIDE)
-            .filter_map(|failed| async move { failed })
-            .collect::<Vec<_>>()
-            .await
-    });
-    assert!(failed.is_empty(), "failed cases: {failed:?}");
+mod queue {
+    use super::*;
+    // Each case on a cluster of its own, four at a time: one at a time, the suite took
+    // minutes.
+    lock_conformance::conformance_suite!(4, ClusterHarness::new(RedisStrategy::Queue).await);
 }
 
 /// Stamps a test per listed case, run on a cluster of its own with the polling strategy.

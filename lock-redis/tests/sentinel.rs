@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 mod queue {
     use super::*;
-    lock_conformance::conformance_tests!(SentinelHarness::new(RedisStrategy::Queue).await);
+    lock_conformance::conformance_suite!(4, SentinelHarness::new(RedisStrategy::Queue).await);
 }
 
 /// Takes and releases `name` within `bound`, retrying retryable errors (the failover in

@@ -7,15 +7,18 @@ use lock_zookeeper::ZkStrategy;
 
 mod single_node {
     use super::*;
-    lock_conformance::conformance_tests!(ZkHarness::new(ZkStrategy::SingleNode).await);
+    lock_conformance::conformance_suite!(4, ZkHarness::new(ZkStrategy::SingleNode).await);
 }
 
 mod sequential_children {
     use super::*;
-    lock_conformance::conformance_tests!(ZkHarness::new(ZkStrategy::SequentialChildren).await);
+    lock_conformance::conformance_suite!(4, ZkHarness::new(ZkStrategy::SequentialChildren).await);
 }
 
 mod sequential_predecessor {
     use super::*;
-    lock_conformance::conformance_tests!(ZkHarness::new(ZkStrategy::SequentialPredecessor).await);
+    lock_conformance::conformance_suite!(
+        4,
+        ZkHarness::new(ZkStrategy::SequentialPredecessor).await
+    );
 }
