@@ -198,8 +198,9 @@ pub const CASES_ENV: &str = "LOCK_CONFORMANCE_CASES";
 pub const AT_ONCE_ENV: &str = "LOCK_CONFORMANCE_AT_ONCE";
 
 /// Runs every case of the suite (or those [`CASES_ENV`] names), each on a harness of its
-/// own that `make` builds, `at_once` at a time (or as [`AT_ONCE_ENV`] says), and records
-/// each as a stamped test's; then fails naming the cases that failed. See
+/// own that `make` builds, `at_once` at a time (or as [`AT_ONCE_ENV`] says), one suite at a
+/// time in a process, and records each as a stamped test's; then fails naming the cases
+/// that failed. See
 /// [`conformance_suite!`](crate::conformance_suite!).
 #[doc(hidden)]
 #[allow(
@@ -218,6 +219,12 @@ where
             .map(|case| case.trim().to_owned())
             .collect()
     });
+    // One suite at a time in a process: the cases of two suites (two strategies of one
+    // backend, say) on one server would meet, since some cases use fixed names (G1).
+    static ONE_SUITE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_suite = ONE_SUITE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let at_once = std::env::var(AT_ONCE_ENV)
         .ok()
         .and_then(|at_once| at_once.trim().parse().ok())
