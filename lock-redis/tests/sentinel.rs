@@ -26,7 +26,8 @@ mod queue {
 }
 
 /// Takes and releases `name` within `bound`, retrying retryable errors (the failover in
-/// progress): the token of the grant.
+/// progress) and a release that finds the grant gone (a grant made on the old primary in
+/// Sentinel's window, lost with it): the token of the grant.
 async fn take_and_release(provider: &RedisLockProvider, name: &str, bound: Duration) -> u64 {
     let deadline = Instant::now() + bound;
     loop {
@@ -38,7 +39,10 @@ async fn take_and_release(provider: &RedisLockProvider, name: &str, bound: Durat
         };
         match attempt.await {
             Ok(token) => return token,
-            Err(error) if error.is_retryable() && Instant::now() < deadline => {
+            Err(error)
+                if (error.is_retryable() || matches!(error, LockError::Lost { .. }))
+                    && Instant::now() < deadline =>
+            {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(error) => panic!("no grant within {bound:?}: {error}"),
