@@ -84,8 +84,8 @@ pub struct RedisConfig {
     /// default) connects to `server`.
     pub sentinel: Option<RedisSentinel>,
     /// Lock on a Redis Cluster, each lock on the primary serving its slot; `None` (the
-    /// default) connects to `server`. Not with `sentinel`, TLS, a database other than 0,
-    /// the pub/sub strategy or `wait_replicas` (see [`RedisCluster`]).
+    /// default) connects to `server`. Not with `sentinel`, TLS, a database other than 0
+    /// or `wait_replicas` (see [`RedisCluster`]).
     pub cluster: Option<RedisCluster>,
     /// The key prefix, the lease and the request timeout.
     pub lease: LeaseOptions,

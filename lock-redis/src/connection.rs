@@ -5,10 +5,79 @@
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
-use redis::cluster::ClusterClient;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{AsyncConnectionConfig, Client, Cmd, FromRedisValue, Pipeline, RedisFuture, Value};
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, FromRedisValue, Pipeline, ProtocolVersion, PushInfo,
+    RedisFuture, Value,
+};
+use tokio::sync::mpsc;
+
+use crate::config::{RedisCluster, RedisServer};
+
+/// What builds a cluster's clients: its nodes, the login and the request timeout.
+#[derive(Clone)]
+pub(crate) struct ClusterClients {
+    urls: Vec<String>,
+    username: Option<String>,
+    password: Option<String>,
+    timeout: Duration,
+}
+
+impl ClusterClients {
+    /// The clients of `cluster`'s nodes with `server`'s login; `timeout` bounds each
+    /// connection attempt.
+    pub(crate) fn new(cluster: &RedisCluster, server: &RedisServer, timeout: Duration) -> Self {
+        ClusterClients {
+            urls: cluster.urls(),
+            username: server.username.clone(),
+            password: server.password.clone(),
+            timeout,
+        }
+    }
+
+    fn builder(&self) -> ClusterClientBuilder {
+        let mut builder = ClusterClient::builder(self.urls.clone())
+            .connection_timeout(self.timeout)
+            // A request redirected (MOVED, ASK, TRYAGAIN while a slot moves) is sent again a
+            // few times, quickly.
+            .retries(5)
+            .min_retry_wait(10)
+            .max_retry_wait(200);
+        if let Some(user) = &self.username {
+            builder = builder.username(user);
+        }
+        if let Some(password) = &self.password {
+            builder = builder.password(password);
+        }
+        builder
+    }
+
+    /// A client for short requests (each bounded by the timeout), or with `blocking` for
+    /// requests that wait for as long as they asked.
+    pub(crate) fn client(&self, blocking: bool) -> redis::RedisResult<ClusterClient> {
+        let builder = self.builder();
+        if blocking {
+            builder.build()
+        } else {
+            builder.response_timeout(self.timeout).build()
+        }
+    }
+
+    /// A client for sharded pub/sub (RESP3): what its connections hear (messages, their
+    /// subscriptions' confirmations and ends, disconnections) goes to `pushes`.
+    pub(crate) fn subscriber(
+        &self,
+        pushes: mpsc::UnboundedSender<PushInfo>,
+    ) -> redis::RedisResult<ClusterClient> {
+        self.builder()
+            .response_timeout(self.timeout)
+            .use_protocol(ProtocolVersion::RESP3)
+            .push_sender(pushes)
+            .build()
+    }
+}
 
 /// The connection short requests share.
 #[derive(Clone)]

@@ -54,7 +54,8 @@
 //! - Waiting, by [`RedisStrategy`]: `Polling` retries with jittered exponential back-off;
 //!   `PubSub` retries on every release broadcast (every waiter wakes: the herd; a
 //!   provider's pub/sub waiters share one subscription connection per server, subscribed
-//!   to a lock's channel while anyone waits on it, as Redisson's do); `Queue`
+//!   to a lock's channel while anyone waits on it, as Redisson's do; on a cluster, sharded
+//!   pub/sub on the primary serving the lock's slot); `Queue`
 //!   (the default) is FIFO and herd-free: a release hands the lock straight to the first
 //!   waiter's own list, which that waiter alone is blocked on. Queue waiters refresh a
 //!   server-TIME deadline every ttl/3 (at most 2 s) and are dropped once it passes, so a
@@ -134,7 +135,9 @@
 //! ```
 //!
 //! then `redis://locker:s3cret@host?prefix=lock`. Under Redis Sentinel the user also needs
-//! `+role` (the primary confirms its role). A lock outside the user's key pattern
+//! `+role` (the primary confirms its role); on a Redis Cluster `+cluster|slots` (the client
+//! learns which primary serves which slot) and `+spublish +ssubscribe +sunsubscribe`
+//! (sharded pub/sub), set on every node. A lock outside the user's key pattern
 //! fails with [`LockError::PermissionDenied`](lock_core::LockError::PermissionDenied); a
 //! wrong password with [`LockError::Auth`](lock_core::LockError::Auth).
 //!

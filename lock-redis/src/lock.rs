@@ -311,11 +311,17 @@ impl RedisLock {
                     .node
                     .subscribe(&self.keys.channel, self.name.as_str());
                 match joining.await {
-                    Ok(joined) => pubsub = Some(joined),
-                    // The subscription connection is moving (a failover): try again.
-                    Err(error) if error.is_retryable() && !deadline.has_passed() => {
+                    Ok(joined) => {
+                        pubsub = Some(joined);
+                        pause = POLL_MIN;
+                    }
+                    // No subscription for now (a failover, a shard in trouble): wait as a
+                    // poller does, then try the lock and to subscribe again.
+                    Err(error) if error.is_retryable() => {
                         tracing::debug!(lock = %self.name, %error, "redis: no subscription; trying again");
-                        tokio::time::sleep(RETRY_PAUSE).await;
+                        let nap = deadline.remaining().map_or(pause, |left| left.min(pause));
+                        tokio::time::sleep(nap).await;
+                        pause = (pause * 2).min(period);
                     }
                     Err(error) => return Err(error),
                 }
@@ -616,9 +622,18 @@ impl Claim {
         QueueArgs {
             ttl: lease.ttl,
             liveness: liveness(lease.ttl, lease.timeout),
-            mode: self.strategy.as_str(),
+            mode: self.announcement(),
             claim: handoff_lease(lease.ttl),
             candidate: self.value.is_some(),
+        }
+    }
+
+    /// How a release tells this lock's waiters (the scripts' `mode`): on a cluster, pub/sub
+    /// is sharded (`SPUBLISH`, heard by `SSUBSCRIBE` on the primary serving the slot).
+    fn announcement(&self) -> &'static str {
+        match self.strategy {
+            RedisStrategy::PubSub if self.shared.config.cluster.is_some() => "spubsub",
+            strategy => strategy.as_str(),
         }
     }
 

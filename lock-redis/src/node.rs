@@ -17,9 +17,9 @@ use redis::{
 };
 
 use crate::config::{RedisCluster, RedisSentinel, RedisServer};
-use crate::connection::{Opener, Own, Shared};
+use crate::connection::{ClusterClients, Opener, Own, Shared};
 use crate::error::{cluster_lock_error, connection, is_connection, lock_error, timed_out_request};
-use crate::subscriber::{Subscriber, Subscription};
+use crate::subscriber::{Source, Subscriber, Subscription};
 
 /// A connection to one server, counting its requests. With Redis Sentinel the server is
 /// the primary the sentinels name, found again after a connection error or a write refused
@@ -43,8 +43,8 @@ struct Link {
     address: String,
     /// Idle connections for blocking requests, kept for the next waiter.
     idle: Mutex<Vec<Own>>,
-    /// The subscription connection the pub/sub waiters share (not on a cluster yet).
-    subscriber: Option<Subscriber>,
+    /// The subscription connection the pub/sub waiters share.
+    subscriber: Subscriber,
 }
 
 /// How the primary is found through the sentinels.
@@ -196,30 +196,19 @@ impl Node {
         backend: &'static str,
         metrics: Arc<Metrics>,
     ) -> Result<Self, LockError> {
-        let build = |response_timeout: Option<Duration>| {
-            let mut builder = ClusterClient::builder(cluster.urls())
-                .connection_timeout(timeout)
-                // A request redirected (MOVED, ASK, TRYAGAIN while a slot moves) is sent
-                // again a few times, quickly.
-                .retries(5)
-                .min_retry_wait(10)
-                .max_retry_wait(200);
-            if let Some(response_timeout) = response_timeout {
-                builder = builder.response_timeout(response_timeout);
-            }
-            if let Some(user) = &server.username {
-                builder = builder.username(user);
-            }
-            if let Some(password) = &server.password {
-                builder = builder.password(password);
-            }
-            builder
-                .build()
-                .map_err(|error| lock_error(backend, error, None))
-        };
-        let (shared, blocking) = (build(Some(timeout))?, build(None)?);
+        let clients = ClusterClients::new(cluster, server, timeout);
+        let built = clients
+            .client(false)
+            .and_then(|shared| Ok((shared, clients.client(true)?)));
+        let (shared, blocking) = built.map_err(|error| lock_error(backend, error, None))?;
         let address = cluster.nodes.join(",");
-        match Link::cluster(shared, blocking, address, timeout, backend).await {
+        let subscriber = Subscriber::new(
+            Source::Cluster(clients),
+            timeout,
+            backend,
+            Arc::clone(&metrics),
+        );
+        match Link::cluster(shared, blocking, subscriber, address, timeout, backend).await {
             Ok(link) => Ok(Node::with(link, None, timeout, backend, metrics)),
             // The cluster client reports a refused login as a failed connection: a node
             // asked directly says which it is.
@@ -456,9 +445,7 @@ impl Node {
                         Arc::new(found),
                     );
                     // Pub/sub waiters join again, on the new primary.
-                    if let Some(subscriber) = &old.subscriber {
-                        subscriber.close();
-                    }
+                    old.subscriber.close();
                 }
                 // Credentials the new primary refuses will not pass by themselves.
                 Err(error @ (LockError::Auth { .. } | LockError::PermissionDenied { .. })) => {
@@ -507,13 +494,7 @@ impl Node {
         channel: &str,
         name: &str,
     ) -> Result<Subscription, LockError> {
-        match &self.link().subscriber {
-            Some(subscriber) => subscriber.join(channel, name).await,
-            None => Err(LockError::Unsupported {
-                backend: self.0.backend,
-                what: "pub/sub waiting on Redis Cluster".into(),
-            }),
-        }
+        self.link().subscriber.join(channel, name).await
     }
 }
 
@@ -587,13 +568,14 @@ impl Link {
             };
             connected.map_err(|error| lock_error(backend, error, None))?
         };
-        let subscriber = Subscriber::new(client.clone(), timeout, backend, Arc::clone(metrics));
+        let source = Source::Server(client.clone());
+        let subscriber = Subscriber::new(source, timeout, backend, Arc::clone(metrics));
         Ok(Link {
             client: Opener::Server(Box::new(client)),
             manager: Shared::Server(manager),
             address,
             idle: Mutex::default(),
-            subscriber: Some(subscriber),
+            subscriber,
         })
     }
 
@@ -602,6 +584,7 @@ impl Link {
     async fn cluster(
         shared: ClusterClient,
         blocking: ClusterClient,
+        subscriber: Subscriber,
         address: String,
         timeout: Duration,
         backend: &'static str,
@@ -617,7 +600,7 @@ impl Link {
             manager: Shared::Cluster(manager),
             address,
             idle: Mutex::default(),
-            subscriber: None,
+            subscriber,
         })
     }
 }

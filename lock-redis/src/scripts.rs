@@ -144,8 +144,8 @@ pub(crate) struct QueueArgs {
     pub(crate) ttl: Duration,
     /// How long a waiter that stopped refreshing keeps its place.
     pub(crate) liveness: Duration,
-    /// How a release tells the waiters: `queue` (a hand-off), `pubsub` (a broadcast), or
-    /// anything else for not at all.
+    /// How a release tells the waiters: `queue` (a hand-off), `pubsub` (a broadcast),
+    /// `spubsub` (a sharded broadcast, on a cluster), or anything else for not at all.
     pub(crate) mode: &'static str,
     /// The lease a hand-off gives the waiter until it has picked the token up.
     pub(crate) claim: Duration,

@@ -1,11 +1,17 @@
-//! One subscription connection per server, shared by every pub/sub waiter of a provider
-//! (as Redisson shares its): a waiter joins a lock's release channel; the first to join
-//! sends `SUBSCRIBE`, the last to leave `UNSUBSCRIBE`; every release message reaches every
-//! waiter joined to the channel.
+//! One subscription connection per provider, shared by every pub/sub waiter of it (as
+//! Redisson shares its): a waiter joins a lock's release channel; the first to join sends
+//! `SUBSCRIBE`, the last to leave `UNSUBSCRIBE`; every release message reaches every waiter
+//! joined to the channel. On a Redis Cluster the connection is a cluster connection (one
+//! connection per node inside) and the channels are sharded (`SSUBSCRIBE`, Redis 7): each
+//! on the primary serving its slot, which is the lock's.
 //!
 //! One task owns the connection and the channel table, and handles joins and leaves in the
 //! order they were made, so an `UNSUBSCRIBE` can never overtake a later `SUBSCRIBE` of the
-//! same channel.
+//! same channel. Whatever ends a channel's subscription ends its waiters' places, and they
+//! try the lock and join again: the end of the connection (on a cluster, of any node's
+//! connection: then a new cluster connection learns the slots afresh), and on a cluster the
+//! server's own `SUNSUBSCRIBE` when the channel's slot moves to another primary. Releases
+//! published while nobody listened are caught by that try, or by the waiters' refresh.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -13,11 +19,13 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use lock_core::{LockError, Metrics};
-use redis::Client;
 use redis::aio::{PubSubSink, PubSubStream};
+use redis::cluster_async::ClusterConnection;
+use redis::{Client, PushInfo, PushKind, Value};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
+use crate::connection::ClusterClients;
 use crate::error::{connection, lock_error, timed_out_request};
 
 /// Release messages a slow waiter may fall behind by before they merge into one.
@@ -32,9 +40,17 @@ pub(crate) struct Subscriber {
     closed: std::sync::atomic::AtomicBool,
 }
 
+/// Where the subscription connection goes.
+pub(crate) enum Source {
+    /// One server: `SUBSCRIBE`.
+    Server(Client),
+    /// A cluster: `SSUBSCRIBE`.
+    Cluster(ClusterClients),
+}
+
 /// What the connection task needs to connect and report.
 struct Link {
-    client: Client,
+    source: Source,
     timeout: Duration,
     backend: &'static str,
     metrics: Arc<Metrics>,
@@ -50,7 +66,7 @@ enum Request {
     },
     Leave {
         channel: String,
-        generation: u64,
+        place: u64,
     },
     /// Drop the connection and end: every subscription ends, and its waiter joins again
     /// (on another server).
@@ -59,15 +75,16 @@ enum Request {
 
 struct Joined {
     receiver: broadcast::Receiver<()>,
-    generation: u64,
+    place: u64,
 }
 
 /// One waiter's place on a release channel; leaves it when dropped.
 pub(crate) struct Subscription {
     receiver: broadcast::Receiver<()>,
     channel: String,
-    /// The connection this place belongs to: a leave for an older connection is void.
-    generation: u64,
+    /// The channel's subscription this place belongs to: a leave of one that ended (and
+    /// was perhaps made again since) is void.
+    place: u64,
     requests: mpsc::UnboundedSender<Request>,
 }
 
@@ -94,22 +111,22 @@ impl Drop for Subscription {
         // The task is gone only once every subscription is: nothing left to leave then.
         let _ = self.requests.send(Request::Leave {
             channel: std::mem::take(&mut self.channel),
-            generation: self.generation,
+            place: self.place,
         });
     }
 }
 
 impl Subscriber {
-    /// A subscriber for `client`'s server; connects on the first join.
+    /// A subscriber for `source`; connects on the first join.
     pub(crate) fn new(
-        client: Client,
+        source: Source,
         timeout: Duration,
         backend: &'static str,
         metrics: Arc<Metrics>,
     ) -> Self {
         Subscriber {
             link: Arc::new(Link {
-                client,
+                source,
                 timeout,
                 backend,
                 metrics,
@@ -180,13 +197,37 @@ impl Subscriber {
 struct Channel {
     sender: broadcast::Sender<()>,
     waiters: usize,
+    /// Tells this subscription from the channel's earlier and later ones.
+    place: u64,
+}
+
+/// A live subscription connection.
+enum Live {
+    Server(PubSubSink, PubSubStream),
+    /// A cluster connection, and what its connections hear.
+    Cluster(ClusterConnection, mpsc::UnboundedReceiver<PushInfo>),
+}
+
+/// What the connection heard.
+enum Event {
+    /// A message on a channel.
+    Message(String),
+    /// A channel's subscription ended: this task's own leave confirmed, or the server
+    /// ended it (its slot moved).
+    Unsubscribed(String),
+    /// The connection ended.
+    Ended,
 }
 
 /// The connection and what is subscribed on it.
 #[derive(Default)]
 struct Connection {
-    live: Option<(PubSubSink, PubSubStream)>,
-    generation: u64,
+    live: Option<Live>,
+    /// Per channel, how many of this task's own unsubscriptions are yet to be heard
+    /// confirmed on a cluster connection (the confirmation comes with these pushes too).
+    leaving: HashMap<String, usize>,
+    /// The last subscription's place.
+    places: u64,
     channels: HashMap<String, Channel>,
 }
 
@@ -195,24 +236,41 @@ impl Connection {
     fn drop_connection(&mut self) {
         self.live = None;
         self.channels.clear();
+        self.leaving.clear();
     }
 
-    /// The next message's channel; pending forever without a connection; `None` when the
-    /// connection ended.
-    async fn next_channel(&mut self) -> Option<String> {
+    /// What the connection hears next; pending forever without a connection.
+    async fn next(&mut self) -> Event {
         match self.live.as_mut() {
-            Some((_, stream)) => stream
-                .next()
-                .await
-                .map(|message| message.get_channel_name().to_owned()),
+            Some(Live::Server(_, stream)) => match stream.next().await {
+                Some(message) => Event::Message(message.get_channel_name().to_owned()),
+                None => Event::Ended,
+            },
+            Some(Live::Cluster(_, pushes)) => loop {
+                let Some(push) = pushes.recv().await else {
+                    return Event::Ended;
+                };
+                let channel = match push.data.first() {
+                    Some(Value::BulkString(name)) => String::from_utf8_lossy(name).into_owned(),
+                    _ => String::new(),
+                };
+                match push.kind {
+                    PushKind::SMessage => return Event::Message(channel),
+                    PushKind::SUnsubscribe => return Event::Unsubscribed(channel),
+                    PushKind::Disconnection => return Event::Ended,
+                    // Subscriptions confirmed, and anything else.
+                    _ => {}
+                }
+            },
             None => std::future::pending().await,
         }
     }
 
-    /// Joins `channel`; a `SUBSCRIBE` that fails on a connection made earlier (it may have
-    /// died unnoticed) is tried once more on a new one.
+    /// Joins `channel`; a subscription that fails on a server's connection made earlier (it
+    /// may have died unnoticed) is tried once more on a new one. (A cluster connection
+    /// mends its nodes' connections itself, and one shard's trouble is not the others'.)
     async fn join(&mut self, link: &Link, channel: &str) -> Result<Joined, redis::RedisError> {
-        let fresh = self.live.is_none();
+        let fresh = !matches!(self.live, Some(Live::Server(..)));
         match self.join_once(link, channel).await {
             Err(error) if !fresh => {
                 tracing::debug!(%error, channel, "subscribe failed; on a new connection again");
@@ -223,54 +281,105 @@ impl Connection {
     }
 
     async fn join_once(&mut self, link: &Link, channel: &str) -> Result<Joined, redis::RedisError> {
-        let sink = match &mut self.live {
-            Some((sink, _)) => sink,
+        let live = match &mut self.live {
+            Some(live) => live,
             None => {
                 link.metrics.record_server_requests(1);
-                let pubsub = within(link.timeout, link.client.get_async_pubsub()).await?;
-                self.generation += 1;
-                let (sink, _) = self.live.insert(pubsub.split());
-                sink
+                self.live.insert(link.connect().await?)
             }
         };
         if let Some(joined) = self.channels.get_mut(channel) {
             joined.waiters += 1;
             return Ok(Joined {
                 receiver: joined.sender.subscribe(),
-                generation: self.generation,
+                place: joined.place,
             });
         }
         link.metrics.record_server_requests(1);
-        if let Err(error) = within(link.timeout, sink.subscribe(channel)).await {
-            self.drop_connection();
-            return Err(error);
+        match live {
+            Live::Server(sink, _) => {
+                if let Err(error) = within(link.timeout, sink.subscribe(channel)).await {
+                    self.drop_connection();
+                    return Err(error);
+                }
+            }
+            Live::Cluster(cluster, _) => within(link.timeout, cluster.ssubscribe(channel)).await?,
         }
         let (sender, receiver) = broadcast::channel(BACKLOG);
-        self.channels
-            .insert(channel.to_owned(), Channel { sender, waiters: 1 });
-        Ok(Joined {
-            receiver,
-            generation: self.generation,
-        })
+        self.places += 1;
+        let place = self.places;
+        let joined = Channel {
+            sender,
+            waiters: 1,
+            place,
+        };
+        self.channels.insert(channel.to_owned(), joined);
+        Ok(Joined { receiver, place })
     }
 
-    async fn leave(&mut self, link: &Link, channel: &str, generation: u64) {
-        if generation != self.generation {
+    /// A subscription to `channel` ended: this task's own leave confirmed, or the server
+    /// ended it (the channel's slot moved), and then its waiters join again, on the
+    /// primary that serves the slot now.
+    fn unsubscribed(&mut self, channel: String) {
+        if let Some(own) = self.leaving.get_mut(&channel) {
+            *own -= 1;
+            if *own == 0 {
+                self.leaving.remove(&channel);
+            }
             return;
         }
+        tracing::debug!(channel, "the server ended a subscription");
+        self.channels.remove(&channel);
+    }
+
+    async fn leave(&mut self, link: &Link, channel: &str, place: u64) {
         let Some(joined) = self.channels.get_mut(channel) else {
             return;
         };
+        if joined.place != place {
+            return;
+        }
         joined.waiters -= 1;
         if joined.waiters > 0 {
             return;
         }
         self.channels.remove(channel);
-        if let Some((sink, _)) = self.live.as_mut() {
-            link.metrics.record_server_requests(1);
-            if let Err(error) = within(link.timeout, sink.unsubscribe(channel)).await {
-                tracing::debug!(%error, channel, "unsubscribe failed; dropping the connection");
-                self.drop_connection();
+        let Some(live) = self.live.as_mut() else {
+            return;
+        };
+        link.metrics.record_server_requests(1);
+        let leaving = match live {
+            Live::Server(sink, _) => within(link.timeout, sink.unsubscribe(channel)).await,
+            Live::Cluster(cluster, _) => {
+                let leaving = within(link.timeout, cluster.sunsubscribe(channel)).await;
+                if leaving.is_ok() {
+                    *self.leaving.entry(channel.to_owned()).or_default() += 1;
+                }
+                leaving
+            }
+        };
+        if let Err(error) = leaving {
+            tracing::debug!(%error, channel, "unsubscribe failed; dropping the connection");
+            self.drop_connection();
+        }
+    }
+}
+
+impl Link {
+    /// A new connection, within the request timeout (a cluster's: twice that, as it first
+    /// asks a node for the slots, then connects to the others).
+    async fn connect(&self) -> redis::RedisResult<Live> {
+        match &self.source {
+            Source::Server(client) => {
+                let connecting = client.get_async_pubsub();
+                let (sink, stream) = within(self.timeout, connecting).await?.split();
+                Ok(Live::Server(sink, stream))
+            }
+            Source::Cluster(clients) => {
+                let (pushes, heard) = mpsc::unbounded_channel();
+                let client = clients.subscriber(pushes)?;
+                let connection = within(self.timeout * 2, client.get_async_connection()).await?;
+                Ok(Live::Cluster(connection, heard))
             }
         }
     }
@@ -304,7 +413,7 @@ async fn serve(link: Arc<Link>, mut requests: mpsc::UnboundedReceiver<Request>) 
                         Ok(joined) => Ok(Subscription {
                             receiver: joined.receiver,
                             channel,
-                            generation: joined.generation,
+                            place: joined.place,
                             requests,
                         }),
                         Err(error) => Err(lock_error(link.backend, error, Some(&name))),
@@ -312,19 +421,20 @@ async fn serve(link: Arc<Link>, mut requests: mpsc::UnboundedReceiver<Request>) 
                     // A waiter that gave up drops the subscription, which leaves.
                     let _ = reply.send(joined);
                 }
-                Some(Request::Leave { channel, generation }) => {
-                    connection.leave(&link, &channel, generation).await;
+                Some(Request::Leave { channel, place }) => {
+                    connection.leave(&link, &channel, place).await;
                 }
                 Some(Request::Close) => return,
             },
-            channel = connection.next_channel() => match channel {
-                Some(channel) => {
+            event = connection.next() => match event {
+                Event::Message(channel) => {
                     if let Some(joined) = connection.channels.get(&channel) {
                         // No receiver left is fine: its leave is on the way.
                         let _ = joined.sender.send(());
                     }
                 }
-                None => {
+                Event::Unsubscribed(channel) => connection.unsubscribed(channel),
+                Event::Ended => {
                     tracing::debug!("the subscription connection ended");
                     connection.drop_connection();
                 }

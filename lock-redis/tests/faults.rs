@@ -1193,15 +1193,11 @@ async fn a_release_whose_reply_is_lost_is_no_loss() {
 /// strategy: grant, wait, hand-off, broadcast, renew, release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_acl_rule_is_enough() {
-    const RULE: &str = "on >s3cret ~{lock* &{lock* +@scripting +get +set +del +exists +incr \
-                        +pexpire +pttl +time +lpop +rpush +lrem +lindex +lpos +llen +blpop +hget \
-                        +hset +hdel +zadd +zscore +zrange +zrangebyscore +zrem +zremrangebyscore \
-                        +publish +subscribe +unsubscribe +ping";
     let server = start_server().await;
     let mut admin = admin(&server).await;
     let mut command = redis::cmd("ACL");
     command.arg("SETUSER").arg("documented");
-    for rule in RULE.split_whitespace() {
+    for rule in common::DOCUMENTED_ACL_RULE.split_whitespace() {
         command.arg(rule);
     }
     let () = command.query_async(&mut admin).await.unwrap();

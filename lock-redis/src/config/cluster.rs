@@ -4,15 +4,17 @@ use lock_core::LockError;
 use lock_core::url::LockUrl;
 
 use super::server::servers;
-use super::{RedisConfig, RedisParams, RedisServer, RedisStrategy, config_error};
+use super::{RedisConfig, RedisParams, RedisServer, config_error};
 
 /// Where a Redis Cluster is: some of its nodes (the others are found from them).
 ///
 /// With it, a [`RedisConfig`]'s `server` gives only the login: each request goes to the
 /// primary that serves its lock's slot (every key of a lock shares one hash tag, so one
 /// slot), following `MOVED` and `ASK` redirections as slots move and primaries fail over.
-/// Waiting by [`Queue`](RedisStrategy::Queue) and [`Polling`](RedisStrategy::Polling);
-/// not yet by pub/sub, nor with TLS or `wait_replicas`; only database 0. While a lock's
+/// Every strategy: [`PubSub`](crate::RedisStrategy::PubSub) waits on sharded pub/sub
+/// (`SSUBSCRIBE` and `SPUBLISH` on the primary serving the lock's slot), which needs
+/// Redis 7: an older cluster answers the waiters' `SSUBSCRIBE` with an error, and their
+/// `acquire` returns it. Not yet with TLS or `wait_replicas`; only database 0. While a lock's
 /// slot migrates, its scripts are answered `TRYAGAIN` once some of its keys have moved:
 /// the lock's requests are retried until the move ends, and a holder whose lease runs out
 /// meanwhile loses its lock. A node without a port is reached on 6379.
@@ -40,8 +42,15 @@ impl RedisCluster {
         }
     }
 
-    /// A `redis://host:port` URL per node.
-    pub(crate) fn urls(&self) -> Vec<String> {
+    /// A `redis://host:port` URL per node (without the login).
+    ///
+    /// ```
+    /// use lock_redis::RedisCluster;
+    ///
+    /// let cluster = RedisCluster::new(["10.0.0.1:7000", "[::1]:7001"]);
+    /// assert_eq!(cluster.urls(), ["redis://10.0.0.1:7000", "redis://[::1]:7001"]);
+    /// ```
+    pub fn urls(&self) -> Vec<String> {
         self.nodes
             .iter()
             .map(|node| format!("redis://{node}"))
@@ -49,7 +58,7 @@ impl RedisCluster {
     }
 
     pub(super) fn validate(&self, config: &RedisConfig) -> Result<(), LockError> {
-        let (server, strategy) = (&config.server, config.strategy);
+        let server = &config.server;
         let problem = if server.tls || server.tls_ca.is_some() {
             "TLS is not supported with Redis Cluster yet".to_owned()
         } else if server.db != 0 {
@@ -57,9 +66,6 @@ impl RedisCluster {
                 "database {} is not 0: a cluster has only database 0",
                 server.db
             )
-        } else if strategy == RedisStrategy::PubSub {
-            "strategy pubsub is not supported with Redis Cluster yet; use queue or polling"
-                .to_owned()
         } else if config.wait_replicas > 0 {
             // WAIT must follow the write on the same connection to the same primary, which a
             // redirection between the two would break.
@@ -118,6 +124,7 @@ mod tests {
 
     use super::super::tests::rejects;
     use super::*;
+    use crate::RedisStrategy;
 
     #[test]
     fn cluster_urls() {
@@ -132,10 +139,11 @@ mod tests {
         assert_eq!(config.strategy, RedisStrategy::Queue);
         let polling = RedisConfig::from_url("redis+cluster://n1/?strategy=polling").unwrap();
         assert_eq!(polling.strategy, RedisStrategy::Polling);
+        let pubsub = RedisConfig::from_url("redis+cluster://n1?strategy=pubsub").unwrap();
+        assert_eq!(pubsub.strategy, RedisStrategy::PubSub);
         for case in [
             "redis+cluster://|names no node",
             "redis+cluster://n1/2|takes no path",
-            "redis+cluster://n1?strategy=pubsub|pubsub is not supported",
             "redis+cluster://n1?tls_ca=/ca.pem|tls_ca is not supported",
             "redis+cluster://n1?wait_replicas=1|wait_replicas is not supported",
             "redis+cluster://topsecret@n1|without a password",

@@ -78,5 +78,7 @@ local function announce(mode, claim, liveness, prefix, channel)
     handoff(claim, liveness, prefix, now_ms())
   elseif mode == 'pubsub' then
     redis.call('PUBLISH', channel, '1')
+  elseif mode == 'spubsub' then
+    redis.call('SPUBLISH', channel, '1')
   end
 end

@@ -341,6 +341,16 @@ pub(crate) fn inspection_failed(name: &str, error: impl std::fmt::Display) -> Lo
 /// The password of every Sentinel or Cluster client's ACL user.
 pub(crate) const CLIENT_PASSWORD: &str = "client-secret";
 
+/// The ACL rule the crate docs give for a user limited to the locks (password `s3cret`).
+pub(crate) const DOCUMENTED_ACL_RULE: &str = "on >s3cret ~{lock* &{lock* +@scripting +get +set \
+     +del +exists +incr +pexpire +pttl +time +lpop +rpush +lrem +lindex +lpos +llen +blpop \
+     +hget +hset +hdel +zadd +zscore +zrange +zrangebyscore +zrem +zremrangebyscore +publish \
+     +subscribe +unsubscribe +ping";
+
+/// What the crate docs add to [`DOCUMENTED_ACL_RULE`] on a Redis Cluster.
+pub(crate) const DOCUMENTED_CLUSTER_ACL_RULE: &str = "+cluster|slots +spublish +ssubscribe \
+     +sunsubscribe";
+
 /// The ACL rules of a client user: every command and channel, the `{lock*` keys only.
 pub(crate) fn user_rules(user: &str, on: bool) -> Vec<String> {
     [
