@@ -4,10 +4,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_core::{Guard, LockError};
-use redis::AsyncCommands;
 
 use crate::measure::ScaleMeasurement;
-use crate::scenario::{bench_error, mntr_stat};
+use crate::scenario::{RedisKeys, bench_error, mntr_stat};
 use crate::strategy::{Backend, Servers, Strategy};
 
 /// Acquisitions or releases in flight at once.
@@ -152,10 +151,7 @@ enum LeftoverCheck {
     /// ZooKeeper's count of ephemeral nodes against the one before the run.
     ZooKeeper { ephemerals_before: Option<u64> },
     /// The run's keys, but for the fencing counters and the release channels' markers.
-    Redis {
-        connection: redis::aio::MultiplexedConnection,
-        pattern: String,
-    },
+    Redis { keys: RedisKeys, pattern: String },
     /// The run's keys.
     Etcd {
         client: Box<etcd_client::Client>,
@@ -174,20 +170,13 @@ impl LeftoverCheck {
     ) -> Result<Self, LockError> {
         match strategy.backend() {
             Backend::ZooKeeper => Ok(LeftoverCheck::ZooKeeper { ephemerals_before }),
-            Backend::Redis => {
-                let Some(url) = servers.redis.as_deref() else {
-                    return Ok(LeftoverCheck::Nothing);
-                };
-                let client = redis::Client::open(url).map_err(|e| bench_error(e.to_string()))?;
-                let connection = client
-                    .get_multiplexed_async_connection()
-                    .await
-                    .map_err(|e| bench_error(e.to_string()))?;
-                Ok(LeftoverCheck::Redis {
-                    connection,
+            Backend::Redis => match RedisKeys::connect(servers).await? {
+                Some(keys) => Ok(LeftoverCheck::Redis {
+                    keys,
                     pattern: format!("{{lock:scale-{run}-*"),
-                })
-            }
+                }),
+                None => Ok(LeftoverCheck::Nothing),
+            },
             Backend::Etcd => {
                 let Some(endpoint) = servers.etcd.as_deref() else {
                     return Ok(LeftoverCheck::Nothing);
@@ -217,18 +206,7 @@ impl LeftoverCheck {
                         _ => 0,
                     }
                 }
-                LeftoverCheck::Redis {
-                    connection,
-                    pattern,
-                } => {
-                    let keys: Vec<String> = connection
-                        .keys(pattern.as_str())
-                        .await
-                        .map_err(|e| bench_error(e.to_string()))?;
-                    keys.iter()
-                        .filter(|key| !key.ends_with(":fence") && !key.ends_with(":released"))
-                        .count() as u64
-                }
+                LeftoverCheck::Redis { keys, pattern } => keys.left(pattern).await?.len() as u64,
                 LeftoverCheck::Etcd { client, prefix } => {
                     let options = etcd_client::GetOptions::new()
                         .with_prefix()

@@ -370,20 +370,23 @@ pub async fn server_requests(backend: Backend, servers: &Servers) -> Option<u64>
                     .sum::<f64>() as u64,
             )
         }
+        // Every server's, a cluster's nodes together.
         Backend::Redis => {
-            let client = redis::Client::open(servers.redis.as_deref()?).ok()?;
-            let mut connection = client.get_multiplexed_async_connection().await.ok()?;
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut connection)
-                .await
-                .ok()?;
-            Some(
-                info.lines()
+            let mut total = 0;
+            for client in servers.redis_servers().ok()? {
+                let mut connection = client.get_multiplexed_async_connection().await.ok()?;
+                let info: String = redis::cmd("INFO")
+                    .arg("commandstats")
+                    .query_async(&mut connection)
+                    .await
+                    .ok()?;
+                total += info
+                    .lines()
                     .filter_map(|line| line.split("calls=").nth(1))
                     .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
-                    .sum(),
-            )
+                    .sum::<u64>();
+            }
+            (total > 0).then_some(total)
         }
     }
 }
@@ -415,6 +418,46 @@ pub(crate) async fn mntr_stat(servers: &Servers, key: &str) -> Option<u64> {
         .and_then(|value| value.trim().parse().ok())
 }
 
+/// A connection to each Redis server (every node of a cluster), to look for what locks
+/// leave behind.
+pub(crate) struct RedisKeys {
+    connections: Vec<redis::aio::MultiplexedConnection>,
+}
+
+impl RedisKeys {
+    /// Connected to every server; `None` without Redis.
+    pub(crate) async fn connect(servers: &Servers) -> Result<Option<Self>, LockError> {
+        let failed = |e: redis::RedisError| bench_error(format!("checking leftovers: {e}"));
+        let mut connections = Vec::new();
+        for client in servers.redis_servers()? {
+            connections.push(
+                client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(failed)?,
+            );
+        }
+        Ok((!connections.is_empty()).then_some(RedisKeys { connections }))
+    }
+
+    /// The keys matching `pattern` on every server, but the fencing counters and the
+    /// receipts of the last releases (which are meant to stay).
+    pub(crate) async fn left(&mut self, pattern: &str) -> Result<Vec<String>, LockError> {
+        let mut left = Vec::new();
+        for connection in &mut self.connections {
+            let keys: Vec<String> = connection
+                .keys(pattern)
+                .await
+                .map_err(|e| bench_error(format!("checking leftovers: {e}")))?;
+            left.extend(
+                keys.into_iter()
+                    .filter(|key| !key.ends_with(":fence") && !key.ends_with(":released")),
+            );
+        }
+        Ok(left)
+    }
+}
+
 /// A connection of its own to the server, looking for the nodes or keys one lock left
 /// behind.
 enum LeftoverCheck {
@@ -424,10 +467,7 @@ enum LeftoverCheck {
         dir: String,
     },
     /// The lock's keys, but for the fencing counter and the release channel's marker.
-    Redis {
-        connection: redis::aio::MultiplexedConnection,
-        pattern: String,
-    },
+    Redis { keys: RedisKeys, pattern: String },
     /// The keys under the lock's directory.
     Etcd {
         client: Box<etcd_client::Client>,
@@ -460,20 +500,13 @@ impl LeftoverCheck {
                     dir: format!("{root}/{escaped}"),
                 })
             }
-            Backend::Redis => {
-                let Some(url) = servers.redis.as_deref() else {
-                    return Ok(LeftoverCheck::Nothing);
-                };
-                let client = redis::Client::open(url).map_err(|e| failed(&e))?;
-                let connection = client
-                    .get_multiplexed_async_connection()
-                    .await
-                    .map_err(|e| failed(&e))?;
-                Ok(LeftoverCheck::Redis {
-                    connection,
+            Backend::Redis => match RedisKeys::connect(servers).await? {
+                Some(keys) => Ok(LeftoverCheck::Redis {
+                    keys,
                     pattern: format!("{{lock:{escaped}}}*"),
-                })
-            }
+                }),
+                None => Ok(LeftoverCheck::Nothing),
+            },
             Backend::Etcd => {
                 let Some(endpoint) = servers.etcd.as_deref() else {
                     return Ok(LeftoverCheck::Nothing);
@@ -502,19 +535,7 @@ impl LeftoverCheck {
                 Err(zookeeper_client::Error::NoNode) => Ok(Vec::new()),
                 Err(e) => Err(failed(&e)),
             },
-            LeftoverCheck::Redis {
-                connection,
-                pattern,
-            } => {
-                let keys: Vec<String> = connection
-                    .keys(pattern.as_str())
-                    .await
-                    .map_err(|e| failed(&e))?;
-                Ok(keys
-                    .into_iter()
-                    .filter(|key| !key.ends_with(":fence") && !key.ends_with(":released"))
-                    .collect())
-            }
+            LeftoverCheck::Redis { keys, pattern } => keys.left(pattern).await,
             LeftoverCheck::Etcd { client, dir } => {
                 let options = GetOptions::new().with_prefix().with_keys_only();
                 let found = client
@@ -775,17 +796,25 @@ async fn etcd_floors(
 
 /// Redis: one connection blocked in `BLPOP` on a list, in a task that lives through every
 /// round (warm); another runs a script that pushes onto the list, as a release hands the
-/// lock on. Each round starts once the server shows the popper blocked.
+/// lock on. Each round starts once the server shows the popper blocked. On a cluster, both
+/// are connected to the primary serving the list's slot.
 async fn redis_floor(servers: &Servers, rounds: Rounds) -> Result<f64, LockError> {
-    let url = servers
-        .redis
-        .as_deref()
-        .ok_or_else(|| bench_error("no Redis server"))?;
-    let client = redis::Client::open(url).map_err(|e| floor_error(&e))?;
-    let mut pusher = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(|e| floor_error(&e))?;
+    let list = format!("distlock-floor-{}", uuid::Uuid::new_v4().simple());
+    let mut serving = None;
+    for client in servers.redis_servers()? {
+        let mut pusher = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| floor_error(&e))?;
+        // Another primary answers MOVED.
+        let asked: redis::RedisResult<bool> = pusher.exists(&list).await;
+        if asked.is_ok() {
+            serving = Some((client, pusher));
+            break;
+        }
+    }
+    let (client, mut pusher) =
+        serving.ok_or_else(|| bench_error("floor: no Redis server serves the floor's list"))?;
     let mut popper = client
         .get_multiplexed_async_connection_with_config(
             &redis::AsyncConnectionConfig::new().set_response_timeout(None),
@@ -797,7 +826,6 @@ async fn redis_floor(servers: &Servers, rounds: Rounds) -> Result<f64, LockError
         .query_async(&mut popper)
         .await
         .map_err(|e| floor_error(&e))?;
-    let list = format!("distlock-floor-{}", uuid::Uuid::new_v4().simple());
     let push = redis::Script::new("return redis.call('RPUSH', KEYS[1], ARGV[1])");
     let (popped_tx, mut popped) = tokio::sync::mpsc::unbounded_channel();
     let popping = tokio::spawn({

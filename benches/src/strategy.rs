@@ -235,7 +235,7 @@ impl Backend {
 pub struct Servers {
     /// `host:port[,host:port…]`.
     pub zk: Option<String>,
-    /// `redis://host:port`.
+    /// `redis://host:port`, or a Redis Cluster's `redis+cluster://n1,n2,…`.
     pub redis: Option<String>,
     /// `http://host:port`.
     pub etcd: Option<String>,
@@ -255,5 +255,38 @@ impl Servers {
     pub fn with_etcd(mut self, endpoint: Option<String>) -> Self {
         self.etcd = endpoint;
         self
+    }
+
+    /// A client of each Redis server: the one server, or every node a cluster's URL names
+    /// (with its login); none without Redis.
+    ///
+    /// # Errors
+    ///
+    /// A URL that does not parse.
+    pub fn redis_servers(&self) -> Result<Vec<redis::Client>, LockError> {
+        use redis::IntoConnectionInfo;
+        let Some(url) = self.redis.as_deref() else {
+            return Ok(Vec::new());
+        };
+        let failed = |e: redis::RedisError| LockError::config(format!("{url}: {e}"));
+        let config = RedisConfig::from_url(url)?;
+        let Some(cluster) = &config.cluster else {
+            return Ok(vec![redis::Client::open(url).map_err(failed)?]);
+        };
+        let mut login = redis::RedisConnectionInfo::default();
+        if let Some(user) = &config.server.username {
+            login = login.set_username(user);
+        }
+        if let Some(password) = &config.server.password {
+            login = login.set_password(password);
+        }
+        cluster
+            .urls()
+            .into_iter()
+            .map(|node| {
+                let info = node.into_connection_info().map_err(failed)?;
+                redis::Client::open(info.set_redis_settings(login.clone())).map_err(failed)
+            })
+            .collect()
     }
 }

@@ -128,3 +128,60 @@ fn a_smoke_run_reports_every_strategy_and_the_herd() {
         assert!(report.join(file).exists(), "{file} not written");
     }
 }
+
+/// `--redis-cluster`: the Redis strategies on a Redis Cluster the benchmark starts (three
+/// primaries). The queue stays herd-free and FIFO, pub/sub (sharded) wakes the herd, and
+/// the server requests are counted on every node.
+#[test]
+fn a_cluster_run_reports_the_redis_strategies() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("herd.json");
+    let output = Command::new(env!("CARGO_BIN_EXE_herd"))
+        .args([
+            "--redis-cluster",
+            "--strategies",
+            "redis-pubsub,redis-queue",
+            "--contenders",
+            "5",
+            "--handoffs",
+            "20",
+            "--floor-rounds",
+            "10",
+            "--hold-ms",
+            "10",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("the herd binary runs");
+    assert!(
+        output.status.success(),
+        "herd failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let runs: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(runs.len(), 2, "one object per strategy: {runs:?}");
+    let run = |strategy: &str| {
+        runs.iter()
+            .find(|run| run["strategy"] == strategy)
+            .unwrap_or_else(|| panic!("no run of {strategy}"))
+    };
+    let queue = run("redis-queue");
+    let wakeups = queue["wakeups_per_handoff"].as_f64().unwrap();
+    assert!(
+        wakeups <= 1.05,
+        "redis-queue: {wakeups} wake-ups per handoff"
+    );
+    assert_eq!(queue["fifo_violations"].as_u64(), Some(0), "{queue}");
+    let requests = queue["server_requests_per_handoff"].as_f64().unwrap();
+    assert!(
+        requests > 1.0,
+        "redis-queue: {requests} server requests per handoff"
+    );
+    let pubsub = run("redis-pubsub");
+    let wakeups = pubsub["wakeups_per_handoff"].as_f64().unwrap();
+    assert!(
+        wakeups > 1.5,
+        "redis-pubsub: {wakeups} wake-ups per handoff is no herd"
+    );
+}

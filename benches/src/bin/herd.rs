@@ -15,7 +15,10 @@ use clap::Parser;
 use distlock_benches::scenario::{self, RunOptions};
 use distlock_benches::strategy::{Backend, Servers, Strategy};
 use distlock_benches::{Measurement, ScaleMeasurement, report, scale};
-use lock_testbed::servers::{EtcdServer, RedisOptions, RedisServer, ZkOptions, ZkServer};
+use lock_testbed::servers::{
+    EtcdServer, RedisClusterOptions, RedisClusterSet, RedisOptions, RedisServer, ZkOptions,
+    ZkServer,
+};
 
 /// The herd comparison: N contenders, each its own client, pass one lock around.
 ///
@@ -26,7 +29,7 @@ use lock_testbed::servers::{EtcdServer, RedisOptions, RedisServer, ZkOptions, Zk
 #[derive(Debug, Parser)]
 #[command(
     name = "herd",
-    after_help = "Examples:\n  herd                                         # every strategy, N = 1, 10, 50, 100\n  herd --strategies zk-single,zk-predecessor --contenders 10,100,250\n  herd --redis redis://127.0.0.1:6379 --strategies redis-pubsub,redis-queue\n  herd --scale 10000 --strategies zk-predecessor,redis-queue\n  herd --json results.json --report target/herd"
+    after_help = "Examples:\n  herd                                         # every strategy, N = 1, 10, 50, 100\n  herd --strategies zk-single,zk-predecessor --contenders 10,100,250\n  herd --redis redis://127.0.0.1:6379 --strategies redis-pubsub,redis-queue\n  herd --redis-cluster --strategies redis-polling,redis-pubsub,redis-queue\n  herd --scale 10000 --strategies zk-predecessor,redis-queue\n  herd --json results.json --report target/herd"
 )]
 struct Args {
     /// Strategies, comma-separated: zk-single, zk-children, zk-predecessor, zk-recipe,
@@ -57,8 +60,13 @@ struct Args {
     #[arg(long)]
     zk: Option<String>,
     /// An existing Redis (`redis://host:port`) instead of a local one.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "redis_cluster")]
     redis: Option<String>,
+    /// The Redis strategies on a Redis Cluster: the one at URL (`redis+cluster://n1,n2,…`),
+    /// or without URL three primaries started here (each lock is on the primary serving its
+    /// slot).
+    #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "")]
+    redis_cluster: Option<String>,
     /// An existing etcd (`http://host:port`) instead of a local one.
     #[arg(long)]
     etcd: Option<String>,
@@ -78,6 +86,7 @@ struct Started {
     servers: Servers,
     _zk: Option<ZkServer>,
     _redis: Option<RedisServer>,
+    _redis_cluster: Option<RedisClusterSet>,
     _etcd: Option<EtcdServer>,
 }
 
@@ -87,6 +96,7 @@ async fn servers(args: &Args) -> Result<Started, String> {
         servers: Servers::default(),
         _zk: None,
         _redis: None,
+        _redis_cluster: None,
         _etcd: None,
     };
     let zk = match &args.zk {
@@ -106,22 +116,35 @@ async fn servers(args: &Args) -> Result<Started, String> {
         }
         None => None,
     };
-    let redis = match &args.redis {
-        Some(url) => Some(url.clone()),
-        None if wants(Backend::Redis) => {
+    // Every contender is a client of its own, with connections of its own.
+    let redis_options = RedisOptions::default()
+        .with_arg("--maxclients")
+        .with_arg("20000");
+    let redis = match (&args.redis, &args.redis_cluster) {
+        (Some(url), _) => Some(url.clone()),
+        (None, Some(url)) if !url.is_empty() => Some(url.clone()),
+        (None, Some(_)) if wants(Backend::Redis) => {
+            eprintln!("starting a Redis Cluster ...");
+            let options = RedisClusterOptions::default()
+                .with_server(redis_options)
+                .with_replicas(0);
+            let set = RedisClusterSet::start(options)
+                .await
+                .map_err(|e| format!("starting a Redis Cluster: {e}"))?;
+            let url = set.url(None);
+            started._redis_cluster = Some(set);
+            Some(url)
+        }
+        (None, None) if wants(Backend::Redis) => {
             eprintln!("starting Redis ...");
-            let server = RedisServer::start(
-                RedisOptions::default()
-                    .with_arg("--maxclients")
-                    .with_arg("20000"),
-            )
-            .await
-            .map_err(|e| format!("starting Redis: {e}"))?;
+            let server = RedisServer::start(redis_options)
+                .await
+                .map_err(|e| format!("starting Redis: {e}"))?;
             let url = server.url();
             started._redis = Some(server);
             Some(url)
         }
-        None => None,
+        (None, _) => None,
     };
     let etcd = match &args.etcd {
         Some(endpoint) => Some(endpoint.clone()),
