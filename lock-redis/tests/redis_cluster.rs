@@ -356,7 +356,9 @@ async fn the_documented_acl_rule_is_enough_on_a_cluster() {
         common::DOCUMENTED_CLUSTER_ACL_RULE
     );
     let rules: Vec<&str> = rules.split_whitespace().collect();
-    common::on_each(set.nodes(), &rules).await.unwrap();
+    common::on_each(common::cluster::running(&set), &rules)
+        .await
+        .unwrap();
     let url = set.url(Some(("documented", "s3cret")));
     for strategy in [
         RedisStrategy::Polling,

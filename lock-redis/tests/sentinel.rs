@@ -242,8 +242,7 @@ async fn wait_replicas_holds_grants_and_renewals_to_the_replicas() {
 
     // One replica stops answering: no grant or renewal reaches two replicas any more.
     let replica = &set.data_servers()[1];
-    use lock_testbed::servers::LocalServer;
-    replica.pause().unwrap();
+    replica.pause().await.unwrap();
     let other_name = unique_name("wait-other");
     let began = Instant::now();
     let refused = other.lock(&other_name).unwrap().try_acquire().await;
@@ -271,5 +270,5 @@ async fn wait_replicas_holds_grants_and_renewals_to_the_replicas() {
         lost.is_ok(),
         "a holder whose renewals the replicas miss loses the lock"
     );
-    replica.resume().unwrap();
+    replica.resume().await.unwrap();
 }

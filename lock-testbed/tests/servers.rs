@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use lock_testbed::servers::{
     ETCD_ENV, EtcdOptions, EtcdServer, LocalServer, REDIS_ENV, RedisClusterOptions,
     RedisClusterSet, RedisOptions, RedisSentinelOptions, RedisSentinelSet, RedisServer,
-    RedisTarget, SERVERS_ENV, ServerError, ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget,
-    shared_etcd, shared_redis, shared_zk,
+    RedisTarget, SERVERS_ENV, ServerError, ServerMode, ZK_ENV, ZkEnsemble, ZkOptions, ZkServer,
+    ZkTarget, shared_etcd, shared_redis, shared_zk,
 };
 
 /// Set in the child test process that starts shared servers and then exits without
@@ -427,15 +427,41 @@ async fn redis_restart_same_port_no_data() {
 
 #[tokio::test]
 async fn redis_sentinel_fails_over_on_demand_and_after_a_kill() {
+    sentinel_fails_over(ServerMode::Processes).await;
+}
+
+/// The same with every server and sentinel in a container (on the host's network).
+#[cfg(feature = "testcontainers")]
+#[tokio::test]
+async fn redis_sentinel_in_containers_fails_over_on_demand_and_after_a_kill() {
+    if let Err(err) = lock_testbed::servers::containers::check_ready().await {
+        assert!(!strict(), "containers are required under STRICT: {err}");
+        eprintln!("skip reason: {err}");
+        return;
+    }
+    sentinel_fails_over(ServerMode::Containers).await;
+}
+
+/// A Sentinel set where `mode` says: the first data server is primary; `SENTINEL FAILOVER`
+/// promotes a replica that has the primary's writes; a killed primary is replaced.
+async fn sentinel_fails_over(mode: ServerMode) {
     let options = RedisSentinelOptions::default()
         .with_server(RedisOptions::default().with_password("admin"))
-        .with_service("jobs");
+        .with_service("jobs")
+        .with_servers(mode);
     let began = Instant::now();
     let mut set = RedisSentinelSet::start(options).await.unwrap();
-    eprintln!("startup: Redis Sentinel set ready in {:?}", began.elapsed());
-    let first = set.data_servers()[0].socket_addr();
+    eprintln!(
+        "startup: Redis Sentinel set ({mode:?}) ready in {:?}",
+        began.elapsed()
+    );
+    let first = set.data_addresses()[0];
     assert_eq!(set.primary().await.unwrap(), first);
     assert_eq!(set.sentinel_addresses().len(), 3);
+    assert_eq!(
+        set.data_servers()[0].is_container(),
+        mode == ServerMode::Containers
+    );
     assert!(
         set.url(Some(("locker", "p w")))
             .starts_with("redis+sentinel://locker:p%20w@127.0.0.1:")
@@ -455,9 +481,15 @@ async fn redis_sentinel_fails_over_on_demand_and_after_a_kill() {
     assert_eq!(conn.call(&["GET", "k"]), "v", "the replica had the write");
 
     let (killed, after) = set.kill_primary().await.unwrap();
-    assert_eq!(set.data_servers()[killed].socket_addr(), promoted);
-    assert!(set.data_servers()[killed].pid().is_none());
+    assert_eq!(set.data_addresses()[killed], promoted);
+    assert!(
+        TcpStream::connect(promoted).is_err(),
+        "the killed primary still answers"
+    );
     assert_ne!(after, promoted);
+    assert_eq!(set.primary().await.unwrap(), after);
+    // It comes back as a replica of the new primary.
+    set.rejoin(killed).await.unwrap();
     assert_eq!(set.primary().await.unwrap(), after);
 }
 

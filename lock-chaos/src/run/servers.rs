@@ -122,8 +122,12 @@ impl Servers {
             (Servers::EtcdContainers(cluster), false) => cluster.resume(index).await,
             (Servers::Redis(servers), true) => member(servers, index)?.pause(),
             (Servers::Redis(servers), false) => member(servers, index)?.resume(),
-            (Servers::RedisSentinel(set), true) => member(set.data_servers_mut(), index)?.pause(),
-            (Servers::RedisSentinel(set), false) => member(set.data_servers_mut(), index)?.resume(),
+            (Servers::RedisSentinel(set), true) => {
+                member(set.data_servers_mut(), index)?.pause().await
+            }
+            (Servers::RedisSentinel(set), false) => {
+                member(set.data_servers_mut(), index)?.resume().await
+            }
             (Servers::Memory(_), _) => Err(no_members()),
         }
     }
@@ -142,9 +146,9 @@ impl Servers {
             Servers::RedisSentinel(set) => {
                 let primary = set.primary().await?;
                 let killed = member(set.data_servers_mut(), index)?;
-                killed.kill();
+                killed.kill().await?;
                 // Killed either way: a failover that does not come is the run's to see.
-                if killed.socket_addr() == primary
+                if killed.socket_addr() == Some(primary)
                     && let Err(error) = set.wait_for_new_primary(primary).await
                 {
                     tracing::warn!(%error, "chaos: no failover after the primary's death");
@@ -216,7 +220,7 @@ impl Servers {
     }
 }
 
-fn member(servers: &mut [RedisServer], index: usize) -> Result<&mut RedisServer, ServerError> {
+fn member<S>(servers: &mut [S], index: usize) -> Result<&mut S, ServerError> {
     let len = servers.len();
     servers
         .get_mut(index)

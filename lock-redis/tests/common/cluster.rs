@@ -36,6 +36,12 @@ pub(crate) async fn start_cluster() -> RedisClusterSet {
         .unwrap_or_else(|error| panic!("a Redis Cluster: {error}"))
 }
 
+/// The addresses of the cluster's nodes that run.
+pub(crate) fn running(set: &RedisClusterSet) -> Vec<std::net::SocketAddr> {
+    let nodes = set.nodes().iter().filter(|node| node.pid().is_some());
+    nodes.map(LocalServer::socket_addr).collect()
+}
+
 /// An admin connection to the primary serving `key`'s slot.
 pub(crate) async fn admin_for_key(
     set: &RedisClusterSet,
@@ -52,7 +58,7 @@ pub(crate) async fn admin_for_key(
 async fn set_user(set: &RedisClusterSet, user: &str, on: bool) -> FaultResult {
     let rules = user_rules(user, on);
     let rules: Vec<&str> = rules.iter().map(String::as_str).collect();
-    on_each(set.nodes(), &rules).await
+    on_each(running(set), &rules).await
 }
 
 /// The conformance harness on a Redis Cluster; see the module docs.
@@ -128,7 +134,7 @@ impl SessionExpiry for CutOff {
         {
             let set = self.set.lock().await;
             set_user(&set, &self.user, false).await?;
-            on_each(set.nodes(), &["CLIENT", "KILL", "USER", &self.user]).await?;
+            on_each(running(&set), &["CLIENT", "KILL", "USER", &self.user]).await?;
         }
         tokio::time::sleep(session_cut(CLUSTER_TTL, TIMEOUT)).await;
         set_user(&*self.set.lock().await, &self.user, true).await

@@ -372,18 +372,14 @@ pub(crate) async fn admin_of(address: std::net::SocketAddr) -> redis::aio::Conne
     admin_at(&format!("redis://:{ADMIN_PASSWORD}@{address}")).await
 }
 
-/// Runs the admin command `args` on each of `servers` that runs (ACL changes, for one,
-/// are each server's own).
-pub(crate) async fn on_each<'s>(
-    servers: impl IntoIterator<Item = &'s RedisServer>,
+/// Runs the admin command `args` on the server at each of `addresses` (ACL changes, for
+/// one, are each server's own).
+pub(crate) async fn on_each(
+    addresses: impl IntoIterator<Item = std::net::SocketAddr>,
     args: &[&str],
 ) -> FaultResult {
-    use lock_testbed::servers::LocalServer;
-    for server in servers {
-        if server.pid().is_none() {
-            continue;
-        }
-        let mut admin = admin_of(server.socket_addr()).await;
+    for address in addresses {
+        let mut admin = admin_of(address).await;
         let mut command = redis::cmd(args[0]);
         for arg in &args[1..] {
             command.arg(*arg);

@@ -14,7 +14,7 @@ use lock_conformance::{
 use lock_core::{LockError, LockProvider};
 use lock_redis::{RedisConfig, RedisLockProvider, RedisStrategy};
 use lock_testbed::servers::{
-    LocalServer, RedisOptions, RedisSentinelOptions, RedisSentinelSet, free_port,
+    RedisOptions, RedisSentinelOptions, RedisSentinelSet, ServerMode, free_port,
 };
 use redis::AsyncCommands;
 
@@ -35,16 +35,33 @@ fn server_options() -> RedisOptions {
     RedisOptions::default().with_password(ADMIN_PASSWORD)
 }
 
-/// A primary with two replicas under three sentinels, started for a test.
+/// A primary with two replicas under three sentinels, started for a test as processes or
+/// in containers, as `LOCK_TEST_SERVERS` says.
 pub(crate) async fn start_set() -> RedisSentinelSet {
-    RedisSentinelSet::start(RedisSentinelOptions::default().with_server(server_options()))
+    let servers = ServerMode::from_env().unwrap_or_else(|error| panic!("{error}"));
+    let options = RedisSentinelOptions::default()
+        .with_server(server_options())
+        .with_servers(servers);
+    RedisSentinelSet::start(options)
         .await
         .unwrap_or_else(|error| panic!("a Redis Sentinel set: {error}"))
 }
 
+/// The indexes of the data servers that run.
+async fn running(set: &RedisSentinelSet) -> FaultResult<Vec<usize>> {
+    let mut running = Vec::new();
+    for (index, server) in set.data_servers().iter().enumerate() {
+        if server.is_running().await.map_err(failed)? {
+            running.push(index);
+        }
+    }
+    Ok(running)
+}
+
 /// Runs the admin command `args` on every data server that runs.
 async fn on_every_server(set: &RedisSentinelSet, args: &[&str]) -> FaultResult {
-    on_each(set.data_servers(), args).await
+    let addresses = running(set).await?.into_iter();
+    on_each(addresses.map(|index| set.data_addresses()[index]), args).await
 }
 
 /// The conformance harness on a Sentinel set; see the module docs.
@@ -210,17 +227,13 @@ impl Faults for SentinelHarness {
     /// failed over, and its holders keep their locks on the promoted replica).
     async fn pause_server(&self, duration: Duration) -> FaultResult {
         let set = self.set.lock().await;
-        let running = || {
-            set.data_servers()
-                .iter()
-                .filter(|server| server.pid().is_some())
-        };
-        for server in running() {
-            server.pause().map_err(failed)?;
+        let running = running(&set).await?;
+        for &index in &running {
+            set.data_servers()[index].pause().await.map_err(failed)?;
         }
         tokio::time::sleep(duration).await;
-        for server in running() {
-            server.resume().map_err(failed)?;
+        for &index in &running {
+            set.data_servers()[index].resume().await.map_err(failed)?;
         }
         Ok(())
     }
@@ -229,12 +242,8 @@ impl Faults for SentinelHarness {
     /// empty, and so do its replicas once they have synchronised again.
     async fn restart_server(&self) -> FaultResult {
         let mut set = self.set.lock().await;
-        let primary = set.primary().await.map_err(failed)?;
-        let server = set
-            .data_servers_mut()
-            .iter_mut()
-            .find(|server| server.socket_addr() == primary)
-            .ok_or_else(|| failed("no data server is the primary"))?;
+        let index = set.primary_index().await.map_err(failed)?;
+        let server = &mut set.data_servers_mut()[index];
         server.restart().await.map_err(failed)?;
         restore_users(&set, self.clients.load(Ordering::SeqCst)).await
     }

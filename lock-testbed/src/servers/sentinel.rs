@@ -1,5 +1,5 @@
-//! A Redis primary with replicas under Redis Sentinel, all child processes: what production
-//! Redis often is, with failovers on demand.
+//! A Redis primary with replicas under Redis Sentinel, all child processes or all
+//! containers: what production Redis often is, with failovers on demand.
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -13,7 +13,8 @@ use super::probe::{Probe, redis_query};
 use super::process::{Instance, Launch, free_port, loopback, require_program};
 use super::redis::encode_userinfo;
 use super::{
-    DEFAULT_STARTUP_TIMEOUT, LocalServer, RedisOptions, RedisServer, ServerError, ServerProcess,
+    DEFAULT_STARTUP_TIMEOUT, LocalServer, RedisOptions, RedisServer, RedisTarget, ServerError,
+    ServerMode, ServerProcess,
 };
 
 const SENTINEL: &str = "Redis Sentinel";
@@ -41,6 +42,10 @@ pub struct RedisSentinelOptions {
     /// The bound on start-up (every server, and the sentinels knowing each other and the
     /// replicas) and on a failover: [`DEFAULT_STARTUP_TIMEOUT`] by default.
     pub startup_timeout: Duration,
+    /// Child processes (the default) or containers. Containers run on the host's network,
+    /// on loopback ports as processes do: the sentinels tell clients the data servers'
+    /// addresses, which must be the same inside and outside the containers.
+    pub servers: ServerMode,
 }
 
 impl Default for RedisSentinelOptions {
@@ -52,6 +57,7 @@ impl Default for RedisSentinelOptions {
             sentinels: 3,
             down_after: Duration::from_secs(1),
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
+            servers: ServerMode::Processes,
         }
     }
 }
@@ -68,19 +74,73 @@ impl RedisSentinelOptions {
         self.service = service.into();
         self
     }
+
+    /// Sets where the servers run.
+    pub fn with_servers(mut self, servers: ServerMode) -> Self {
+        self.servers = servers;
+        self
+    }
 }
 
 /// A primary, its replicas and the sentinels that watch them, on 127.0.0.1.
 ///
-/// The data servers are [`RedisServer`]s (no persistence); [`failover`](Self::failover)
-/// has the sentinels promote a replica, [`kill_primary`](Self::kill_primary) kills the
-/// primary and waits until they have. Dropping the set kills every process.
+/// The data servers are [`RedisTarget`]s, processes or containers (no persistence);
+/// [`failover`](Self::failover) has the sentinels promote a replica,
+/// [`kill_primary`](Self::kill_primary) kills the primary and waits until they have.
+/// Dropping the set stops every process and removes every container.
 #[derive(Debug)]
 pub struct RedisSentinelSet {
     /// The first started as the primary; which one is primary now, the sentinels say.
-    data: Vec<RedisServer>,
-    sentinels: Vec<ServerProcess>,
+    data: Vec<RedisTarget>,
+    /// Each data server's address, in the same order.
+    addresses: Vec<SocketAddr>,
+    sentinels: Vec<SentinelNode>,
     opts: RedisSentinelOptions,
+}
+
+/// A sentinel: a child process, or a container.
+#[derive(Debug)]
+enum SentinelNode {
+    Process(Box<ServerProcess>),
+    #[cfg(feature = "testcontainers")]
+    Container(Box<super::containers::SentinelContainer>),
+}
+
+impl SentinelNode {
+    fn node_addr(&self) -> SocketAddr {
+        match self {
+            SentinelNode::Process(process) => process.node_addr(),
+            #[cfg(feature = "testcontainers")]
+            SentinelNode::Container(container) => container.socket_addr(),
+        }
+    }
+}
+
+/// Starts a data server with `server` where `mode` says; its address.
+async fn start_data_server(
+    server: RedisOptions,
+    mode: ServerMode,
+) -> Result<(RedisTarget, SocketAddr), ServerError> {
+    match mode {
+        ServerMode::Processes => {
+            let started = RedisServer::start(server).await?;
+            let address = started.socket_addr();
+            Ok((RedisTarget::from(started), address))
+        }
+        #[cfg(feature = "testcontainers")]
+        ServerMode::Containers => {
+            let container =
+                super::containers::RedisContainer::start_on_host(&server, free_port()?).await?;
+            let address = container.socket_addr();
+            let target = RedisTarget::in_container(container.url(), Box::new(container));
+            Ok((target, address))
+        }
+        #[cfg(not(feature = "testcontainers"))]
+        ServerMode::Containers => Err(ServerError::Unsupported {
+            operation: "starting Redis Sentinel in containers".to_owned(),
+            reason: "lock-testbed was built without its `testcontainers` feature".to_owned(),
+        }),
+    }
 }
 
 impl RedisSentinelSet {
@@ -96,9 +156,10 @@ impl RedisSentinelSet {
             .clone()
             .with_arg("--repl-diskless-sync-delay")
             .with_arg("0");
-        let primary = RedisServer::start(server.clone()).await?;
-        let primary_port = primary.port();
+        let (primary, primary_address) = start_data_server(server.clone(), opts.servers).await?;
+        let primary_port = primary_address.port();
         let mut data = vec![primary];
+        let mut addresses = vec![primary_address];
         for _ in 0..opts.replicas {
             let mut replica = server
                 .clone()
@@ -108,7 +169,9 @@ impl RedisSentinelSet {
             if let Some(password) = &opts.server.password {
                 replica = replica.with_arg("--masterauth").with_arg(password.clone());
             }
-            data.push(RedisServer::start(replica).await?);
+            let (replica, address) = start_data_server(replica, opts.servers).await?;
+            data.push(replica);
+            addresses.push(address);
         }
         // The sentinels' failover timeout is 2 s: a sentinel starts no failover of a primary
         // within twice that of its last one, so that a primary killed soon after a failover
@@ -120,7 +183,7 @@ impl RedisSentinelSet {
         let peers = (0..opts.sentinels)
             .map(|_| Ok((free_port()?, sentinel_id())))
             .collect::<Result<Vec<_>, ServerError>>()?;
-        let replicas: Vec<u16> = data[1..].iter().map(LocalServer::port).collect();
+        let replicas: Vec<u16> = addresses[1..].iter().map(SocketAddr::port).collect();
         let mut sentinels = Vec::with_capacity(opts.sentinels);
         for index in 0..opts.sentinels {
             let known = Known {
@@ -132,6 +195,7 @@ impl RedisSentinelSet {
         }
         let set = RedisSentinelSet {
             data,
+            addresses,
             sentinels,
             opts,
         };
@@ -168,13 +232,18 @@ impl RedisSentinelSet {
     }
 
     /// The data servers, the first started as the primary.
-    pub fn data_servers(&self) -> &[RedisServer] {
+    pub fn data_servers(&self) -> &[RedisTarget] {
         &self.data
     }
 
     /// The data servers, mutably (to kill or restart one).
-    pub fn data_servers_mut(&mut self) -> &mut [RedisServer] {
+    pub fn data_servers_mut(&mut self) -> &mut [RedisTarget] {
         &mut self.data
+    }
+
+    /// The data servers' addresses (`127.0.0.1:port`), in the same order.
+    pub fn data_addresses(&self) -> &[SocketAddr] {
+        &self.addresses
     }
 
     /// The primary as the first sentinel that answers names it.
@@ -216,15 +285,15 @@ impl RedisSentinelSet {
         self.wait_for_new_primary(before).await
     }
 
-    /// Kills the primary's process, and waits until every sentinel names a new primary and
-    /// it says it is one (the old one stays killed; [`LocalServer::restart`] it through
-    /// [`data_servers_mut`](Self::data_servers_mut) to have it rejoin as a replica).
+    /// Kills the primary, and waits until every sentinel names a new primary and it says
+    /// it is one (the old one stays killed; [`rejoin`](Self::rejoin) has it come back as
+    /// a replica).
     /// Returns the old primary's index in [`data_servers`](Self::data_servers) and the new
     /// primary's address.
     pub async fn kill_primary(&mut self) -> Result<(usize, SocketAddr), ServerError> {
         let before = self.primary().await?;
         let index = self.index_of(before)?;
-        self.data[index].kill();
+        self.member_mut(index)?.kill().await?;
         let after = self.wait_for_new_primary(before).await?;
         Ok((index, after))
     }
@@ -239,9 +308,8 @@ impl RedisSentinelSet {
     /// sentinels name, as the configuration file they rewrite would have it do (a server
     /// started from arguments comes back with its first role); waits until it is a replica.
     pub async fn rejoin(&mut self, index: usize) -> Result<(), ServerError> {
-        let server = self.member_mut(index)?;
-        server.restart().await?;
-        let own = server.socket_addr();
+        self.member_mut(index)?.restart().await?;
+        let own = self.address_of(index)?;
         let primary = self.primary().await?;
         if primary != own {
             let password = self.opts.server.password.as_deref();
@@ -257,7 +325,7 @@ impl RedisSentinelSet {
     /// the sentinels replaced while it ran goes on taking writes until they demote it, about
     /// 8 s after the failover.
     pub async fn wait_until_replica(&self, index: usize) -> Result<(), ServerError> {
-        let own = self.member(index)?.socket_addr();
+        let own = self.address_of(index)?;
         let password = self.opts.server.password.as_deref();
         let deadline = Instant::now() + self.opts.startup_timeout;
         loop {
@@ -288,9 +356,9 @@ impl RedisSentinelSet {
     }
 
     fn index_of(&self, address: SocketAddr) -> Result<usize, ServerError> {
-        self.data
+        self.addresses
             .iter()
-            .position(|server| server.socket_addr() == address)
+            .position(|own| *own == address)
             .ok_or_else(|| {
                 protocol(format!(
                     "the sentinels name {address} as primary, not one of the set"
@@ -298,14 +366,15 @@ impl RedisSentinelSet {
             })
     }
 
-    fn member(&self, index: usize) -> Result<&RedisServer, ServerError> {
-        let len = self.data.len();
-        self.data
+    fn address_of(&self, index: usize) -> Result<SocketAddr, ServerError> {
+        let len = self.addresses.len();
+        self.addresses
             .get(index)
+            .copied()
             .ok_or(ServerError::NoSuchMember { index, len })
     }
 
-    fn member_mut(&mut self, index: usize) -> Result<&mut RedisServer, ServerError> {
+    fn member_mut(&mut self, index: usize) -> Result<&mut RedisTarget, ServerError> {
         let len = self.data.len();
         self.data
             .get_mut(index)
@@ -371,7 +440,7 @@ impl RedisSentinelSet {
     /// Waits until every replica has synchronised with the primary and every sentinel
     /// knows the other sentinels and every replica.
     async fn wait_until_known(&self, deadline: Instant) -> Result<(), ServerError> {
-        let primary = self.data[0].socket_addr();
+        let primary = self.address_of(0)?;
         let password = self.opts.server.password.as_deref();
         loop {
             let info = redis_query(primary, password, &["INFO", "replication"], ASK_TIMEOUT)
@@ -447,47 +516,62 @@ struct Known<'a> {
     replicas: &'a [u16],
 }
 
-/// Starts one sentinel monitoring the primary at `primary_port`, from a configuration file
-/// in its directory (a sentinel rewrites its file as it learns).
+/// The configuration of one sentinel on `port`, keeping its files in `dir`, monitoring
+/// the primary at `primary_port` and told up front what `known` says.
+fn sentinel_config(
+    opts: &RedisSentinelOptions,
+    port: u16,
+    dir: &str,
+    primary_port: u16,
+    known: &Known<'_>,
+) -> String {
+    let quorum = opts.sentinels / 2 + 1;
+    let service = &opts.service;
+    let (_, id) = &known.peers[known.me];
+    let mut config = format!(
+        "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\nsentinel myid {id}\n\
+         sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}\n\
+         sentinel down-after-milliseconds {service} {down}\n\
+         sentinel failover-timeout {service} 2000\n",
+        down = opts.down_after.as_millis(),
+    );
+    if let Some(password) = &opts.server.password {
+        config.push_str(&format!("sentinel auth-pass {service} {password}\n"));
+    }
+    for replica in known.replicas {
+        config.push_str(&format!(
+            "sentinel known-replica {service} 127.0.0.1 {replica}\n"
+        ));
+    }
+    for (index, (peer, peer_id)) in known.peers.iter().enumerate() {
+        if index != known.me {
+            config.push_str(&format!(
+                "sentinel known-sentinel {service} 127.0.0.1 {peer} {peer_id}\n"
+            ));
+        }
+    }
+    config
+}
+
+/// Starts one sentinel monitoring the primary at `primary_port`, where the options say,
+/// from a configuration file (a sentinel rewrites its file as it learns).
 async fn start_sentinel(
     opts: &RedisSentinelOptions,
     primary_port: u16,
     known: Known<'_>,
-) -> Result<ServerProcess, ServerError> {
+) -> Result<SentinelNode, ServerError> {
+    if opts.servers == ServerMode::Containers {
+        return start_sentinel_container(opts, primary_port, &known).await;
+    }
     let program = require_program("Redis", &opts.server.binary, "redis-server")?;
-    let quorum = opts.sentinels / 2 + 1;
     let first_try = std::sync::atomic::AtomicBool::new(true);
     let (process, (), _took) = ServerProcess::start(SENTINEL, "lock-sentinel-", |dir| {
-        let (port, id) = &known.peers[known.me];
         let port = if first_try.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            *port
+            known.peers[known.me].0
         } else {
             free_port()?
         };
-        let service = &opts.service;
-        let mut config = format!(
-            "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\nsentinel myid {id}\n\
-             sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}\n\
-             sentinel down-after-milliseconds {service} {down}\n\
-             sentinel failover-timeout {service} 2000\n",
-            dir = dir.display(),
-            down = opts.down_after.as_millis(),
-        );
-        if let Some(password) = &opts.server.password {
-            config.push_str(&format!("sentinel auth-pass {service} {password}\n"));
-        }
-        for replica in known.replicas {
-            config.push_str(&format!(
-                "sentinel known-replica {service} 127.0.0.1 {replica}\n"
-            ));
-        }
-        for (index, (peer, peer_id)) in known.peers.iter().enumerate() {
-            if index != known.me {
-                config.push_str(&format!(
-                    "sentinel known-sentinel {service} 127.0.0.1 {peer} {peer_id}\n"
-                ));
-            }
-        }
+        let config = sentinel_config(opts, port, &dir.display().to_string(), primary_port, &known);
         let file: PathBuf = dir.join("sentinel.conf");
         std::fs::write(&file, config)?;
         let launch = Launch {
@@ -506,5 +590,31 @@ async fn start_sentinel(
         Ok((node, ()))
     })
     .await?;
-    Ok(process)
+    Ok(SentinelNode::Process(Box::new(process)))
+}
+
+#[cfg(feature = "testcontainers")]
+async fn start_sentinel_container(
+    opts: &RedisSentinelOptions,
+    primary_port: u16,
+    known: &Known<'_>,
+) -> Result<SentinelNode, ServerError> {
+    let port = known.peers[known.me].0;
+    let config = sentinel_config(opts, port, "/tmp", primary_port, known);
+    let container =
+        super::containers::SentinelContainer::start_on_host(&config, port, opts.startup_timeout)
+            .await?;
+    Ok(SentinelNode::Container(Box::new(container)))
+}
+
+#[cfg(not(feature = "testcontainers"))]
+async fn start_sentinel_container(
+    _opts: &RedisSentinelOptions,
+    _primary_port: u16,
+    _known: &Known<'_>,
+) -> Result<SentinelNode, ServerError> {
+    Err(ServerError::Unsupported {
+        operation: "starting Redis Sentinel in containers".to_owned(),
+        reason: "lock-testbed was built without its `testcontainers` feature".to_owned(),
+    })
 }

@@ -95,6 +95,14 @@ impl<S: TargetServer> Target<S> {
         })
     }
 
+    /// The server in `container`, which clients reach at `address`.
+    #[cfg(feature = "testcontainers")]
+    pub(crate) fn in_container(address: String, container: Box<dyn ServerContainer>) -> Self {
+        Self {
+            inner: Inner::Container { address, container },
+        }
+    }
+
     /// Starts a server with `opts` in a container: without the `testcontainers` feature,
     /// [`ServerError::Unsupported`].
     #[cfg(not(feature = "testcontainers"))]
@@ -192,6 +200,17 @@ impl<S: TargetServer> Target<S> {
             Inner::Local(server) => server.resume(),
             #[cfg(feature = "testcontainers")]
             Inner::Container { container, .. } => container.resume().await,
+        }
+    }
+
+    /// Whether a server started here runs (it may be paused): a process not killed, a
+    /// container the engine says runs; unsupported with an external server.
+    pub async fn is_running(&self) -> Result<bool, ServerError> {
+        match &self.inner {
+            Inner::External { .. } => Err(ServerError::unsupported_external("is_running", S::ENV)),
+            Inner::Local(server) => Ok(server.pid().is_some()),
+            #[cfg(feature = "testcontainers")]
+            Inner::Container { container, .. } => container.is_running().await,
         }
     }
 

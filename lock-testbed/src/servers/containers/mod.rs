@@ -438,6 +438,11 @@ struct ServerSpec {
     internal: u16,
     probe: Probe,
     startup_timeout: Duration,
+    /// On the host's network, serving on this loopback port (which the configured command
+    /// binds), rather than on its own network with `internal` published: for servers that
+    /// tell each other's addresses to clients (Redis Sentinel), which must be the same
+    /// inside and outside the containers.
+    host_port: Option<u16>,
 }
 
 impl<K> Container<K> {
@@ -470,6 +475,7 @@ impl<K> Container<K> {
             internal,
             probe,
             startup_timeout,
+            host_port,
         } = spec;
         let engine = ContainerEngine::from_env()?;
         engine.check().await?;
@@ -481,15 +487,20 @@ impl<K> Container<K> {
         let mut attempt = 0;
         let (container, port) = loop {
             attempt += 1;
-            let port = free_port()?;
-            let request = configure(
-                GenericImage::new(name.clone(), tag.clone())
-                    .with_exposed_port(internal.tcp())
-                    .with_wait_for(WaitFor::Nothing),
-            )
-            .with_label(LABEL, label_value())
-            .with_label(HANDLE_LABEL, handle.clone())
-            .with_host_config_modifier(publish_on_loopback(internal, port));
+            let image =
+                GenericImage::new(name.clone(), tag.clone()).with_wait_for(WaitFor::Nothing);
+            let (request, port) = match host_port {
+                Some(port) => (configure(image).with_network("host"), port),
+                None => {
+                    let port = free_port()?;
+                    let request = configure(image.with_exposed_port(internal.tcp()))
+                        .with_host_config_modifier(publish_on_loopback(internal, port));
+                    (request, port)
+                }
+            };
+            let request = request
+                .with_label(LABEL, label_value())
+                .with_label(HANDLE_LABEL, handle.clone());
             match run(request).await {
                 Ok(container) => break (container, port),
                 // Another process took the port between its choice and the engine's bind.
@@ -610,6 +621,8 @@ pub trait ServerContainer: Send + Sync + std::fmt::Debug {
     async fn pause(&self) -> Result<(), ServerError>;
     /// [`Container::resume`].
     async fn resume(&self) -> Result<(), ServerError>;
+    /// [`Container::is_running`].
+    async fn is_running(&self) -> Result<bool, ServerError>;
     /// [`Container::kill`].
     async fn kill(&self) -> Result<(), ServerError>;
     /// [`Container::restart`].
@@ -632,6 +645,10 @@ impl<K: Send + Sync + std::fmt::Debug> ServerContainer for Container<K> {
 
     async fn resume(&self) -> Result<(), ServerError> {
         Container::resume(self).await
+    }
+
+    async fn is_running(&self) -> Result<bool, ServerError> {
+        Container::is_running(self).await
     }
 
     async fn kill(&self) -> Result<(), ServerError> {
@@ -677,6 +694,7 @@ fn zk_spec(server: String, opts: &ZkOptions) -> ServerSpec {
         internal: 2181,
         probe: Probe::ZkServing,
         startup_timeout: opts.startup_timeout,
+        host_port: None,
     }
 }
 
@@ -756,12 +774,32 @@ impl Container<Redis> {
     /// password and ACL user of `opts`, and waits (bounded by `opts.startup_timeout`) until
     /// it answers `PING`. `opts.binary` is ignored.
     pub async fn start(opts: &RedisOptions) -> Result<Self, ServerError> {
+        Self::start_with(opts, None).await
+    }
+
+    /// Starts the image from [`REDIS_IMAGE_ENV`] on the host's network, serving on
+    /// `127.0.0.1:port`, with the password, ACL user and arguments of `opts`, and waits
+    /// (bounded by `opts.startup_timeout`) until it answers `PING`: a data server of a
+    /// [`RedisSentinelSet`](super::RedisSentinelSet) in containers, whose addresses the
+    /// sentinels pass on to clients.
+    pub async fn start_on_host(opts: &RedisOptions, port: u16) -> Result<Self, ServerError> {
+        Self::start_with(opts, Some(port)).await
+    }
+
+    /// Starts the image on its own network, its port 6379 published on a free loopback
+    /// port; or with `host_port`, on the host's network serving on `127.0.0.1:host_port`.
+    async fn start_with(opts: &RedisOptions, host_port: Option<u16>) -> Result<Self, ServerError> {
+        let (port, bind) = match host_port {
+            Some(port) => (port, "127.0.0.1"),
+            None => (6379, "0.0.0.0"),
+        };
+        let port_arg = port.to_string();
         let mut cmd: Vec<String> = [
             "redis-server",
             "--port",
-            "6379",
+            &port_arg,
             "--bind",
-            "0.0.0.0",
+            bind,
             "--protected-mode",
             "no",
             "--save",
@@ -772,27 +810,68 @@ impl Container<Redis> {
         .map(String::from)
         .to_vec();
         cmd.extend(opts.server_args());
-        let image = (REDIS_IMAGE_ENV, DEFAULT_REDIS_IMAGE);
-        let probe = Probe::RedisPing {
-            password: opts.password.clone(),
-        };
         let kind = Redis {
             password: opts.password.clone(),
         };
-        let configure = |image: GenericImage| image.with_cmd(cmd.clone());
         let spec = ServerSpec {
             server: "Redis".to_owned(),
-            image,
-            internal: 6379,
-            probe,
+            image: (REDIS_IMAGE_ENV, DEFAULT_REDIS_IMAGE),
+            internal: port,
+            probe: Probe::RedisPing {
+                password: opts.password.clone(),
+            },
             startup_timeout: opts.startup_timeout,
+            host_port,
         };
-        Self::launch(spec, configure, kind).await
+        Self::launch(
+            spec,
+            |image: GenericImage| image.with_cmd(cmd.clone()),
+            kind,
+        )
+        .await
     }
 
     /// `redis://[:password@]127.0.0.1:port`.
     pub fn url(&self) -> String {
         redis_url("127.0.0.1", self.port, None, self.kind.password.as_deref())
+    }
+}
+
+/// The kind of a [`SentinelContainer`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Sentinel;
+
+/// A Redis Sentinel in a container (removed when dropped).
+pub type SentinelContainer = Container<Sentinel>;
+
+impl Container<Sentinel> {
+    /// Starts a Redis Sentinel from the image of [`REDIS_IMAGE_ENV`] on the host's network,
+    /// serving on `127.0.0.1:port`, from the configuration `config` (written to a file in
+    /// the container, which the sentinel rewrites as it learns; its `dir` should be
+    /// `/tmp`), and waits (bounded by `startup_timeout`) until it answers `PING`.
+    pub async fn start_on_host(
+        config: &str,
+        port: u16,
+        startup_timeout: Duration,
+    ) -> Result<Self, ServerError> {
+        let script = "printf '%s' \"$SENTINEL_CONF\" > /tmp/sentinel.conf && \
+                      exec redis-server /tmp/sentinel.conf --sentinel";
+        let config = config.to_owned();
+        let configure = move |image: GenericImage| {
+            image
+                .with_env_var("SENTINEL_CONF", config.clone())
+                .with_cmd(["sh", "-c", script])
+        };
+        let spec = ServerSpec {
+            server: "Redis Sentinel".to_owned(),
+            image: (REDIS_IMAGE_ENV, DEFAULT_REDIS_IMAGE),
+            internal: port,
+            probe: Probe::RedisPing { password: None },
+            startup_timeout,
+            host_port: Some(port),
+        };
+        Self::launch(spec, configure, Sentinel).await
     }
 }
 
@@ -807,6 +886,7 @@ fn etcd_spec(server: String, opts: &EtcdOptions) -> ServerSpec {
         internal: 2379,
         probe: Probe::EtcdHealth,
         startup_timeout: opts.startup_timeout,
+        host_port: None,
     }
 }
 
