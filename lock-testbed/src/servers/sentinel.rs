@@ -599,11 +599,11 @@ async fn start_sentinel_container(
     primary_port: u16,
     known: &Known<'_>,
 ) -> Result<SentinelNode, ServerError> {
+    let config = |port| sentinel_config(opts, port, "/tmp", primary_port, known);
     let port = known.peers[known.me].0;
-    let config = sentinel_config(opts, port, "/tmp", primary_port, known);
-    let container =
-        super::containers::SentinelContainer::start_on_host(&config, port, opts.startup_timeout)
-            .await?;
+    let starting =
+        super::containers::SentinelContainer::start_on_host(config, port, opts.startup_timeout);
+    let container = starting.await?;
     Ok(SentinelNode::Container(Box::new(container)))
 }
 

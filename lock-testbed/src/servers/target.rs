@@ -214,7 +214,8 @@ impl<S: TargetServer> Target<S> {
         }
     }
 
-    /// Kills the server (`SIGKILL`), keeping what [`restart`](Self::restart) needs;
+    /// Kills the server (`SIGKILL` to a process; a container is stopped without grace),
+    /// keeping what [`restart`](Self::restart) needs;
     /// unsupported with an external server.
     pub async fn kill(&mut self) -> Result<(), ServerError> {
         match &mut self.inner {

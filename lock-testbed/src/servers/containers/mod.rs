@@ -364,7 +364,8 @@ async fn wait_ready(
 /// A server in a container, removed when dropped: a [`ZkContainer`] or a
 /// [`RedisContainer`].
 ///
-/// Its client port is published on `127.0.0.1` only, at a port that stays the same across
+/// Its client port is published on `127.0.0.1` only (or, on the host's network, bound
+/// there by the server itself), at a port that stays the same across
 /// [`restart`](Container::restart). Containers are labelled [`LABEL`], and removed also when
 /// the test process ends without dropping them (a process-wide static, an abort): a small
 /// watchdog process runs `docker rm --force` then.
@@ -377,6 +378,8 @@ pub struct Container<K> {
     _watchdog: Watchdog,
     server: String,
     port: u16,
+    /// On the host's network (see [`ServerSpec::host_port`]).
+    on_host: bool,
     probe: Probe,
     startup_timeout: Duration,
     kind: K,
@@ -519,20 +522,53 @@ impl<K> Container<K> {
             _watchdog: watchdog,
             server: format!("{server} (container)"),
             port,
+            on_host: host_port.is_some(),
             probe,
             startup_timeout,
             kind,
         })
     }
 
+    /// Waits until the probe passes. On the host's network a port taken meanwhile shows
+    /// as the server's exit, not as the engine's refusal (and another server on that port
+    /// could answer the probe): the container must still run once the probe passes, and
+    /// its exit ends the wait at once, with its log.
     async fn wait_ready(&self) -> Result<(), ServerError> {
-        wait_ready(
+        let probing = wait_ready(
             &self.server,
             &self.probe,
             self.socket_addr(),
             self.startup_timeout,
-        )
-        .await
+        );
+        if !self.on_host {
+            return probing.await;
+        }
+        let exited = async {
+            while !matches!(self.is_running().await, Ok(false)) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        };
+        tokio::select! {
+            ready = probing => ready?,
+            () = exited => return Err(self.exit_error().await),
+        }
+        if self.is_running().await? {
+            Ok(())
+        } else {
+            Err(self.exit_error().await)
+        }
+    }
+
+    /// The start-up failure of a container that exited, with the end of its log.
+    async fn exit_error(&self) -> ServerError {
+        let log = self.container().stdout_to_vec().await.unwrap_or_default();
+        let log = String::from_utf8_lossy(&log);
+        let lines: Vec<&str> = log.lines().collect();
+        ServerError::Startup {
+            server: self.server.clone(),
+            detail: format!("it exited before serving on {}", self.socket_addr()),
+            log_tail: lines[lines.len().saturating_sub(20)..].join("\n"),
+        }
     }
 
     fn container(&self) -> &ContainerAsync<GenericImage> {
@@ -542,7 +578,7 @@ impl<K> Container<K> {
             .expect("the container until the handle is dropped")
     }
 
-    /// The client port, published on `127.0.0.1`.
+    /// The client port on `127.0.0.1`.
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -782,8 +818,9 @@ impl Container<Redis> {
     /// (bounded by `opts.startup_timeout`) until it answers `PING`: a data server of a
     /// [`RedisSentinelSet`](super::RedisSentinelSet) in containers, whose addresses the
     /// sentinels pass on to clients.
+    /// A port taken meanwhile (the server exits) is replaced by another, a few times.
     pub async fn start_on_host(opts: &RedisOptions, port: u16) -> Result<Self, ServerError> {
-        Self::start_with(opts, Some(port)).await
+        on_free_port(port, |port| Self::start_with(opts, Some(port))).await
     }
 
     /// Starts the image on its own network, its port 6379 published on a free loopback
@@ -851,27 +888,57 @@ impl Container<Sentinel> {
     /// the container, which the sentinel rewrites as it learns; its `dir` should be
     /// `/tmp`), and waits (bounded by `startup_timeout`) until it answers `PING`.
     pub async fn start_on_host(
-        config: &str,
+        config: impl Fn(u16) -> String,
         port: u16,
         startup_timeout: Duration,
     ) -> Result<Self, ServerError> {
-        let script = "printf '%s' \"$SENTINEL_CONF\" > /tmp/sentinel.conf && \
-                      exec redis-server /tmp/sentinel.conf --sentinel";
-        let config = config.to_owned();
-        let configure = move |image: GenericImage| {
-            image
-                .with_env_var("SENTINEL_CONF", config.clone())
-                .with_cmd(["sh", "-c", script])
-        };
-        let spec = ServerSpec {
-            server: "Redis Sentinel".to_owned(),
-            image: (REDIS_IMAGE_ENV, DEFAULT_REDIS_IMAGE),
-            internal: port,
-            probe: Probe::RedisPing { password: None },
-            startup_timeout,
-            host_port: Some(port),
-        };
-        Self::launch(spec, configure, Sentinel).await
+        // A restarted container keeps the file its sentinel rewrote (what it learned).
+        let script = "[ -s /tmp/sentinel.conf ] || printf '%s' \"$SENTINEL_CONF\" > \
+                      /tmp/sentinel.conf; exec redis-server /tmp/sentinel.conf --sentinel";
+        on_free_port(port, |port| {
+            let config = config(port);
+            let configure = move |image: GenericImage| {
+                image
+                    .with_env_var("SENTINEL_CONF", config.clone())
+                    .with_cmd(["sh", "-c", script])
+            };
+            let spec = ServerSpec {
+                server: "Redis Sentinel".to_owned(),
+                image: (REDIS_IMAGE_ENV, DEFAULT_REDIS_IMAGE),
+                internal: port,
+                probe: Probe::RedisPing { password: None },
+                startup_timeout,
+                host_port: Some(port),
+            };
+            Self::launch(spec, configure, Sentinel)
+        })
+        .await
+    }
+}
+
+/// Starts a container on the host's network with `start`, on `port` first; when the
+/// server exits because its port was taken meanwhile, again on another free port, a few
+/// times.
+async fn on_free_port<K, F>(
+    port: u16,
+    start: impl Fn(u16) -> F,
+) -> Result<Container<K>, ServerError>
+where
+    F: Future<Output = Result<Container<K>, ServerError>>,
+{
+    let mut port = port;
+    let mut attempt = 1;
+    loop {
+        match start(port).await {
+            Err(ServerError::Startup { log_tail, .. })
+                if attempt < PORT_ATTEMPTS && log_tail.contains("already in use") =>
+            {
+                debug!(port, "the chosen port was taken; trying another");
+                attempt += 1;
+                port = free_port()?;
+            }
+            started => return started,
+        }
     }
 }
 
