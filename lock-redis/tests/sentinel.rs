@@ -72,29 +72,6 @@ async fn until_on(
     }
 }
 
-/// Waits (at most 10 s) until `replicas` replicas of `primary` have everything it wrote
-/// (`WAIT`): a replica the sentinels have just pointed at it may still be synchronising.
-async fn replicated(primary: std::net::SocketAddr, replicas: u64) {
-    let admin = common::admin_at(&format!("redis://:{ADMIN_PASSWORD}@{primary}")).await;
-    common::wait_until(
-        Duration::from_secs(10),
-        "replicas acknowledging every write",
-        || {
-            let mut admin = admin.clone();
-            async move {
-                redis::cmd("WAIT")
-                    .arg(replicas)
-                    .arg(200)
-                    .query_async::<u64>(&mut admin)
-                    .await
-                    .unwrap_or_default()
-            }
-        },
-        |acknowledged| *acknowledged >= replicas,
-    )
-    .await;
-}
-
 #[tokio::test]
 async fn a_lock_follows_the_primary_through_failovers() {
     let mut set = start_set().await;
@@ -104,14 +81,14 @@ async fn a_lock_follows_the_primary_through_failovers() {
     let name = unique_name("sentinel");
     let primary = set.primary().await.unwrap();
     let (first, _) = until_on(&provider, &name, primary, Duration::ZERO).await;
-    replicated(primary, 2).await;
+    common::replicated(primary, 2).await.unwrap();
 
     // A promotion on demand: the old primary becomes a replica and refuses writes (until
     // the sentinels have told it so, it still takes them: Sentinel's window, whose grants
     // are lost with it).
     let promoted = set.failover().await.unwrap();
     let (second, promotion) = until_on(&provider, &name, promoted, Duration::from_secs(10)).await;
-    replicated(promoted, 1).await;
+    common::replicated(promoted, 1).await.unwrap();
 
     // A killed primary: the sentinels need their second to call it down.
     let (_, after_kill) = set.kill_primary().await.unwrap();
@@ -173,7 +150,9 @@ async fn a_queued_waiter_is_served_across_a_promotion() {
         |queued| *queued == 1,
     )
     .await;
-    replicated(set.primary().await.unwrap(), 2).await;
+    common::replicated(set.primary().await.unwrap(), 2)
+        .await
+        .unwrap();
 
     let promoted = set.failover().await.unwrap();
     // The holder keeps its lock (its lease outlasts the failover), then lets go on the new

@@ -20,7 +20,7 @@ use redis::AsyncCommands;
 
 use super::{
     ADMIN_PASSWORD, AdminFor, CLIENT_PASSWORD, TIMEOUT, admin_of, entries_by, failed, on_each,
-    session_cut, tag, timing, user_rules,
+    replicated, session_cut, tag, timing, user_rules,
 };
 
 /// The lease of the clients: longer than a failover (a primary called failing after the
@@ -202,13 +202,15 @@ impl Faults for ClusterHarness {
         Ok(())
     }
 
-    /// Kills each primary in turn, waiting after each until its replica serves its slots:
-    /// which one serves the case's lock is not known here, so every one fails over.
+    /// Kills each primary in turn, once its replica holds all it wrote, waiting after each
+    /// until the replica serves its slots: which one serves the case's lock is not known
+    /// here, so every one fails over.
     async fn kill_leader(&self) -> FaultResult {
         let mut set = self.set.lock().await;
         // The first slot of each primary's range as `redis-cli --cluster create` made them.
         for slot in [0, 5461, 10923] {
             let owner = set.owner_of(slot).await.map_err(failed)?;
+            replicated(set.nodes()[owner].socket_addr(), 1).await?;
             set.kill_and_fail_over(owner).await.map_err(failed)?;
         }
         Ok(())

@@ -372,6 +372,34 @@ pub(crate) async fn admin_of(address: std::net::SocketAddr) -> redis::aio::Conne
     admin_at(&format!("redis://:{ADMIN_PASSWORD}@{address}")).await
 }
 
+/// Waits (at most 10 s) until `replicas` replicas of the primary at `primary` hold all it
+/// wrote (`WAIT`): a failover then loses nothing. H5 asks that a holder keep its lock
+/// through a failover, which asynchronous replication promises only for writes that
+/// reached a replica (what it does not promise is measured apart: see the README's safety
+/// section); on a loaded machine, a grant a moment old had not always. A replica just
+/// pointed at a new primary may still be copying it.
+pub(crate) async fn replicated(primary: std::net::SocketAddr, replicas: usize) -> FaultResult {
+    let mut admin = admin_of(primary).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        // Short waits: the admin connection's requests time out.
+        let acknowledged: usize = redis::cmd("WAIT")
+            .arg(replicas)
+            .arg(200)
+            .query_async(&mut admin)
+            .await
+            .unwrap_or_default();
+        if acknowledged >= replicas {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(failed(format!(
+                "{acknowledged} of {replicas} replicas of {primary} caught up within 10 s"
+            )));
+        }
+    }
+}
+
 /// Runs the admin command `args` on the server at each of `addresses` (ACL changes, for
 /// one, are each server's own).
 pub(crate) async fn on_each(

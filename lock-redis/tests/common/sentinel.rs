@@ -20,7 +20,7 @@ use redis::AsyncCommands;
 
 use super::{
     ADMIN_PASSWORD, CLIENT_PASSWORD, TIMEOUT, admin_of, entries_at, failed, inspection_failed,
-    on_each, session_cut, tag, timing, user_rules,
+    on_each, replicated, session_cut, tag, timing, user_rules,
 };
 
 /// The lease of the clients: longer than a failover (the sentinels' second to call the
@@ -238,8 +238,9 @@ impl Faults for SentinelHarness {
         Ok(())
     }
 
-    /// Restarts the primary (too quickly for the sentinels to call it down): it comes back
-    /// empty, and so do its replicas once they have synchronised again.
+    /// Restarts the primary (as a process, too quickly for the sentinels to call it down;
+    /// a container may take long enough for a failover): it comes back empty, and so do its
+    /// replicas once they have synchronised again.
     async fn restart_server(&self) -> FaultResult {
         let mut set = self.set.lock().await;
         let index = set.primary_index().await.map_err(failed)?;
@@ -248,9 +249,13 @@ impl Faults for SentinelHarness {
         restore_users(&set, self.clients.load(Ordering::SeqCst)).await
     }
 
-    /// Kills the primary and waits until the sentinels have promoted a replica.
+    /// Kills the primary, once its replicas hold all it wrote, and waits until the
+    /// sentinels have promoted one of them.
     async fn kill_leader(&self) -> FaultResult {
-        self.set.lock().await.kill_primary().await.map_err(failed)?;
+        let mut set = self.set.lock().await;
+        let primary = set.primary().await.map_err(failed)?;
+        replicated(primary, set.data_servers().len() - 1).await?;
+        set.kill_primary().await.map_err(failed)?;
         Ok(())
     }
 
