@@ -154,7 +154,11 @@ async fn a_queued_waiter_is_served_across_a_promotion() {
         .await
         .unwrap();
 
+    let old = set.primary_index().await.unwrap();
     let promoted = set.failover().await.unwrap();
+    // Until the sentinels demote it, the old primary still takes writes, which are lost with
+    // it (Sentinel's window): a release there, and the grant it hands on, would vanish.
+    set.wait_until_replica(old).await.unwrap();
     // The holder keeps its lock (its lease outlasts the failover), then lets go on the new
     // primary, which hands the lock to the waiter queued there.
     let deadline = Instant::now() + Duration::from_secs(10);

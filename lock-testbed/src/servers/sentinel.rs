@@ -151,24 +151,25 @@ impl RedisSentinelSet {
         let began = Instant::now();
         // A primary waits 5 s by default before it sends a replica its first copy (for
         // more replicas to join the same transfer): each data server may become primary.
-        let server = opts
+        let mut server = opts
             .server
             .clone()
             .with_arg("--repl-diskless-sync-delay")
             .with_arg("0");
+        // Each may become a replica of another (the sentinels demote a primary they replaced).
+        if let Some(password) = &opts.server.password {
+            server = server.with_arg("--masterauth").with_arg(password.clone());
+        }
         let (primary, primary_address) = start_data_server(server.clone(), opts.servers).await?;
         let primary_port = primary_address.port();
         let mut data = vec![primary];
         let mut addresses = vec![primary_address];
         for _ in 0..opts.replicas {
-            let mut replica = server
+            let replica = server
                 .clone()
                 .with_arg("--replicaof")
                 .with_arg("127.0.0.1")
                 .with_arg(primary_port.to_string());
-            if let Some(password) = &opts.server.password {
-                replica = replica.with_arg("--masterauth").with_arg(password.clone());
-            }
             let (replica, address) = start_data_server(replica, opts.servers).await?;
             data.push(replica);
             addresses.push(address);
