@@ -373,7 +373,7 @@ pub async fn server_requests(backend: Backend, servers: &Servers) -> Option<u64>
         // Every server's, a cluster's nodes together.
         Backend::Redis => {
             let mut total = 0;
-            for client in servers.redis_servers().ok()? {
+            for client in servers.redis_servers().await.ok()? {
                 let mut connection = client.get_multiplexed_async_connection().await.ok()?;
                 let info: String = redis::cmd("INFO")
                     .arg("commandstats")
@@ -429,7 +429,7 @@ impl RedisKeys {
     pub(crate) async fn connect(servers: &Servers) -> Result<Option<Self>, LockError> {
         let failed = |e: redis::RedisError| bench_error(format!("checking leftovers: {e}"));
         let mut connections = Vec::new();
-        for client in servers.redis_servers()? {
+        for client in servers.redis_servers().await? {
             connections.push(
                 client
                     .get_multiplexed_async_connection()
@@ -801,7 +801,7 @@ async fn etcd_floors(
 async fn redis_floor(servers: &Servers, rounds: Rounds) -> Result<f64, LockError> {
     let list = format!("distlock-floor-{}", uuid::Uuid::new_v4().simple());
     let mut serving = None;
-    for client in servers.redis_servers()? {
+    for client in servers.redis_servers().await? {
         let mut pusher = client
             .get_multiplexed_async_connection()
             .await

@@ -257,29 +257,39 @@ impl Servers {
         self
     }
 
-    /// A client of each Redis server: the one server, or every node a cluster's URL names
-    /// (with its login); none without Redis.
+    /// A client of each Redis server: the one server, the primary the sentinels of a
+    /// `redis+sentinel://` URL name, or every node a cluster's URL names (with the URL's
+    /// login); none without Redis.
     ///
     /// # Errors
     ///
-    /// A URL that does not parse.
-    pub fn redis_servers(&self) -> Result<Vec<redis::Client>, LockError> {
+    /// A URL that does not parse; sentinels that name no primary.
+    pub async fn redis_servers(&self) -> Result<Vec<redis::Client>, LockError> {
         use redis::IntoConnectionInfo;
         let Some(url) = self.redis.as_deref() else {
             return Ok(Vec::new());
         };
         let failed = |e: redis::RedisError| LockError::config(format!("{url}: {e}"));
         let config = RedisConfig::from_url(url)?;
-        let Some(cluster) = &config.cluster else {
-            return Ok(vec![redis::Client::open(url).map_err(failed)?]);
-        };
-        let mut login = redis::RedisConnectionInfo::default();
+        let mut login = redis::RedisConnectionInfo::default().set_db(config.server.db);
         if let Some(user) = &config.server.username {
             login = login.set_username(user);
         }
         if let Some(password) = &config.server.password {
             login = login.set_password(password);
         }
+        if let Some(sentinel) = &config.sentinel {
+            let sentinels = sentinel.sentinels.iter().map(|at| format!("redis://{at}"));
+            let mut sentinels =
+                redis::sentinel::Sentinel::build(sentinels.collect::<Vec<_>>()).map_err(failed)?;
+            let node = redis::sentinel::SentinelNodeConnectionInfo::default()
+                .set_redis_connection_info(login);
+            let primary = sentinels.async_master_for(&sentinel.service, Some(&node));
+            return Ok(vec![primary.await.map_err(failed)?]);
+        }
+        let Some(cluster) = &config.cluster else {
+            return Ok(vec![redis::Client::open(url).map_err(failed)?]);
+        };
         cluster
             .urls()
             .into_iter()

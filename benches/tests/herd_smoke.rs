@@ -185,3 +185,56 @@ fn a_cluster_run_reports_the_redis_strategies() {
         "redis-pubsub: {wakeups} wake-ups per handoff is no herd"
     );
 }
+
+/// `--redis redis+sentinel://…`: the Redis strategies through the sentinels of a primary
+/// with two replicas (started here); the floor, the server requests and the leftovers are
+/// measured on the primary they name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_run_reports_the_redis_strategies() {
+    use lock_testbed::servers::{RedisSentinelOptions, RedisSentinelSet};
+
+    let set = RedisSentinelSet::start(RedisSentinelOptions::default())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("herd.json");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_herd"));
+    command
+        .args(["--redis", &set.url(None)])
+        .args(["--strategies", "redis-pubsub,redis-queue"])
+        .args([
+            "--contenders",
+            "3",
+            "--handoffs",
+            "10",
+            "--floor-rounds",
+            "5",
+        ])
+        .args(["--hold-ms", "10", "--json"])
+        .arg(&json);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .expect("the herd binary runs");
+    assert!(
+        output.status.success(),
+        "herd failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let runs: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(runs.len(), 2, "one object per strategy: {runs:?}");
+    let queue = runs
+        .iter()
+        .find(|run| run["strategy"] == "redis-queue")
+        .expect("a run of redis-queue");
+    let wakeups = queue["wakeups_per_handoff"].as_f64().unwrap();
+    assert!(
+        wakeups <= 1.05,
+        "redis-queue: {wakeups} wake-ups per handoff"
+    );
+    let requests = queue["server_requests_per_handoff"].as_f64().unwrap();
+    assert!(
+        requests > 1.0,
+        "redis-queue: {requests} server requests per handoff"
+    );
+}

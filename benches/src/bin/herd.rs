@@ -59,7 +59,8 @@ struct Args {
     /// An existing ZooKeeper (`zk://host:port,…` or `host:port,…`) instead of a local one.
     #[arg(long)]
     zk: Option<String>,
-    /// An existing Redis (`redis://host:port`) instead of a local one.
+    /// An existing Redis (`redis://host:port`, or a primary under Sentinel:
+    /// `redis+sentinel://s1,s2/SERVICE`) instead of a local one.
     #[arg(long, conflicts_with = "redis_cluster")]
     redis: Option<String>,
     /// The Redis strategies on a Redis Cluster: the one at URL (`redis+cluster://n1,n2,…`),
