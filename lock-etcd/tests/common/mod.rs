@@ -50,17 +50,23 @@ fn dir_of(prefix: &str, name: &str, suffix: &str) -> String {
     format!("{prefix}/{escaped}{suffix}/")
 }
 
-/// The keys under `dir`, in create-revision order.
+/// The keys under `dir`, in create-revision order. A listing that meets a connection to a
+/// member killed or restarted meanwhile (a broken pipe) is made again, for up to 5 s.
 pub(crate) async fn keys(admin: &EtcdClient, dir: &str) -> Vec<String> {
     let options = GetOptions::new()
         .with_prefix()
         .with_keys_only()
         .with_sort(SortTarget::Create, SortOrder::Ascend);
-    let found = admin
-        .kv_client()
-        .get(dir, Some(options))
-        .await
-        .expect("a listing");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let found = loop {
+        match admin.kv_client().get(dir, Some(options.clone())).await {
+            Ok(found) => break found,
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(error) => panic!("a listing: {error}"),
+        }
+    };
     found
         .kvs()
         .iter()
