@@ -29,13 +29,60 @@ const FIELDS: &[&str] = &[
     "fifo_violations",
 ];
 
+/// Runs `herd` with `args`, its JSON written into `dir`; the runs it reports.
+fn run_herd(args: &[&str], dir: &std::path::Path) -> Vec<Value> {
+    let json = dir.join("herd.json");
+    let output = Command::new(env!("CARGO_BIN_EXE_herd"))
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("the herd binary runs");
+    assert!(
+        output.status.success(),
+        "herd failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+}
+
+/// The run of `strategy` with `n` contenders.
+fn run_of<'r>(runs: &'r [Value], strategy: &str, n: u64) -> &'r Value {
+    runs.iter()
+        .find(|run| run["strategy"] == strategy && run["contenders"] == n)
+        .unwrap_or_else(|| panic!("no run of {strategy} N={n}"))
+}
+
+fn wakeups(runs: &[Value], strategy: &str, n: u64) -> f64 {
+    run_of(runs, strategy, n)["wakeups_per_handoff"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no wake-up count for {strategy} N={n}"))
+}
+
+/// The queue of `runs` at N = `n`: herd-free (one wake-up per handoff), FIFO, and with the
+/// server requests counted.
+fn queue_is_herd_free(runs: &[Value], n: u64) {
+    let queue = run_of(runs, "redis-queue", n);
+    let wakeups = queue["wakeups_per_handoff"].as_f64().unwrap();
+    assert!(
+        wakeups <= 1.05,
+        "redis-queue: {wakeups} wake-ups per handoff"
+    );
+    assert_eq!(queue["fifo_violations"].as_u64(), Some(0), "{queue}");
+    let requests = queue["server_requests_per_handoff"].as_f64().unwrap();
+    assert!(
+        requests > 1.0,
+        "redis-queue: {requests} server requests per handoff"
+    );
+}
+
 #[test]
 fn a_smoke_run_reports_every_strategy_and_the_herd() {
     let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("herd.json");
     let report = dir.path().join("report");
-    let output = Command::new(env!("CARGO_BIN_EXE_herd"))
-        .args([
+    let report_arg = report.to_str().unwrap();
+    let runs = run_herd(
+        &[
             "--contenders",
             "1,5",
             "--handoffs",
@@ -48,19 +95,11 @@ fn a_smoke_run_reports_every_strategy_and_the_herd() {
             // matter of timing.
             "--hold-ms",
             "10",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .arg("--report")
-        .arg(&report)
-        .output()
-        .expect("the herd binary runs");
-    assert!(
-        output.status.success(),
-        "herd failed: {}",
-        String::from_utf8_lossy(&output.stderr)
+            "--report",
+            report_arg,
+        ],
+        dir.path(),
     );
-    let runs: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let strategies = [
         "zk-single",
         "zk-children",
@@ -88,23 +127,14 @@ fn a_smoke_run_reports_every_strategy_and_the_herd() {
         assert!(run["throughput_per_s"].as_f64().unwrap() > 0.0, "{run}");
         assert!(run["floor_p50_us"].as_f64().unwrap() > 0.0, "{run}");
     }
-    let wakeups = |strategy: &str, n: u64| {
-        runs.iter()
-            .find(|run| run["strategy"] == strategy && run["contenders"] == n)
-            .and_then(|run| run["wakeups_per_handoff"].as_f64())
-            .unwrap_or_else(|| panic!("no wake-up count for {strategy} N={n}"))
-    };
     // Herd-free: one wake-up per handoff; herd: more, growing with N.
     for strategy in ["zk-predecessor", "redis-queue", "etcd-predecessor"] {
-        let w = wakeups(strategy, 5);
+        let w = wakeups(&runs, strategy, 5);
         assert!(w <= 1.05, "{strategy}: {w} wake-ups per handoff at N=5");
     }
     // FIFO: with 2 ms held per grant every waiter is queued long before the next release.
     for strategy in ["zk-predecessor", "redis-queue", "etcd-predecessor"] {
-        let run = runs
-            .iter()
-            .find(|run| run["strategy"] == strategy && run["contenders"] == 5)
-            .unwrap_or_else(|| panic!("no run of {strategy} N=5"));
+        let run = run_of(&runs, strategy, 5);
         assert_eq!(
             run["fifo_violations"].as_u64(),
             Some(0),
@@ -118,9 +148,9 @@ fn a_smoke_run_reports_every_strategy_and_the_herd() {
         "etcd-single",
         "etcd-prefix",
     ] {
-        let w = wakeups(strategy, 5);
+        let w = wakeups(&runs, strategy, 5);
         assert!(
-            w > 1.5 && w > wakeups(strategy, 1),
+            w > 1.5 && w > wakeups(&runs, strategy, 1),
             "{strategy}: {w} wake-ups per handoff at N=5 is no herd"
         );
     }
@@ -135,9 +165,8 @@ fn a_smoke_run_reports_every_strategy_and_the_herd() {
 #[test]
 fn a_cluster_run_reports_the_redis_strategies() {
     let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("herd.json");
-    let output = Command::new(env!("CARGO_BIN_EXE_herd"))
-        .args([
+    let runs = run_herd(
+        &[
             "--redis-cluster",
             "--strategies",
             "redis-pubsub,redis-queue",
@@ -149,41 +178,13 @@ fn a_cluster_run_reports_the_redis_strategies() {
             "10",
             "--hold-ms",
             "10",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("the herd binary runs");
-    assert!(
-        output.status.success(),
-        "herd failed: {}",
-        String::from_utf8_lossy(&output.stderr)
+        ],
+        dir.path(),
     );
-    let runs: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(runs.len(), 2, "one object per strategy: {runs:?}");
-    let run = |strategy: &str| {
-        runs.iter()
-            .find(|run| run["strategy"] == strategy)
-            .unwrap_or_else(|| panic!("no run of {strategy}"))
-    };
-    let queue = run("redis-queue");
-    let wakeups = queue["wakeups_per_handoff"].as_f64().unwrap();
-    assert!(
-        wakeups <= 1.05,
-        "redis-queue: {wakeups} wake-ups per handoff"
-    );
-    assert_eq!(queue["fifo_violations"].as_u64(), Some(0), "{queue}");
-    let requests = queue["server_requests_per_handoff"].as_f64().unwrap();
-    assert!(
-        requests > 1.0,
-        "redis-queue: {requests} server requests per handoff"
-    );
-    let pubsub = run("redis-pubsub");
-    let wakeups = pubsub["wakeups_per_handoff"].as_f64().unwrap();
-    assert!(
-        wakeups > 1.5,
-        "redis-pubsub: {wakeups} wake-ups per handoff is no herd"
-    );
+    queue_is_herd_free(&runs, 5);
+    let w = wakeups(&runs, "redis-pubsub", 5);
+    assert!(w > 1.5, "redis-pubsub: {w} wake-ups per handoff is no herd");
 }
 
 /// `--redis redis+sentinel://…`: the Redis strategies through the sentinels of a primary
@@ -196,45 +197,29 @@ async fn a_sentinel_run_reports_the_redis_strategies() {
     let set = RedisSentinelSet::start(RedisSentinelOptions::default())
         .await
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("herd.json");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_herd"));
-    command
-        .args(["--redis", &set.url(None)])
-        .args(["--strategies", "redis-pubsub,redis-queue"])
-        .args([
-            "--contenders",
-            "3",
-            "--handoffs",
-            "10",
-            "--floor-rounds",
-            "5",
-        ])
-        .args(["--hold-ms", "10", "--json"])
-        .arg(&json);
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .unwrap()
-        .expect("the herd binary runs");
-    assert!(
-        output.status.success(),
-        "herd failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let runs: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let url = set.url(None);
+    let runs = tokio::task::spawn_blocking(move || {
+        let dir = tempfile::tempdir().unwrap();
+        run_herd(
+            &[
+                "--redis",
+                &url,
+                "--strategies",
+                "redis-pubsub,redis-queue",
+                "--contenders",
+                "3",
+                "--handoffs",
+                "10",
+                "--floor-rounds",
+                "5",
+                "--hold-ms",
+                "10",
+            ],
+            dir.path(),
+        )
+    })
+    .await
+    .unwrap();
     assert_eq!(runs.len(), 2, "one object per strategy: {runs:?}");
-    let queue = runs
-        .iter()
-        .find(|run| run["strategy"] == "redis-queue")
-        .expect("a run of redis-queue");
-    let wakeups = queue["wakeups_per_handoff"].as_f64().unwrap();
-    assert!(
-        wakeups <= 1.05,
-        "redis-queue: {wakeups} wake-ups per handoff"
-    );
-    let requests = queue["server_requests_per_handoff"].as_f64().unwrap();
-    assert!(
-        requests > 1.0,
-        "redis-queue: {requests} server requests per handoff"
-    );
+    queue_is_herd_free(&runs, 3);
 }

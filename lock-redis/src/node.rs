@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use lock_core::{LockError, Metrics};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
 use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::{
     Client, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisConnectionInfo,
@@ -197,18 +196,8 @@ impl Node {
         metrics: Arc<Metrics>,
     ) -> Result<Self, LockError> {
         let clients = ClusterClients::new(cluster, server, timeout);
-        let built = clients
-            .client(false)
-            .and_then(|shared| Ok((shared, clients.client(true)?)));
-        let (shared, blocking) = built.map_err(|error| lock_error(backend, error, None))?;
         let address = cluster.nodes.join(",");
-        let subscriber = Subscriber::new(
-            Source::Cluster(clients),
-            timeout,
-            backend,
-            Arc::clone(&metrics),
-        );
-        match Link::cluster(shared, blocking, subscriber, address, timeout, backend).await {
+        match Link::cluster(clients, address, timeout, backend, &metrics).await {
             Ok(link) => Ok(Node::with(link, None, timeout, backend, metrics)),
             // The cluster client reports a refused login as a failed connection: a node
             // asked directly says which it is.
@@ -579,16 +568,19 @@ impl Link {
         })
     }
 
-    /// The connections to the cluster whose nodes `shared` (short requests, bounded by
-    /// `timeout`) and `blocking` (no response timeout) reach, named `address`.
+    /// The connections to the cluster `clients` reach, named `address`: short requests
+    /// (bounded by `timeout`) on one connection, blocking ones (no response timeout) on
+    /// connections of their own, the pub/sub waiters' on one subscriber.
     async fn cluster(
-        shared: ClusterClient,
-        blocking: ClusterClient,
-        subscriber: Subscriber,
+        clients: ClusterClients,
         address: String,
         timeout: Duration,
         backend: &'static str,
+        metrics: &Arc<Metrics>,
     ) -> Result<Self, LockError> {
+        let failed = |error| lock_error(backend, error, None);
+        let shared = clients.client(false).map_err(failed)?;
+        let blocking = clients.client(true).map_err(failed)?;
         let Ok(connected) = tokio::time::timeout(timeout, shared.get_async_connection()).await
         else {
             let message = format!("no connection to the cluster at {address} within {timeout:?}");
@@ -600,7 +592,12 @@ impl Link {
             manager: Shared::Cluster(manager),
             address,
             idle: Mutex::default(),
-            subscriber,
+            subscriber: Subscriber::new(
+                Source::Cluster(clients),
+                timeout,
+                backend,
+                Arc::clone(metrics),
+            ),
         })
     }
 }

@@ -270,9 +270,9 @@ impl Connection {
     /// may have died unnoticed) is tried once more on a new one. (A cluster connection
     /// mends its nodes' connections itself, and one shard's trouble is not the others'.)
     async fn join(&mut self, link: &Link, channel: &str) -> Result<Joined, redis::RedisError> {
-        let fresh = !matches!(self.live, Some(Live::Server(..)));
+        let earlier_server_connection = matches!(self.live, Some(Live::Server(..)));
         match self.join_once(link, channel).await {
-            Err(error) if !fresh => {
+            Err(error) if earlier_server_connection => {
                 tracing::debug!(%error, channel, "subscribe failed; on a new connection again");
                 self.join_once(link, channel).await
             }
@@ -296,14 +296,11 @@ impl Connection {
             });
         }
         link.metrics.record_server_requests(1);
-        match live {
-            Live::Server(sink, _) => {
-                if let Err(error) = within(link.timeout, sink.subscribe(channel)).await {
-                    self.drop_connection();
-                    return Err(error);
-                }
+        if let Err(error) = within(link.timeout, live.subscribe(channel)).await {
+            if matches!(live, Live::Server(..)) {
+                self.drop_connection();
             }
-            Live::Cluster(cluster, _) => within(link.timeout, cluster.ssubscribe(channel)).await?,
+            return Err(error);
         }
         let (sender, receiver) = broadcast::channel(BACKLOG);
         self.places += 1;
@@ -348,19 +345,31 @@ impl Connection {
             return;
         };
         link.metrics.record_server_requests(1);
-        let leaving = match live {
-            Live::Server(sink, _) => within(link.timeout, sink.unsubscribe(channel)).await,
-            Live::Cluster(cluster, _) => {
-                let leaving = within(link.timeout, cluster.sunsubscribe(channel)).await;
-                if leaving.is_ok() {
-                    *self.leaving.entry(channel.to_owned()).or_default() += 1;
-                }
-                leaving
-            }
-        };
+        let leaving = within(link.timeout, live.unsubscribe(channel)).await;
+        if leaving.is_ok() && matches!(live, Live::Cluster(..)) {
+            *self.leaving.entry(channel.to_owned()).or_default() += 1;
+        }
         if let Err(error) = leaving {
             tracing::debug!(%error, channel, "unsubscribe failed; dropping the connection");
             self.drop_connection();
+        }
+    }
+}
+
+impl Live {
+    /// `SUBSCRIBE`, or on a cluster `SSUBSCRIBE`, to `channel`.
+    async fn subscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
+        match self {
+            Live::Server(sink, _) => sink.subscribe(channel).await,
+            Live::Cluster(cluster, _) => cluster.ssubscribe(channel).await,
+        }
+    }
+
+    /// `UNSUBSCRIBE`, or on a cluster `SUNSUBSCRIBE`, from `channel`.
+    async fn unsubscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
+        match self {
+            Live::Server(sink, _) => sink.unsubscribe(channel).await,
+            Live::Cluster(cluster, _) => cluster.sunsubscribe(channel).await,
         }
     }
 }

@@ -20,7 +20,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{TTL, admin, config, keys_of, start_server, tag, wait_until};
+use common::{
+    TTL, admin, config, expect_renewals, keys_of, start_server, tag, valid_until, wait_until,
+};
 use lock_conformance::{Occupancy, unique_name};
 use lock_core::{Guard, LockError, LockProvider, LossReason, MetricsSnapshot};
 use lock_redis::{RedisLockProvider, RedisStrategy};
@@ -179,31 +181,6 @@ fn watch_loss(guard: &Guard) -> JoinHandle<(Option<LossReason>, Instant)> {
         let reason = lost.wait().await;
         (reason, Instant::now())
     })
-}
-
-fn valid_until(guard: &Guard) -> Instant {
-    Instant::from_std(guard.valid_until().expect("a lease guard has a validity"))
-}
-
-/// Waits until the watchdog has renewed `guard` `renewals` times (its validity moved on);
-/// returns the last validity. Panics if it does not within `bound`.
-async fn expect_renewals(guard: &Guard, renewals: usize, bound: Duration) -> Instant {
-    let began = Instant::now();
-    let mut last = valid_until(guard);
-    let mut seen = 0;
-    while seen < renewals {
-        assert!(
-            began.elapsed() < bound,
-            "{seen} renewals in {bound:?}, expected {renewals}"
-        );
-        sleep(Duration::from_millis(10)).await;
-        let now = valid_until(guard);
-        if now > last {
-            seen += 1;
-            last = now;
-        }
-    }
-    last
 }
 
 /// (1) A holder behind a proxy is cut off past its lease: its guard's lost signal fires once

@@ -67,6 +67,27 @@ macro_rules! strategy_cases {
 strategy_cases!(polling, RedisStrategy::Polling);
 strategy_cases!(pubsub, RedisStrategy::PubSub);
 
+/// The grants after a migration: `tokens` (the holder's, then the waiters' in the order
+/// served) increase, every waiter acquired and released, and at most one held at a time.
+async fn all_served(
+    tokens: &[u64],
+    waiting: Vec<tokio::task::JoinHandle<Result<(), lock_core::LockError>>>,
+    most: &std::sync::atomic::AtomicUsize,
+) {
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "tokens increase: {tokens:?}"
+    );
+    for waiter in waiting {
+        waiter
+            .await
+            .unwrap()
+            .expect("every waiter acquires and releases");
+    }
+    let most = most.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(most, 1, "one holder at a time");
+}
+
 /// The lock's slot moves to another primary while a holder holds it and three waiters
 /// wait, with a pause halfway through its keys (the lock's scripts meanwhile meet
 /// `TRYAGAIN`, its moved keys `ASK`): the holder keeps the lock, nobody else gets in, and after the release the
@@ -158,24 +179,8 @@ async fn a_slot_migrates_under_a_held_lock_with_waiters() {
         assert_eq!(index, expected, "served first come first served");
         tokens.push(token);
     }
-    assert!(
-        tokens.windows(2).all(|pair| pair[0] < pair[1]),
-        "tokens increase: {tokens:?}"
-    );
-    for waiter in waiting {
-        waiter
-            .await
-            .unwrap()
-            .expect("every waiter acquires and releases");
-    }
-    assert_eq!(most.load(Ordering::SeqCst), 1, "one holder at a time");
-    for _ in 0..100 {
-        if h.entries(&name).await.unwrap() == Entries::new(0, 0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(h.entries(&name).await.unwrap(), Entries::new(0, 0));
+    all_served(&tokens, waiting, &most).await;
+    common::expect_nothing_left(&h, &name).await;
 }
 
 /// How many subscribers the node at `node` counts on the sharded channel `channel`.
@@ -203,7 +208,7 @@ async fn pubsub_waiters_follow_their_channel_across_a_slot_migration() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
-    use lock_conformance::{Entries, Harness, Inspector, unique_name};
+    use lock_conformance::{Harness, unique_name};
 
     const WAITERS: usize = 3;
     const PROVIDERS: i64 = 2;
@@ -313,29 +318,13 @@ async fn pubsub_waiters_follow_their_channel_across_a_slot_migration() {
             "provider {index}'s waiters heard no release on the new primary"
         );
     }
-    assert!(
-        tokens.windows(2).all(|pair| pair[0] < pair[1]),
-        "tokens increase: {tokens:?}"
-    );
-    for waiter in waiting {
-        waiter
-            .await
-            .unwrap()
-            .expect("every waiter acquires and releases");
-    }
-    assert_eq!(most.load(Ordering::SeqCst), 1, "one holder at a time");
+    all_served(&tokens, waiting, &most).await;
     assert_eq!(
         subscribers_become(to, 0).await,
         0,
         "the waiters unsubscribed"
     );
-    for _ in 0..100 {
-        if h.entries(&name).await.unwrap() == Entries::new(0, 0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(h.entries(&name).await.unwrap(), Entries::new(0, 0));
+    common::expect_nothing_left(&h, &name).await;
 }
 
 /// The ACL rule the crate docs give for a user limited to the locks, with what they add on
@@ -379,8 +368,9 @@ async fn the_documented_acl_rule_is_enough_on_a_cluster() {
         let waiter = b.lock(&name).unwrap();
         let waiting =
             tokio::spawn(async move { waiter.acquire(Some(Duration::from_secs(10))).await });
-        // A renewal or two (every ttl/3); a queue waiter refreshes its place meanwhile.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Two confirmed renewals (every ttl/3); a queue waiter refreshes its place
+        // meanwhile.
+        common::expect_renewals(&held, 2, Duration::from_secs(4)).await;
         assert!(!held.is_lost(), "{strategy}: the holder's renewals failed");
         assert!(
             !waiting.is_finished(),

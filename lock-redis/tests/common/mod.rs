@@ -77,6 +77,47 @@ where
         .unwrap_or_else(|failure| panic!("{failure}"))
 }
 
+/// The end of `guard`'s lease, as this process sees it.
+pub(crate) fn valid_until(guard: &lock_core::Guard) -> tokio::time::Instant {
+    tokio::time::Instant::from_std(guard.valid_until().expect("a lease guard has a validity"))
+}
+
+/// Waits until the watchdog has renewed `guard` `renewals` times (its validity moved on);
+/// returns the last validity. Panics if it does not within `bound`.
+pub(crate) async fn expect_renewals(
+    guard: &lock_core::Guard,
+    renewals: usize,
+    bound: Duration,
+) -> tokio::time::Instant {
+    let began = tokio::time::Instant::now();
+    let mut last = valid_until(guard);
+    let mut seen = 0;
+    while seen < renewals {
+        assert!(
+            began.elapsed() < bound,
+            "{seen} renewals in {bound:?}, expected {renewals}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let now = valid_until(guard);
+        if now > last {
+            seen += 1;
+            last = now;
+        }
+    }
+    last
+}
+
+/// Waits (at most 5 s) until nothing of the lock `name` is left on `h`'s servers.
+pub(crate) async fn expect_nothing_left(h: &dyn Inspector, name: &str) {
+    wait_until(
+        Duration::from_secs(5),
+        "nothing left of the lock",
+        || async { h.entries(name).await.unwrap() },
+        |entries| *entries == Entries::new(0, 0),
+    )
+    .await;
+}
+
 /// How the tests run Redis: an admin password, and the ACL user limited to the lock keys.
 fn server_options() -> RedisOptions {
     RedisOptions::default()

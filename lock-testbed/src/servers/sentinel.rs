@@ -13,8 +13,8 @@ use super::probe::{Probe, redis_query};
 use super::process::{Instance, Launch, free_port, loopback, require_program};
 use super::redis::encode_userinfo;
 use super::{
-    DEFAULT_STARTUP_TIMEOUT, LocalServer, RedisOptions, RedisServer, RedisTarget, ServerError,
-    ServerMode, ServerProcess,
+    DEFAULT_STARTUP_TIMEOUT, RedisOptions, RedisServer, RedisTarget, ServerError, ServerMode,
+    ServerProcess,
 };
 
 const SENTINEL: &str = "Redis Sentinel";
@@ -92,8 +92,6 @@ impl RedisSentinelOptions {
 pub struct RedisSentinelSet {
     /// The first started as the primary; which one is primary now, the sentinels say.
     data: Vec<RedisTarget>,
-    /// Each data server's address, in the same order.
-    addresses: Vec<SocketAddr>,
     sentinels: Vec<SentinelNode>,
     opts: RedisSentinelOptions,
 }
@@ -116,24 +114,21 @@ impl SentinelNode {
     }
 }
 
-/// Starts a data server with `server` where `mode` says; its address.
+/// Starts a data server with `server` where `mode` says.
 async fn start_data_server(
     server: RedisOptions,
     mode: ServerMode,
-) -> Result<(RedisTarget, SocketAddr), ServerError> {
+) -> Result<RedisTarget, ServerError> {
     match mode {
-        ServerMode::Processes => {
-            let started = RedisServer::start(server).await?;
-            let address = started.socket_addr();
-            Ok((RedisTarget::from(started), address))
-        }
+        ServerMode::Processes => Ok(RedisTarget::from(RedisServer::start(server).await?)),
         #[cfg(feature = "testcontainers")]
         ServerMode::Containers => {
             let container =
                 super::containers::RedisContainer::start_on_host(&server, free_port()?).await?;
-            let address = container.socket_addr();
-            let target = RedisTarget::in_container(container.url(), Box::new(container));
-            Ok((target, address))
+            Ok(RedisTarget::in_container(
+                container.url(),
+                Box::new(container),
+            ))
         }
         #[cfg(not(feature = "testcontainers"))]
         ServerMode::Containers => Err(ServerError::Unsupported {
@@ -160,19 +155,16 @@ impl RedisSentinelSet {
         if let Some(password) = &opts.server.password {
             server = server.with_arg("--masterauth").with_arg(password.clone());
         }
-        let (primary, primary_address) = start_data_server(server.clone(), opts.servers).await?;
-        let primary_port = primary_address.port();
+        let primary = start_data_server(server.clone(), opts.servers).await?;
+        let primary_port = address(&primary)?.port();
         let mut data = vec![primary];
-        let mut addresses = vec![primary_address];
         for _ in 0..opts.replicas {
             let replica = server
                 .clone()
                 .with_arg("--replicaof")
                 .with_arg("127.0.0.1")
                 .with_arg(primary_port.to_string());
-            let (replica, address) = start_data_server(replica, opts.servers).await?;
-            data.push(replica);
-            addresses.push(address);
+            data.push(start_data_server(replica, opts.servers).await?);
         }
         // The sentinels' failover timeout is 2 s: a sentinel starts no failover of a primary
         // within twice that of its last one, so that a primary killed soon after a failover
@@ -184,7 +176,10 @@ impl RedisSentinelSet {
         let peers = (0..opts.sentinels)
             .map(|_| Ok((free_port()?, sentinel_id())))
             .collect::<Result<Vec<_>, ServerError>>()?;
-        let replicas: Vec<u16> = addresses[1..].iter().map(SocketAddr::port).collect();
+        let replicas = data[1..]
+            .iter()
+            .map(|replica| Ok(address(replica)?.port()))
+            .collect::<Result<Vec<u16>, ServerError>>()?;
         let mut sentinels = Vec::with_capacity(opts.sentinels);
         for index in 0..opts.sentinels {
             let known = Known {
@@ -196,7 +191,6 @@ impl RedisSentinelSet {
         }
         let set = RedisSentinelSet {
             data,
-            addresses,
             sentinels,
             opts,
         };
@@ -243,8 +237,11 @@ impl RedisSentinelSet {
     }
 
     /// The data servers' addresses (`127.0.0.1:port`), in the same order.
-    pub fn data_addresses(&self) -> &[SocketAddr] {
-        &self.addresses
+    pub fn data_addresses(&self) -> Vec<SocketAddr> {
+        self.data
+            .iter()
+            .filter_map(RedisTarget::socket_addr)
+            .collect()
     }
 
     /// The primary as the first sentinel that answers names it.
@@ -357,9 +354,9 @@ impl RedisSentinelSet {
     }
 
     fn index_of(&self, address: SocketAddr) -> Result<usize, ServerError> {
-        self.addresses
+        self.data
             .iter()
-            .position(|own| *own == address)
+            .position(|own| own.socket_addr() == Some(address))
             .ok_or_else(|| {
                 protocol(format!(
                     "the sentinels name {address} as primary, not one of the set"
@@ -368,11 +365,12 @@ impl RedisSentinelSet {
     }
 
     fn address_of(&self, index: usize) -> Result<SocketAddr, ServerError> {
-        let len = self.addresses.len();
-        self.addresses
+        let len = self.data.len();
+        let member = self
+            .data
             .get(index)
-            .copied()
-            .ok_or(ServerError::NoSuchMember { index, len })
+            .ok_or(ServerError::NoSuchMember { index, len })?;
+        address(member)
     }
 
     fn member_mut(&mut self, index: usize) -> Result<&mut RedisTarget, ServerError> {
@@ -493,6 +491,13 @@ impl RedisSentinelSet {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// A data server's address (every one is started here, so it has one).
+fn address(server: &RedisTarget) -> Result<SocketAddr, ServerError> {
+    server.socket_addr().ok_or_else(|| ServerError::NotRunning {
+        server: "Redis".to_owned(),
+    })
 }
 
 fn protocol(detail: String) -> ServerError {
