@@ -45,7 +45,10 @@ pub struct ZkOptions {
     /// its log file): `/usr/share/java/slf4j-simple.jar` by default.
     pub logging_jar: Option<PathBuf>,
     /// JVM options: `-Xmx256m -XX:+UseSerialGC -Dzookeeper.jmx.log4j.disable=true
-    /// -Djava.net.preferIPv4Stack=true` by default.
+    /// -Djava.net.preferIPv4Stack=true -Dzookeeper.electionPortBindRetry=30` by default.
+    /// The last lets an ensemble member restarted on its ports wait up to 30 s (a try a
+    /// second, not 3) for an election port that an outgoing connection's kernel-chosen
+    /// source port holds meanwhile: with tests side by side, one member exited on that.
     pub jvm_args: Vec<String>,
     /// Extra `zoo.cfg` lines (`key=value`), written after the defaults (so they win).
     pub config: Vec<(String, String)>,
@@ -65,6 +68,7 @@ impl Default for ZkOptions {
                 "-XX:+UseSerialGC",
                 "-Dzookeeper.jmx.log4j.disable=true",
                 "-Djava.net.preferIPv4Stack=true",
+                "-Dzookeeper.electionPortBindRetry=30",
             ]
             .map(String::from)
             .to_vec(),
