@@ -138,10 +138,8 @@ impl EtcdLock {
             if deadline.is_immediate() || deadline.has_passed() {
                 return Ok(None);
             }
-            if !queue
-                .wait_for_delete(session, Watched::Key(key), revision, deadline)
-                .await?
-            {
+            let woken = queue.wait_for_delete(session, Watched::Key(key), revision, deadline);
+            if woken.await?.is_none() {
                 return Ok(None);
             }
             wakeups.woke();

@@ -18,7 +18,8 @@
 //!
 //! Each look reads its own key and the blocking keys in one transaction, at one revision,
 //! and the watch starts just after that revision: a deletion between the look and the
-//! watch is not missed.
+//! watch is not missed. A look is serializable, answered from the member's applied state,
+//! whenever that state has reached what the contender knows (see [`Queue::look`]).
 
 use std::sync::Arc;
 
@@ -171,8 +172,10 @@ impl Queue {
     ) -> Result<Option<i64>, LockError> {
         let mine = self.create(session, entry, deadline).await?;
         let mut wakeups = Wakeups::new(&self.shared.metrics);
+        // The newest revision this contender knows of: a look must see at least that far.
+        let mut known = mine;
         loop {
-            let looked = self.look(session, &entry.key, mine, blockers, deadline);
+            let looked = self.look(session, &entry.key, mine, known, blockers, deadline);
             let (nearest, revision) = match looked.await? {
                 Turn::Held => return Ok(Some(mine)),
                 Turn::Blocked { nearest, revision } => (nearest, revision),
@@ -188,11 +191,12 @@ impl Queue {
                 EtcdStrategy::Predecessor => Watched::Prefix(blockers.dir),
                 _ => Watched::Prefix(&self.dir),
             };
-            if !self
+            match self
                 .wait_for_delete(session, watched, revision, deadline)
                 .await?
             {
-                return Ok(None);
+                Some(deleted) => known = known.max(deleted),
+                None => return Ok(None),
             }
             wakeups.woke();
         }
@@ -225,33 +229,36 @@ impl Queue {
         created_or_found(&answer).ok_or_else(|| self.place_gone())
     }
 
-    /// One look at the queue, at one revision: whether our key still stands, and the
-    /// blocking keys before it (at most `admits` of them, nearest first).
+    /// One look at the queue, at one revision no older than `known`: whether our key still
+    /// stands, and the blocking keys before it (at most `admits` of them, nearest first).
+    ///
+    /// The look is first made serializable: the member answers from the state it has
+    /// applied, without the leader's confirmation that a linearizable read waits for (behind
+    /// the disk writes queued before it, such as the releaser's next create). That is sound:
+    /// a member applies only committed revisions, and a turn seen at any committed revision
+    /// lasts while our key stands, as no key created later can get ahead of ours. A member
+    /// behind `known` — before our create, or before the deletion that woke us — would only
+    /// report our key missing or the deleted blocker present, so then the look is made again,
+    /// linearizable.
     async fn look(
         &self,
         session: &Session,
         key: &str,
         mine: i64,
+        known: i64,
         blockers: Blockers<'_>,
         deadline: &Deadline,
     ) -> Result<Turn, LockError> {
-        let before = GetOptions::new()
-            .with_prefix()
-            .with_max_create_revision(mine - 1)
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(i64::from(blockers.admits))
-            .with_keys_only();
-        let txn = Txn::new().and_then([
-            TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
-            TxnOp::get(blockers.dir, Some(before)),
-        ]);
-        let answer = session
-            .read(self.name.as_str(), deadline, || {
-                let mut kv = session.client.kv_client();
-                let txn = txn.clone();
-                async move { kv.txn(txn).await }
-            })
-            .await?;
+        let answer = self.look_at(session, key, mine, blockers, Read::Serializable, deadline);
+        let mut answer = answer.await?;
+        if answer
+            .header()
+            .is_none_or(|header| header.revision() < known)
+        {
+            answer = self
+                .look_at(session, key, mine, blockers, Read::Linearizable, deadline)
+                .await?;
+        }
         let revision = answer.header().map_or(0, |header| header.revision());
         let mut answers = answer.op_responses().into_iter();
         let own = answers.next().and_then(|own| kvs(own).into_iter().next());
@@ -269,15 +276,49 @@ impl Queue {
         })
     }
 
-    /// Waits for a deletion after `revision` of what `watched` names: `true` once one
-    /// happened (or the watch broke: look again), `false` at the deadline.
+    /// The transaction behind [`look`](Self::look), read as `read` says.
+    async fn look_at(
+        &self,
+        session: &Session,
+        key: &str,
+        mine: i64,
+        blockers: Blockers<'_>,
+        read: Read,
+        deadline: &Deadline,
+    ) -> Result<TxnResponse, LockError> {
+        let options = || match read {
+            Read::Serializable => GetOptions::new().with_serializable(),
+            Read::Linearizable => GetOptions::new(),
+        };
+        let before = options()
+            .with_prefix()
+            .with_max_create_revision(mine - 1)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(i64::from(blockers.admits))
+            .with_keys_only();
+        let txn = Txn::new().and_then([
+            TxnOp::get(key, Some(options().with_keys_only())),
+            TxnOp::get(blockers.dir, Some(before)),
+        ]);
+        session
+            .read(self.name.as_str(), deadline, || {
+                let mut kv = session.client.kv_client();
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            })
+            .await
+    }
+
+    /// Waits for a deletion after `revision` of what `watched` names: once one happened, the
+    /// revision it happened at (or `revision` itself when the watch broke: look again);
+    /// `None` at the deadline.
     pub(crate) async fn wait_for_delete(
         &self,
         session: &Session,
         watched: Watched<'_>,
         revision: i64,
         deadline: &Deadline,
-    ) -> Result<bool, LockError> {
+    ) -> Result<Option<i64>, LockError> {
         let mut options = WatchOptions::new()
             .with_start_revision(revision + 1)
             .with_filters([WatchFilterType::NoPut]);
@@ -298,24 +339,26 @@ impl Queue {
         loop {
             let message = tokio::select! {
                 message = stream.message() => message,
-                () = deadline.sleep() => return Ok(false),
+                () = deadline.sleep() => return Ok(None),
                 () = session.over.wait() => return Err(LockError::SessionExpired {
                     backend: BACKEND,
                     name: Some(self.name.to_string()),
                 }),
             };
             match message {
-                Ok(Some(answer)) if answer.canceled() => return Ok(true),
+                Ok(Some(answer)) if answer.canceled() => return Ok(Some(revision)),
                 Ok(Some(answer)) => {
-                    if answer
+                    let deleted = answer
                         .events()
                         .iter()
-                        .any(|e| e.event_type() == EventType::Delete)
-                    {
-                        return Ok(true);
+                        .filter(|event| event.event_type() == EventType::Delete)
+                        .filter_map(|event| event.kv().map(|kv| kv.mod_revision()))
+                        .max();
+                    if let Some(deleted) = deleted {
+                        return Ok(Some(deleted));
                     }
                 }
-                Ok(None) | Err(_) => return Ok(true),
+                Ok(None) | Err(_) => return Ok(Some(revision)),
             }
         }
     }
@@ -331,6 +374,15 @@ impl Queue {
             source: None,
         }
     }
+}
+
+/// How a look reads the queue.
+#[derive(Clone, Copy)]
+enum Read {
+    /// From the member's applied state, whatever its revision.
+    Serializable,
+    /// At the cluster's latest revision, confirmed by the leader.
+    Linearizable,
 }
 
 /// What a waiter watches.
