@@ -20,19 +20,78 @@ use tracing::{debug, info, warn};
 use super::ServerError;
 use super::probe::Probe;
 
-/// Ports handed out by [`free_port`] in this process, so that two servers started at the
-/// same moment never get the same one.
-static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+/// Ports handed out by [`free_port`] in this process, and where it looks next.
+static PORTS: Mutex<Ports> = Mutex::new(Ports {
+    handed_out: BTreeSet::new(),
+    next: None,
+});
 
-/// A free TCP port on 127.0.0.1: binds port 0, reads the port back and closes the listener.
+struct Ports {
+    /// Never handed out twice, so that two servers started at the same moment, or one
+    /// restarted on its port, never meet another server of this process there.
+    handed_out: BTreeSet<u16>,
+    /// The next port to try, from a random start in [`server_ports`].
+    next: Option<u16>,
+}
+
+/// How many ports [`free_port`] takes its ports from, at most.
+const SERVER_PORT_SPAN: u16 = 16_384;
+
+/// The ports that [`free_port`] hands out: those just below the kernel's range for the source
+/// ports of outgoing connections (`ip_local_port_range`, 32768 and up by default). A port in
+/// that range can be taken by any client's connection while its server is down for a restart
+/// (it happened to a ZooKeeper member's election port); below it, only another server can.
+fn server_ports() -> std::ops::Range<u16> {
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    ephemeral_start.saturating_sub(SERVER_PORT_SPAN).max(1_024)..ephemeral_start
+}
+
+/// A free TCP port on 127.0.0.1 for a server: one that binds now, below the range of
+/// outgoing connections' source ports (see [`server_ports`]), taken in turn from a random
+/// start so that processes started side by side rarely try the same ones.
 ///
 /// Never returns the same port twice in one process. Another process may still take the
 /// port before the server binds it; that race is accepted (the start-up then fails with
 /// the server's own "address in use" in the log).
 pub fn free_port() -> Result<u16, ServerError> {
-    let mut handed_out = HANDED_OUT
+    let mut ports = PORTS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let range = server_ports();
+    if range.len() < 1_000 {
+        return any_free_port(&mut ports.handed_out);
+    }
+    let mut next = ports
+        .next
+        .filter(|port| range.contains(port))
+        .unwrap_or_else(|| fastrand::u16(range.clone()));
+    for _ in 0..range.len() {
+        let port = next;
+        next = if next + 1 >= range.end {
+            range.start
+        } else {
+            next + 1
+        };
+        if ports.handed_out.contains(&port)
+            || TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_err()
+        {
+            continue;
+        }
+        ports.handed_out.insert(port);
+        ports.next = Some(next);
+        return Ok(port);
+    }
+    Err(ServerError::Io(std::sync::Arc::new(std::io::Error::other(
+        format!("no free port on 127.0.0.1 in {range:?}"),
+    ))))
+}
+
+/// A free port the kernel picks (binding port 0), for a machine whose range of source ports
+/// leaves no room below it.
+fn any_free_port(handed_out: &mut BTreeSet<u16>) -> Result<u16, ServerError> {
     for _ in 0..100 {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
         let port = listener.local_addr()?.port();
