@@ -21,7 +21,10 @@
 //!   measurements;
 //! - [`lease_guard`]: for a backend whose grants are leases (a key with an expiry), the
 //!   guard and the watchdog that renews it; the backend writes the [`Lease`] (renew,
-//!   release).
+//!   release);
+//! - [`entry_guard`]: for a backend whose grants are entries its session owns (a node, a
+//!   key on a session's lease), the guard; the backend writes the [`HeldEntry`] (delete if
+//!   still the grant's, clean up in the background) and a watch on the entry.
 //!
 //! ```
 //! use std::time::Duration;
@@ -80,9 +83,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
+mod entry;
 mod lease;
 mod session_slot;
 
+pub use entry::{HeldEntry, Removal, RemovalError, entry_guard};
 pub use lease::{Lease, Renewal, lease_guard, release_in_background};
 pub use session_slot::{SessionSlot, SlotSession};
 

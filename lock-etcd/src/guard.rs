@@ -2,17 +2,16 @@
 //! error, or a guard dropped without release.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, EventType, Txn, TxnOp, TxnResponse, WatchOptions};
-use lock_core::kit::{Abandon, Retry, retry_in_background};
-use lock_core::{
-    Deadline, FencingToken, Guard, GuardBackend, LockError, LockName, LossReason, LostSignal,
-    lost_signal,
+use lock_core::kit::{
+    Abandon, HeldEntry, Removal, RemovalError, Retry, entry_guard, retry_in_background,
 };
+use lock_core::{Deadline, FencingToken, Guard, LockError, LockName, lost_signal};
 use tokio::sync::watch;
 
 use crate::error::BACKEND;
@@ -161,25 +160,15 @@ pub(crate) fn grant(
         });
     };
     session.metrics.record_grant();
-    let releasing = Arc::new(AtomicBool::new(false));
-    let watched = Arc::clone(&releasing);
-    let (watching, key) = (Arc::downgrade(session), entry.key.clone());
-    tokio::spawn(async move {
-        if watch_own_key(watching, key, revision).await && !watched.load(Ordering::Acquire) {
-            notifier.fire(LossReason::EntryRemoved);
-        }
-    });
-    let backend = EtcdGuard {
-        entry: Some(entry),
+    let deleted = watch_own_key(Arc::downgrade(session), entry.key.clone(), revision);
+    let held = HeldKey {
+        entry,
         name: name.to_string(),
         revision,
         registration,
-        releasing,
-        in_doubt: false,
-        lost: lost.clone(),
     };
     let token = FencingToken(u64::try_from(revision).unwrap_or_default());
-    Ok(Guard::new(name.clone(), token, lost, Box::new(backend)))
+    Ok(entry_guard(name, token, held, (notifier, lost), deleted))
 }
 
 /// Whether the key created at `revision` was deleted (or replaced); `false` when the session
@@ -261,50 +250,40 @@ async fn key_changed(
     ))
 }
 
-/// The backend side of an etcd guard.
-struct EtcdGuard {
-    /// The key; taken by a release or a drop.
-    entry: Option<Entry>,
+/// A granted key, as its guard releases it.
+struct HeldKey {
+    entry: Entry,
     name: String,
     revision: i64,
     registration: u64,
-    releasing: Arc<AtomicBool>,
-    /// A delete of ours was sent and its outcome never learned: the key may be gone by our
-    /// own hand.
-    in_doubt: bool,
-    lost: LostSignal,
 }
 
-impl EtcdGuard {
-    fn lost_error(&self, reason: LossReason) -> LockError {
-        self.lost.error(BACKEND, &self.name, reason)
-    }
-}
-
-impl fmt::Debug for EtcdGuard {
+impl fmt::Debug for HeldKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdGuard")
-            .field("key", &self.entry.as_ref().map(|entry| &entry.key))
+        f.debug_struct("HeldKey")
+            .field("key", &self.entry.key)
             .field("revision", &self.revision)
             .finish()
     }
 }
 
+impl HeldKey {
+    fn session(&self) -> Option<Arc<Session>> {
+        self.entry.session.upgrade()
+    }
+}
+
 #[async_trait]
-impl GuardBackend for EtcdGuard {
+impl HeldEntry for HeldKey {
     fn backend(&self) -> &'static str {
         BACKEND
     }
 
-    async fn release(&mut self) -> Result<(), LockError> {
-        let Some(entry) = self.entry.as_ref() else {
-            return Ok(());
+    async fn remove(&mut self) -> Result<Removal, RemovalError> {
+        let Some(session) = self.session().filter(|session| !session.is_over()) else {
+            return Err(RemovalError::SessionOver);
         };
-        let Some(session) = entry.session.upgrade().filter(|s| !s.is_over()) else {
-            return Err(self.lost_error(LossReason::SessionExpired));
-        };
-        self.releasing.store(true, Ordering::Release);
-        let key = entry.key.as_str();
+        let key = self.entry.key.as_str();
         let txn = Txn::new()
             .when([Compare::create_revision(
                 key,
@@ -312,45 +291,26 @@ impl GuardBackend for EtcdGuard {
                 self.revision,
             )])
             .and_then([TxnOp::delete(key, None)]);
-        let was_in_doubt = self.in_doubt;
-        // A delete once sent may have been applied, even if its reply never comes.
-        self.in_doubt = true;
         let mut kv = session.client.kv_client();
         match session.ask(&self.name, kv.txn(txn)).await {
-            Ok(answer) => {
-                session.unregister(self.registration);
-                self.entry = None;
-                if answer.succeeded() || was_in_doubt {
-                    Ok(())
-                } else {
-                    Err(self.lost_error(LossReason::EntryRemoved))
-                }
-            }
-            Err(error @ LockError::Connection { .. }) => Err(error),
-            Err(error) => {
-                self.in_doubt = was_in_doubt;
-                if !was_in_doubt {
-                    self.releasing.store(false, Ordering::Release);
-                }
-                Err(error)
-            }
+            Ok(answer) if answer.succeeded() => Ok(Removal::Removed),
+            Ok(_) => Ok(Removal::Gone),
+            Err(error @ LockError::Connection { .. }) => Err(RemovalError::Unknown(error)),
+            Err(error) => Err(RemovalError::Failed(error)),
         }
     }
 
-    fn release_on_drop(mut self: Box<Self>) {
-        self.releasing.store(true, Ordering::Release);
-        if let Some(entry) = self.entry.take() {
-            if let Some(session) = entry.session.upgrade() {
-                session.unregister(self.registration);
-            }
-            entry.abandon();
+    fn forget(&self) {
+        if let Some(session) = self.session() {
+            session.unregister(self.registration);
         }
+    }
+
+    fn abandon(self: Box<Self>) {
+        self.entry.abandon();
     }
 
     fn is_suspect(&self) -> bool {
-        self.entry
-            .as_ref()
-            .and_then(|entry| entry.session.upgrade())
-            .is_some_and(|session| session.is_suspect())
+        self.session().is_some_and(|session| session.is_suspect())
     }
 }

@@ -4,16 +4,14 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::kit::{Abandon, Cleanup, Retry, retry_in_background};
-use lock_core::{
-    Deadline, Guard, GuardBackend, LockError, LockName, LossReason, LostNotifier, LostSignal,
-    Metrics, lost_signal,
+use lock_core::kit::{
+    Abandon, Cleanup, HeldEntry, Removal, RemovalError, Retry, entry_guard, retry_in_background,
 };
+use lock_core::{Deadline, Guard, LockName, Metrics, lost_signal};
 use uuid::Uuid;
 use zookeeper_client::{Error as ZkError, EventType, WatchedEvent};
 
@@ -201,16 +199,13 @@ pub(crate) fn grant(
     shared.metrics.record_grant();
     let (notifier, lost) = lost_signal();
     let registration = session.register(notifier.clone(), asked);
-    let releasing = Arc::new(AtomicBool::new(false));
-    tokio::spawn(watch_own_node(
+    let deleted = watch_own_node(
         Arc::downgrade(session),
         Arc::clone(&shared.metrics),
         path.clone(),
         own_watch,
-        notifier,
-        Arc::clone(&releasing),
-    ));
-    let backend = ZkGuard {
+    );
+    let node = HeldNode {
         session: Arc::downgrade(session),
         metrics: Arc::clone(&shared.metrics),
         name: name.to_string(),
@@ -218,58 +213,46 @@ pub(crate) fn grant(
         czxid,
         checked,
         registration,
-        releasing,
-        in_doubt: false,
-        lost: lost.clone(),
     };
-    Guard::new(name.clone(), token(czxid), lost, Box::new(backend))
+    entry_guard(name, token(czxid), node, (notifier, lost), deleted)
 }
 
-/// Fires the lost signal if the node goes away while nobody is releasing it. `set` is a
-/// watch on the node that the waiter already holds, if it does.
+/// Whether the node went away (`false` when the session's end came first: its monitor
+/// reports that). `set` is a watch on the node that the waiter already holds, if it does.
 async fn watch_own_node(
     session: Weak<Session>,
     metrics: Arc<Metrics>,
     path: String,
     mut set: Option<OwnNodeWatch>,
-    notifier: LostNotifier,
-    releasing: Arc<AtomicBool>,
-) {
-    // A deletion is a loss only while nobody is releasing the node.
-    let deleted = || {
-        if !releasing.load(Ordering::Acquire) {
-            notifier.fire(LossReason::EntryRemoved);
-        }
-    };
+) -> bool {
     loop {
         let watch = match set.take() {
             Some(watch) => watch,
             None => {
                 let Some(session) = session.upgrade() else {
-                    return;
+                    return false;
                 };
                 metrics.record_server_requests(1);
                 // Boxed: the task lives as long as the guard, and its state should hold the
                 // small watch, not this request's larger future.
                 match Box::pin(session.client.get_and_watch_data(&path)).await {
                     Ok((_, _, watcher)) => Box::pin(watcher.changed()) as OwnNodeWatch,
-                    Err(ZkError::NoNode) => return deleted(),
-                    // The session's monitor reports session-level losses.
-                    Err(_) => return,
+                    Err(ZkError::NoNode) => return true,
+                    Err(_) => return false,
                 }
             }
         };
         match watch.await.event_type {
-            EventType::NodeDeleted => return deleted(),
-            EventType::Session => return,
+            EventType::NodeDeleted => return true,
+            EventType::Session => return false,
             // Data or children changed: watch again.
             _ => {}
         }
     }
 }
 
-/// The backend side of a ZooKeeper guard.
-struct ZkGuard {
+/// A granted node, as its guard releases it.
+struct HeldNode {
     /// Weak: a guard never keeps its session open (the provider is the session).
     session: Weak<Session>,
     metrics: Arc<Metrics>,
@@ -279,22 +262,11 @@ struct ZkGuard {
     /// The single-node lock's path is shared: delete only after checking owner and czxid.
     checked: bool,
     registration: u64,
-    releasing: Arc<AtomicBool>,
-    /// A delete of ours was sent and its outcome never learned: the node may be gone by
-    /// our own hand.
-    in_doubt: bool,
-    lost: LostSignal,
 }
 
-impl ZkGuard {
-    fn lost_error(&self, reason: LossReason) -> LockError {
-        self.lost.error(BACKEND, &self.name, reason)
-    }
-}
-
-impl fmt::Debug for ZkGuard {
+impl fmt::Debug for HeldNode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ZkGuard")
+        f.debug_struct("HeldNode")
             .field("path", &self.path)
             .field("czxid", &self.czxid)
             .finish()
@@ -302,97 +274,73 @@ impl fmt::Debug for ZkGuard {
 }
 
 #[async_trait]
-impl GuardBackend for ZkGuard {
+impl HeldEntry for HeldNode {
     fn backend(&self) -> &'static str {
         BACKEND
     }
 
-    async fn release(&mut self) -> Result<(), LockError> {
-        let Some(session) = self.session.upgrade() else {
-            return Err(self.lost_error(LossReason::SessionExpired));
+    async fn remove(&mut self) -> Result<Removal, RemovalError> {
+        let Some(session) = self.session.upgrade().filter(|session| !session.is_over()) else {
+            return Err(RemovalError::SessionOver);
         };
-        if session.is_over() {
-            return Err(self.lost_error(LossReason::SessionExpired));
-        }
-        self.releasing.store(true, Ordering::Release);
+        let client = &session.client;
         self.metrics
             .record_server_requests(1 + u64::from(self.checked));
-        // A delete once sent may have been applied, even if its reply never comes (lost,
-        // or this future dropped): until a reply says otherwise, the node's absence is ours.
-        let was_in_doubt = self.in_doubt;
-        let result = if self.checked {
-            match session.client.check_stat(&self.path).await {
+        let mut version = None;
+        if self.checked {
+            match client.check_stat(&self.path).await {
                 Ok(Some(stat))
                     if stat.ephemeral_owner == session.id && stat.czxid == self.czxid =>
                 {
-                    self.in_doubt = true;
-                    session.client.delete(&self.path, Some(stat.version)).await
+                    version = Some(stat.version);
                 }
-                Ok(_) => Err(ZkError::NoNode),
-                Err(error) => Err(error),
+                Ok(_) => return Ok(Removal::Gone),
+                Err(error) => return Err(self.failed(error, false)),
             }
-        } else {
-            self.in_doubt = true;
-            session.client.delete(&self.path, None).await
-        };
-        match result {
-            Ok(()) => {
-                session.unregister(self.registration);
-                Ok(())
-            }
-            Err(ZkError::NoNode | ZkError::BadVersion) if was_in_doubt => {
-                // Gone after a delete of ours whose outcome we never learned: that delete
-                // removed it (as Curator's guaranteed delete assumes). A loss signalled
-                // before still turns this into `Lost` in `Guard::release`.
-                tracing::debug!(
-                    path = %self.path,
-                    "zookeeper: node gone after a release whose reply was lost; released"
-                );
-                session.unregister(self.registration);
-                Ok(())
-            }
-            Err(ZkError::NoNode | ZkError::BadVersion) => {
-                session.unregister(self.registration);
-                Err(self.lost_error(LossReason::EntryRemoved))
-            }
-            Err(error) if session_over(&error) => Err(self.lost_error(LossReason::SessionExpired)),
-            Err(error) => {
-                if !outcome_unknown(&error) {
-                    self.in_doubt = was_in_doubt;
-                }
-                // A delete that may have been applied keeps its deletion event from
-                // counting as a loss.
-                if !self.in_doubt {
-                    self.releasing.store(false, Ordering::Release);
-                }
-                Err(lock_error(error, Some(&self.name)))
-            }
+        }
+        match client.delete(&self.path, version).await {
+            Ok(()) => Ok(Removal::Removed),
+            Err(ZkError::NoNode | ZkError::BadVersion) => Ok(Removal::Gone),
+            Err(error) => Err(self.failed(error, true)),
         }
     }
 
-    fn release_on_drop(self: Box<Self>) {
-        self.releasing.store(true, Ordering::Release);
+    fn forget(&self) {
         if let Some(session) = self.session.upgrade() {
             session.unregister(self.registration);
         }
+    }
+
+    fn abandon(self: Box<Self>) {
         self.metrics.record_server_requests(1);
         let dir = self
             .path
             .rsplit_once('/')
             .map_or(String::new(), |(dir, _)| dir.to_owned());
-        clean_up_in_background(
-            self.session.clone(),
-            dir,
-            Claim::Granted {
-                path: self.path.clone(),
-                czxid: self.czxid,
-            },
-        );
+        let claim = Claim::Granted {
+            path: self.path,
+            czxid: self.czxid,
+        };
+        clean_up_in_background(self.session, dir, claim);
     }
 
     fn is_suspect(&self) -> bool {
         self.session
             .upgrade()
             .is_some_and(|session| session.is_suspect())
+    }
+}
+
+impl HeldNode {
+    /// A failed request of a release; `deleting` when it was the delete, which may have been
+    /// applied if its answer was lost.
+    fn failed(&self, error: ZkError, deleting: bool) -> RemovalError {
+        if session_over(&error) {
+            RemovalError::SessionOver
+        } else if deleting && outcome_unknown(&error) {
+            RemovalError::Unknown(lock_error(error, Some(&self.name)))
+        } else {
+            RemovalError::Failed(lock_error(error, Some(&self.name)))
+        }
     }
 }

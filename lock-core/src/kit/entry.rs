@@ -1,0 +1,372 @@
+//! Guards over entries that a session owns: a ZooKeeper node, an etcd key on a lease.
+//!
+//! A session-based backend holds a lock by an entry on the server that lives as long as the
+//! backend's session; it writes one [`HeldEntry`] per grant: how to delete the entry if it
+//! is still the grant's, and how to leave it to the background clean-up. [`entry_guard`]
+//! turns it into a [`Guard`] that keeps the release's bookkeeping in one place:
+//!
+//! - a delete once sent may have been applied even if its answer never came, so until an
+//!   answer says otherwise the entry's absence is the holder's own doing (as Curator's
+//!   guaranteed delete assumes): a release that then finds it gone has released;
+//! - a removal of the entry noticed while nobody releases it fires the lost signal
+//!   ([`LossReason::EntryRemoved`]); one caused by the holder's own delete does not.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+
+use crate::{
+    FencingToken, Guard, GuardBackend, LockError, LockName, LossReason, LostNotifier, LostSignal,
+};
+
+/// One granted entry on the server, owned by a session: what a session-based backend writes
+/// for [`entry_guard`].
+#[async_trait]
+pub trait HeldEntry: Send + Sync + fmt::Debug + 'static {
+    /// The backend's name, as in [`LockError`] messages.
+    fn backend(&self) -> &'static str;
+    /// Deletes the entry if it is still this grant's.
+    async fn remove(&mut self) -> Result<Removal, RemovalError>;
+    /// Stops the session from counting the guard among those it must signal when it is
+    /// lost: the grant is over.
+    fn forget(&self);
+    /// Leaves the entry to a clean-up in the background, retried while the session lives
+    /// (the guard was dropped without release).
+    fn abandon(self: Box<Self>);
+    /// Whether the session is in doubt (disconnected, not yet expired).
+    fn is_suspect(&self) -> bool;
+}
+
+/// What a delete of a held entry found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Removal {
+    /// The entry was the grant's, and is deleted.
+    Removed,
+    /// The entry was gone, or was not the grant's (another one of the same name).
+    Gone,
+}
+
+/// Why a delete of a held entry failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RemovalError {
+    /// The session is over: the server removes the entry with it.
+    SessionOver,
+    /// The delete was sent and its answer is lost: it may have been applied.
+    Unknown(LockError),
+    /// The delete was not applied (not sent, or refused).
+    Failed(LockError),
+}
+
+/// The guard of a granted `entry`, whose lost signal is `lost` (its notifier registered
+/// with the session by the backend) and whose `removed` future resolves to `true` once the
+/// entry is removed by anyone (to `false` when the session ends first, whose end fires the
+/// signal): a watch the backend sets on its entry.
+///
+/// ```
+/// use lock_core::kit::{HeldEntry, Removal, RemovalError, entry_guard};
+/// use lock_core::{async_trait, FencingToken, LockError, LockName, lost_signal};
+///
+/// /// An entry that a release always finds.
+/// #[derive(Debug)]
+/// struct Node;
+///
+/// #[async_trait]
+/// impl HeldEntry for Node {
+///     fn backend(&self) -> &'static str { "example" }
+///     async fn remove(&mut self) -> Result<Removal, RemovalError> { Ok(Removal::Removed) }
+///     fn forget(&self) {}
+///     fn abandon(self: Box<Self>) {}
+///     fn is_suspect(&self) -> bool { false }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// let name = LockName::new("jobs")?;
+/// let (notifier, lost) = lost_signal();
+/// let guard = entry_guard(&name, FencingToken(7), Node, (notifier, lost), std::future::pending());
+/// assert_eq!(guard.fencing_token(), FencingToken(7));
+/// let mut guard = guard;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+pub fn entry_guard(
+    name: &LockName,
+    token: FencingToken,
+    entry: impl HeldEntry,
+    (notifier, lost): (LostNotifier, LostSignal),
+    removed: impl Future<Output = bool> + Send + 'static,
+) -> Guard {
+    let releasing = Arc::new(AtomicBool::new(false));
+    let watched = Arc::clone(&releasing);
+    tokio::spawn(async move {
+        if removed.await && !watched.load(Ordering::Acquire) {
+            notifier.fire(LossReason::EntryRemoved);
+        }
+    });
+    let backend = EntryGuard {
+        backend: entry.backend(),
+        entry: Some(Box::new(entry)),
+        name: name.to_string(),
+        releasing,
+        in_doubt: false,
+        lost: lost.clone(),
+    };
+    Guard::new(name.clone(), token, lost, Box::new(backend))
+}
+
+/// The backend side of a guard over a held entry.
+#[derive(Debug)]
+struct EntryGuard {
+    backend: &'static str,
+    /// Taken by a release that ended the grant, or by a drop.
+    entry: Option<Box<dyn HeldEntry>>,
+    name: String,
+    /// Set while a release is under way (or may have been applied): the entry's removal is
+    /// then no loss.
+    releasing: Arc<AtomicBool>,
+    /// A delete of ours was sent and its outcome never learned.
+    in_doubt: bool,
+    lost: LostSignal,
+}
+
+impl EntryGuard {
+    fn lost(&self, reason: LossReason) -> LockError {
+        self.lost.error(self.backend, &self.name, reason)
+    }
+}
+
+#[async_trait]
+impl GuardBackend for EntryGuard {
+    fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    async fn release(&mut self) -> Result<(), LockError> {
+        let Some(entry) = self.entry.as_mut() else {
+            return Ok(());
+        };
+        self.releasing.store(true, Ordering::Release);
+        let was_in_doubt = self.in_doubt;
+        let removal = entry.remove().await;
+        // Removed or gone: the grant is over either way.
+        if removal.is_ok()
+            && let Some(entry) = self.entry.take()
+        {
+            entry.forget();
+        }
+        match removal {
+            Ok(Removal::Removed) => Ok(()),
+            // Gone after a delete of ours whose outcome we never learned: that delete
+            // removed it. A loss signalled before still turns this into `Lost` in
+            // `Guard::release`.
+            Ok(Removal::Gone) if was_in_doubt => Ok(()),
+            Ok(Removal::Gone) => Err(self.lost(LossReason::EntryRemoved)),
+            Err(RemovalError::SessionOver) => Err(self.lost(LossReason::SessionExpired)),
+            Err(RemovalError::Unknown(error)) => {
+                self.in_doubt = true;
+                Err(error)
+            }
+            Err(RemovalError::Failed(error)) => {
+                if !was_in_doubt {
+                    self.releasing.store(false, Ordering::Release);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    fn release_on_drop(mut self: Box<Self>) {
+        self.releasing.store(true, Ordering::Release);
+        if let Some(entry) = self.entry.take() {
+            entry.forget();
+            entry.abandon();
+        }
+    }
+
+    fn is_suspect(&self) -> bool {
+        self.entry.as_ref().is_some_and(|entry| entry.is_suspect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+    use std::sync::atomic::AtomicU32;
+
+    use tokio::sync::oneshot;
+
+    use super::*;
+    use crate::lost_signal;
+
+    /// What the scripted entry's deletes answer, in turn.
+    enum Answer {
+        Removed,
+        Gone,
+        SessionOver,
+        Unknown,
+        Failed,
+    }
+
+    /// An entry whose deletes answer from a script, counting what the guard asked of it.
+    #[derive(Debug, Default)]
+    struct Counts {
+        removes: AtomicU32,
+        forgotten: AtomicU32,
+        abandoned: AtomicU32,
+    }
+
+    #[derive(Debug)]
+    struct Scripted {
+        answers: Mutex<VecDeque<Answer>>,
+        counts: Arc<Counts>,
+    }
+
+    impl fmt::Debug for Answer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("answer")
+        }
+    }
+
+    fn failure() -> LockError {
+        LockError::Connection {
+            backend: "scripted",
+            name: None,
+            message: "no answer".into(),
+            source: None,
+        }
+    }
+
+    #[async_trait]
+    impl HeldEntry for Scripted {
+        fn backend(&self) -> &'static str {
+            "scripted"
+        }
+        async fn remove(&mut self) -> Result<Removal, RemovalError> {
+            self.counts.removes.fetch_add(1, Ordering::SeqCst);
+            match self.answers.lock().unwrap().pop_front() {
+                Some(Answer::Removed) | None => Ok(Removal::Removed),
+                Some(Answer::Gone) => Ok(Removal::Gone),
+                Some(Answer::SessionOver) => Err(RemovalError::SessionOver),
+                Some(Answer::Unknown) => Err(RemovalError::Unknown(failure())),
+                Some(Answer::Failed) => Err(RemovalError::Failed(failure())),
+            }
+        }
+        fn forget(&self) {
+            self.counts.forgotten.fetch_add(1, Ordering::SeqCst);
+        }
+        fn abandon(self: Box<Self>) {
+            self.counts.abandoned.fetch_add(1, Ordering::SeqCst);
+        }
+        fn is_suspect(&self) -> bool {
+            false
+        }
+    }
+
+    /// A guard over a scripted entry, and the switch that reports the entry removed.
+    fn held(
+        answers: impl IntoIterator<Item = Answer>,
+    ) -> (Guard, Arc<Counts>, oneshot::Sender<()>) {
+        let counts = Arc::new(Counts::default());
+        let entry = Scripted {
+            answers: Mutex::new(answers.into_iter().collect()),
+            counts: Arc::clone(&counts),
+        };
+        let (remove, removed) = oneshot::channel::<()>();
+        let name = LockName::new("entry").unwrap();
+        let guard = entry_guard(&name, FencingToken(1), entry, lost_signal(), async move {
+            removed.await.is_ok()
+        });
+        (guard, counts, remove)
+    }
+
+    /// Lets the spawned watch task run.
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn count(counter: &AtomicU32) -> u32 {
+        counter.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn a_release_removes_the_entry_and_the_removal_is_no_loss() {
+        let (mut guard, counts, remove) = held([Answer::Removed]);
+        let lost = guard.lost();
+        guard.release().await.unwrap();
+        remove.send(()).unwrap();
+        settle().await;
+        assert!(!lost.is_lost());
+        assert_eq!((count(&counts.removes), count(&counts.forgotten)), (1, 1));
+        assert_eq!(count(&counts.abandoned), 0);
+    }
+
+    #[tokio::test]
+    async fn an_entry_found_gone_is_lost_unless_a_delete_of_ours_was_in_doubt() {
+        let (mut guard, _, _remove) = held([Answer::Gone]);
+        let error = guard.release().await.unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                LockError::Lost {
+                    reason: LossReason::EntryRemoved,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+
+        let (mut guard, counts, _remove) = held([Answer::Unknown, Answer::Gone]);
+        assert!(guard.release().await.is_err());
+        guard.release().await.unwrap();
+        assert_eq!((count(&counts.removes), count(&counts.forgotten)), (2, 1));
+    }
+
+    #[tokio::test]
+    async fn a_refused_delete_leaves_the_guard_held_and_watching() {
+        let (mut guard, counts, remove) = held([Answer::Failed]);
+        let lost = guard.lost();
+        assert!(guard.release().await.is_err());
+        remove.send(()).unwrap();
+        assert_eq!(lost.wait().await, Some(LossReason::EntryRemoved));
+        assert_eq!(count(&counts.forgotten), 0);
+    }
+
+    #[tokio::test]
+    async fn a_delete_in_doubt_keeps_the_removal_from_counting_as_a_loss() {
+        let (mut guard, _, remove) = held([Answer::Unknown]);
+        let lost = guard.lost();
+        assert!(guard.release().await.is_err());
+        remove.send(()).unwrap();
+        settle().await;
+        assert!(!lost.is_lost());
+    }
+
+    #[tokio::test]
+    async fn a_session_over_is_a_lost_session_and_a_drop_abandons_the_entry() {
+        let (mut guard, _, _remove) = held([Answer::SessionOver]);
+        let error = guard.release().await.unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                LockError::Lost {
+                    reason: LossReason::SessionExpired,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+
+        let (guard, counts, _remove) = held([]);
+        drop(guard);
+        assert_eq!((count(&counts.forgotten), count(&counts.abandoned)), (1, 1));
+        assert_eq!(count(&counts.removes), 0);
+    }
+}
