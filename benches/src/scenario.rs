@@ -359,7 +359,7 @@ pub async fn run(
 /// every message on a watch or keep-alive stream). `None` when the server does not say.
 pub async fn server_requests(backend: Backend, servers: &Servers) -> Option<u64> {
     match backend {
-        Backend::ZooKeeper => mntr_stat(servers, "zk_packets_received").await,
+        Backend::ZooKeeper => mntr_total(servers, "zk_packets_received").await,
         Backend::Etcd => {
             let metrics = etcd_metrics(servers.etcd.as_deref()?).await?;
             Some(
@@ -411,8 +411,21 @@ async fn etcd_metrics(endpoint: &str) -> Option<String> {
 
 /// One figure of ZooKeeper's `mntr` answer (from the first server), where it gives it.
 pub(crate) async fn mntr_stat(servers: &Servers, key: &str) -> Option<u64> {
-    let target = ZkTarget::external(servers.zk.as_deref()?);
-    let mntr = target.four_letter("mntr").await.ok()?;
+    member_stat(servers.zk.as_deref()?, key).await
+}
+
+/// One figure of `mntr` summed over every server of the connect string (an ensemble's
+/// members each count what their own clients sent).
+async fn mntr_total(servers: &Servers, key: &str) -> Option<u64> {
+    let mut total = 0;
+    for member in servers.zk.as_deref()?.split(',') {
+        total += member_stat(member, key).await?;
+    }
+    Some(total)
+}
+
+async fn member_stat(connect: &str, key: &str) -> Option<u64> {
+    let mntr = ZkTarget::external(connect).four_letter("mntr").await.ok()?;
     mntr.lines()
         .find_map(|line| line.strip_prefix(key))
         .and_then(|value| value.trim().parse().ok())
@@ -677,6 +690,8 @@ async fn zk_floors(
             a.create(&node, &[], &ephemeral)
                 .await
                 .map_err(|e| floor_error(&e))?;
+            // On an ensemble the watcher's member may not have applied the create yet.
+            b.sync(&node).await.map_err(|e| floor_error(&e))?;
             let (_, _, watcher) = b
                 .get_and_watch_data(&node)
                 .await

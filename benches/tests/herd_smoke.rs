@@ -187,6 +187,48 @@ fn a_cluster_run_reports_the_redis_strategies() {
     assert!(w > 1.5, "redis-pubsub: {w} wake-ups per handoff is no herd");
 }
 
+/// `--zk-ensemble 3`: the ZooKeeper strategies on an ensemble the benchmark starts, its
+/// contenders connected to any member. The predecessor-watch stays herd-free, every waiter
+/// watching the children is woken, and the server requests are counted on every member
+/// (one member alone sees about a third of them).
+#[test]
+fn an_ensemble_run_reports_the_zookeeper_strategies() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = run_herd(
+        &[
+            "--zk-ensemble",
+            "3",
+            "--strategies",
+            "zk-children,zk-predecessor",
+            "--contenders",
+            "5",
+            "--handoffs",
+            "20",
+            "--floor-rounds",
+            "10",
+            "--hold-ms",
+            "10",
+        ],
+        dir.path(),
+    );
+    assert_eq!(runs.len(), 2, "one object per strategy: {runs:?}");
+    let predecessor = run_of(&runs, "zk-predecessor", 5);
+    let w = wakeups(&runs, "zk-predecessor", 5);
+    assert!(w <= 1.05, "zk-predecessor: {w} wake-ups per handoff");
+    assert_eq!(
+        predecessor["fifo_violations"].as_u64(),
+        Some(0),
+        "{predecessor}"
+    );
+    let requests = predecessor["server_requests_per_handoff"].as_f64().unwrap();
+    assert!(
+        requests >= 4.0,
+        "zk-predecessor: {requests} server requests per handoff (every member counted?)"
+    );
+    let w = wakeups(&runs, "zk-children", 5);
+    assert!(w > 1.5, "zk-children: {w} wake-ups per handoff is no herd");
+}
+
 /// `--redis redis+sentinel://…`: the Redis strategies through the sentinels of a primary
 /// with two replicas (started here); the floor, the server requests and the leftovers are
 /// measured on the primary they name.

@@ -16,8 +16,8 @@ use distlock_benches::scenario::{self, RunOptions};
 use distlock_benches::strategy::{Backend, Servers, Strategy};
 use distlock_benches::{Measurement, ScaleMeasurement, report, scale};
 use lock_testbed::servers::{
-    EtcdServer, RedisClusterOptions, RedisClusterSet, RedisOptions, RedisServer, ZkOptions,
-    ZkServer,
+    EtcdServer, RedisClusterOptions, RedisClusterSet, RedisOptions, RedisServer, ZkEnsemble,
+    ZkOptions, ZkServer,
 };
 
 /// The herd comparison: N contenders, each its own client, pass one lock around.
@@ -57,8 +57,12 @@ struct Args {
     #[arg(long, default_value_t = 100)]
     floor_rounds: usize,
     /// An existing ZooKeeper (`zk://host:port,…` or `host:port,…`) instead of a local one.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "zk_ensemble")]
     zk: Option<String>,
+    /// The ZooKeeper strategies on an ensemble of this many members started here, rather
+    /// than on one standalone server (contenders connect to any member).
+    #[arg(long, value_name = "MEMBERS")]
+    zk_ensemble: Option<usize>,
     /// An existing Redis (`redis://host:port`, or a primary under Sentinel:
     /// `redis+sentinel://s1,s2/SERVICE`) instead of a local one.
     #[arg(long, conflicts_with = "redis_cluster")]
@@ -86,6 +90,7 @@ struct Args {
 struct Started {
     servers: Servers,
     _zk: Option<ZkServer>,
+    _zk_ensemble: Option<ZkEnsemble>,
     _redis: Option<RedisServer>,
     _redis_cluster: Option<RedisClusterSet>,
     _etcd: Option<EtcdServer>,
@@ -96,17 +101,27 @@ async fn servers(args: &Args) -> Result<Started, String> {
     let mut started = Started {
         servers: Servers::default(),
         _zk: None,
+        _zk_ensemble: None,
         _redis: None,
         _redis_cluster: None,
         _etcd: None,
     };
-    let zk = match &args.zk {
-        Some(url) => Some(
+    let zk = match (&args.zk, args.zk_ensemble) {
+        (Some(url), _) => Some(
             url.trim_start_matches("zk://")
                 .trim_end_matches('/')
                 .to_owned(),
         ),
-        None if wants(Backend::ZooKeeper) => {
+        (None, Some(members)) if wants(Backend::ZooKeeper) => {
+            eprintln!("starting a ZooKeeper ensemble of {members} ...");
+            let ensemble = ZkEnsemble::start(members, ZkOptions::default())
+                .await
+                .map_err(|e| format!("starting a ZooKeeper ensemble: {e}"))?;
+            let connect = ensemble.connect_string();
+            started._zk_ensemble = Some(ensemble);
+            Some(connect)
+        }
+        (None, None) if wants(Backend::ZooKeeper) => {
             eprintln!("starting ZooKeeper ...");
             let server = ZkServer::start(ZkOptions::default())
                 .await
@@ -115,7 +130,7 @@ async fn servers(args: &Args) -> Result<Started, String> {
             started._zk = Some(server);
             Some(connect)
         }
-        None => None,
+        (None, _) => None,
     };
     // Every contender is a client of its own, with connections of its own.
     let redis_options = RedisOptions::default()
