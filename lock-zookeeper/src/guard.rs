@@ -279,7 +279,7 @@ impl HeldEntry for HeldNode {
         BACKEND
     }
 
-    async fn remove(&mut self) -> Result<Removal, RemovalError> {
+    async fn remove(&mut self, sent: &mut bool) -> Result<Removal, RemovalError> {
         let Some(session) = self.session.upgrade().filter(|session| !session.is_over()) else {
             return Err(RemovalError::SessionOver);
         };
@@ -295,13 +295,14 @@ impl HeldEntry for HeldNode {
                     version = Some(stat.version);
                 }
                 Ok(_) => return Ok(Removal::Gone),
-                Err(error) => return Err(self.failed(error, false)),
+                Err(error) => return Err(self.failed(error)),
             }
         }
+        *sent = true;
         match client.delete(&self.path, version).await {
             Ok(()) => Ok(Removal::Removed),
             Err(ZkError::NoNode | ZkError::BadVersion) => Ok(Removal::Gone),
-            Err(error) => Err(self.failed(error, true)),
+            Err(error) => Err(self.failed(error)),
         }
     }
 
@@ -332,12 +333,11 @@ impl HeldEntry for HeldNode {
 }
 
 impl HeldNode {
-    /// A failed request of a release; `deleting` when it was the delete, which may have been
-    /// applied if its answer was lost.
-    fn failed(&self, error: ZkError, deleting: bool) -> RemovalError {
+    /// A failed request of a release.
+    fn failed(&self, error: ZkError) -> RemovalError {
         if session_over(&error) {
             RemovalError::SessionOver
-        } else if deleting && outcome_unknown(&error) {
+        } else if outcome_unknown(&error) {
             RemovalError::Unknown(lock_error(error, Some(&self.name)))
         } else {
             RemovalError::Failed(lock_error(error, Some(&self.name)))

@@ -28,8 +28,10 @@ use crate::{
 pub trait HeldEntry: Send + Sync + fmt::Debug + 'static {
     /// The backend's name, as in [`LockError`] messages.
     fn backend(&self) -> &'static str;
-    /// Deletes the entry if it is still this grant's.
-    async fn remove(&mut self) -> Result<Removal, RemovalError>;
+    /// Deletes the entry if it is still this grant's. Sets `sent` just before it sends the
+    /// delete: a delete once sent may have been applied, even if its answer never comes or
+    /// this future is dropped.
+    async fn remove(&mut self, sent: &mut bool) -> Result<Removal, RemovalError>;
     /// Stops the session from counting the guard among those it must signal when it is
     /// lost: the grant is over.
     fn forget(&self);
@@ -56,7 +58,7 @@ pub enum Removal {
 pub enum RemovalError {
     /// The session is over: the server removes the entry with it.
     SessionOver,
-    /// The delete was sent and its answer is lost: it may have been applied.
+    /// The delete's answer is lost: if it was sent, it may have been applied.
     Unknown(LockError),
     /// The delete was not applied (not sent, or refused).
     Failed(LockError),
@@ -78,7 +80,10 @@ pub enum RemovalError {
 /// #[async_trait]
 /// impl HeldEntry for Node {
 ///     fn backend(&self) -> &'static str { "example" }
-///     async fn remove(&mut self) -> Result<Removal, RemovalError> { Ok(Removal::Removed) }
+///     async fn remove(&mut self, sent: &mut bool) -> Result<Removal, RemovalError> {
+///         *sent = true;
+///         Ok(Removal::Removed)
+///     }
 ///     fn forget(&self) {}
 ///     fn abandon(self: Box<Self>) {}
 ///     fn is_suspect(&self) -> bool { false }
@@ -129,7 +134,8 @@ struct EntryGuard {
     /// Set while a release is under way (or may have been applied): the entry's removal is
     /// then no loss.
     releasing: Arc<AtomicBool>,
-    /// A delete of ours was sent and its outcome never learned.
+    /// A delete of ours was sent and its outcome never learned (set by the entry as it
+    /// sends, so that a release dropped meanwhile leaves it set).
     in_doubt: bool,
     lost: LostSignal,
 }
@@ -152,7 +158,7 @@ impl GuardBackend for EntryGuard {
         };
         self.releasing.store(true, Ordering::Release);
         let was_in_doubt = self.in_doubt;
-        let removal = entry.remove().await;
+        let removal = entry.remove(&mut self.in_doubt).await;
         // Removed or gone: the grant is over either way.
         if removal.is_ok()
             && let Some(entry) = self.entry.take()
@@ -168,10 +174,13 @@ impl GuardBackend for EntryGuard {
             Ok(Removal::Gone) => Err(self.lost(LossReason::EntryRemoved)),
             Err(RemovalError::SessionOver) => Err(self.lost(LossReason::SessionExpired)),
             Err(RemovalError::Unknown(error)) => {
-                self.in_doubt = true;
+                if !self.in_doubt {
+                    self.releasing.store(false, Ordering::Release);
+                }
                 Err(error)
             }
             Err(RemovalError::Failed(error)) => {
+                self.in_doubt = was_in_doubt;
                 if !was_in_doubt {
                     self.releasing.store(false, Ordering::Release);
                 }
@@ -198,22 +207,27 @@ mod tests {
     use std::collections::VecDeque;
     use std::sync::Mutex;
     use std::sync::atomic::AtomicU32;
+    use std::time::Duration;
 
     use tokio::sync::oneshot;
 
     use super::*;
     use crate::lost_signal;
 
-    /// What the scripted entry's deletes answer, in turn.
+    /// What the scripted entry's deletes do, in turn.
+    #[derive(Debug)]
     enum Answer {
-        Removed,
+        /// The entry is removed (its watch fires) while the delete is on its way.
+        RemovedWatched,
         Gone,
         SessionOver,
         Unknown,
         Failed,
+        /// Sent, and never answered.
+        Hang,
     }
 
-    /// An entry whose deletes answer from a script, counting what the guard asked of it.
+    /// What the guard asked of the scripted entry.
     #[derive(Debug, Default)]
     struct Counts {
         removes: AtomicU32,
@@ -221,16 +235,12 @@ mod tests {
         abandoned: AtomicU32,
     }
 
+    /// An entry whose deletes answer from a script; `removal` reports the entry removed.
     #[derive(Debug)]
     struct Scripted {
         answers: Mutex<VecDeque<Answer>>,
         counts: Arc<Counts>,
-    }
-
-    impl fmt::Debug for Answer {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("answer")
-        }
+        removal: Mutex<Option<oneshot::Sender<()>>>,
     }
 
     fn failure() -> LockError {
@@ -247,14 +257,25 @@ mod tests {
         fn backend(&self) -> &'static str {
             "scripted"
         }
-        async fn remove(&mut self) -> Result<Removal, RemovalError> {
+        async fn remove(&mut self, sent: &mut bool) -> Result<Removal, RemovalError> {
             self.counts.removes.fetch_add(1, Ordering::SeqCst);
-            match self.answers.lock().unwrap().pop_front() {
-                Some(Answer::Removed) | None => Ok(Removal::Removed),
+            let answer = self.answers.lock().unwrap().pop_front();
+            if !matches!(answer, Some(Answer::SessionOver | Answer::Failed)) {
+                *sent = true;
+            }
+            match answer {
+                None => Ok(Removal::Removed),
+                Some(Answer::RemovedWatched) => {
+                    let removal = self.removal.lock().unwrap().take();
+                    removal.unwrap().send(()).unwrap();
+                    settle().await;
+                    Ok(Removal::Removed)
+                }
                 Some(Answer::Gone) => Ok(Removal::Gone),
                 Some(Answer::SessionOver) => Err(RemovalError::SessionOver),
                 Some(Answer::Unknown) => Err(RemovalError::Unknown(failure())),
                 Some(Answer::Failed) => Err(RemovalError::Failed(failure())),
+                Some(Answer::Hang) => std::future::pending().await,
             }
         }
         fn forget(&self) {
@@ -268,21 +289,35 @@ mod tests {
         }
     }
 
-    /// A guard over a scripted entry, and the switch that reports the entry removed.
-    fn held(
-        answers: impl IntoIterator<Item = Answer>,
-    ) -> (Guard, Arc<Counts>, oneshot::Sender<()>) {
+    /// A guard over a scripted entry.
+    fn held(answers: impl IntoIterator<Item = Answer>) -> (Guard, Arc<Counts>) {
         let counts = Arc::new(Counts::default());
+        let (removal, removed) = oneshot::channel::<()>();
         let entry = Scripted {
             answers: Mutex::new(answers.into_iter().collect()),
             counts: Arc::clone(&counts),
+            removal: Mutex::new(Some(removal)),
         };
-        let (remove, removed) = oneshot::channel::<()>();
         let name = LockName::new("entry").unwrap();
         let guard = entry_guard(&name, FencingToken(1), entry, lost_signal(), async move {
             removed.await.is_ok()
         });
-        (guard, counts, remove)
+        (guard, counts)
+    }
+
+    /// A guard whose entry is reported removed through the returned switch.
+    fn watched(answers: impl IntoIterator<Item = Answer>) -> (Guard, oneshot::Sender<()>) {
+        let (removal, removed) = oneshot::channel::<()>();
+        let entry = Scripted {
+            answers: Mutex::new(answers.into_iter().collect()),
+            counts: Arc::default(),
+            removal: Mutex::new(None),
+        };
+        let name = LockName::new("entry").unwrap();
+        let guard = entry_guard(&name, FencingToken(1), entry, lost_signal(), async move {
+            removed.await.is_ok()
+        });
+        (guard, removal)
     }
 
     /// Lets the spawned watch task run.
@@ -296,53 +331,54 @@ mod tests {
         counter.load(Ordering::SeqCst)
     }
 
+    fn is_lost(error: &LockError, expected: LossReason) -> bool {
+        matches!(error, LockError::Lost { reason, .. } if *reason == expected)
+    }
+
     #[tokio::test]
-    async fn a_release_removes_the_entry_and_the_removal_is_no_loss() {
-        let (mut guard, counts, remove) = held([Answer::Removed]);
-        let lost = guard.lost();
+    async fn a_release_removes_the_entry_and_its_own_removal_is_no_loss() {
+        let (mut guard, counts) = held([Answer::RemovedWatched]);
         guard.release().await.unwrap();
-        remove.send(()).unwrap();
-        settle().await;
-        assert!(!lost.is_lost());
         assert_eq!((count(&counts.removes), count(&counts.forgotten)), (1, 1));
         assert_eq!(count(&counts.abandoned), 0);
     }
 
     #[tokio::test]
     async fn an_entry_found_gone_is_lost_unless_a_delete_of_ours_was_in_doubt() {
-        let (mut guard, _, _remove) = held([Answer::Gone]);
+        let (mut guard, _) = held([Answer::Gone]);
         let error = guard.release().await.unwrap_err();
-        assert!(
-            matches!(
-                &error,
-                LockError::Lost {
-                    reason: LossReason::EntryRemoved,
-                    ..
-                }
-            ),
-            "{error:?}"
-        );
+        assert!(is_lost(&error, LossReason::EntryRemoved), "{error:?}");
 
-        let (mut guard, counts, _remove) = held([Answer::Unknown, Answer::Gone]);
+        let (mut guard, counts) = held([Answer::Unknown, Answer::Gone]);
         assert!(guard.release().await.is_err());
         guard.release().await.unwrap();
         assert_eq!((count(&counts.removes), count(&counts.forgotten)), (2, 1));
     }
 
     #[tokio::test]
+    async fn a_release_dropped_after_its_delete_was_sent_leaves_it_in_doubt() {
+        let (mut guard, _) = held([Answer::Hang, Answer::Gone]);
+        let dropped = tokio::time::timeout(Duration::from_millis(20), guard.release()).await;
+        assert!(dropped.is_err(), "the first release never ends");
+        guard.release().await.unwrap();
+    }
+
+    #[tokio::test]
     async fn a_refused_delete_leaves_the_guard_held_and_watching() {
-        let (mut guard, counts, remove) = held([Answer::Failed]);
+        let (mut guard, remove) = watched([Answer::Failed]);
         let lost = guard.lost();
         assert!(guard.release().await.is_err());
         remove.send(()).unwrap();
-        assert_eq!(lost.wait().await, Some(LossReason::EntryRemoved));
-        assert_eq!(count(&counts.forgotten), 0);
+        let reason = tokio::time::timeout(Duration::from_secs(5), lost.wait()).await;
+        assert_eq!(reason.unwrap(), Some(LossReason::EntryRemoved));
     }
 
     #[tokio::test]
     async fn a_delete_in_doubt_keeps_the_removal_from_counting_as_a_loss() {
-        let (mut guard, _, remove) = held([Answer::Unknown]);
+        let (mut guard, remove) = watched([Answer::Unknown, Answer::Failed]);
         let lost = guard.lost();
+        assert!(guard.release().await.is_err());
+        // A later refusal does not undo the doubt the first delete left.
         assert!(guard.release().await.is_err());
         remove.send(()).unwrap();
         settle().await;
@@ -351,20 +387,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_session_over_is_a_lost_session_and_a_drop_abandons_the_entry() {
-        let (mut guard, _, _remove) = held([Answer::SessionOver]);
+        let (mut guard, _) = held([Answer::SessionOver]);
         let error = guard.release().await.unwrap_err();
-        assert!(
-            matches!(
-                &error,
-                LockError::Lost {
-                    reason: LossReason::SessionExpired,
-                    ..
-                }
-            ),
-            "{error:?}"
-        );
+        assert!(is_lost(&error, LossReason::SessionExpired), "{error:?}");
 
-        let (guard, counts, _remove) = held([]);
+        let (guard, counts) = held([]);
         drop(guard);
         assert_eq!((count(&counts.forgotten), count(&counts.abandoned)), (1, 1));
         assert_eq!(count(&counts.removes), 0);
