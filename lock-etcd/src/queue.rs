@@ -346,7 +346,10 @@ impl Queue {
                 }),
             };
             match message {
-                Ok(Some(answer)) if answer.canceled() => return Ok(Some(revision)),
+                // Compacted past `revision`: the next look must see past the compaction.
+                Ok(Some(answer)) if answer.canceled() => {
+                    return Ok(Some(revision.max(answer.compact_revision())));
+                }
                 Ok(Some(answer)) => {
                     let deleted = answer
                         .events()
