@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
@@ -49,13 +49,49 @@ fn server_ports() -> std::ops::Range<u16> {
     ephemeral_start.saturating_sub(SERVER_PORT_SPAN).max(1_024)..ephemeral_start
 }
 
+/// The file whose bytes stand for ports: a process that hands a port out locks its byte
+/// (an open file description lock, gone when the process ends), so that processes starting
+/// servers side by side never hand out the same port, even while its server is down.
+static RESERVATIONS: LazyLock<Option<File>> = LazyLock::new(|| {
+    let path = std::env::temp_dir().join("distlock-test-ports.lock");
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .ok()
+});
+
+/// Reserves `port` for this process: `false` if another process holds it. Without the
+/// reservations file every port is taken as free.
+fn reserve(port: u16) -> bool {
+    let Some(file) = RESERVATIONS.as_ref() else {
+        return true;
+    };
+    nix::fcntl::fcntl(file, nix::fcntl::FcntlArg::F_OFD_SETLK(&port_lock(port))).is_ok()
+}
+
+/// A write lock on `port`'s byte of the reservations file.
+fn port_lock(port: u16) -> nix::libc::flock {
+    nix::libc::flock {
+        l_type: nix::libc::F_WRLCK as nix::libc::c_short,
+        l_whence: nix::libc::SEEK_SET as nix::libc::c_short,
+        l_start: nix::libc::off_t::from(port),
+        l_len: 1,
+        l_pid: 0,
+    }
+}
+
 /// A free TCP port on 127.0.0.1 for a server: one that binds now, below the range of
 /// outgoing connections' source ports (see [`server_ports`]), taken in turn from a random
-/// start so that processes started side by side rarely try the same ones.
+/// start, and reserved against the other processes that start servers (see
+/// [`RESERVATIONS`]).
 ///
-/// Never returns the same port twice in one process. Another process may still take the
-/// port before the server binds it; that race is accepted (the start-up then fails with
-/// the server's own "address in use" in the log).
+/// Never returns the same port twice on this machine while the process lives. A process
+/// that does not reserve its ports may still take one before the server binds it; that
+/// race is accepted (the start-up then fails with the server's own "address in use" in the
+/// log).
 pub fn free_port() -> Result<u16, ServerError> {
     let mut ports = PORTS
         .lock()
@@ -77,6 +113,7 @@ pub fn free_port() -> Result<u16, ServerError> {
         };
         if ports.handed_out.contains(&port)
             || TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_err()
+            || !reserve(port)
         {
             continue;
         }
@@ -617,5 +654,30 @@ fn wait_until_stopped(pid: u32, bound: Duration) {
     let deadline = std::time::Instant::now() + bound;
     while !stopped() && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_handed_out_is_below_the_source_ports_and_reserved_against_other_processes() {
+        let port = free_port().unwrap();
+        assert!(
+            server_ports().contains(&port),
+            "{port} not in {:?}",
+            server_ports()
+        );
+        // Another open file description of the reservations file stands for another
+        // process: the port's byte is locked against it.
+        let other = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(std::env::temp_dir().join("distlock-test-ports.lock"))
+            .unwrap();
+        let taken = nix::fcntl::fcntl(&other, nix::fcntl::FcntlArg::F_OFD_SETLK(&port_lock(port)));
+        assert!(taken.is_err(), "port {port} was not reserved");
+        assert_ne!(free_port().unwrap(), port);
     }
 }
