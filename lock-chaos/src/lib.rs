@@ -21,7 +21,8 @@
 //! [`client`] is one client process's loop, and [`run`] a whole run: real servers (a
 //! three-member ZooKeeper ensemble or etcd cluster, as processes or in containers where a
 //! member can be cut off from the others; one Redis server, three for Redlock, a primary
-//! with two replicas under three sentinels for Redis Sentinel), the
+//! with two replicas under three sentinels for Redis Sentinel, three primaries with a
+//! replica each for Redis Cluster), the
 //! register, the clients as OS processes (so that they can be frozen and killed for real),
 //! each behind fault proxies of its own (so that it can be cut off), and the nemesis. The
 //! memory backend lives in the run's own process, and so do its clients, as tasks that are

@@ -42,6 +42,9 @@ pub enum Backend {
     /// A Redis primary with two replicas under three sentinels, reached through the
     /// sentinels (`redis+sentinel://`).
     RedisSentinel,
+    /// A Redis Cluster of three primaries with a replica each, reached through the
+    /// cluster's own redirections (`redis+cluster://`).
+    RedisCluster,
     /// Redlock over three Redis servers.
     Redlock,
     /// A three-member etcd cluster.
@@ -58,6 +61,7 @@ impl Backend {
             Backend::Zookeeper => "zookeeper",
             Backend::Redis => "redis",
             Backend::RedisSentinel => "redis-sentinel",
+            Backend::RedisCluster => "redis-cluster",
             Backend::Redlock => "redlock",
             Backend::Etcd => "etcd",
             Backend::Memory => "memory",
@@ -69,9 +73,11 @@ impl Backend {
     pub fn session(self) -> Duration {
         match self {
             Backend::Zookeeper | Backend::Etcd => Duration::from_secs(4),
-            Backend::Redis | Backend::RedisSentinel | Backend::Redlock | Backend::Memory => {
-                Duration::from_secs(2)
-            }
+            Backend::Redis
+            | Backend::RedisSentinel
+            | Backend::RedisCluster
+            | Backend::Redlock
+            | Backend::Memory => Duration::from_secs(2),
         }
     }
 
@@ -82,9 +88,9 @@ impl Backend {
         if self == Backend::Memory {
             return vec![FaultKind::ClientFreeze, FaultKind::ClientKill];
         }
-        if self == Backend::RedisSentinel {
-            // The clients reach the data servers at the addresses the sentinels announce,
-            // not through their proxies: they cannot be cut off.
+        if matches!(self, Backend::RedisSentinel | Backend::RedisCluster) {
+            // The clients reach the data servers at the addresses the sentinels or the
+            // cluster announce, not through their proxies: they cannot be cut off.
             return vec![
                 FaultKind::ServerPause,
                 FaultKind::ServerKill,
@@ -113,16 +119,16 @@ impl Backend {
     /// What it is held to: a consensus backend (and the memory backend, the contract's
     /// reference) to no overlap beyond its session (the documented lost-signal bound) and
     /// no lost update; Redis and Redlock, whose leases can run out under a paused holder, to
-    /// fencing: no stale write accepted. Under Sentinel, whose replication is asynchronous,
-    /// a failover can grant a held lock again and roll the fencing counter back: double
-    /// grants and token regressions are measured, not judged.
+    /// fencing: no stale write accepted. Under Sentinel or on a cluster, whose replication
+    /// is asynchronous, a failover can grant a held lock again and roll the fencing counter
+    /// back: double grants and token regressions are measured, not judged.
     pub fn targets(self) -> Targets {
         match self {
             Backend::Zookeeper | Backend::Etcd | Backend::Memory => {
                 Targets::consensus(self.session())
             }
             Backend::Redis | Backend::Redlock => Targets::lease(),
-            Backend::RedisSentinel => Targets::best_effort(),
+            Backend::RedisSentinel | Backend::RedisCluster => Targets::best_effort(),
         }
     }
 
@@ -131,6 +137,7 @@ impl Backend {
             Backend::Memory => 0,
             Backend::Redis => 1,
             Backend::Zookeeper | Backend::Etcd | Backend::Redlock | Backend::RedisSentinel => 3,
+            Backend::RedisCluster => 6,
         }
     }
 }
@@ -382,6 +389,9 @@ fn url(backend: Backend, hosts: &[SocketAddr]) -> String {
         Backend::RedisSentinel => format!(
             "redis+sentinel://{hosts}/{SENTINEL_SERVICE}?ttl={session}&strategy=queue&timeout=1s"
         ),
+        Backend::RedisCluster => {
+            format!("redis+cluster://{hosts}?ttl={session}&strategy=queue&timeout=1s")
+        }
         Backend::Redlock => format!("redlock://{hosts}?ttl={session}&timeout=500ms"),
         Backend::Etcd => {
             format!("etcd://{hosts}?lease_ttl={session}&strategy=predecessor&timeout=1s")
@@ -495,12 +505,12 @@ impl Run<'_> {
             FaultKind::ServerPause => self.servers.pause(target, true).await,
             FaultKind::ServerKill => self.servers.kill(target).await,
             FaultKind::LeaderKill => {
-                let leader = self.servers.leader().await?;
+                let leader = self.servers.leader(&self.name).await?;
                 injected.target = u32::try_from(leader).ok()?;
                 self.servers.kill(leader).await
             }
             FaultKind::MemberPartition => self.servers.partition(target, true).await,
-            FaultKind::Failover => self.servers.failover().await.map(|old| {
+            FaultKind::Failover => self.servers.failover(&self.name).await.map(|old| {
                 injected.target = u32::try_from(old).unwrap_or(u32::MAX);
             }),
             FaultKind::ClientFreeze => {
@@ -623,9 +633,10 @@ pub async fn run(options: &RunOptions) -> Result<Outcome, RunError> {
     // Past failure detection: ZooKeeper's syncLimit (5 ticks of 500 ms), etcd's election
     // timeout (100 ms on the test servers).
     plan_options.member_partition_at_least = Duration::from_secs(3);
-    if backend == Backend::RedisSentinel {
+    if matches!(backend, Backend::RedisSentinel | Backend::RedisCluster) {
         // The sentinels fail a primary over at most once in twice their failover timeout
-        // (2 s): a primary killed sooner would stay without a successor.
+        // (2 s): a primary killed sooner would stay without a successor. A cluster's
+        // replica waits for its data to settle the same way.
         plan_options.quiet = (Duration::from_secs(2), Duration::from_secs(3));
     }
     let plan = Plan::draw(&plan_options)?;

@@ -31,7 +31,8 @@ pub enum FaultKind {
     MemberPartition,
     /// The sentinels are told to promote a replica (`SENTINEL FAILOVER`) while the primary
     /// runs; the window lasts until they have demoted the old primary, which takes writes
-    /// until then.
+    /// until then. On a Redis Cluster, the replica of the primary serving the lock takes
+    /// over (`CLUSTER FAILOVER`, which first has the primary stop and the replica catch up).
     Failover,
 }
 

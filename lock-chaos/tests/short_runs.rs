@@ -99,3 +99,18 @@ async fn redlock_keeps_fencing() {
 async fn memory_keeps_its_targets() {
     short_run(Backend::Memory, ServerMode::Processes, 1).await;
 }
+
+/// A Redis Cluster (three primaries with a replica each) through failovers of the lock's
+/// primary, killed primaries and the other faults: progress after each and no residue (the
+/// grants a failover loses are measured, not judged, as under Sentinel).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_keeps_its_targets() {
+    let outcome = short_run(Backend::RedisCluster, ServerMode::Processes, 1).await;
+    for kind in [FaultKind::Failover, FaultKind::LeaderKill] {
+        assert!(
+            outcome.faults.iter().any(|fault| fault.kind == kind),
+            "no {} in the run",
+            kind.as_str()
+        );
+    }
+}

@@ -95,6 +95,8 @@ enum BackendArg {
     Redis,
     /// A Redis primary with two replicas under three sentinels.
     RedisSentinel,
+    /// A Redis Cluster of three primaries with a replica each.
+    RedisCluster,
     Redlock,
     Etcd,
     /// The in-memory reference backend, with its clients as tasks of this process.
@@ -129,6 +131,7 @@ async fn main() -> ExitCode {
                 BackendArg::Zookeeper => Backend::Zookeeper,
                 BackendArg::Redis => Backend::Redis,
                 BackendArg::RedisSentinel => Backend::RedisSentinel,
+                BackendArg::RedisCluster => Backend::RedisCluster,
                 BackendArg::Redlock => Backend::Redlock,
                 BackendArg::Etcd => Backend::Etcd,
                 BackendArg::Memory => Backend::Memory,

@@ -4,11 +4,13 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use lock_core::LockName;
 use lock_core::memory::MemoryServer;
 use lock_testbed::servers::containers::{self, EtcdContainerCluster, ZkContainerEnsemble};
 use lock_testbed::servers::{
-    EtcdCluster, EtcdOptions, LocalServer, RedisOptions, RedisSentinelOptions, RedisSentinelSet,
-    RedisServer, ServerError, ServerMode, ZkEnsemble, ZkOptions,
+    EtcdCluster, EtcdOptions, LocalServer, RedisClusterOptions, RedisClusterSet, RedisOptions,
+    RedisSentinelOptions, RedisSentinelSet, RedisServer, ServerError, ServerMode, ZkEnsemble,
+    ZkOptions,
 };
 
 use super::{Backend, SENTINEL_SERVICE};
@@ -23,6 +25,8 @@ pub(super) enum Servers {
     Redis(Vec<RedisServer>),
     /// The data servers (members) and their sentinels.
     RedisSentinel(RedisSentinelSet),
+    /// Three primaries and their replicas (members).
+    RedisCluster(RedisClusterSet),
     Etcd(EtcdCluster),
     EtcdContainers(EtcdContainerCluster),
     /// The memory backend's server, inside the run's own process.
@@ -80,6 +84,10 @@ impl Servers {
                     .with_server(durable_redis());
                 Servers::RedisSentinel(RedisSentinelSet::start(options).await?)
             }
+            (Backend::RedisCluster, _) => {
+                let options = RedisClusterOptions::default().with_server(durable_redis());
+                Servers::RedisCluster(RedisClusterSet::start(options).await?)
+            }
             (Backend::Memory, _) => Servers::Memory(MemoryServer::new()),
         })
     }
@@ -98,6 +106,12 @@ impl Servers {
             // The clients ask the sentinels for the primary.
             Servers::RedisSentinel(set) => set
                 .sentinel_addresses()
+                .into_iter()
+                .filter_map(|address| address.parse().ok())
+                .collect(),
+            // The clients find every node from any of them.
+            Servers::RedisCluster(set) => set
+                .addresses()
                 .into_iter()
                 .filter_map(|address| address.parse().ok())
                 .collect(),
@@ -128,6 +142,8 @@ impl Servers {
             (Servers::RedisSentinel(set), false) => {
                 member(set.data_servers_mut(), index)?.resume().await
             }
+            (Servers::RedisCluster(set), true) => member(set.nodes_mut(), index)?.pause(),
+            (Servers::RedisCluster(set), false) => member(set.nodes_mut(), index)?.resume(),
             (Servers::Memory(_), _) => Err(no_members()),
         }
     }
@@ -155,6 +171,8 @@ impl Servers {
                 }
                 Ok(())
             }
+            // A primary's replica takes over before this returns.
+            Servers::RedisCluster(set) => set.kill_and_fail_over(index).await,
             Servers::Memory(_) => Err(no_members()),
         }
     }
@@ -168,6 +186,7 @@ impl Servers {
             Servers::EtcdContainers(cluster) => cluster.restart(index).await,
             Servers::Redis(servers) => member(servers, index)?.restart().await,
             Servers::RedisSentinel(set) => set.rejoin(index).await,
+            Servers::RedisCluster(set) => set.rejoin(index).await,
             Servers::Memory(_) => Err(no_members()),
         }
     }
@@ -188,9 +207,14 @@ impl Servers {
         }
     }
 
-    /// The member that leads the ensemble now, if any.
-    pub(super) async fn leader(&self) -> Option<usize> {
+    /// The member that leads the ensemble now, if any: on a cluster, the primary serving the
+    /// lock called `name`.
+    pub(super) async fn leader(&self, name: &str) -> Option<usize> {
         match self {
+            Servers::RedisCluster(set) => {
+                let slot = set.slot_of(&cluster_tag(name)?).await.ok()?;
+                set.owner_of(slot).await.ok()
+            }
             Servers::Zookeeper(ensemble) => ensemble.leader().await,
             Servers::ZookeeperContainers(ensemble) => ensemble.leader().await,
             Servers::Etcd(cluster) => cluster.leader().await,
@@ -200,23 +224,37 @@ impl Servers {
         }
     }
 
-    /// Has the sentinels promote a replica while the primary runs; returns the old
-    /// primary's index.
-    pub(super) async fn failover(&self) -> Result<usize, ServerError> {
-        let Servers::RedisSentinel(set) = self else {
-            return Err(no_sentinels());
-        };
-        let old = set.primary_index().await?;
-        set.failover().await?;
-        Ok(old)
+    /// Has the sentinels promote a replica while the primary runs, or on a cluster the
+    /// replica of the primary serving the lock called `name` take over (`CLUSTER FAILOVER`,
+    /// which waits for the replica to catch up); returns the old primary's index.
+    pub(super) async fn failover(&self, name: &str) -> Result<usize, ServerError> {
+        match self {
+            Servers::RedisSentinel(set) => {
+                let old = set.primary_index().await?;
+                set.failover().await?;
+                Ok(old)
+            }
+            Servers::RedisCluster(set) => {
+                let Some(old) = self.leader(name).await else {
+                    return Err(ServerError::NotRunning {
+                        server: format!("the primary serving {name}"),
+                    });
+                };
+                set.failover(set.replica_of(old).await?).await?;
+                Ok(old)
+            }
+            _ => Err(no_failover()),
+        }
     }
 
-    /// Waits until member `index`, a primary the sentinels replaced, is a replica again.
+    /// Waits until member `index`, a primary replaced by a failover, is a replica again.
     pub(super) async fn wait_until_replica(&self, index: usize) -> Result<(), ServerError> {
-        let Servers::RedisSentinel(set) = self else {
-            return Err(no_sentinels());
-        };
-        set.wait_until_replica(index).await
+        match self {
+            Servers::RedisSentinel(set) => set.wait_until_replica(index).await,
+            // A cluster's old primary follows its successor once every node agrees.
+            Servers::RedisCluster(set) => set.settled().await,
+            _ => Err(no_failover()),
+        }
     }
 }
 
@@ -235,11 +273,19 @@ fn durable_redis() -> RedisOptions {
         .fold(RedisOptions::default(), RedisOptions::with_arg)
 }
 
-fn no_sentinels() -> ServerError {
+/// The hash tag of the lock called `name`'s keys under the default prefix, which decides
+/// its slot on a cluster.
+fn cluster_tag(name: &str) -> Option<String> {
+    Some(format!("{{lock:{}}}", LockName::new(name).ok()?.escaped()))
+}
+
+fn no_failover() -> ServerError {
     ServerError::InvalidSetting {
         variable: "faults".to_owned(),
         value: "failover".to_owned(),
-        expected: "servers under Redis Sentinel (--backend redis-sentinel)".to_owned(),
+        expected: "Redis under Sentinel or a Redis Cluster (--backend redis-sentinel or \
+                   redis-cluster)"
+            .to_owned(),
     }
 }
 

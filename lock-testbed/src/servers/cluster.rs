@@ -327,6 +327,45 @@ impl RedisClusterSet {
         self.wait_until_settled(deadline).await
     }
 
+    /// The index of a replica of the primary `primary` (an index in [`nodes`](Self::nodes))
+    /// that is not failing, as the first node that answers sees it.
+    pub async fn replica_of(&self, primary: usize) -> Result<usize, ServerError> {
+        let address = self.member(primary)?.socket_addr();
+        let table = self.table().await?;
+        let id = table
+            .iter()
+            .find(|entry| entry.address == address)
+            .map(|entry| entry.id.as_str())
+            .ok_or_else(|| protocol(format!("{address} is not in the cluster's table")))?;
+        let replica = table
+            .iter()
+            .find(|entry| entry.follows.as_deref() == Some(id) && !entry.failing)
+            .ok_or_else(|| protocol(format!("{address} has no replica that is not failing")))?;
+        self.index_of(replica.address)
+    }
+
+    /// Starts node `index` again after a kill (see
+    /// [`kill_and_fail_over`](Self::kill_and_fail_over)) with what it knew of the cluster,
+    /// and waits until it has rejoined (a primary replaced meanwhile comes back as a replica
+    /// of its successor) and the cluster has settled.
+    pub async fn rejoin(&mut self, index: usize) -> Result<(), ServerError> {
+        let len = self.nodes.len();
+        let node = self
+            .nodes
+            .get_mut(index)
+            .ok_or(ServerError::NoSuchMember { index, len })?;
+        node.restart().await?;
+        self.settled().await
+    }
+
+    /// Waits, bounded by [`RedisClusterOptions::startup_timeout`], until every running node
+    /// says the cluster is ok with every slot and knows every node, and every replica holds
+    /// its primary's copy (after a failover, the old primary is then a replica).
+    pub async fn settled(&self) -> Result<(), ServerError> {
+        self.wait_until_settled(Instant::now() + self.opts.startup_timeout)
+            .await
+    }
+
     /// Waits until every running node says the cluster is ok with every slot and knows
     /// every node, and every replica holds its primary's copy.
     async fn wait_until_settled(&self, deadline: Instant) -> Result<(), ServerError> {
@@ -433,7 +472,12 @@ impl RedisClusterSet {
 /// One line of `CLUSTER NODES`: `id ip:port@cport flags primary ping pong epoch link slots…`.
 #[derive(Debug)]
 struct Entry {
+    id: String,
     address: SocketAddr,
+    /// The id of the primary it replicates, for a replica.
+    follows: Option<String>,
+    /// Called failing (`fail`), or suspected (`fail?`).
+    failing: bool,
     primary: bool,
     /// Served slot ranges, inclusive (migration markers such as `[5->-id]` left out).
     slots: Vec<(u16, u16)>,
@@ -443,7 +487,14 @@ impl Entry {
     fn parse(line: &str) -> Option<Entry> {
         let fields: Vec<&str> = line.split_whitespace().collect();
         let address = fields.get(1)?.split('@').next()?.parse().ok()?;
+        let follows = fields
+            .get(3)
+            .filter(|primary| **primary != "-")
+            .map(|primary| (*primary).to_owned());
         let flags = fields.get(2)?;
+        let failing = flags
+            .split(',')
+            .any(|flag| flag == "fail" || flag == "fail?");
         let primary = flags.split(',').any(|flag| flag == "master")
             && !flags.split(',').any(|flag| flag == "fail");
         let slots = fields
@@ -457,7 +508,10 @@ impl Entry {
             })
             .collect();
         Some(Entry {
+            id: (*fields.first()?).to_owned(),
             address,
+            follows,
+            failing,
             primary,
             slots,
         })
