@@ -51,25 +51,41 @@ fn server_ports() -> std::ops::Range<u16> {
 
 /// The file whose bytes stand for ports: a process that hands a port out locks its byte
 /// (an open file description lock, gone when the process ends), so that processes starting
-/// servers side by side never hand out the same port, even while its server is down.
+/// servers side by side never hand out the same port, even while its server is down. One
+/// file per user: another user's file in a shared temporary directory cannot be opened.
 static RESERVATIONS: LazyLock<Option<File>> = LazyLock::new(|| {
-    let path = std::env::temp_dir().join("distlock-test-ports.lock");
+    let path = reservations_path();
     OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
-        .open(path)
+        .open(&path)
+        .inspect_err(|error| {
+            warn!(%error, path = %path.display(), "ports are not reserved across processes");
+        })
         .ok()
 });
 
+fn reservations_path() -> PathBuf {
+    let user = nix::unistd::Uid::current();
+    std::env::temp_dir().join(format!("distlock-test-ports-{user}.lock"))
+}
+
 /// Reserves `port` for this process: `false` if another process holds it. Without the
-/// reservations file every port is taken as free.
+/// reservations file, or where the file cannot be locked, every port is taken as free.
 fn reserve(port: u16) -> bool {
     let Some(file) = RESERVATIONS.as_ref() else {
         return true;
     };
-    nix::fcntl::fcntl(file, nix::fcntl::FcntlArg::F_OFD_SETLK(&port_lock(port))).is_ok()
+    match nix::fcntl::fcntl(file, nix::fcntl::FcntlArg::F_OFD_SETLK(&port_lock(port))) {
+        Ok(_) => true,
+        Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) => false,
+        Err(error) => {
+            debug!(%error, port, "a port could not be reserved across processes");
+            true
+        }
+    }
 }
 
 /// A write lock on `port`'s byte of the reservations file.
@@ -83,13 +99,13 @@ fn port_lock(port: u16) -> nix::libc::flock {
     }
 }
 
-/// A free TCP port on 127.0.0.1 for a server: one that binds now, below the range of
-/// outgoing connections' source ports (see [`server_ports`]), taken in turn from a random
-/// start, and reserved against the other processes that start servers (see
-/// [`RESERVATIONS`]).
+/// A free TCP port on 127.0.0.1 for a server: one that binds now, just below the range the
+/// kernel takes outgoing connections' source ports from (`ip_local_port_range`), taken in
+/// turn from a random start, and reserved against the other processes of this user that
+/// start servers (a lock on the port's byte of a file in the temporary directory).
 ///
-/// Never returns the same port twice on this machine while the process lives. A process
-/// that does not reserve its ports may still take one before the server binds it; that
+/// Never returns the same port twice in one process, nor a port another such process has
+/// handed out. Another program may still take the port before the server binds it; that
 /// race is accepted (the start-up then fails with the server's own "address in use" in the
 /// log).
 pub fn free_port() -> Result<u16, ServerError> {
@@ -674,7 +690,7 @@ mod tests {
         let other = OpenOptions::new()
             .read(true)
             .write(true)
-            .open(std::env::temp_dir().join("distlock-test-ports.lock"))
+            .open(reservations_path())
             .unwrap();
         let taken = nix::fcntl::fcntl(&other, nix::fcntl::FcntlArg::F_OFD_SETLK(&port_lock(port)));
         assert!(taken.is_err(), "port {port} was not reserved");
