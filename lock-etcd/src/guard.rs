@@ -2,7 +2,7 @@
 //! error, or a guard dropped without release.
 
 use std::fmt;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -279,7 +279,7 @@ impl HeldEntry for HeldKey {
         BACKEND
     }
 
-    async fn remove(&mut self, sent: &mut bool) -> Result<Removal, RemovalError> {
+    async fn remove(&mut self, sent: &AtomicBool) -> Result<Removal, RemovalError> {
         let Some(session) = self.session().filter(|session| !session.is_over()) else {
             return Err(RemovalError::SessionOver);
         };
@@ -292,7 +292,7 @@ impl HeldEntry for HeldKey {
             )])
             .and_then([TxnOp::delete(key, None)]);
         let mut kv = session.client.kv_client();
-        *sent = true;
+        sent.store(true, Ordering::Release);
         match session.ask(&self.name, kv.txn(txn)).await {
             Ok(answer) if answer.succeeded() => Ok(Removal::Removed),
             Ok(_) => Ok(Removal::Gone),

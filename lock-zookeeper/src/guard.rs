@@ -4,6 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -279,7 +280,7 @@ impl HeldEntry for HeldNode {
         BACKEND
     }
 
-    async fn remove(&mut self, sent: &mut bool) -> Result<Removal, RemovalError> {
+    async fn remove(&mut self, sent: &AtomicBool) -> Result<Removal, RemovalError> {
         let Some(session) = self.session.upgrade().filter(|session| !session.is_over()) else {
             return Err(RemovalError::SessionOver);
         };
@@ -298,7 +299,7 @@ impl HeldEntry for HeldNode {
                 Err(error) => return Err(self.failed(error)),
             }
         }
-        *sent = true;
+        sent.store(true, Ordering::Release);
         match client.delete(&self.path, version).await {
             Ok(()) => Ok(Removal::Removed),
             Err(ZkError::NoNode | ZkError::BadVersion) => Ok(Removal::Gone),

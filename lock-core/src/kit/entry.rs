@@ -31,7 +31,7 @@ pub trait HeldEntry: Send + Sync + fmt::Debug + 'static {
     /// Deletes the entry if it is still this grant's. Sets `sent` just before it sends the
     /// delete: a delete once sent may have been applied, even if its answer never comes or
     /// this future is dropped.
-    async fn remove(&mut self, sent: &mut bool) -> Result<Removal, RemovalError>;
+    async fn remove(&mut self, sent: &AtomicBool) -> Result<Removal, RemovalError>;
     /// Stops the session from counting the guard among those it must signal when it is
     /// lost: the grant is over.
     fn forget(&self);
@@ -70,6 +70,8 @@ pub enum RemovalError {
 /// signal): a watch the backend sets on its entry.
 ///
 /// ```
+/// use std::sync::atomic::{AtomicBool, Ordering};
+///
 /// use lock_core::kit::{HeldEntry, Removal, RemovalError, entry_guard};
 /// use lock_core::{async_trait, FencingToken, LockError, LockName, lost_signal};
 ///
@@ -80,8 +82,8 @@ pub enum RemovalError {
 /// #[async_trait]
 /// impl HeldEntry for Node {
 ///     fn backend(&self) -> &'static str { "example" }
-///     async fn remove(&mut self, sent: &mut bool) -> Result<Removal, RemovalError> {
-///         *sent = true;
+///     async fn remove(&mut self, sent: &AtomicBool) -> Result<Removal, RemovalError> {
+///         sent.store(true, Ordering::Release);
 ///         Ok(Removal::Removed)
 ///     }
 ///     fn forget(&self) {}
@@ -118,10 +120,26 @@ pub fn entry_guard(
         entry: Some(Box::new(entry)),
         name: name.to_string(),
         releasing,
-        in_doubt: false,
+        in_doubt: AtomicBool::new(false),
         lost: lost.clone(),
     };
     Guard::new(name.clone(), token, lost, Box::new(backend))
+}
+
+/// Ends a release that did not end the grant — failed, or dropped on the way: unless a
+/// delete of ours may have been applied, a removal of the entry is a loss again.
+struct Settle<'a> {
+    releasing: &'a AtomicBool,
+    in_doubt: &'a AtomicBool,
+    armed: bool,
+}
+
+impl Drop for Settle<'_> {
+    fn drop(&mut self) {
+        if self.armed && !self.in_doubt.load(Ordering::Acquire) {
+            self.releasing.store(false, Ordering::Release);
+        }
+    }
 }
 
 /// The backend side of a guard over a held entry.
@@ -136,7 +154,7 @@ struct EntryGuard {
     releasing: Arc<AtomicBool>,
     /// A delete of ours was sent and its outcome never learned (set by the entry as it
     /// sends, so that a release dropped meanwhile leaves it set).
-    in_doubt: bool,
+    in_doubt: AtomicBool,
     lost: LostSignal,
 }
 
@@ -157,14 +175,20 @@ impl GuardBackend for EntryGuard {
             return Ok(());
         };
         self.releasing.store(true, Ordering::Release);
-        let was_in_doubt = self.in_doubt;
-        let removal = entry.remove(&mut self.in_doubt).await;
+        let was_in_doubt = self.in_doubt.load(Ordering::Acquire);
+        let mut settle = Settle {
+            releasing: &self.releasing,
+            in_doubt: &self.in_doubt,
+            armed: true,
+        };
+        let removal = entry.remove(&self.in_doubt).await;
         // Removed or gone: the grant is over either way.
         if removal.is_ok()
             && let Some(entry) = self.entry.take()
         {
             entry.forget();
         }
+        settle.armed = removal.is_err();
         match removal {
             Ok(Removal::Removed) => Ok(()),
             // Gone after a delete of ours whose outcome we never learned: that delete
@@ -173,17 +197,9 @@ impl GuardBackend for EntryGuard {
             Ok(Removal::Gone) if was_in_doubt => Ok(()),
             Ok(Removal::Gone) => Err(self.lost(LossReason::EntryRemoved)),
             Err(RemovalError::SessionOver) => Err(self.lost(LossReason::SessionExpired)),
-            Err(RemovalError::Unknown(error)) => {
-                if !self.in_doubt {
-                    self.releasing.store(false, Ordering::Release);
-                }
-                Err(error)
-            }
+            Err(RemovalError::Unknown(error)) => Err(error),
             Err(RemovalError::Failed(error)) => {
-                self.in_doubt = was_in_doubt;
-                if !was_in_doubt {
-                    self.releasing.store(false, Ordering::Release);
-                }
+                self.in_doubt.store(was_in_doubt, Ordering::Release);
                 Err(error)
             }
         }
@@ -221,10 +237,18 @@ mod tests {
         RemovedWatched,
         Gone,
         SessionOver,
+        /// Sent, and its answer lost.
         Unknown,
+        /// Lost before it was sent.
+        UnknownUnsent,
+        /// Not sent.
         Failed,
+        /// Sent, and refused.
+        RefusedAfterSend,
         /// Sent, and never answered.
         Hang,
+        /// Never answered, and not sent.
+        HangUnsent,
     }
 
     /// What the guard asked of the scripted entry.
@@ -257,11 +281,19 @@ mod tests {
         fn backend(&self) -> &'static str {
             "scripted"
         }
-        async fn remove(&mut self, sent: &mut bool) -> Result<Removal, RemovalError> {
+        async fn remove(&mut self, sent: &AtomicBool) -> Result<Removal, RemovalError> {
             self.counts.removes.fetch_add(1, Ordering::SeqCst);
             let answer = self.answers.lock().unwrap().pop_front();
-            if !matches!(answer, Some(Answer::SessionOver | Answer::Failed)) {
-                *sent = true;
+            if !matches!(
+                answer,
+                Some(
+                    Answer::SessionOver
+                        | Answer::Failed
+                        | Answer::UnknownUnsent
+                        | Answer::HangUnsent
+                )
+            ) {
+                sent.store(true, Ordering::SeqCst);
             }
             match answer {
                 None => Ok(Removal::Removed),
@@ -273,9 +305,13 @@ mod tests {
                 }
                 Some(Answer::Gone) => Ok(Removal::Gone),
                 Some(Answer::SessionOver) => Err(RemovalError::SessionOver),
-                Some(Answer::Unknown) => Err(RemovalError::Unknown(failure())),
-                Some(Answer::Failed) => Err(RemovalError::Failed(failure())),
-                Some(Answer::Hang) => std::future::pending().await,
+                Some(Answer::Unknown | Answer::UnknownUnsent) => {
+                    Err(RemovalError::Unknown(failure()))
+                }
+                Some(Answer::Failed | Answer::RefusedAfterSend) => {
+                    Err(RemovalError::Failed(failure()))
+                }
+                Some(Answer::Hang | Answer::HangUnsent) => std::future::pending().await,
             }
         }
         fn forget(&self) {
@@ -361,6 +397,27 @@ mod tests {
         let dropped = tokio::time::timeout(Duration::from_millis(20), guard.release()).await;
         assert!(dropped.is_err(), "the first release never ends");
         guard.release().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_release_that_did_not_send_its_delete_leaves_the_guard_watching() {
+        for first in [Answer::UnknownUnsent, Answer::HangUnsent] {
+            let (mut guard, remove) = watched([first]);
+            let lost = guard.lost();
+            let release = tokio::time::timeout(Duration::from_millis(20), guard.release()).await;
+            assert!(!matches!(release, Ok(Ok(()))));
+            remove.send(()).unwrap();
+            let reason = tokio::time::timeout(Duration::from_secs(5), lost.wait()).await;
+            assert_eq!(reason.unwrap(), Some(LossReason::EntryRemoved));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_delete_refused_after_it_was_sent_leaves_nothing_in_doubt() {
+        let (mut guard, _) = held([Answer::RefusedAfterSend, Answer::Gone]);
+        assert!(guard.release().await.is_err());
+        let error = guard.release().await.unwrap_err();
+        assert!(is_lost(&error, LossReason::EntryRemoved), "{error:?}");
     }
 
     #[tokio::test]
