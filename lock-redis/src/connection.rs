@@ -79,22 +79,20 @@ impl ClusterClients {
     }
 }
 
-/// The connection short requests share.
+/// A connection to one server (`S`), or to a cluster.
 #[derive(Clone)]
-pub(crate) enum Shared {
-    /// One server's, reconnecting.
-    Server(ConnectionManager),
-    /// A cluster's.
-    Cluster(ClusterConnection),
-}
-
-/// A connection of its own, for requests that block (`BLPOP`, `WAIT`).
-pub(crate) enum Own {
+pub(crate) enum Connection<S> {
     /// To one server.
-    Server(MultiplexedConnection),
+    Server(S),
     /// To a cluster (one connection per node inside).
     Cluster(ClusterConnection),
 }
+
+/// The connection short requests share: one server's reconnects.
+pub(crate) type Shared = Connection<ConnectionManager>;
+
+/// A connection of its own, for requests that block (`BLPOP`, `WAIT`).
+pub(crate) type Own = Connection<MultiplexedConnection>;
 
 /// What opens [`Own`] connections.
 #[derive(Clone)]
@@ -143,11 +141,11 @@ impl Own {
     }
 }
 
-impl ConnectionLike for Shared {
+impl<S: ConnectionLike> ConnectionLike for Connection<S> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Shared::Server(connection) => connection.req_packed_command(cmd),
-            Shared::Cluster(connection) => connection.req_packed_command(cmd),
+            Connection::Server(connection) => connection.req_packed_command(cmd),
+            Connection::Cluster(connection) => connection.req_packed_command(cmd),
         }
     }
 
@@ -158,43 +156,19 @@ impl ConnectionLike for Shared {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Shared::Server(connection) => connection.req_packed_commands(pipeline, offset, count),
-            Shared::Cluster(connection) => connection.req_packed_commands(pipeline, offset, count),
+            Connection::Server(connection) => {
+                connection.req_packed_commands(pipeline, offset, count)
+            }
+            Connection::Cluster(connection) => {
+                connection.req_packed_commands(pipeline, offset, count)
+            }
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Shared::Server(connection) => connection.get_db(),
-            Shared::Cluster(connection) => connection.get_db(),
-        }
-    }
-}
-
-impl ConnectionLike for Own {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Own::Server(connection) => connection.req_packed_command(cmd),
-            Own::Cluster(connection) => connection.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Own::Server(connection) => connection.req_packed_commands(pipeline, offset, count),
-            Own::Cluster(connection) => connection.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Own::Server(connection) => connection.get_db(),
-            Own::Cluster(connection) => connection.get_db(),
+            Connection::Server(connection) => connection.get_db(),
+            Connection::Cluster(connection) => connection.get_db(),
         }
     }
 }

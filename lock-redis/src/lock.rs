@@ -223,8 +223,9 @@ impl RedisLock {
                     match grant.renew("grant").await? {
                         Renewal::Renewed => (confirming, self.shared.config.lease.ttl),
                         _ => {
-                            return Err(grant
-                                .not_confirmed("the grant was gone before the replicas had it"));
+                            return Err(
+                                grant.retryable("the grant was gone before the replicas had it")
+                            );
                         }
                     }
                 } else {
@@ -399,15 +400,10 @@ impl RedisLock {
                 }));
             }
             if token < 0 {
-                return Err(LockError::Backend {
-                    backend: BACKEND,
-                    name: Some(self.name.to_string()),
-                    message: "this waiter's place in the queue is gone (deleted by another \
-                              client, or dropped after the waiter fell silent)"
-                        .to_owned(),
-                    retryable: true,
-                    source: None,
-                });
+                return Err(grant.retryable(
+                    "this waiter's place in the queue is gone (deleted by another client, or \
+                     dropped after the waiter fell silent)",
+                ));
             }
             if !queue || deadline.has_passed() {
                 return Ok(None);
@@ -590,7 +586,7 @@ impl Claim {
             );
             match renewal.await? {
                 (_, Some(acknowledged)) if acknowledged < wanted => {
-                    return Err(self.not_confirmed(&format!(
+                    return Err(self.retryable(&format!(
                         "the {what} reached {acknowledged} of {wanted} replicas \
                          (wait_replicas) within {wait:?}"
                     )));
@@ -605,8 +601,9 @@ impl Claim {
         })
     }
 
-    /// The retryable error of a grant or renewal the replicas did not confirm.
-    fn not_confirmed(&self, message: &str) -> LockError {
+    /// A retryable error about this claim: a grant or renewal the replicas did not confirm,
+    /// a place in the queue gone.
+    fn retryable(&self, message: &str) -> LockError {
         LockError::Backend {
             backend: BACKEND,
             name: Some(self.name.to_string()),

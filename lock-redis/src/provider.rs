@@ -72,26 +72,15 @@ impl RedisLockProvider {
     pub async fn connect(config: RedisConfig) -> Result<Self, LockError> {
         config.validate()?;
         let metrics = Arc::new(Metrics::new());
-        let timeout = config.lease.timeout;
+        let (server, timeout, counted) = (&config.server, config.lease.timeout, metrics.clone());
         let node = match (&config.sentinel, &config.cluster) {
             (Some(sentinel), _) => {
-                let metrics = Arc::clone(&metrics);
-                Node::connect_sentinel(sentinel, &config.server, timeout, BACKEND, metrics).await?
+                Node::connect_sentinel(sentinel, server, timeout, BACKEND, counted).await?
             }
             (None, Some(cluster)) => {
-                let metrics = Arc::clone(&metrics);
-                Node::connect_cluster(cluster, &config.server, timeout, BACKEND, metrics).await?
+                Node::connect_cluster(cluster, server, timeout, BACKEND, counted).await?
             }
-            (None, None) => {
-                Node::connect(
-                    &config.server,
-                    timeout,
-                    BACKEND,
-                    Arc::clone(&metrics),
-                    false,
-                )
-                .await?
-            }
+            (None, None) => Node::connect(server, timeout, BACKEND, counted, false).await?,
         };
         let shared = Arc::new(Shared {
             config,

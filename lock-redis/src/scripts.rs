@@ -2,23 +2,12 @@
 //! script, so it is atomic on the server. Each script names its `KEYS` and `ARGV` positions
 //! in locals at its top.
 //!
-//! The queue scripts (`ATTEMPT`, `RELEASE`, `CANCEL`) start with `handoff.lua`, which names
-//! the five keys they all take, in this order (all with the lock's hash tag): the owner, the
-//! fencing counter, the waiter queue (a list of owner ids), the waiters' deadlines (a hash:
-//! owner id → server time in ms) and the receipt of the last release (its owner id, kept for
-//! a lease's length). Their arguments are `id, ttl, liveness, prefix, mode, channel, claim`
-//! (see `queue` below), and `ATTEMPT` adds `queue`. A waiter's own list, where a
-//! hand-off pushes its token, is `prefix .. id`.
-//!
-//! The permit scripts (`PERMIT_*`, for read-write locks and semaphores) start with
-//! `permits.lua`, which names their six keys: the holders (a sorted set: id → lease end in
-//! server ms), the fencing counter, the queue, the deadlines, the receipts of releases (a
-//! sorted set like the holders) and the weights (a hash: id → permits taken). Their
-//! arguments are `id, ttl, liveness, prefix, claim, capacity`; `PERMIT_ATTEMPT` adds
-//! `queue, weight`.
-//!
-//! An id is in the queue at most once (it joins only when not found there), so removing it
-//! stops at its one occurrence.
+//! The queue scripts (`ATTEMPT`, `RELEASE`, `CANCEL`) start with `handoff.lua`, and the
+//! permit scripts (`PERMIT_*`, for read-write locks and semaphores) with `permits.lua`: the
+//! keys they all take, in order, and what they share are named there; [`queue`] and
+//! [`permits`] pass the arguments. A waiter's own list, where a hand-off pushes its token, is
+//! `prefix .. id`. An id is in the queue at most once (it joins only when not found there),
+//! so removing it stops at its one occurrence.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -153,8 +142,7 @@ pub(crate) struct QueueArgs {
     pub(crate) candidate: bool,
 }
 
-/// A queue script (`ATTEMPT`, `RELEASE`, `CANCEL`) for owner `id` on the lock's five keys:
-/// `id, ttl, liveness, prefix, mode, channel, claim` (`ATTEMPT` takes one more).
+/// A queue script (`ATTEMPT`, `RELEASE`, `CANCEL`) for owner `id` on the lock's five keys.
 pub(crate) fn queue(
     script: &'static Script,
     keys: &LockKeys,

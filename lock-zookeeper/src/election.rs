@@ -7,11 +7,9 @@ use async_trait::async_trait;
 use lock_core::election::LeaderSource;
 use lock_core::kit::ElectionAttempt;
 use lock_core::{Deadline, Guard, LeaderInfo, LockError, LockName};
-use uuid::Uuid;
 use zookeeper_client::Error as ZkError;
 
 use crate::error::BACKEND;
-use crate::guard::grant;
 use crate::node::{NodeKind, contenders, sequence, token};
 use crate::queue::{Place, Role, Waiting};
 
@@ -100,18 +98,10 @@ impl ElectionAttempt for ZkElection {
     /// Queues a candidate node holding `value` and waits to be first, herd-free.
     async fn attempt(&self, value: &[u8], deadline: Deadline) -> Result<Option<Guard>, LockError> {
         let place = self.place.with_data(value);
-        let session = place.shared.session(&place.name).await?;
-        let granted = place
-            .wait_turn(
-                &session,
-                NodeKind::Candidate,
-                Role::Exclusive,
-                Uuid::new_v4(),
-                deadline,
-                Waiting::Predecessor,
-            )
-            .await?;
-        Ok(granted.map(|granted| grant(&place.shared, &session, &place.name, granted)))
+        let (kind, role) = (NodeKind::Candidate, Role::Exclusive);
+        place
+            .take_turn(kind, role, deadline, Waiting::Predecessor)
+            .await
     }
 }
 

@@ -13,11 +13,8 @@ use crate::config::ZkStrategy;
 use crate::error::{BACKEND, outcome_unknown};
 use crate::guard::{Claim, Granted, Pending, grant};
 use crate::node::{NodeKind, SINGLE_NODE};
-use crate::queue::{Place, RETRY_PAUSE, Role, Waiting};
+use crate::queue::{CREATE_ATTEMPTS, Place, RETRY_PAUSE, Role, Waiting};
 use crate::session::Session;
-
-/// How many lost replies the single-node lock's create survives.
-const CREATE_ATTEMPTS: usize = 10;
 
 /// A lock handle from a [`ZkLockProvider`](crate::ZkLockProvider).
 pub struct ZkLock {
@@ -47,23 +44,13 @@ impl MutexAttempt for ZkLock {
     /// Takes the lock, or gives up at the deadline with `Ok(None)`, leaving nothing behind.
     async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
         let place = &self.place;
-        let session = place.shared.session(&place.name).await?;
         let strategy = place.shared.config.strategy;
-        let granted = match strategy {
-            ZkStrategy::SingleNode => self.single_node(&session, deadline).await,
-            _ => {
-                place
-                    .wait_turn(
-                        &session,
-                        NodeKind::Lock,
-                        Role::Exclusive,
-                        Uuid::new_v4(),
-                        deadline,
-                        Waiting::of(strategy),
-                    )
-                    .await
-            }
-        }?;
+        if !matches!(strategy, ZkStrategy::SingleNode) {
+            let waiting = Waiting::of(strategy);
+            return (place.take_turn(NodeKind::Lock, Role::Exclusive, deadline, waiting)).await;
+        }
+        let session = place.shared.session(&place.name).await?;
+        let granted = self.single_node(&session, deadline).await?;
         Ok(granted.map(|granted| grant(&place.shared, &session, &place.name, granted)))
     }
 }

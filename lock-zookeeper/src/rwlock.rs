@@ -5,10 +5,8 @@ use std::fmt;
 use async_trait::async_trait;
 use lock_core::kit::{RwAttempt, RwSide};
 use lock_core::{Deadline, Guard, LockError, LockName};
-use uuid::Uuid;
 
 use crate::error::BACKEND;
-use crate::guard::grant;
 use crate::node::NodeKind;
 use crate::queue::{Place, Role, Waiting};
 
@@ -74,12 +72,7 @@ impl RwAttempt for ZkRwLock {
             RwSide::Read => (NodeKind::Read, Role::Shared),
             RwSide::Write => (NodeKind::Write, Role::Exclusive),
         };
-        let place = &self.place;
-        let session = place.shared.session(&place.name).await?;
-        let waiting = Waiting::of(place.shared.config.strategy);
-        let granted = place
-            .wait_turn(&session, kind, role, Uuid::new_v4(), deadline, waiting)
-            .await?;
-        Ok(granted.map(|granted| grant(&place.shared, &session, &place.name, granted)))
+        let waiting = Waiting::of(self.place.shared.config.strategy);
+        self.place.take_turn(kind, role, deadline, waiting).await
     }
 }

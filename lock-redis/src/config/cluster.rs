@@ -103,15 +103,8 @@ pub(super) fn from_url(url: &LockUrl, params: RedisParams) -> Result<RedisConfig
     }
     // The login, as `redis://` reads it; the host is the first node's.
     let server: RedisServer = servers(url, false, None, "redis")?.remove(0);
-    let nodes = url.hosts.iter().map(|host| {
-        let port = host.port.unwrap_or(RedisServer::DEFAULT_PORT);
-        if host.host.contains(':') {
-            format!("[{}]:{port}", host.host)
-        } else {
-            format!("{}:{port}", host.host)
-        }
-    });
-    let cluster = RedisCluster::new(nodes);
+    let nodes = url.hosts.iter();
+    let cluster = RedisCluster::new(nodes.map(|host| host.to_address(RedisServer::DEFAULT_PORT)));
     let mut config = params.config(server, None)?;
     config.cluster = Some(cluster);
     config.validate()?;

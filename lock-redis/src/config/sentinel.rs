@@ -106,18 +106,8 @@ pub(super) fn from_url(url: &LockUrl, params: RedisParams) -> Result<RedisConfig
     let mut at_db = url.clone();
     at_db.path = format!("/{db}");
     let server: RedisServer = servers(&at_db, false, None, "redis")?.remove(0);
-    let sentinels = url
-        .hosts
-        .iter()
-        .map(|host| {
-            let port = host.port.unwrap_or(RedisSentinel::DEFAULT_PORT);
-            if host.host.contains(':') {
-                format!("[{}]:{port}", host.host)
-            } else {
-                format!("{}:{port}", host.host)
-            }
-        })
-        .collect::<Vec<_>>();
+    let sentinels = url.hosts.iter();
+    let sentinels = sentinels.map(|host| host.to_address(RedisSentinel::DEFAULT_PORT));
     params.config(server, Some(RedisSentinel::new(service, sentinels)))
 }
 

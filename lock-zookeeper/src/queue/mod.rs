@@ -21,7 +21,7 @@ pub(crate) use turn::{Role, Waiting};
 
 /// How many times a create is retried when the directory vanished or the reply was lost,
 /// and a read whose answer did not come.
-const CREATE_ATTEMPTS: usize = 10;
+pub(crate) const CREATE_ATTEMPTS: usize = 10;
 /// Pause before retrying a request whose outcome was unknown (the client reconnects).
 pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(100);
 

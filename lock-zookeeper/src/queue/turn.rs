@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use lock_core::kit::Wakeups;
-use lock_core::{Deadline, LockError};
+use lock_core::{Deadline, Guard, LockError};
 use uuid::Uuid;
 use zookeeper_client::{Error as ZkError, EventType, WatchedEvent};
 
 use super::{Listing, Place};
 use crate::config::ZkStrategy;
-use crate::guard::{Claim, Granted, OwnNodeWatch, Pending};
+use crate::guard::{Claim, Granted, OwnNodeWatch, Pending, grant};
 use crate::node::{NodeKind, contenders, is_reader};
 use crate::session::Session;
 
@@ -100,6 +100,22 @@ fn ready_now<F: Future + ?Sized>(future: Pin<&mut F>) -> Option<F::Output> {
 }
 
 impl Place {
+    /// A contender of `kind` on the provider's session, queued and granted as
+    /// [`wait_turn`](Self::wait_turn) says: its guard, or `Ok(None)` at the deadline.
+    pub(crate) async fn take_turn(
+        &self,
+        kind: NodeKind,
+        role: Role,
+        deadline: Deadline,
+        waiting: Waiting,
+    ) -> Result<Option<Guard>, LockError> {
+        let session = self.shared.session(&self.name).await?;
+        let granted = self
+            .wait_turn(&session, kind, role, Uuid::new_v4(), deadline, waiting)
+            .await?;
+        Ok(granted.map(|granted| grant(&self.shared, &session, &self.name, granted)))
+    }
+
     /// Queues a contender of `kind` and waits until `role` lets it hold, or until the
     /// deadline (`Ok(None)`, nothing left behind).
     ///
