@@ -46,6 +46,24 @@ fn run_herd(args: &[&str], dir: &std::path::Path) -> Vec<Value> {
     serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
 }
 
+/// A small run of `strategies` on the servers `servers` says: N = 5, 20 handoffs, held
+/// 10 ms each (every waiter is back waiting before the next release).
+fn run_small(servers: &[&str], strategies: &str, dir: &std::path::Path) -> Vec<Value> {
+    let small = [
+        "--strategies",
+        strategies,
+        "--contenders",
+        "5",
+        "--handoffs",
+        "20",
+        "--floor-rounds",
+        "10",
+        "--hold-ms",
+        "10",
+    ];
+    run_herd(&[servers, &small[..]].concat(), dir)
+}
+
 /// The run of `strategy` with `n` contenders.
 fn run_of<'r>(runs: &'r [Value], strategy: &str, n: u64) -> &'r Value {
     runs.iter()
@@ -165,22 +183,7 @@ fn a_smoke_run_reports_every_strategy_and_the_herd() {
 #[test]
 fn a_cluster_run_reports_the_redis_strategies() {
     let dir = tempfile::tempdir().unwrap();
-    let runs = run_herd(
-        &[
-            "--redis-cluster",
-            "--strategies",
-            "redis-pubsub,redis-queue",
-            "--contenders",
-            "5",
-            "--handoffs",
-            "20",
-            "--floor-rounds",
-            "10",
-            "--hold-ms",
-            "10",
-        ],
-        dir.path(),
-    );
+    let runs = run_small(&["--redis-cluster"], "redis-pubsub,redis-queue", dir.path());
     assert_eq!(runs.len(), 2, "one object per strategy: {runs:?}");
     queue_is_herd_free(&runs, 5);
     let w = wakeups(&runs, "redis-pubsub", 5);
@@ -194,21 +197,9 @@ fn a_cluster_run_reports_the_redis_strategies() {
 #[test]
 fn an_ensemble_run_reports_the_zookeeper_strategies() {
     let dir = tempfile::tempdir().unwrap();
-    let runs = run_herd(
-        &[
-            "--zk-ensemble",
-            "3",
-            "--strategies",
-            "zk-children,zk-predecessor",
-            "--contenders",
-            "5",
-            "--handoffs",
-            "20",
-            "--floor-rounds",
-            "10",
-            "--hold-ms",
-            "10",
-        ],
+    let runs = run_small(
+        &["--zk-ensemble", "3"],
+        "zk-children,zk-predecessor",
         dir.path(),
     );
     assert_eq!(runs.len(), 2, "one object per strategy: {runs:?}");

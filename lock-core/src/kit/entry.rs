@@ -325,35 +325,47 @@ mod tests {
         }
     }
 
-    /// A guard over a scripted entry.
+    /// A guard over a scripted entry whose removal the entry reports during its own delete.
     fn held(answers: impl IntoIterator<Item = Answer>) -> (Guard, Arc<Counts>) {
-        let counts = Arc::new(Counts::default());
-        let (removal, removed) = oneshot::channel::<()>();
-        let entry = Scripted {
-            answers: Mutex::new(answers.into_iter().collect()),
-            counts: Arc::clone(&counts),
-            removal: Mutex::new(Some(removal)),
-        };
-        let name = LockName::new("entry").unwrap();
-        let guard = entry_guard(&name, FencingToken(1), entry, lost_signal(), async move {
-            removed.await.is_ok()
-        });
+        let (guard, counts, _) = scripted(answers, true);
         (guard, counts)
     }
 
-    /// A guard whose entry is reported removed through the returned switch.
+    /// A guard over a scripted entry whose removal the test reports through the switch.
     fn watched(answers: impl IntoIterator<Item = Answer>) -> (Guard, oneshot::Sender<()>) {
+        let (guard, _, switch) = scripted(answers, false);
+        (guard, switch.unwrap())
+    }
+
+    fn scripted(
+        answers: impl IntoIterator<Item = Answer>,
+        switch_in_entry: bool,
+    ) -> (Guard, Arc<Counts>, Option<oneshot::Sender<()>>) {
+        let counts = Arc::new(Counts::default());
         let (removal, removed) = oneshot::channel::<()>();
+        let (in_entry, in_test) = if switch_in_entry {
+            (Some(removal), None)
+        } else {
+            (None, Some(removal))
+        };
         let entry = Scripted {
             answers: Mutex::new(answers.into_iter().collect()),
-            counts: Arc::default(),
-            removal: Mutex::new(None),
+            counts: Arc::clone(&counts),
+            removal: Mutex::new(in_entry),
         };
         let name = LockName::new("entry").unwrap();
         let guard = entry_guard(&name, FencingToken(1), entry, lost_signal(), async move {
             removed.await.is_ok()
         });
-        (guard, removal)
+        (guard, counts, in_test)
+    }
+
+    /// Reports the entry removed, and expects the guard's lost signal to fire for it.
+    async fn expect_lost_on_removal(guard: &Guard, remove: oneshot::Sender<()>) {
+        let lost = guard.lost();
+        remove.send(()).unwrap();
+        let reason = tokio::time::timeout(Duration::from_secs(5), lost.wait()).await;
+        assert_eq!(reason.unwrap(), Some(LossReason::EntryRemoved));
     }
 
     /// Lets the spawned watch task run.
@@ -403,12 +415,9 @@ mod tests {
     async fn a_release_that_did_not_send_its_delete_leaves_the_guard_watching() {
         for first in [Answer::UnknownUnsent, Answer::HangUnsent] {
             let (mut guard, remove) = watched([first]);
-            let lost = guard.lost();
             let release = tokio::time::timeout(Duration::from_millis(20), guard.release()).await;
             assert!(!matches!(release, Ok(Ok(()))));
-            remove.send(()).unwrap();
-            let reason = tokio::time::timeout(Duration::from_secs(5), lost.wait()).await;
-            assert_eq!(reason.unwrap(), Some(LossReason::EntryRemoved));
+            expect_lost_on_removal(&guard, remove).await;
         }
     }
 
@@ -423,11 +432,8 @@ mod tests {
     #[tokio::test]
     async fn a_refused_delete_leaves_the_guard_held_and_watching() {
         let (mut guard, remove) = watched([Answer::Failed]);
-        let lost = guard.lost();
         assert!(guard.release().await.is_err());
-        remove.send(()).unwrap();
-        let reason = tokio::time::timeout(Duration::from_secs(5), lost.wait()).await;
-        assert_eq!(reason.unwrap(), Some(LossReason::EntryRemoved));
+        expect_lost_on_removal(&guard, remove).await;
     }
 
     #[tokio::test]
