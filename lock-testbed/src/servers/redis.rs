@@ -184,6 +184,12 @@ impl RedisServer {
             .collect();
             args.push(dir.into());
             args.extend(opts.server_args().into_iter().map(OsString::from));
+            if opts.extra_args.iter().any(|arg| arg == "--cluster-enabled") {
+                // The cluster bus port would be the port + 10000: maybe taken, and maybe in
+                // the range of outgoing connections' source ports. One of ours instead.
+                args.push("--cluster-port".into());
+                args.push(free_port()?.to_string().into());
+            }
             let launch = Launch {
                 program: program.clone(),
                 args,
