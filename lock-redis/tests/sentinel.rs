@@ -88,7 +88,8 @@ async fn a_lock_follows_the_primary_through_failovers() {
     // are lost with it).
     let promoted = set.failover().await.unwrap();
     let (second, promotion) = until_on(&provider, &name, promoted, Duration::from_secs(10)).await;
-    common::replicated(promoted, 1).await.unwrap();
+    // Both replicas (the old primary once demoted): the sentinels promote either one next.
+    common::replicated(promoted, 2).await.unwrap();
 
     // A killed primary: the sentinels need their second to call it down.
     let (_, after_kill) = set.kill_primary().await.unwrap();
