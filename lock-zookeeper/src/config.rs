@@ -135,23 +135,15 @@ impl ZkConfig {
     }
 
     fn with_params(hosts: Vec<String>, params: ZkParams) -> Self {
-        let ZkParams {
-            session_timeout,
-            connect_timeout,
-            strategy,
-            root,
-            node_format,
-            acl,
-        } = params;
         ZkConfig {
             hosts,
             chroot: None,
-            session_timeout,
-            connect_timeout,
-            root,
-            strategy,
-            node_format,
-            acl,
+            session_timeout: params.session_timeout,
+            connect_timeout: params.connect_timeout,
+            root: params.root,
+            strategy: params.strategy,
+            node_format: params.node_format,
+            acl: params.acl,
             auth: None,
         }
     }
@@ -252,16 +244,12 @@ impl ZkConfig {
         if self.hosts.is_empty() {
             return Err(config_error("at least one host is required"));
         }
-        for host in &self.hosts {
-            if host.is_empty()
-                || host
-                    .chars()
-                    .any(|c| c.is_whitespace() || c.is_control() || c == ',' || c == '/')
-            {
-                return Err(config_error(format!(
-                    "host {host:?} is not a host:port address"
-                )));
-            }
+        let forbidden = |c: char| c.is_whitespace() || c.is_control() || c == ',' || c == '/';
+        let malformed = |host: &&String| host.is_empty() || host.chars().any(forbidden);
+        if let Some(host) = self.hosts.iter().find(malformed) {
+            return Err(config_error(format!(
+                "host {host:?} is not a host:port address"
+            )));
         }
         if let Some(chroot) = &self.chroot {
             check_path(chroot).map_err(|why| config_error(format!("chroot {chroot:?} {why}")))?;

@@ -2,16 +2,16 @@
 //! that watch the head of the queue.
 
 use std::fmt;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use lock_core::election::LeaderSource;
 use lock_core::kit::ElectionAttempt;
-use lock_core::{Deadline, Guard, LeaderInfo, LockError, LockName};
+use lock_core::{Deadline, Guard, LeaderInfo, LockError};
 use zookeeper_client::Error as ZkError;
 
-use crate::error::BACKEND;
 use crate::node::{NodeKind, contenders, sequence, token};
-use crate::queue::{Place, Role, Waiting};
+use crate::queue::{Place, name_and_backend};
 
 /// A leader election from a [`ZkLockProvider`](crate::ZkLockProvider).
 ///
@@ -38,7 +38,7 @@ use crate::queue::{Place, Role, Waiting};
 /// # Ok(()) }
 /// ```
 pub struct ZkElection {
-    place: Place,
+    pub(crate) place: Place,
 }
 
 impl fmt::Debug for ZkElection {
@@ -51,10 +51,6 @@ impl fmt::Debug for ZkElection {
 }
 
 impl ZkElection {
-    pub(crate) fn new(place: Place) -> Self {
-        ZkElection { place }
-    }
-
     /// The path of the first candidate and, when there is one, its node's content: the
     /// leader. `None` when nobody campaigns (or the directory is gone).
     async fn head(&self) -> Result<Option<(String, LeaderInfo)>, LockError> {
@@ -87,21 +83,15 @@ impl ZkElection {
 
 #[async_trait]
 impl ElectionAttempt for ZkElection {
-    fn name(&self) -> &LockName {
-        &self.place.name
-    }
-
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
+    name_and_backend!(place);
 
     /// Queues a candidate node holding `value` and waits to be first, herd-free.
     async fn attempt(&self, value: &[u8], deadline: Deadline) -> Result<Option<Guard>, LockError> {
-        let place = self.place.with_data(value);
-        let (kind, role) = (NodeKind::Candidate, Role::Exclusive);
-        place
-            .take_turn(kind, role, deadline, Waiting::Predecessor)
-            .await
+        let place = Place {
+            data: Arc::from(value),
+            ..self.place.clone()
+        };
+        place.take_turn(NodeKind::Candidate, deadline).await
     }
 }
 
@@ -155,11 +145,9 @@ impl LeaderSource for ZkElection {
                 Err(error) => Err(error),
             },
         };
-        let watcher = match watched {
-            Ok(Some(watcher)) => watcher,
-            // The leader left, or a candidate came, between the look and the watch.
-            Ok(None) => return Ok(()),
-            Err(error) => return Err(place.error(error)),
+        // None: the leader left, or a candidate came, between the look and the watch.
+        let Some(watcher) = watched.map_err(|e| place.error(e))? else {
+            return Ok(());
         };
         tokio::select! {
             _ = watcher.changed() => {}

@@ -33,18 +33,11 @@ pub(crate) fn lock_error(error: ZkError, name: Option<&str>) -> LockError {
             message: "the node's ACL does not allow this client (wrong or missing credentials)"
                 .to_owned(),
         },
-        ZkError::Throttled => LockError::Backend {
-            backend: BACKEND,
-            name,
-            message: error.to_string(),
-            retryable: true,
-            source: Some(Box::new(error)),
-        },
         other => LockError::Backend {
             backend: BACKEND,
             name,
             message: other.to_string(),
-            retryable: false,
+            retryable: matches!(other, ZkError::Throttled),
             source: Some(Box::new(other)),
         },
     }

@@ -85,9 +85,7 @@ impl Pending {
         };
         metrics.record_server_requests(1);
         match remove(&session, &entry.dir, &entry.claim).await {
-            Ok(()) => {
-                self.0.disarm();
-            }
+            Ok(()) => self.disarm(),
             Err(error) => {
                 tracing::debug!(%error, "zookeeper: removal failed; retrying in the background")
             }
@@ -105,9 +103,8 @@ async fn remove(session: &Session, dir: &str, claim: &Claim) -> Result<(), ZkErr
         Claim::Sequential { uuid, node: None } => {
             // The create's outcome is unknown: find the node by its uuid.
             let children = match client.list_children(dir).await {
-                Ok(children) => children,
                 Err(ZkError::NoNode) => return Ok(()),
-                Err(error) => return Err(error),
+                listed => listed?,
             };
             for child in children.into_iter().filter(|child| has_uuid(child, *uuid)) {
                 ignore_gone(client.delete(&format!("{dir}/{child}"), None).await)?;
@@ -182,6 +179,24 @@ pub(crate) struct Granted {
     pub(crate) own_watch: Option<OwnNodeWatch>,
 }
 
+impl Granted {
+    /// The grant of a sequential node, which only its creator deletes: released unchecked.
+    pub(crate) fn new(
+        path: String,
+        czxid: i64,
+        asked: tokio::time::Instant,
+        own_watch: Option<OwnNodeWatch>,
+    ) -> Self {
+        Granted {
+            path,
+            czxid,
+            checked: false,
+            asked,
+            own_watch,
+        }
+    }
+}
+
 /// Turns a granted node into a guard: lost signal registered with the session, and a
 /// watch on the node so that a deletion by someone else is noticed.
 pub(crate) fn grant(
@@ -190,32 +205,25 @@ pub(crate) fn grant(
     name: &LockName,
     granted: Granted,
 ) -> Guard {
-    let Granted {
-        path,
-        czxid,
-        checked,
-        asked,
-        own_watch,
-    } = granted;
     shared.metrics.record_grant();
     let (notifier, lost) = lost_signal();
-    let registration = session.register(notifier.clone(), asked);
+    let registration = session.register(notifier.clone(), granted.asked);
     let deleted = watch_own_node(
         Arc::downgrade(session),
         Arc::clone(&shared.metrics),
-        path.clone(),
-        own_watch,
+        granted.path.clone(),
+        granted.own_watch,
     );
     let node = HeldNode {
         session: Arc::downgrade(session),
         metrics: Arc::clone(&shared.metrics),
         name: name.to_string(),
-        path,
-        czxid,
-        checked,
+        path: granted.path,
+        czxid: granted.czxid,
+        checked: granted.checked,
         registration,
     };
-    entry_guard(name, token(czxid), node, (notifier, lost), deleted)
+    entry_guard(name, token(granted.czxid), node, (notifier, lost), deleted)
 }
 
 /// Whether the node went away (`false` when the session's end came first: its monitor

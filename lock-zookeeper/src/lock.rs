@@ -5,20 +5,20 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lock_core::kit::{MutexAttempt, Wakeups};
-use lock_core::{Deadline, Guard, LockError, LockName};
+use lock_core::{Deadline, Guard, LockError};
 use uuid::Uuid;
 use zookeeper_client::{CreateMode, Error as ZkError};
 
 use crate::config::ZkStrategy;
-use crate::error::{BACKEND, outcome_unknown};
+use crate::error::outcome_unknown;
 use crate::guard::{Claim, Granted, Pending, grant};
 use crate::node::{NodeKind, SINGLE_NODE};
-use crate::queue::{CREATE_ATTEMPTS, Place, RETRY_PAUSE, Role, Waiting};
+use crate::queue::{CREATE_ATTEMPTS, Place, RETRY_PAUSE, name_and_backend};
 use crate::session::Session;
 
 /// A lock handle from a [`ZkLockProvider`](crate::ZkLockProvider).
 pub struct ZkLock {
-    place: Place,
+    pub(crate) place: Place,
 }
 
 impl fmt::Debug for ZkLock {
@@ -33,21 +33,13 @@ impl fmt::Debug for ZkLock {
 
 #[async_trait]
 impl MutexAttempt for ZkLock {
-    fn name(&self) -> &LockName {
-        &self.place.name
-    }
-
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
+    name_and_backend!(place);
 
     /// Takes the lock, or gives up at the deadline with `Ok(None)`, leaving nothing behind.
     async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
         let place = &self.place;
-        let strategy = place.shared.config.strategy;
-        if !matches!(strategy, ZkStrategy::SingleNode) {
-            let waiting = Waiting::of(strategy);
-            return (place.take_turn(NodeKind::Lock, Role::Exclusive, deadline, waiting)).await;
+        if place.shared.config.strategy != ZkStrategy::SingleNode {
+            return place.take_turn(NodeKind::Lock, deadline).await;
         }
         let session = place.shared.session(&place.name).await?;
         let granted = self.single_node(&session, deadline).await?;
@@ -56,10 +48,6 @@ impl MutexAttempt for ZkLock {
 }
 
 impl ZkLock {
-    pub(crate) fn new(place: Place) -> Self {
-        ZkLock { place }
-    }
-
     /// The naive lock: whoever creates `{dir}/lock` holds it; every waiter watches it.
     async fn single_node(
         &self,
@@ -107,11 +95,8 @@ impl ZkLock {
             if let Some(czxid) = ours {
                 pending.disarm();
                 return Ok(Some(Granted {
-                    path,
-                    czxid,
                     checked: true,
-                    asked,
-                    own_watch: None,
+                    ..Granted::new(path, czxid, asked, None)
                 }));
             }
             wakeups.busy();

@@ -9,26 +9,12 @@ use crate::config::NodeNameFormat;
 /// in the lock's directory.
 pub(crate) const SINGLE_NODE: &str = "lock";
 
-/// Where the mutex called `name` lives: `{root}/{escaped name}`.
-pub(crate) fn lock_dir(root: &str, name: &LockName) -> String {
-    format!("{root}/{}", name.escaped())
-}
-
-/// Where the read-write lock called `name` lives: `{root}/{escaped name}.rwlock`. Escaped
-/// names never contain a dot, so no mutex directory can be called that.
-pub(crate) fn rw_lock_dir(root: &str, name: &LockName) -> String {
-    format!("{root}/{}.rwlock", name.escaped())
-}
-
-/// Where the semaphore called `name` lives: `{root}/{escaped name}.semaphore`, with
-/// Curator's `locks` and `leases` directories under it.
-pub(crate) fn semaphore_dir(root: &str, name: &LockName) -> String {
-    format!("{root}/{}.semaphore", name.escaped())
-}
-
-/// Where the election called `name` lives: `{root}/{escaped name}.election`.
-pub(crate) fn election_dir(root: &str, name: &LockName) -> String {
-    format!("{root}/{}.election", name.escaped())
+/// Where the lock called `name` lives: `{root}/{escaped name}{suffix}`, the suffix being the
+/// kind's: none for the mutex, `.rwlock`, `.semaphore` (with Curator's `locks` and `leases`
+/// directories under it) or `.election`. Escaped names never contain a dot, so no mutex
+/// directory can be called as another kind's.
+pub(crate) fn lock_dir(root: &str, name: &LockName, suffix: &str) -> String {
+    format!("{root}/{}{suffix}", name.escaped())
 }
 
 /// What a sequential node stands for.
@@ -119,17 +105,17 @@ mod tests {
 
     #[test]
     fn sequences_of_every_peer_format() {
-        assert_eq!(sequence("_c_8a1b-lock-0000000042"), Some(42));
-        assert_eq!(sequence("8a1b3c__lock__0000000007"), Some(7));
-        assert_eq!(sequence("lock-0000000001"), Some(1));
-        assert_eq!(sequence("x-0000000000123456789"), Some(123456789));
-        assert_eq!(sequence("lock"), None);
-        assert_eq!(sequence("short-123"), None);
-        assert_eq!(
-            sequence("_c_8a1b-lock--000000001"),
-            Some(-1),
-            "a wrapped counter"
-        );
+        for (child, expected) in [
+            ("_c_8a1b-lock-0000000042", Some(42)),
+            ("8a1b3c__lock__0000000007", Some(7)),
+            ("lock-0000000001", Some(1)),
+            ("x-0000000000123456789", Some(123456789)),
+            ("lock", None),
+            ("short-123", None),
+            ("_c_8a1b-lock--000000001", Some(-1)), // a wrapped counter
+        ] {
+            assert_eq!(sequence(child), expected, "{child}");
+        }
     }
 
     #[test]
@@ -150,15 +136,10 @@ mod tests {
 
     #[test]
     fn prefixes_carry_the_uuid() {
+        use NodeKind as K;
         let uuid = Uuid::new_v4();
         for format in [NodeNameFormat::Curator, NodeNameFormat::Kazoo] {
-            for kind in [
-                NodeKind::Lock,
-                NodeKind::Read,
-                NodeKind::Write,
-                NodeKind::Lease,
-                NodeKind::Candidate,
-            ] {
+            for kind in [K::Lock, K::Read, K::Write, K::Lease, K::Candidate] {
                 let child = format!("{}0000000001", node_prefix(format, uuid, kind));
                 assert!(has_uuid(&child, uuid), "{child}");
                 assert_eq!(sequence(&child), Some(1));
@@ -180,18 +161,19 @@ mod tests {
     #[test]
     fn kinds_live_apart() {
         let name = LockName::new("a/b").unwrap();
-        let dirs = [
-            lock_dir("/distlock", &name),
-            rw_lock_dir("/distlock", &name),
-            semaphore_dir("/distlock", &name),
-            election_dir("/distlock", &name),
-        ];
-        assert_eq!(dirs[0], "/distlock/a%2Fb");
-        assert_eq!(dirs[1], "/distlock/a%2Fb.rwlock");
-        assert_eq!(dirs[2], "/distlock/a%2Fb.semaphore");
-        assert_eq!(dirs[3], "/distlock/a%2Fb.election");
+        let dirs = ["", ".rwlock", ".semaphore", ".election"]
+            .map(|suffix| lock_dir("/distlock", &name, suffix));
+        assert_eq!(
+            dirs,
+            [
+                "/distlock/a%2Fb",
+                "/distlock/a%2Fb.rwlock",
+                "/distlock/a%2Fb.semaphore",
+                "/distlock/a%2Fb.election"
+            ]
+        );
         // No mutex name escapes to a directory with a dot in it.
         let dotted = LockName::new("a%2Fb.rwlock").unwrap();
-        assert_ne!(lock_dir("/distlock", &dotted), dirs[1]);
+        assert_ne!(lock_dir("/distlock", &dotted, ""), dirs[1]);
     }
 }

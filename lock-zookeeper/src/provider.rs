@@ -14,9 +14,7 @@ use crate::config::{ZkConfig, ZkStrategy};
 use crate::election::ZkElection;
 use crate::error::{BACKEND, lock_error};
 use crate::lock::ZkLock;
-use crate::node::{
-    SINGLE_NODE, contenders, election_dir, lock_dir, rw_lock_dir, semaphore_dir, token,
-};
+use crate::node::{SINGLE_NODE, contenders, lock_dir, token};
 use crate::queue::Place;
 use crate::rwlock::ZkRwLock;
 use crate::semaphore::ZkSemaphore;
@@ -135,7 +133,7 @@ impl ZkLockProvider {
     /// read it.
     pub async fn contenders(&self, name: &str) -> Result<Vec<Contender>, LockError> {
         let name = LockName::new(name)?;
-        let dir = lock_dir(&self.shared.config.root, &name);
+        let dir = lock_dir(&self.shared.config.root, &name, "");
         let session = self.shared.session(&name).await?;
         let error = |error| lock_error(error, Some(name.as_str()));
         let children = match session.client.list_children(&dir).await {
@@ -175,6 +173,17 @@ impl ZkLockProvider {
         }
         Ok(found)
     }
+
+    /// Where the lock kind whose directories end in `suffix` keeps `name`.
+    fn place(&self, name: &str, suffix: &str) -> Result<Place, LockError> {
+        let name = LockName::new(name)?;
+        Ok(Place {
+            dir: lock_dir(&self.shared.config.root, &name, suffix),
+            shared: Arc::clone(&self.shared),
+            name,
+            data: Arc::from(&[][..]),
+        })
+    }
 }
 
 /// One contender for a ZooKeeper mutex, from [`ZkLockProvider::contenders`]: a node in the
@@ -204,19 +213,6 @@ impl Contender {
     }
 }
 
-impl ZkLockProvider {
-    /// Where the lock kind whose directory `dir_of` names keeps `name`.
-    fn place(&self, name: &str, dir_of: fn(&str, &LockName) -> String) -> Result<Place, LockError> {
-        let name = LockName::new(name)?;
-        Ok(Place {
-            dir: dir_of(&self.shared.config.root, &name),
-            shared: Arc::clone(&self.shared),
-            name,
-            data: Arc::from(&[][..]),
-        })
-    }
-}
-
 impl fmt::Debug for ZkLockProvider {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkLockProvider")
@@ -234,8 +230,7 @@ impl LockProvider for ZkLockProvider {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let strategy = self.shared.config.strategy;
-        let (wait, fifo) = match strategy {
+        let (wait, fifo) = match self.shared.config.strategy {
             ZkStrategy::SingleNode => (WaitKind::NotifyAll, false),
             ZkStrategy::SequentialChildren => (WaitKind::NotifyAll, true),
             _ => (WaitKind::NotifyOne, true),
@@ -257,12 +252,14 @@ impl LockProvider for ZkLockProvider {
     }
 
     fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
-        Ok(Arc::new(ZkLock::new(self.place(name, lock_dir)?)))
+        let place = self.place(name, "")?;
+        Ok(Arc::new(ZkLock { place }))
     }
 
     /// A read-write lock in `{root}/{name}.rwlock`; see [`ZkRwLock`].
     fn rw_lock(&self, name: &str) -> Result<Arc<dyn DistributedRwLock>, LockError> {
-        Ok(Arc::new(ZkRwLock::new(self.place(name, rw_lock_dir)?)))
+        let place = self.place(name, ".rwlock")?;
+        Ok(Arc::new(ZkRwLock { place }))
     }
 
     /// A semaphore in `{root}/{name}.semaphore`; see [`ZkSemaphore`].
@@ -271,7 +268,7 @@ impl LockProvider for ZkLockProvider {
         name: &str,
         permits: u32,
     ) -> Result<Arc<dyn DistributedSemaphore>, LockError> {
-        let place = self.place(name, semaphore_dir)?;
+        let place = self.place(name, ".semaphore")?;
         if permits == 0 {
             return Err(LockError::InvalidArgument {
                 backend: BACKEND,
@@ -283,7 +280,8 @@ impl LockProvider for ZkLockProvider {
 
     /// An election in `{root}/{name}.election`; see [`ZkElection`].
     fn election(&self, name: &str) -> Result<Arc<dyn Election>, LockError> {
-        Ok(Arc::new(ZkElection::new(self.place(name, election_dir)?)))
+        let place = self.place(name, ".election")?;
+        Ok(Arc::new(ZkElection { place }))
     }
 
     fn metrics(&self) -> MetricsSnapshot {

@@ -4,11 +4,10 @@ use std::fmt;
 
 use async_trait::async_trait;
 use lock_core::kit::{RwAttempt, RwSide};
-use lock_core::{Deadline, Guard, LockError, LockName};
+use lock_core::{Deadline, Guard, LockError};
 
-use crate::error::BACKEND;
 use crate::node::NodeKind;
-use crate::queue::{Place, Role, Waiting};
+use crate::queue::{Place, name_and_backend};
 
 /// A read-write lock handle from a [`ZkLockProvider`](crate::ZkLockProvider).
 ///
@@ -36,7 +35,7 @@ use crate::queue::{Place, Role, Waiting};
 /// # Ok(()) }
 /// ```
 pub struct ZkRwLock {
-    place: Place,
+    pub(crate) place: Place,
 }
 
 impl fmt::Debug for ZkRwLock {
@@ -49,30 +48,17 @@ impl fmt::Debug for ZkRwLock {
     }
 }
 
-impl ZkRwLock {
-    pub(crate) fn new(place: Place) -> Self {
-        ZkRwLock { place }
-    }
-}
-
 #[async_trait]
 impl RwAttempt for ZkRwLock {
-    fn name(&self) -> &LockName {
-        &self.place.name
-    }
+    name_and_backend!(place);
 
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
-    /// Takes a read (`Role::Shared`) or write hold, or gives up at the deadline with
-    /// `Ok(None)`, leaving nothing behind.
+    /// Takes a read (shared) or write hold, or gives up at the deadline with `Ok(None)`,
+    /// leaving nothing behind.
     async fn attempt(&self, side: RwSide, deadline: Deadline) -> Result<Option<Guard>, LockError> {
-        let (kind, role) = match side {
-            RwSide::Read => (NodeKind::Read, Role::Shared),
-            RwSide::Write => (NodeKind::Write, Role::Exclusive),
+        let kind = match side {
+            RwSide::Read => NodeKind::Read,
+            RwSide::Write => NodeKind::Write,
         };
-        let waiting = Waiting::of(self.place.shared.config.strategy);
-        self.place.take_turn(kind, role, deadline, waiting).await
+        self.place.take_turn(kind, deadline).await
     }
 }

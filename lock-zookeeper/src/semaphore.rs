@@ -5,13 +5,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lock_core::kit::{SemaphoreAttempt, Wakeups};
-use lock_core::{Deadline, Guard, LockError, LockName};
+use lock_core::{Deadline, Guard, LockError};
 use uuid::Uuid;
 
-use crate::error::BACKEND;
 use crate::guard::{Claim, Granted, Pending, grant};
 use crate::node::{NodeKind, contenders};
-use crate::queue::{Place, Role, Waiting};
+use crate::queue::{Place, name_and_backend};
 use crate::session::Session;
 
 /// A semaphore handle from a [`ZkLockProvider`](crate::ZkLockProvider).
@@ -74,13 +73,7 @@ impl ZkSemaphore {
 
 #[async_trait]
 impl SemaphoreAttempt for ZkSemaphore {
-    fn name(&self) -> &LockName {
-        &self.leases.name
-    }
-
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
+    name_and_backend!(leases);
 
     fn permits(&self) -> u32 {
         self.permits
@@ -93,30 +86,19 @@ impl SemaphoreAttempt for ZkSemaphore {
         // One uuid for both nodes of this contender: an inspection can tell the mutex
         // holder's lease (still waiting) from the leases held.
         let uuid = Uuid::new_v4();
-        let waiting = Waiting::of(place.shared.config.strategy);
         let Some(mutex) = self
             .locks
-            .wait_turn(
-                &session,
-                NodeKind::Lock,
-                Role::Exclusive,
-                uuid,
-                deadline,
-                waiting,
-            )
+            .wait_turn(&session, NodeKind::Lock, uuid, deadline)
             .await?
         else {
             return Ok(None);
         };
         // Given up on every way out of here: at once, or in the background after a cancel.
-        let mut mutex = Pending::new(
-            &session,
-            &self.locks.dir,
-            Claim::Granted {
-                path: mutex.path,
-                czxid: mutex.czxid,
-            },
-        );
+        let claim = Claim::Granted {
+            path: mutex.path,
+            czxid: mutex.czxid,
+        };
+        let mut mutex = Pending::new(&session, &self.locks.dir, claim);
         let lease = self.wait_for_lease(&session, uuid, deadline).await;
         mutex.remove_now(&place.shared.metrics).await;
         // The lease stays armed for removal until here: a cancel while the mutex was being
@@ -157,21 +139,14 @@ impl ZkSemaphore {
                 return Err(place.node_deleted(&node));
             }
             if leases.len() <= self.permits as usize {
-                let granted = Granted {
-                    path: format!("{}/{node}", place.dir),
-                    czxid,
-                    checked: false,
-                    asked,
-                    own_watch: None,
-                };
+                let granted = Granted::new(format!("{}/{node}", place.dir), czxid, asked, None);
                 return Ok(Some((granted, pending)));
             }
             wakeups.busy();
-            if deadline.is_immediate() || deadline.has_passed() {
-                pending.remove_now(&place.shared.metrics).await;
-                return Ok(None);
-            }
-            if !place.wait_for(watcher, &deadline).await? {
+            if deadline.is_immediate()
+                || deadline.has_passed()
+                || !place.wait_for(watcher, &deadline).await?
+            {
                 pending.remove_now(&place.shared.metrics).await;
                 return Ok(None);
             }

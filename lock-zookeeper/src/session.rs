@@ -42,16 +42,6 @@ struct Health {
 }
 
 impl Health {
-    fn new(heard: Instant) -> Self {
-        Health {
-            suspect: AtomicBool::new(false),
-            over: AtomicBool::new(false),
-            guards: LostSignals::new(),
-            heard: Mutex::new(heard),
-            heartbeat_now: tokio::sync::Notify::new(),
-        }
-    }
-
     fn heard(&self) -> Instant {
         *self.heard.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -86,38 +76,37 @@ impl Session {
         let connect_string = config.connect_string();
         // The server creates the session after this moment.
         let connecting = Instant::now();
-        let client =
-            match tokio::time::timeout(config.connect_timeout, connector.connect(&connect_string))
-                .await
-            {
-                Ok(Ok(client)) => client,
-                Ok(Err(error)) => {
-                    return Err(match lock_error(error, None) {
-                        LockError::Connection {
-                            message, source, ..
-                        } => LockError::Connection {
-                            backend: BACKEND,
-                            name: None,
-                            message: format!("cannot reach {}: {message}", config.hosts.join(",")),
-                            source,
-                        },
-                        other => other,
-                    });
+        let connected =
+            tokio::time::timeout(config.connect_timeout, connector.connect(&connect_string)).await;
+        let hosts = config.hosts.join(",");
+        let client = match connected {
+            Ok(Ok(client)) => client,
+            Ok(Err(error)) => {
+                let mut error = lock_error(error, None);
+                if let LockError::Connection { message, .. } = &mut error {
+                    *message = format!("cannot reach {hosts}: {message}");
                 }
-                Err(_) => {
-                    return Err(LockError::Connection {
-                        backend: BACKEND,
-                        name: None,
-                        message: format!(
-                            "no session with {} within the connect timeout of {:?}",
-                            config.hosts.join(","),
-                            config.connect_timeout
-                        ),
-                        source: None,
-                    });
-                }
-            };
-        let health = Arc::new(Health::new(connecting));
+                return Err(error);
+            }
+            Err(_) => {
+                return Err(LockError::Connection {
+                    backend: BACKEND,
+                    name: None,
+                    message: format!(
+                        "no session with {hosts} within the connect timeout of {:?}",
+                        config.connect_timeout
+                    ),
+                    source: None,
+                });
+            }
+        };
+        let health = Arc::new(Health {
+            suspect: AtomicBool::new(false),
+            over: AtomicBool::new(false),
+            guards: LostSignals::new(),
+            heard: Mutex::new(connecting),
+            heartbeat_now: tokio::sync::Notify::new(),
+        });
         let timeout = client.session_timeout();
         tokio::spawn(monitor(
             client.state_watcher(),
@@ -161,10 +150,6 @@ impl Session {
             self.health.fire_all(&LossReason::SessionExpired);
         }
         id
-    }
-
-    fn holds_nothing(&self) -> bool {
-        self.health.guards.is_empty()
     }
 
     pub(crate) fn unregister(&self, registration: u64) {
@@ -220,15 +205,12 @@ async fn keep_alive(session: Weak<Session>, health: Arc<Health>, interval: Durat
             () = health.heartbeat_now.notified() => {}
         }
         let (request, sent) = {
-            let Some(session) = session.upgrade() else {
+            let Some(session) = session.upgrade().filter(|session| !session.is_over()) else {
                 return;
             };
-            if session.is_over() {
-                return;
-            }
             // Only held guards depend on how recently the server heard from the session;
             // a session of waiters stays quiet (its client pings keep it alive).
-            if session.holds_nothing() {
+            if health.guards.is_empty() {
                 continue;
             }
             // Taken before the request is handed to the client, so it is no later than the

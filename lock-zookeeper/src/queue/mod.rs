@@ -17,7 +17,7 @@ use crate::error::{BACKEND, lock_error, outcome_unknown};
 use crate::node::{NodeKind, has_uuid, node_prefix};
 use crate::session::{Session, Shared};
 
-pub(crate) use turn::{Role, Waiting};
+use turn::Waiting;
 
 /// How many times a create is retried when the directory vanished or the reply was lost,
 /// and a read whose answer did not come.
@@ -33,6 +33,21 @@ struct Listing {
     asked: tokio::time::Instant,
 }
 
+/// The `name` and `backend` of a lock-core attempt trait (`MutexAttempt` and the others),
+/// for a lock handle whose [`Place`] is its field `$place`.
+macro_rules! name_and_backend {
+    ($place:ident) => {
+        fn name(&self) -> &lock_core::LockName {
+            &self.$place.name
+        }
+
+        fn backend(&self) -> &'static str {
+            $crate::error::BACKEND
+        }
+    };
+}
+pub(crate) use name_and_backend;
+
 /// One directory on the server where contenders queue, on behalf of one named lock.
 #[derive(Clone)]
 pub(crate) struct Place {
@@ -44,14 +59,6 @@ pub(crate) struct Place {
 }
 
 impl Place {
-    /// The same place for contenders whose nodes hold `data`.
-    pub(crate) fn with_data(&self, data: &[u8]) -> Self {
-        Place {
-            data: Arc::from(data),
-            ..self.clone()
-        }
-    }
-
     pub(crate) fn error(&self, error: ZkError) -> LockError {
         lock_error(error, Some(self.name.as_str()))
     }
@@ -202,7 +209,7 @@ impl Place {
                     (created, listed.map(|children| (children, None)))
                 }
             };
-            return match created {
+            let found = match created {
                 Ok((stat, sequence)) => {
                     let node = format!("{prefix}{sequence}");
                     let listing = match listed {
@@ -213,27 +220,25 @@ impl Place {
                         }),
                         _ => None,
                     };
-                    Ok((node, stat.czxid, listing))
+                    return Ok((node, stat.czxid, listing));
                 }
                 Err(ZkError::NoNode) if !made_dir => {
                     self.ensure_dir(session).await?;
                     made_dir = true;
                     continue;
                 }
-                Err(ZkError::NoNode) => {
-                    let (node, czxid) = self.create_sequential(session, uuid, kind).await?;
-                    Ok((node, czxid, None))
-                }
+                Err(ZkError::NoNode) => None,
                 Err(error) if outcome_unknown(&error) => {
                     tokio::time::sleep(RETRY_PAUSE).await;
-                    let found = match self.find_own(session, uuid).await? {
-                        Some(found) => found,
-                        None => self.create_sequential(session, uuid, kind).await?,
-                    };
-                    Ok((found.0, found.1, None))
+                    self.find_own(session, uuid).await?
                 }
-                Err(error) => Err(self.error(error)),
+                Err(error) => return Err(self.error(error)),
             };
+            let (node, czxid) = match found {
+                Some(found) => found,
+                None => self.create_sequential(session, uuid, kind).await?,
+            };
+            return Ok((node, czxid, None));
         }
     }
 

@@ -20,7 +20,7 @@ use crate::session::Session;
 
 /// How a waiter learns that it may have become the holder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Waiting {
+pub(super) enum Waiting {
     /// A watch on the whole directory (herd).
     Children,
     /// A data watch on the one node whose departure can let this waiter in (herd-free).
@@ -28,11 +28,13 @@ pub(crate) enum Waiting {
 }
 
 impl Waiting {
-    /// The waiting of the sequential recipes under `strategy`: the naive strategy has no
-    /// sequential form of its own and waits as the herd recipe does.
-    pub(crate) fn of(strategy: ZkStrategy) -> Self {
-        match strategy {
-            ZkStrategy::SingleNode | ZkStrategy::SequentialChildren => Waiting::Children,
+    /// How a contender of `kind` waits under `strategy`: an election's candidate always
+    /// watches its predecessor alone; the naive strategy has no sequential form of its own
+    /// and waits as the herd recipe does.
+    fn of(strategy: ZkStrategy, kind: NodeKind) -> Self {
+        match (strategy, kind) {
+            (_, NodeKind::Candidate) => Waiting::Predecessor,
+            (ZkStrategy::SingleNode | ZkStrategy::SequentialChildren, _) => Waiting::Children,
             _ => Waiting::Predecessor,
         }
     }
@@ -40,7 +42,7 @@ impl Waiting {
 
 /// Which earlier contenders keep a contender out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Role {
+enum Role {
     /// Every earlier contender (a mutex contender, a writer).
     Exclusive,
     /// Only earlier writers (a reader).
@@ -48,6 +50,14 @@ pub(crate) enum Role {
 }
 
 impl Role {
+    /// The role of a contender of `kind`: a reader shares, every other contender excludes.
+    fn of(kind: NodeKind) -> Self {
+        match kind {
+            NodeKind::Read => Role::Shared,
+            _ => Role::Exclusive,
+        }
+    }
+
     /// `None` when the contender at `position` holds; otherwise the index of the contender
     /// it waits for: the immediate predecessor (exclusive), or the nearest earlier writer
     /// (shared), whose departure is the only one that can let it in.
@@ -78,7 +88,7 @@ impl Role {
 /// How a wait for the blocker ended.
 #[derive(Debug)]
 enum Wake {
-    /// The deadline passed.
+    /// The deadline passed (or a try that must not wait found the lock busy).
     TimedOut,
     /// Our own node was deleted, by another client.
     OwnNodeDeleted,
@@ -105,19 +115,17 @@ impl Place {
     pub(crate) async fn take_turn(
         &self,
         kind: NodeKind,
-        role: Role,
         deadline: Deadline,
-        waiting: Waiting,
     ) -> Result<Option<Guard>, LockError> {
         let session = self.shared.session(&self.name).await?;
         let granted = self
-            .wait_turn(&session, kind, role, Uuid::new_v4(), deadline, waiting)
+            .wait_turn(&session, kind, Uuid::new_v4(), deadline)
             .await?;
         Ok(granted.map(|granted| grant(&self.shared, &session, &self.name, granted)))
     }
 
-    /// Queues a contender of `kind` and waits until `role` lets it hold, or until the
-    /// deadline (`Ok(None)`, nothing left behind).
+    /// Queues a contender of `kind` and waits until its [`Role`] lets it hold, waiting as
+    /// [`Waiting::of`] says, or until the deadline (`Ok(None)`, nothing left behind).
     ///
     /// The loop, in the manner of Curator's `internalLockLoop`:
     ///
@@ -139,54 +147,50 @@ impl Place {
         &self,
         session: &Arc<Session>,
         kind: NodeKind,
-        role: Role,
         uuid: Uuid,
         deadline: Deadline,
-        waiting: Waiting,
     ) -> Result<Option<Granted>, LockError> {
+        let role = Role::of(kind);
+        let waiting = Waiting::of(self.shared.config.strategy, kind);
         // Armed from before the create is sent: dropping this future at any point removes
         // whatever the server made of it.
         let mut pending = Pending::new(session, &self.dir, Claim::Sequential { uuid, node: None });
-        let (node, czxid, mut listing) = self.create_and_list(session, uuid, kind, waiting).await?;
+        let (node, czxid, mut first) = self.create_and_list(session, uuid, kind, waiting).await?;
         pending.set_node(node.clone());
         let path = format!("{}/{node}", self.dir);
         let mut own_watch = None;
         let mut wakeups = Wakeups::new(&self.shared.metrics);
         loop {
-            let Listing {
-                children,
-                watcher,
-                asked,
-            } = match listing.take() {
+            // 1. The decision: fail, hold, or find the blocker.
+            let listing = match first.take() {
                 Some(listing) => listing,
                 None => self.list(session, waiting).await?,
             };
-            let queue = contenders(children);
+            let queue = contenders(listing.children);
             let Some(position) = queue.iter().position(|(_, child)| *child == node) else {
                 pending.disarm();
                 return Err(self.node_deleted(&node));
             };
             let Some(blocker) = role.blocker(&queue, position) else {
                 pending.disarm();
-                return Ok(Some(self.granted(path, czxid, asked, own_watch)));
+                return Ok(Some(Granted::new(path, czxid, listing.asked, own_watch)));
             };
             wakeups.busy();
-            if deadline.is_immediate() || deadline.has_passed() {
-                pending.remove_now(&self.shared.metrics).await;
-                return Ok(None);
-            }
             let alone = role.blocks_alone(&queue, position);
-            let wake = match watcher {
-                Some(children_changed) => match self.wait_for(children_changed, &deadline).await? {
+            // 2. The wait, unless the deadline leaves no time for one.
+            let wake = if deadline.is_immediate() || deadline.has_passed() {
+                Wake::TimedOut
+            } else if let Some(children_changed) = listing.watcher {
+                match self.wait_for(children_changed, &deadline).await? {
                     true => Wake::Changed,
                     false => Wake::TimedOut,
-                },
-                None => {
-                    let blocker = format!("{}/{}", self.dir, queue[blocker].1);
-                    self.await_blocker(session, &blocker, &path, &mut own_watch, &deadline)
-                        .await?
                 }
+            } else {
+                let blocker = format!("{}/{}", self.dir, queue[blocker].1);
+                self.await_blocker(session, &blocker, &path, &mut own_watch, &deadline)
+                    .await?
             };
+            // 3. Hold on the blocker's deletion if it alone kept us out; 4. else look again.
             match wake {
                 Wake::TimedOut => {
                     pending.remove_now(&self.shared.metrics).await;
@@ -199,28 +203,11 @@ impl Place {
                 Wake::BlockerDeleted { asked } if alone => {
                     wakeups.woke();
                     pending.disarm();
-                    return Ok(Some(self.granted(path, czxid, asked, own_watch)));
+                    return Ok(Some(Granted::new(path, czxid, asked, own_watch)));
                 }
                 Wake::BlockerDeleted { .. } | Wake::Changed => wakeups.woke(),
                 Wake::BlockerGoneAlready => {}
             }
-        }
-    }
-
-    /// The grant of the node at `path`.
-    fn granted(
-        &self,
-        path: String,
-        czxid: i64,
-        asked: tokio::time::Instant,
-        own_watch: Option<OwnNodeWatch>,
-    ) -> Granted {
-        Granted {
-            path,
-            czxid,
-            checked: false,
-            asked,
-            own_watch,
         }
     }
 
@@ -273,12 +260,8 @@ impl Place {
         let watching_own = own_watch
             .is_none()
             .then(|| self.read(session, |client| client.get_and_watch_data(own)));
-        let (blocker_watch, own_watched) = tokio::join!(watching_blocker, async {
-            match watching_own {
-                Some(watching) => Some(watching.await),
-                None => None,
-            }
-        });
+        let (blocker_watch, own_watched) =
+            tokio::join!(watching_blocker, async { Some(watching_own?.await) });
         match own_watched {
             Some(Ok((_, _, watcher))) => *own_watch = Some(Box::pin(watcher.changed())),
             Some(Err(ZkError::NoNode)) => return Ok(Wake::OwnNodeDeleted),
@@ -343,15 +326,8 @@ mod tests {
     }
 
     #[test]
-    fn exclusive_contenders_wait_for_their_predecessor() {
-        let queue = ordered(&["r__READ__0000000001", "w__WRIT__0000000002"]);
-        assert_eq!(Role::Exclusive.blocker(&queue, 0), None);
-        assert_eq!(Role::Exclusive.blocker(&queue, 1), Some(0));
-    }
-
-    #[test]
-    fn readers_wait_for_the_nearest_earlier_writer_only() {
-        let queue = ordered(&[
+    fn each_role_waits_for_the_one_contender_that_can_let_it_in() {
+        let mixed = ordered(&[
             "a__READ__0000000001",
             "b__WRIT__0000000002",
             "c__READ__0000000003",
@@ -359,20 +335,22 @@ mod tests {
             "e__READ__0000000005",
             "f__READ__0000000006",
         ]);
-        assert_eq!(Role::Shared.blocker(&queue, 0), None, "first reader holds");
-        assert_eq!(Role::Shared.blocker(&queue, 2), Some(1));
-        assert_eq!(
-            Role::Shared.blocker(&queue, 5),
-            Some(3),
-            "the nearest writer, not the first"
-        );
         let readers = ordered(&["a__READ__0000000001", "b__rlock__0000000002"]);
-        assert_eq!(Role::Shared.blocker(&readers, 1), None, "readers share");
         let foreign = ordered(&["x-lock-0000000001", "b__READ__0000000002"]);
-        assert_eq!(
-            Role::Shared.blocker(&foreign, 1),
-            Some(0),
-            "an unknown contender excludes readers"
-        );
+        // (role, queue, position, blocker, whether the blocker alone keeps it out)
+        for case in [
+            (Role::Exclusive, &mixed, 0, None, false), // the first holds
+            (Role::Exclusive, &mixed, 1, Some(0), true), // behind a reader
+            (Role::Exclusive, &mixed, 3, Some(2), false),
+            (Role::Shared, &mixed, 0, None, false), // the first reader holds
+            (Role::Shared, &mixed, 2, Some(1), true),
+            (Role::Shared, &mixed, 5, Some(3), false), // the nearest writer, not the first
+            (Role::Shared, &readers, 1, None, false),  // readers share
+            (Role::Shared, &foreign, 1, Some(0), true), // an unknown contender excludes readers
+        ] {
+            let (role, queue, position, blocker, alone) = case;
+            assert_eq!(role.blocker(queue, position), blocker, "{case:?}");
+            assert_eq!(role.blocks_alone(queue, position), alone, "{case:?}");
+        }
     }
 }
