@@ -52,6 +52,20 @@ impl Deadline {
             .map(|at| at.saturating_duration_since(Instant::now()))
     }
 
+    /// `wait`, or the time left if that is shorter: how long a pause may last.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_core::Deadline;
+    ///
+    /// let second = Duration::from_secs(1);
+    /// assert_eq!(Deadline::after(None).cap(second), second);
+    /// assert_eq!(Deadline::after(Some(Duration::ZERO)).cap(second), Duration::ZERO);
+    /// ```
+    pub fn cap(&self, wait: Duration) -> Duration {
+        self.remaining().map_or(wait, |left| left.min(wait))
+    }
+
     /// Whether the deadline has passed.
     pub fn has_passed(&self) -> bool {
         self.at.is_some_and(|at| Instant::now() >= at)

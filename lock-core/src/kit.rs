@@ -57,8 +57,7 @@
 //!             if deadline.is_immediate() || deadline.has_passed() {
 //!                 return Ok(None);
 //!             }
-//!             let nap = deadline.remaining().map_or(Duration::from_millis(10), |left| left.min(Duration::from_millis(10)));
-//!             tokio::time::sleep(nap).await;
+//!             tokio::time::sleep(deadline.cap(Duration::from_millis(10))).await;
 //!             wakeups.woke();
 //!         }
 //!     }
@@ -90,6 +89,22 @@ mod session_slot;
 pub use entry::{HeldEntry, Removal, RemovalError, entry_guard};
 pub use lease::{Lease, Renewal, lease_guard, release_in_background};
 pub use session_slot::{SessionSlot, SlotSession};
+
+/// Locks `mutex` whether or not a panic poisoned it: for mutexes over values that every
+/// holder leaves whole (no await, no half-made update while held), as a backend's bookkeeping
+/// is.
+///
+/// ```
+/// use std::sync::Mutex;
+/// use lock_core::kit::unpoisoned;
+///
+/// let count = Mutex::new(0);
+/// *unpoisoned(&count) += 1;
+/// assert_eq!(*unpoisoned(&count), 1);
+/// ```
+pub fn unpoisoned<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 use crate::election::{LeaderSource, check_value, follow};
 use crate::{
@@ -554,7 +569,7 @@ impl LostSignals {
     }
 
     fn registered(&self) -> std::sync::MutexGuard<'_, Registered> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        unpoisoned(&self.0)
     }
 
     /// Registers a granted guard's notifier; the id unregisters it.

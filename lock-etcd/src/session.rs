@@ -10,13 +10,13 @@
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use etcd_client::{
     Certificate, Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper, TlsOptions,
 };
-use lock_core::kit::{Closed, LostSignals, SessionSlot, SlotSession};
+use lock_core::kit::{Closed, LostSignals, SessionSlot, SlotSession, unpoisoned};
 use lock_core::{Deadline, LockError, LossReason, LostNotifier, Metrics};
 use tokio::time::Instant;
 
@@ -133,7 +133,7 @@ impl Session {
     /// The moment past which the server may have ended the lease, less a margin for the
     /// clocks' drift.
     fn lost_at(&self) -> Instant {
-        let heard = *self.heard.lock().unwrap_or_else(PoisonError::into_inner);
+        let heard = *unpoisoned(&self.heard);
         heard + self.ttl - self.ttl / 10
     }
 
@@ -283,7 +283,7 @@ async fn keep_alive(session: Arc<Session>) {
         };
         let pause = match renewed {
             Ok(Ok(ttl)) if ttl > 0 => {
-                let mut heard = session.heard.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut heard = unpoisoned(&session.heard);
                 *heard = (*heard).max(sent);
                 session.suspect.store(false, Ordering::Release);
                 period
@@ -362,7 +362,7 @@ pub(crate) struct Slot {
 impl Slot {
     /// The smallest free slot of `dir` (a lock's directory, ending in `/`).
     pub(crate) fn take(session: &Arc<Session>, dir: &str) -> Slot {
-        let mut slots = session.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slots = unpoisoned(&session.slots);
         let taken = slots.entry(dir.to_owned()).or_default();
         let number = (0..).find(|n| !taken.contains(n)).unwrap_or_default();
         taken.insert(number);
@@ -383,7 +383,7 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         if let Some(session) = self.session.upgrade() {
-            let mut slots = session.slots.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut slots = unpoisoned(&session.slots);
             if let Some(taken) = slots.get_mut(&self.dir) {
                 taken.remove(&self.number);
                 if taken.is_empty() {

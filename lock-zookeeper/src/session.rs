@@ -1,10 +1,10 @@
 //! One ZooKeeper session: its client, its health, and the lost signals of its guards.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lock_core::kit::{Closed, LostSignals, SessionSlot, SlotSession};
+use lock_core::kit::{Closed, LostSignals, SessionSlot, SlotSession, unpoisoned};
 use lock_core::{LockError, LockName, LossReason, LostNotifier, Metrics};
 use tokio::time::{Instant, MissedTickBehavior};
 use zookeeper_client::{Acls, Client, SessionState};
@@ -43,12 +43,12 @@ struct Health {
 
 impl Health {
     fn heard(&self) -> Instant {
-        *self.heard.lock().unwrap_or_else(PoisonError::into_inner)
+        *unpoisoned(&self.heard)
     }
 
     /// Records that a request sent at `sent` was answered.
     fn heard_at(&self, sent: Instant) {
-        let mut heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut heard = unpoisoned(&self.heard);
         *heard = (*heard).max(sent);
     }
 

@@ -11,14 +11,14 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{Closed, Retry, retry_in_background};
+use super::{Closed, Retry, retry_in_background, unpoisoned};
 use crate::{
     Deadline, FencingToken, Guard, GuardBackend, LockError, LockName, LossReason, LostNotifier,
     lost_signal,
@@ -70,9 +70,7 @@ struct LeaseState {
 
 impl LeaseState {
     fn until(&self) -> MutexGuard<'_, Instant> {
-        self.valid_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        unpoisoned(&self.valid_until)
     }
 
     fn valid_until(&self) -> Instant {

@@ -1,9 +1,9 @@
 //! A provider's current session, replaced once it is over.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
-use super::Closed;
+use super::{Closed, unpoisoned};
 use crate::{LockError, LockName};
 
 /// A server-side session that a [`SessionSlot`] holds: a ZooKeeper session, an etcd lease.
@@ -74,10 +74,7 @@ impl<S: SlotSession> SessionSlot<S> {
 
     /// The latest session, over or not; `None` once the provider is closed.
     pub fn latest(&self) -> Option<Arc<S>> {
-        self.latest
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        unpoisoned(&self.latest).clone()
     }
 
     fn live_latest(&self) -> Option<Arc<S>> {
@@ -115,7 +112,7 @@ impl<S: SlotSession> SessionSlot<S> {
         let session = open().await?;
         // Checked and stored under the lock `close` takes, so that a close in between
         // cannot miss the new session.
-        let mut latest = self.latest.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut latest = unpoisoned(&self.latest);
         if let Err(error) = closed.check(backend, name) {
             drop(latest);
             session.close();
@@ -128,7 +125,7 @@ impl<S: SlotSession> SessionSlot<S> {
     /// The provider's last handle is gone: marks `closed` and closes the latest session.
     pub fn close(&self, closed: &Closed) {
         let taken = {
-            let mut latest = self.latest.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut latest = unpoisoned(&self.latest);
             closed.close();
             latest.take()
         };

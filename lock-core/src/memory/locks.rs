@@ -6,10 +6,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::server::{Entry, Grant, LockKey, Mode, Refusal, ServerInner, Withdrawal};
-use super::{BACKEND, ProviderShared, lock};
+use super::{BACKEND, ProviderShared};
 use crate::election::LeaderSource;
 use crate::kit::{
     Abandon, Cleanup, ElectionAttempt, MutexAttempt, RwAttempt, RwSide, SemaphoreAttempt,
+    unpoisoned,
 };
 use crate::{
     Deadline, Guard, GuardBackend, LeaderInfo, LockError, LockName, LossReason, LostSignal, Metrics,
@@ -73,7 +74,7 @@ impl Handle {
 
     /// One visit to the server.
     fn enter(&self, mode: Mode, value: Arc<[u8]>, queue: bool) -> Result<Entry, LockError> {
-        let session = *lock(&self.provider.session);
+        let session = *unpoisoned(&self.provider.session);
         self.provider.metrics.record_server_requests(1);
         self.provider
             .server
@@ -223,7 +224,7 @@ impl ElectionAttempt for MemoryElection {
 #[async_trait]
 impl LeaderSource for MemoryElection {
     async fn leader(&self) -> Result<Option<LeaderInfo>, LockError> {
-        let session = *lock(&self.0.provider.session);
+        let session = *unpoisoned(&self.0.provider.session);
         self.0.provider.metrics.record_server_requests(1);
         match self.0.provider.server.head(&self.0.key, session) {
             Ok(head) => Ok(head),

@@ -34,7 +34,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
 
 use crate::{
@@ -45,7 +45,7 @@ use crate::{
 mod locks;
 mod server;
 
-use crate::kit::SessionOwner;
+use crate::kit::{SessionOwner, unpoisoned};
 use locks::Handle;
 pub use locks::{MemoryElection, MemoryLock, MemoryRwLock, MemorySemaphore};
 use server::{Family, LockKey, ServerInner};
@@ -81,7 +81,7 @@ impl MemoryServer {
     /// assert!(!MemoryServer::named("jobs").same_server(&MemoryServer::named("other")));
     /// ```
     pub fn named(name: &str) -> Self {
-        let mut registry = lock(&NAMED_SERVERS);
+        let mut registry = unpoisoned(&NAMED_SERVERS);
         if let Some(inner) = registry.get(name).and_then(Weak::upgrade) {
             return MemoryServer { inner };
         }
@@ -113,7 +113,7 @@ impl MemoryServer {
         });
         let ending = Arc::clone(&shared);
         let owner = SessionOwner::new(move || {
-            let session = *lock(&ending.session);
+            let session = *unpoisoned(&ending.session);
             ending.server.end_session(session);
         });
         MemoryLockProvider {
@@ -187,7 +187,7 @@ impl MemoryLockProvider {
     /// [`LockError::SessionExpired`]. Later acquisitions run in a new session.
     pub fn expire_session(&self) {
         let fresh = self.shared.server.open_session();
-        let old = std::mem::replace(&mut *lock(&self.shared.session), fresh);
+        let old = std::mem::replace(&mut *unpoisoned(&self.shared.session), fresh);
         self.shared.server.end_session(old);
     }
 
@@ -258,7 +258,7 @@ impl fmt::Debug for MemoryLockProvider {
         f.debug_struct("MemoryLockProvider")
             .field("server", &self.shared.server.name)
             .field("namespace", &self.shared.namespace)
-            .field("session", &*lock(&self.shared.session))
+            .field("session", &*unpoisoned(&self.shared.session))
             .finish()
     }
 }
@@ -359,12 +359,6 @@ impl ProviderShared {
             permits,
         })
     }
-}
-
-/// The server's state stays consistent at every await-free step, so a panic elsewhere
-/// while the mutex was held leaves nothing half-done: recover from poisoning.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

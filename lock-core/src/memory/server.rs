@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{oneshot, watch};
 
-use super::lock;
+use crate::kit::unpoisoned;
 use crate::{
     FencingToken, LeaderInfo, LockName, LossReason, LostNotifier, LostSignal, lost_signal,
 };
@@ -120,7 +120,7 @@ impl ServerInner {
     }
 
     pub(super) fn state(&self) -> MutexGuard<'_, ServerState> {
-        lock(&self.state)
+        unpoisoned(&self.state)
     }
 
     pub(super) fn open_session(&self) -> u64 {
