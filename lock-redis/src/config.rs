@@ -169,14 +169,12 @@ impl RedisConfig {
             "redis+sentinel" => return sentinel::from_url(&url, url.query()?),
             "redis+cluster" => return cluster::from_url(&url, url.query()?),
             other => {
-                return Err(config_error(
-                    "redis",
-                    format!(
-                        "the URL scheme is {other:?}; expected redis://, rediss://, \
-                         redis+sentinel:// or redis+cluster:// (redlock:// URLs are parsed by \
-                         RedlockConfig)"
-                    ),
-                ));
+                let message = format!(
+                    "the URL scheme is {other:?}; expected redis://, rediss://, \
+                     redis+sentinel:// or redis+cluster:// (redlock:// URLs are parsed by \
+                     RedlockConfig)"
+                );
+                return Err(config_error("redis", message));
             }
         };
         let params: RedisParams = url.query()?;
@@ -205,8 +203,7 @@ impl RedisConfig {
         }
         if let Some(cluster) = &self.cluster {
             if self.sentinel.is_some() {
-                let message = "a cluster or Sentinel, not both";
-                return Err(config_error("redis", message));
+                return Err(config_error("redis", "a cluster or Sentinel, not both"));
             }
             cluster.validate(self)?;
         }
@@ -215,14 +212,11 @@ impl RedisConfig {
             let message = format!("wait_replicas is {}; at most 100", self.wait_replicas);
             return Err(config_error("redis", message));
         }
-        let wait = self.wait_timeout;
-        if self.wait_replicas > 0 && (wait < Duration::from_millis(1) || wait > self.lease.timeout)
-        {
+        let (wait, most) = (self.wait_timeout, self.lease.timeout);
+        if self.wait_replicas > 0 && !(Duration::from_millis(1)..=most).contains(&wait) {
             let rule = "it must be from 1ms to the request timeout";
-            return Err(config_error(
-                "redis",
-                format!("wait_timeout is {wait:?}; {rule}"),
-            ));
+            let message = format!("wait_timeout is {wait:?}; {rule}");
+            return Err(config_error("redis", message));
         }
         Ok(())
     }
@@ -399,50 +393,37 @@ pub(super) mod tests {
 
     #[test]
     fn lease_bounds() {
-        let lease = |url: &str| redis(url).lease;
-        assert_eq!(lease("redis://h?ttl=100ms").ttl, Duration::from_millis(100));
-        assert_eq!(lease("redis://h?ttl=1day").ttl, Duration::from_secs(86_400));
-        assert_eq!(
-            lease("redis://h?timeout=10ms").timeout,
-            Duration::from_millis(10)
-        );
-        assert_eq!(
-            lease("redis://h?timeout=10m").timeout,
-            Duration::from_secs(600)
-        );
+        let (ms, lease) = (Duration::from_millis, LeaseOptions::default());
         let prefix = "p".repeat(128);
-        assert_eq!(
-            lease(&format!("redis://h?prefix={prefix}")).key_prefix,
-            prefix
-        );
+        for (query, expected) in [
+            ("ttl=100ms", lease.clone().with_ttl(ms(100))),
+            ("ttl=1day", lease.clone().with_ttl(ms(86_400_000))),
+            ("timeout=10ms", lease.clone().with_timeout(ms(10))),
+            ("timeout=10m", lease.clone().with_timeout(ms(600_000))),
+            (&format!("prefix={prefix}"), lease.with_key_prefix(&prefix)),
+        ] {
+            let config = redis(&format!("redis://h?{query}"));
+            assert_eq!(config.lease, expected, "{query}");
+        }
         let config = || RedisConfig::new(RedisServer::new("h"));
         assert!(config().validate().is_ok());
-        assert!(config().with_key_prefix("").validate().is_err());
-        assert!(
-            config()
-                .with_ttl(Duration::from_millis(10))
-                .validate()
-                .is_err()
-        );
-        assert!(config().with_timeout(Duration::ZERO).validate().is_err());
+        for bad in [
+            config().with_key_prefix(""),
+            config().with_ttl(ms(10)),
+            config().with_timeout(Duration::ZERO),
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
     }
 
     #[test]
     fn rejected_redis_urls() {
-        let mut cases = vec![format!(
-            "redis://h?prefix={}|longer than 128 bytes",
-            "p".repeat(129)
-        )];
-        for ttl in ["0s", "99ms", "1day 1s", "2days"] {
-            cases.push(format!(
-                "redis://u:topsecret@h?ttl={ttl}|ttl|at least 100ms"
-            ));
-        }
-        for timeout in ["9ms", "11m"] {
-            cases.push(format!(
-                "redis://h?timeout={timeout}|timeout|from 10ms to 10 minutes"
-            ));
-        }
+        let long = "p".repeat(129);
+        let mut cases = vec![format!("redis://h?prefix={long}|longer than 128 bytes")];
+        let ttl = |ttl: &str| format!("redis://u:topsecret@h?ttl={ttl}|ttl|at least 100ms");
+        cases.extend(["0s", "99ms", "1day 1s", "2days"].map(ttl));
+        let timeout = |t: &str| format!("redis://h?timeout={t}|timeout|from 10ms to 10 minutes");
+        cases.extend(["9ms", "11m"].map(timeout));
         let table = [
             "redis://h?ttl=forever|ttl|not a duration",
             "redis://h?prefix=|prefix|must not be empty",

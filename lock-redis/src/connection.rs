@@ -156,12 +156,8 @@ impl<S: ConnectionLike> ConnectionLike for Connection<S> {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Connection::Server(connection) => {
-                connection.req_packed_commands(pipeline, offset, count)
-            }
-            Connection::Cluster(connection) => {
-                connection.req_packed_commands(pipeline, offset, count)
-            }
+            Connection::Server(server) => server.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(cluster) => cluster.req_packed_commands(pipeline, offset, count),
         }
     }
 

@@ -51,8 +51,8 @@ pub struct RedisElection {
 impl fmt::Debug for RedisElection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisElection")
-            .field("name", &self.lock.name())
-            .field("owner_key", &self.lock.keys().owner)
+            .field("name", &self.lock.name)
+            .field("owner_key", &self.lock.keys.owner)
             .finish()
     }
 }
@@ -63,16 +63,12 @@ impl RedisElection {
             lock: RedisLock::election(shared, name),
         }
     }
-
-    fn shared(&self) -> &Shared {
-        self.lock.shared()
-    }
 }
 
 #[async_trait]
 impl ElectionAttempt for RedisElection {
     fn name(&self) -> &LockName {
-        self.lock.name()
+        &self.lock.name
     }
 
     fn backend(&self) -> &'static str {
@@ -89,14 +85,13 @@ impl LeaderSource for RedisElection {
     /// Asks again, every 100 ms, while Redis cannot be reached (a restart, a
     /// dropped connection), for at most one lease: an observation ends at its first error.
     async fn leader(&self) -> Result<Option<LeaderInfo>, LockError> {
-        let shared = self.shared();
-        let name = self.lock.name();
+        let (shared, name) = (&self.lock.shared, &self.lock.name);
         let give_up = Deadline::after(Some(shared.config.lease.ttl));
         loop {
             shared.closed.check(BACKEND, name)?;
             let asked: Result<Option<(String, Vec<u8>, u64)>, LockError> = shared
                 .node
-                .run(scripts::leader(self.lock.keys()), name.as_str())
+                .run(scripts::leader(&self.lock.keys), name.as_str())
                 .await;
             match asked {
                 Ok(leader) => {
@@ -119,7 +114,7 @@ impl LeaderSource for RedisElection {
     async fn changed(&self, _seen: &Option<LeaderInfo>) -> Result<(), LockError> {
         tokio::select! {
             () = tokio::time::sleep(OBSERVE_EVERY) => {}
-            () = self.shared().closed.wait() => {}
+            () = self.lock.shared.closed.wait() => {}
         }
         Ok(())
     }

@@ -100,20 +100,9 @@ pub(crate) fn cluster_lock_error(
         error.kind(),
         ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
     ) || error.to_string().contains("non local key");
-    match lock_error(backend, error, name) {
-        LockError::Backend {
-            backend,
-            name,
-            message,
-            source,
-            ..
-        } if moving => LockError::Backend {
-            backend,
-            name,
-            message,
-            retryable: true,
-            source,
-        },
-        other => other,
+    let mut error = lock_error(backend, error, name);
+    if let LockError::Backend { retryable, .. } = &mut error {
+        *retryable |= moving;
     }
+    error
 }

@@ -67,7 +67,8 @@ impl LockKeys {
         Self::tagged(&format!("{{{prefix}:{}.election}}", name.escaped()))
     }
 
-    /// The keys in the order every script expects them.
+    /// The keys in the order every script expects them (a permit script takes `weights`
+    /// after them).
     pub(crate) fn script_keys(&self) -> [&str; 5] {
         [
             &self.owner,
@@ -75,18 +76,6 @@ impl LockKeys {
             &self.queue,
             &self.deadlines,
             &self.released,
-        ]
-    }
-
-    /// The keys in the order every permit script expects them.
-    pub(crate) fn permit_keys(&self) -> [&str; 6] {
-        [
-            &self.owner,
-            &self.fence,
-            &self.queue,
-            &self.deadlines,
-            &self.released,
-            &self.weights,
         ]
     }
 

@@ -59,9 +59,9 @@ pub(crate) fn drift(ttl: Duration) -> Duration {
 
 /// A lock handle from a [`RedisLockProvider`](crate::RedisLockProvider).
 pub struct RedisLock {
-    shared: Arc<Shared>,
-    name: LockName,
-    keys: Arc<LockKeys>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) name: LockName,
+    pub(crate) keys: Arc<LockKeys>,
     /// The provider's strategy, or the queue for an election, a read-write lock or a
     /// semaphore.
     strategy: RedisStrategy,
@@ -100,10 +100,8 @@ struct Contender(Arc<Claim>);
 /// retrying until the waiter's place and any grant to it would have expired anyway.
 impl Abandon for Contender {
     fn abandon(self) {
-        let ttl = self.0.shared.config.lease.ttl;
-        let give_up = Deadline::after(Some(
-            ttl.max(liveness(ttl, self.0.shared.config.lease.timeout)),
-        ));
+        let lease = &self.0.shared.config.lease;
+        let give_up = Deadline::after(Some(lease.ttl.max(liveness(lease.ttl, lease.timeout))));
         let what = format!("clean-up of lock {}", self.0.name);
         retry_in_background(BACKEND, what, RETRY_PAUSE, give_up, move || {
             let grant = Arc::clone(&self.0);
@@ -121,56 +119,40 @@ impl Abandon for Contender {
 
 impl RedisLock {
     pub(crate) fn new(shared: Arc<Shared>, name: LockName) -> Self {
-        let keys = Arc::new(LockKeys::new(&shared.config.lease.key_prefix, &name));
+        let keys = LockKeys::new(&shared.config.lease.key_prefix, &name);
         let strategy = shared.config.strategy;
-        RedisLock {
-            shared,
-            name,
-            keys,
-            strategy,
-            shape: Shape::Exclusive,
-        }
+        Self::with(shared, name, keys, strategy, Shape::Exclusive)
     }
 
     /// A side of a read-write lock or a semaphore: `shape`'s permits of the keys
     /// `{prefix:name.kind}:…`, always queued.
     pub(crate) fn permits(shared: Arc<Shared>, name: LockName, kind: &str, shape: Shape) -> Self {
         let keys = LockKeys::for_permits(&shared.config.lease.key_prefix, &name, kind);
-        RedisLock {
-            shared,
-            name,
-            keys: Arc::new(keys),
-            strategy: RedisStrategy::Queue,
-            shape,
-        }
+        Self::with(shared, name, keys, RedisStrategy::Queue, shape)
     }
 
     /// The queue under the election `name`: its own keys, `{prefix:name.election}:…`, and
     /// always the queue strategy.
     pub(crate) fn election(shared: Arc<Shared>, name: LockName) -> Self {
-        let keys = Arc::new(LockKeys::for_election(
-            &shared.config.lease.key_prefix,
-            &name,
-        ));
+        let keys = LockKeys::for_election(&shared.config.lease.key_prefix, &name);
+        Self::with(shared, name, keys, RedisStrategy::Queue, Shape::Exclusive)
+    }
+
+    fn with(
+        shared: Arc<Shared>,
+        name: LockName,
+        keys: LockKeys,
+        strategy: RedisStrategy,
+        shape: Shape,
+    ) -> Self {
+        let keys = Arc::new(keys);
         RedisLock {
             shared,
             name,
             keys,
-            strategy: RedisStrategy::Queue,
-            shape: Shape::Exclusive,
+            strategy,
+            shape,
         }
-    }
-
-    pub(crate) fn name(&self) -> &LockName {
-        &self.name
-    }
-
-    pub(crate) fn keys(&self) -> &LockKeys {
-        &self.keys
-    }
-
-    pub(crate) fn shared(&self) -> &Arc<Shared> {
-        &self.shared
     }
 }
 
@@ -213,8 +195,8 @@ impl RedisLock {
             RedisStrategy::Polling | RedisStrategy::PubSub => self.retry(&grant, deadline).await,
             _ => self.queue(&grant, deadline).await,
         };
-        match granted {
-            Ok(Some(Found { token, sent, lease })) => {
+        match granted? {
+            Some(Found { token, sent, lease }) => {
                 // With `wait_replicas`, the grant counts once the replicas have it (a renewal
                 // after it, acknowledged); if they do not, the clean-up gives it back. The
                 // acknowledged renewal set a full lease after `confirming`.
@@ -235,7 +217,7 @@ impl RedisLock {
                 self.shared.metrics.record_grant();
                 lease_guard(grant, &self.name, FencingToken(token), sent, lease).map(Some)
             }
-            Ok(None) => {
+            None => {
                 // Only a queue waiter leaves anything behind (its place, maybe a grant that
                 // raced the deadline): a plain grant that answered 0 took nothing.
                 let queued =
@@ -246,12 +228,9 @@ impl RedisLock {
                 }
                 Ok(None)
             }
-            Err(error) => Err(error),
         }
     }
-}
 
-impl RedisLock {
     /// `GRANT` until granted or the deadline. Between two tries, a polling waiter sleeps
     /// (jittered exponential back-off); a pub/sub waiter subscribes to the release channel,
     /// then tries again on every broadcast (and every refresh period, for leases that run
@@ -279,10 +258,7 @@ impl RedisLock {
                         && !deadline.has_passed() =>
                 {
                     tracing::debug!(lock = %self.name, %error, "redis: try failed; trying again");
-                    let pause = deadline
-                        .remaining()
-                        .map_or(RETRY_PAUSE, |left| left.min(RETRY_PAUSE));
-                    tokio::time::sleep(pause).await;
+                    tokio::time::sleep(deadline.cap(RETRY_PAUSE)).await;
                     if deadline.has_passed() {
                         return Err(error);
                     }
@@ -296,10 +272,7 @@ impl RedisLock {
             }
             if polling {
                 let jittered = pause.mul_f64(0.5 + fastrand::f64());
-                let nap = deadline
-                    .remaining()
-                    .map_or(jittered, |left| left.min(jittered));
-                tokio::time::sleep(nap).await;
+                tokio::time::sleep(deadline.cap(jittered)).await;
                 pause = (pause * 2).min(POLL_MAX);
                 wakeups.woke();
                 continue;
@@ -320,18 +293,16 @@ impl RedisLock {
                     // poller does, then try the lock and to subscribe again.
                     Err(error) if error.is_retryable() => {
                         tracing::debug!(lock = %self.name, %error, "redis: no subscription; trying again");
-                        let nap = deadline.remaining().map_or(pause, |left| left.min(pause));
-                        tokio::time::sleep(nap).await;
+                        tokio::time::sleep(deadline.cap(pause)).await;
                         pause = (pause * 2).min(period);
                     }
                     Err(error) => return Err(error),
                 }
                 continue;
             };
-            let nap = deadline.remaining().map_or(period, |left| left.min(period));
             let heard = tokio::select! {
                 heard = subscription.next() => Some(heard),
-                () = tokio::time::sleep(nap) => None,
+                () = tokio::time::sleep(deadline.cap(period)) => None,
             };
             match heard {
                 Some(Heard::Release) => wakeups.woke(),
@@ -369,12 +340,7 @@ impl RedisLock {
                 {
                     tracing::debug!(lock = %self.name, %error, "redis: refresh failed; the place lasts, trying again");
                     connection = None;
-                    tokio::time::sleep(
-                        deadline
-                            .remaining()
-                            .map_or(RETRY_PAUSE, |left| left.min(RETRY_PAUSE)),
-                    )
-                    .await;
+                    tokio::time::sleep(deadline.cap(RETRY_PAUSE)).await;
                     continue;
                 }
                 Err(error) => return Err(error),
@@ -392,12 +358,8 @@ impl RedisLock {
                     // learns of it now, as it would have on its list.
                     self.shared.metrics.record_wakeup();
                 }
-                let token = token.unsigned_abs();
-                return Ok(Some(Found {
-                    token,
-                    sent,
-                    lease: ttl,
-                }));
+                let (token, lease) = (token.unsigned_abs(), ttl);
+                return Ok(Some(Found { token, sent, lease }));
             }
             if token < 0 {
                 return Err(grant.retryable(
@@ -411,12 +373,7 @@ impl RedisLock {
             mode = Queueing::Refresh;
             // A connection to a server that is no longer the primary would block on a list
             // that no hand-off reaches.
-            if connection
-                .as_ref()
-                .is_some_and(|kept| !self.shared.node.is_current(kept))
-            {
-                connection = None;
-            }
+            connection = connection.filter(|kept| self.shared.node.is_current(kept));
             if connection.is_none() {
                 connection = match self.shared.node.dedicated(self.name.as_str()).await {
                     Ok(dedicated) => Some(dedicated),
@@ -431,20 +388,15 @@ impl RedisLock {
             let Some(blocking) = connection.as_mut() else {
                 continue;
             };
-            let wait = deadline.remaining().map_or(period, |left| left.min(period));
-            let list = self.keys.waiter_list(&grant.id);
+            let wait = deadline.cap(period);
             let mut blpop = redis::cmd("BLPOP");
             blpop
-                .arg(&list)
+                .arg(self.keys.waiter_list(&grant.id))
                 .arg(format!("{:.3}", wait.as_secs_f64().max(0.001)));
             self.shared.metrics.record_server_requests(1);
             let budget = wait + self.shared.node.timeout();
-            let popped: Option<(String, u64)> = match tokio::time::timeout(
-                budget,
-                blpop.query_async(&mut blocking.connection),
-            )
-            .await
-            {
+            let popping = blpop.query_async(&mut blocking.connection);
+            let popped: Option<(String, u64)> = match tokio::time::timeout(budget, popping).await {
                 Ok(Ok(popped)) => popped,
                 Ok(Err(error)) => {
                     // The server went away, or stopped being the primary (a demoted primary
@@ -547,16 +499,12 @@ impl Claim {
 
     /// One `GRANT` (sent again after a lost reply): the grant, if the lock was free.
     async fn try_grant(&self) -> Result<Option<Found>, LockError> {
-        let ttl = self.shared.config.lease.ttl;
+        let lease = self.shared.config.lease.ttl;
         let sent = Instant::now();
         let (token, _holder): (u64, String) = self
-            .retrying(|| scripts::grant(&self.keys, &self.id, ttl))
+            .retrying(|| scripts::grant(&self.keys, &self.id, lease))
             .await?;
-        Ok((token > 0).then_some(Found {
-            token,
-            sent,
-            lease: ttl,
-        }))
+        Ok((token > 0).then_some(Found { token, sent, lease }))
     }
 
     /// `EXTEND`; with `wait_replicas`, a renewal counts only once that many replicas have
@@ -639,21 +587,20 @@ impl Claim {
         &self,
         exclusive: &'static redis::Script,
         permits: &'static redis::Script,
-        args: &QueueArgs,
     ) -> redis::ScriptInvocation<'static> {
+        let args = self.queue_args();
         match self.shape {
-            Shape::Exclusive => scripts::queue(exclusive, &self.keys, &self.id, args),
+            Shape::Exclusive => scripts::queue(exclusive, &self.keys, &self.id, &args),
             Shape::Permits { capacity, .. } => {
-                scripts::permits(permits, &self.keys, &self.id, args, capacity)
+                scripts::permits(permits, &self.keys, &self.id, &args, capacity)
             }
         }
     }
 
     /// `ATTEMPT`: a token, 0, or -1 when a refreshing waiter's place is gone.
     async fn attempt(&self, mode: Queueing) -> Result<i64, LockError> {
-        let args = self.queue_args();
         self.retrying(|| {
-            let mut invocation = self.script(&ATTEMPT, &PERMIT_ATTEMPT, &args);
+            let mut invocation = self.script(&ATTEMPT, &PERMIT_ATTEMPT);
             invocation.arg(match mode {
                 Queueing::No => "0",
                 Queueing::Join => "1",
@@ -676,10 +623,7 @@ impl Claim {
 
     /// Leaves the queue and passes on a grant that raced the cancel.
     async fn cancel(&self) -> Result<bool, LockError> {
-        let args = self.queue_args();
-        let passed_on: u64 = self
-            .run(self.script(&CANCEL, &PERMIT_CANCEL, &args))
-            .await?;
+        let passed_on: u64 = self.run(self.script(&CANCEL, &PERMIT_CANCEL)).await?;
         Ok(passed_on == 1)
     }
 }
@@ -707,10 +651,7 @@ impl Lease for Claim {
     }
 
     async fn release(&self) -> Result<bool, LockError> {
-        let args = self.queue_args();
-        let released: u64 = self
-            .run(self.script(&RELEASE, &PERMIT_RELEASE, &args))
-            .await?;
+        let released: u64 = self.run(self.script(&RELEASE, &PERMIT_RELEASE)).await?;
         Ok(released == 1)
     }
 }

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use lock_core::kit::unpoisoned;
 use lock_core::{LockError, Metrics};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
@@ -18,6 +19,7 @@ use redis::{
 use crate::config::{RedisCluster, RedisSentinel, RedisServer};
 use crate::connection::{ClusterClients, Opener, Own, Shared};
 use crate::error::{cluster_lock_error, connection, is_connection, lock_error, timed_out_request};
+use crate::scripts::millis;
 use crate::subscriber::{Source, Subscriber, Subscription};
 
 /// A connection to one server, counting its requests. With Redis Sentinel the server is
@@ -27,12 +29,27 @@ use crate::subscriber::{Source, Subscriber, Subscription};
 pub(crate) struct Node(Arc<Inner>);
 
 struct Inner {
-    timeout: Duration,
-    backend: &'static str,
-    metrics: Arc<Metrics>,
+    settings: Settings,
     /// The server requests go to now; replaced when the sentinels name another.
     link: RwLock<Arc<Link>>,
     finder: Option<Finder>,
+}
+
+/// What a node's connections, and its subscriber's, are made with: the request timeout,
+/// the backend that errors name, and the metrics that count the requests.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) timeout: Duration,
+    pub(crate) backend: &'static str,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+impl Settings {
+    /// What turns a client error met while connecting into a lock error.
+    pub(crate) fn failed(&self) -> impl Fn(RedisError) -> LockError + Copy + use<> {
+        let backend = self.backend;
+        move |error| lock_error(backend, error, None)
+    }
 }
 
 /// One server's connections, or a cluster's.
@@ -75,7 +92,7 @@ impl fmt::Debug for Node {
 }
 
 /// A client for `server`: address (TLS or not), database, credentials, trusted authorities.
-fn client(server: &RedisServer, backend: &'static str) -> Result<Client, LockError> {
+fn client(server: &RedisServer, settings: &Settings) -> Result<Client, LockError> {
     let redis = login(server);
     let addr = if server.tls {
         // rustls needs a process-wide crypto provider; keep one the application chose.
@@ -91,13 +108,14 @@ fn client(server: &RedisServer, backend: &'static str) -> Result<Client, LockErr
     };
     let info = addr
         .into_connection_info()
-        .map_err(|error| lock_error(backend, error, None))?
+        .map_err(settings.failed())?
         .set_redis_settings(redis);
     let built = match &server.tls_ca {
         Some(path) if server.tls => {
             let root_cert = std::fs::read(path).map_err(|error| {
                 LockError::config(format!(
-                    "{backend}: cannot read tls_ca {}: {error}",
+                    "{}: cannot read tls_ca {}: {error}",
+                    settings.backend,
                     path.display()
                 ))
             })?;
@@ -111,7 +129,7 @@ fn client(server: &RedisServer, backend: &'static str) -> Result<Client, LockErr
         }
         _ => Client::open(info),
     };
-    built.map_err(|error| lock_error(backend, error, None))
+    built.map_err(settings.failed())
 }
 
 /// `server`'s database and credentials.
@@ -141,14 +159,12 @@ impl Node {
     /// used).
     pub(crate) async fn connect(
         server: &RedisServer,
-        timeout: Duration,
-        backend: &'static str,
-        metrics: Arc<Metrics>,
+        settings: Settings,
         lazy: bool,
     ) -> Result<Self, LockError> {
-        let client = client(server, backend)?;
-        let link = Link::connect(client, server.address(), timeout, backend, &metrics, lazy);
-        Ok(Node::with(link.await?, None, timeout, backend, metrics))
+        let client = client(server, &settings)?;
+        let link = Link::connect(client, server.address(), &settings, lazy).await?;
+        Ok(Node::with(link, None, settings))
     }
 
     /// Connects to the primary that `sentinel`'s sentinels name, logging in as `server`
@@ -156,18 +172,15 @@ impl Node {
     pub(crate) async fn connect_sentinel(
         sentinel: &RedisSentinel,
         server: &RedisServer,
-        timeout: Duration,
-        backend: &'static str,
-        metrics: Arc<Metrics>,
+        settings: Settings,
     ) -> Result<Self, LockError> {
         let urls = sentinel.urls();
-        let sentinels =
-            Sentinel::build(urls.clone()).map_err(|error| lock_error(backend, error, None))?;
+        let sentinels = Sentinel::build(urls.clone()).map_err(settings.failed())?;
         let announcers = urls
             .iter()
             .map(|url| Client::open(url.as_str()))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|error| lock_error(backend, error, None))?;
+            .map_err(settings.failed())?;
         let login = login(server);
         let finder = Finder {
             sentinel: tokio::sync::Mutex::new(sentinels),
@@ -177,8 +190,9 @@ impl Node {
             searching: tokio::sync::Mutex::new(()),
             searched: Mutex::new(None),
         };
-        let link = finder.find(timeout, backend, &metrics).await?;
-        let node = Node::with(link, Some(finder), timeout, backend, metrics);
+        let (client, address) = finder.locate(&settings).await?;
+        let link = Link::connect(client, address, &settings, false).await?;
+        let node = Node::with(link, Some(finder), settings);
         for announcer in announcers {
             let service = sentinel.service.clone();
             tokio::spawn(follow_switches(Arc::downgrade(&node.0), announcer, service));
@@ -191,36 +205,26 @@ impl Node {
     pub(crate) async fn connect_cluster(
         cluster: &RedisCluster,
         server: &RedisServer,
-        timeout: Duration,
-        backend: &'static str,
-        metrics: Arc<Metrics>,
+        settings: Settings,
     ) -> Result<Self, LockError> {
-        let clients = ClusterClients::new(cluster, server, timeout);
+        let clients = ClusterClients::new(cluster, server, settings.timeout);
         let address = cluster.nodes.join(",");
-        match Link::cluster(clients, address, timeout, backend, &metrics).await {
-            Ok(link) => Ok(Node::with(link, None, timeout, backend, metrics)),
+        match Link::cluster(clients, address, &settings).await {
+            Ok(link) => Ok(Node::with(link, None, settings)),
             // The cluster client reports a refused login as a failed connection: a node
             // asked directly says which it is.
             Err(error @ LockError::Connection { .. }) => {
-                let asking = refusal(cluster, server, timeout, backend);
-                let refused = tokio::time::timeout(timeout, asking).await.ok().flatten();
-                Err(refused.unwrap_or(error))
+                let asking = refusal(cluster, server, &settings);
+                let refused = tokio::time::timeout(settings.timeout, asking).await;
+                Err(refused.ok().flatten().unwrap_or(error))
             }
             Err(error) => Err(error),
         }
     }
 
-    fn with(
-        link: Link,
-        finder: Option<Finder>,
-        timeout: Duration,
-        backend: &'static str,
-        metrics: Arc<Metrics>,
-    ) -> Self {
+    fn with(link: Link, finder: Option<Finder>, settings: Settings) -> Self {
         Node(Arc::new(Inner {
-            timeout,
-            backend,
-            metrics,
+            settings,
             link: RwLock::new(Arc::new(link)),
             finder,
         }))
@@ -237,7 +241,7 @@ impl Node {
 
     /// The request timeout.
     pub(crate) fn timeout(&self) -> Duration {
-        self.0.timeout
+        self.0.settings.timeout
     }
 
     /// Runs a script on the shared connection, within the request timeout.
@@ -246,7 +250,7 @@ impl Node {
         invocation: ScriptInvocation<'_>,
         name: &str,
     ) -> Result<T, LockError> {
-        self.0.metrics.record_server_requests(1);
+        self.0.settings.metrics.record_server_requests(1);
         let link = self.link();
         let mut connection = link.manager.clone();
         self.within(&link, Some(name), invocation.invoke_async(&mut connection))
@@ -267,34 +271,27 @@ impl Node {
         wrote: impl FnOnce(&T) -> bool,
     ) -> Result<(T, Option<u32>), LockError> {
         let mut blocking = self.dedicated(name).await?;
-        self.0.metrics.record_server_requests(1);
+        self.0.settings.metrics.record_server_requests(1);
         let link = Arc::clone(&blocking.link);
-        let answer = self
-            .within(
-                &link,
-                Some(name),
-                invocation.invoke_async(&mut blocking.connection),
-            )
-            .await?;
+        let invoking = invocation.invoke_async(&mut blocking.connection);
+        let answer = self.within(&link, Some(name), invoking).await?;
         if !wrote(&answer) {
             self.give_back(blocking);
             return Ok((answer, None));
         }
-        self.0.metrics.record_server_requests(1);
+        self.0.settings.metrics.record_server_requests(1);
         let mut waiting = redis::cmd("WAIT");
-        waiting
-            .arg(replicas)
-            .arg(crate::scripts::millis(wait).max(1));
+        waiting.arg(replicas).arg(millis(wait).max(1));
         let asking = blocking.connection.query_at::<u32>(&waiting, key);
-        let acknowledged = match tokio::time::timeout(wait + self.0.timeout, asking).await {
+        let acknowledged = match tokio::time::timeout(wait + self.timeout(), asking).await {
             Ok(Ok(acknowledged)) => acknowledged,
             Ok(Err(error)) => {
                 self.failed_on(&blocking, &error);
-                return Err(lock_error(self.0.backend, error, Some(name)));
+                return Err(lock_error(self.0.settings.backend, error, Some(name)));
             }
             Err(_) => {
                 self.search_from(&link);
-                return Err(timed_out_request(self.0.backend, Some(name)));
+                return Err(timed_out_request(self.0.settings.backend, Some(name)));
             }
         };
         self.give_back(blocking);
@@ -316,7 +313,7 @@ impl Node {
 
     /// `PING`, within the request timeout.
     pub(crate) async fn ping(&self) -> Result<(), LockError> {
-        self.0.metrics.record_server_requests(1);
+        self.0.settings.metrics.record_server_requests(1);
         let link = self.link();
         let mut connection = link.manager.clone();
         let ping = redis::cmd("PING");
@@ -330,16 +327,12 @@ impl Node {
     /// request has completed.
     pub(crate) async fn dedicated(&self, name: &str) -> Result<Blocking, LockError> {
         let link = self.link();
-        let idle = link
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
+        let idle = unpoisoned(&link.idle).pop();
         if let Some(connection) = idle {
             return Ok(Blocking { connection, link });
         }
-        self.0.metrics.record_server_requests(1);
-        let connecting = link.client.open(self.0.timeout);
+        self.0.settings.metrics.record_server_requests(1);
+        let connecting = link.client.open(self.timeout());
         let connection = self.within(&link, Some(name), connecting).await?;
         Ok(Blocking { connection, link })
     }
@@ -352,7 +345,7 @@ impl Node {
         name: Option<&str>,
         request: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, LockError> {
-        match tokio::time::timeout(self.0.timeout, request).await {
+        match tokio::time::timeout(self.timeout(), request).await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(error)) => {
                 if may_have_moved(&error) {
@@ -362,7 +355,7 @@ impl Node {
             }
             Err(_) => {
                 self.search_from(link);
-                Err(timed_out_request(self.0.backend, name))
+                Err(timed_out_request(self.0.settings.backend, name))
             }
         }
     }
@@ -371,8 +364,8 @@ impl Node {
     /// means it.
     pub(crate) fn lock_error(&self, error: RedisError, name: Option<&str>) -> LockError {
         match self.link().manager {
-            Shared::Cluster(_) => cluster_lock_error(self.0.backend, error, name),
-            Shared::Server(_) => lock_error(self.0.backend, error, name),
+            Shared::Cluster(_) => cluster_lock_error(self.0.settings.backend, error, name),
+            Shared::Server(_) => lock_error(self.0.settings.backend, error, name),
         }
     }
 
@@ -394,10 +387,7 @@ impl Node {
             return;
         };
         {
-            let mut searched = finder
-                .searched
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut searched = unpoisoned(&finder.searched);
             if throttled && searched.is_some_and(|at| at.elapsed() < SEARCH_PAUSE) {
                 return;
             }
@@ -409,16 +399,13 @@ impl Node {
                 return;
             };
             let _one_at_a_time = finder.searching.lock().await;
-            let inner = &node.0;
-            let (timeout, backend, metrics) = (inner.timeout, inner.backend, &inner.metrics);
+            let settings = &node.0.settings;
             let found = match announced {
                 Some((host, port)) if format!("{host}:{port}") == node.address() => return,
-                Some((host, port)) => finder.at(host, port, timeout, backend, metrics).await,
-                None => match finder.locate(timeout, backend).await {
+                Some((host, port)) => finder.at(host, port, settings).await,
+                None => match finder.locate(settings).await {
                     Ok((_, address)) if address == node.address() => return,
-                    Ok((client, address)) => {
-                        Link::connect(client, address, timeout, backend, metrics, false).await
-                    }
+                    Ok((client, address)) => Link::connect(client, address, settings, false).await,
                     Err(error) => Err(error),
                 },
             };
@@ -430,7 +417,7 @@ impl Node {
                         "redis: the sentinels name a new primary"
                     );
                     let old = std::mem::replace(
-                        &mut *inner.link.write().unwrap_or_else(PoisonError::into_inner),
+                        &mut *node.0.link.write().unwrap_or_else(PoisonError::into_inner),
                         Arc::new(found),
                     );
                     // Pub/sub waiters join again, on the new primary.
@@ -467,11 +454,7 @@ impl Node {
         if !Arc::ptr_eq(&blocking.link, &self.link()) {
             return;
         }
-        let mut idle = blocking
-            .link
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut idle = unpoisoned(&blocking.link.idle);
         if idle.len() < MAX_IDLE {
             idle.push(blocking.connection);
         }
@@ -491,8 +474,7 @@ impl Node {
 async fn refusal(
     cluster: &RedisCluster,
     server: &RedisServer,
-    timeout: Duration,
-    backend: &'static str,
+    settings: &Settings,
 ) -> Option<LockError> {
     for url in cluster.urls() {
         let Ok(info) = url.as_str().into_connection_info() else {
@@ -501,9 +483,10 @@ async fn refusal(
         let Ok(client) = Client::open(info.set_redis_settings(login(server))) else {
             continue;
         };
-        match tokio::time::timeout(timeout, client.get_multiplexed_async_connection()).await {
+        let connecting = client.get_multiplexed_async_connection();
+        match tokio::time::timeout(settings.timeout, connecting).await {
             Ok(Err(error)) => {
-                let refused = lock_error(backend, error, None);
+                let refused = lock_error(settings.backend, error, None);
                 if matches!(
                     refused,
                     LockError::Auth { .. } | LockError::PermissionDenied { .. }
@@ -540,25 +523,22 @@ impl Link {
     async fn connect(
         client: Client,
         address: String,
-        timeout: Duration,
-        backend: &'static str,
-        metrics: &Arc<Metrics>,
+        settings: &Settings,
         lazy: bool,
     ) -> Result<Self, LockError> {
+        let (timeout, failed) = (settings.timeout, settings.failed());
         let config = manager_config(timeout);
         let manager = if lazy {
-            ConnectionManager::new_lazy_with_config(client.clone(), config)
-                .map_err(|error| lock_error(backend, error, None))?
+            ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(failed)?
         } else {
             let connecting = ConnectionManager::new_with_config(client.clone(), config);
             let Ok(connected) = tokio::time::timeout(timeout, connecting).await else {
                 let message = format!("no connection to {address} within {timeout:?}");
-                return Err(connection(backend, None, message));
+                return Err(connection(settings.backend, None, message));
             };
-            connected.map_err(|error| lock_error(backend, error, None))?
+            connected.map_err(failed)?
         };
-        let source = Source::Server(client.clone());
-        let subscriber = Subscriber::new(source, timeout, backend, Arc::clone(metrics));
+        let subscriber = Subscriber::new(Source::Server(client.clone()), settings.clone());
         Ok(Link {
             client: Opener::Server(Box::new(client)),
             manager: Shared::Server(manager),
@@ -574,30 +554,22 @@ impl Link {
     async fn cluster(
         clients: ClusterClients,
         address: String,
-        timeout: Duration,
-        backend: &'static str,
-        metrics: &Arc<Metrics>,
+        settings: &Settings,
     ) -> Result<Self, LockError> {
-        let failed = |error| lock_error(backend, error, None);
+        let (timeout, failed) = (settings.timeout, settings.failed());
         let shared = clients.client(false).map_err(failed)?;
         let blocking = clients.client(true).map_err(failed)?;
         let Ok(connected) = tokio::time::timeout(timeout, shared.get_async_connection()).await
         else {
             let message = format!("no connection to the cluster at {address} within {timeout:?}");
-            return Err(connection(backend, None, message));
+            return Err(connection(settings.backend, None, message));
         };
-        let manager = connected.map_err(|error| lock_error(backend, error, None))?;
         Ok(Link {
             client: Opener::Cluster(Box::new(blocking)),
-            manager: Shared::Cluster(manager),
+            manager: Shared::Cluster(connected.map_err(failed)?),
             address,
             idle: Mutex::default(),
-            subscriber: Subscriber::new(
-                Source::Cluster(clients),
-                timeout,
-                backend,
-                Arc::clone(metrics),
-            ),
+            subscriber: Subscriber::new(Source::Cluster(clients), settings.clone()),
         })
     }
 }
@@ -605,31 +577,23 @@ impl Link {
 impl Finder {
     /// Asks the sentinels for the primary, confirmed by its `ROLE`, within `timeout`: a
     /// client for it, and its address.
-    async fn locate(
-        &self,
-        timeout: Duration,
-        backend: &'static str,
-    ) -> Result<(Client, String), LockError> {
+    async fn locate(&self, settings: &Settings) -> Result<(Client, String), LockError> {
+        let (timeout, backend) = (settings.timeout, settings.backend);
         let searching = async {
             let mut sentinel = self.sentinel.lock().await;
             sentinel
                 .async_master_for(&self.service, Some(&self.login))
                 .await
         };
+        let service = &self.service;
         let Ok(found) = tokio::time::timeout(timeout, searching).await else {
-            let message = format!(
-                "no sentinel named a primary for {:?} within {timeout:?}",
-                self.service
-            );
+            let message = format!("no sentinel named a primary for {service:?} within {timeout:?}");
             return Err(connection(backend, None, message));
         };
         let client = found.map_err(|error| match error.kind() {
             // Flagged down by the sentinels (a failover under way): it passes.
             ErrorKind::MasterNameNotFoundBySentinel => {
-                let message = format!(
-                    "no sentinel names a live primary for {:?}: {error}",
-                    self.service
-                );
+                let message = format!("no sentinel names a live primary for {service:?}: {error}");
                 connection(backend, None, message)
             }
             _ => lock_error(backend, error, None),
@@ -640,25 +604,18 @@ impl Finder {
 
     /// The connections to the server at `host:port` (announced by a sentinel), once it
     /// answers `ROLE` as the primary, all within `timeout`.
-    async fn at(
-        &self,
-        host: String,
-        port: u16,
-        timeout: Duration,
-        backend: &'static str,
-        metrics: &Arc<Metrics>,
-    ) -> Result<Link, LockError> {
+    async fn at(&self, host: String, port: u16, settings: &Settings) -> Result<Link, LockError> {
         let address = format!("{host}:{port}");
         let info = ConnectionAddr::Tcp(host, port)
             .into_connection_info()
-            .map_err(|error| lock_error(backend, error, None))?
+            .map_err(settings.failed())?
             .set_redis_settings(self.redis_login.clone());
-        let client = Client::open(info).map_err(|error| lock_error(backend, error, None))?;
-        let link = Link::connect(client, address, timeout, backend, metrics, false).await?;
+        let client = Client::open(info).map_err(settings.failed())?;
+        let link = Link::connect(client, address, settings, false).await?;
         let mut manager = link.manager.clone();
         let role = redis::cmd("ROLE");
         let asking = role.query_async::<redis::Value>(&mut manager);
-        match tokio::time::timeout(timeout, asking).await {
+        match tokio::time::timeout(settings.timeout, asking).await {
             Ok(Ok(redis::Value::Array(role)))
                 if role.first().is_some_and(
                     |first| matches!(first, redis::Value::BulkString(role) if role == b"master"),
@@ -666,23 +623,12 @@ impl Finder {
             {
                 Ok(link)
             }
-            Ok(Err(error)) => Err(lock_error(backend, error, None)),
+            Ok(Err(error)) => Err(lock_error(settings.backend, error, None)),
             _ => {
                 let message = format!("{} does not say it is the primary", link.address);
-                Err(connection(backend, None, message))
+                Err(connection(settings.backend, None, message))
             }
         }
-    }
-
-    /// The primary's connections.
-    async fn find(
-        &self,
-        timeout: Duration,
-        backend: &'static str,
-        metrics: &Arc<Metrics>,
-    ) -> Result<Link, LockError> {
-        let (client, address) = self.locate(timeout, backend).await?;
-        Link::connect(client, address, timeout, backend, metrics, false).await
     }
 }
 
@@ -694,7 +640,7 @@ impl Finder {
 async fn follow_switches(node: Weak<Inner>, sentinel: Client, service: String) {
     const PAUSE: Duration = Duration::from_millis(500);
     loop {
-        let Some(timeout) = node.upgrade().map(|inner| inner.timeout) else {
+        let Some(timeout) = node.upgrade().map(|inner| inner.settings.timeout) else {
             return;
         };
         let subscribing = async {

@@ -60,7 +60,7 @@ impl RedisRwLock {
 impl fmt::Debug for RedisRwLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisRwLock")
-            .field("name", self.read.name())
+            .field("name", &self.read.name)
             .finish_non_exhaustive()
     }
 }
@@ -68,7 +68,7 @@ impl fmt::Debug for RedisRwLock {
 #[async_trait]
 impl RwAttempt for RedisRwLock {
     fn name(&self) -> &LockName {
-        self.read.name()
+        &self.read.name
     }
 
     fn backend(&self) -> &'static str {
@@ -123,7 +123,7 @@ impl RedisSemaphore {
 impl fmt::Debug for RedisSemaphore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisSemaphore")
-            .field("name", self.lock.name())
+            .field("name", &self.lock.name)
             .field("permits", &self.permits)
             .finish()
     }
@@ -132,7 +132,7 @@ impl fmt::Debug for RedisSemaphore {
 #[async_trait]
 impl SemaphoreAttempt for RedisSemaphore {
     fn name(&self) -> &LockName {
-        self.lock.name()
+        &self.lock.name
     }
 
     fn backend(&self) -> &'static str {

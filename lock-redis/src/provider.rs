@@ -15,7 +15,7 @@ use crate::election::RedisElection;
 use crate::error::BACKEND;
 use crate::keys::LockKeys;
 use crate::lock::{RedisLock, refresh_period};
-use crate::node::Node;
+use crate::node::{Node, Settings};
 use crate::permits::{RedisRwLock, RedisSemaphore};
 
 /// A distlock provider on one Redis server.
@@ -72,15 +72,16 @@ impl RedisLockProvider {
     pub async fn connect(config: RedisConfig) -> Result<Self, LockError> {
         config.validate()?;
         let metrics = Arc::new(Metrics::new());
-        let (server, timeout, counted) = (&config.server, config.lease.timeout, metrics.clone());
+        let server = &config.server;
+        let settings = Settings {
+            timeout: config.lease.timeout,
+            backend: BACKEND,
+            metrics: Arc::clone(&metrics),
+        };
         let node = match (&config.sentinel, &config.cluster) {
-            (Some(sentinel), _) => {
-                Node::connect_sentinel(sentinel, server, timeout, BACKEND, counted).await?
-            }
-            (None, Some(cluster)) => {
-                Node::connect_cluster(cluster, server, timeout, BACKEND, counted).await?
-            }
-            (None, None) => Node::connect(server, timeout, BACKEND, counted, false).await?,
+            (Some(sentinel), _) => Node::connect_sentinel(sentinel, server, settings).await?,
+            (None, Some(cluster)) => Node::connect_cluster(cluster, server, settings).await?,
+            (None, None) => Node::connect(server, settings, false).await?,
         };
         let shared = Arc::new(Shared {
             config,

@@ -1,27 +1,27 @@
 //! Redlock: one lock over several independent Redis servers, held while a majority grants it.
 
 use std::fmt;
-use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::{join_all, try_join_all};
 use lock_core::kit::{
     Abandon, Cleanup, Closed, Lease, MutexAttempt, Renewal, SessionOwner, Wakeups, lease_guard,
-    release_in_background,
+    release_in_background, unpoisoned,
 };
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Fencing, FencingToken, Guard, LockError, LockName,
     LockProvider, Metrics, MetricsSnapshot, WaitKind,
 };
+use redis::{FromRedisValue, ScriptInvocation};
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::RedlockConfig;
 use crate::error::connection;
 use crate::keys::LockKeys;
-use crate::node::Node;
+use crate::node::{Node, Settings};
 use crate::scripts::{self, QueueArgs, RELEASE};
 
 pub(crate) const REDLOCK: &str = "redlock";
@@ -93,41 +93,6 @@ impl Shared {
     fn round_budget(&self) -> Duration {
         self.config.lease.timeout.min(self.config.lease.ttl / 3)
     }
-
-    /// Runs `request` on every server at once, each bounded by the round budget.
-    async fn on_all<'a, T, F, Fut>(&'a self, request: F) -> Vec<Result<T, LockError>>
-    where
-        F: Fn(&'a Node) -> Fut,
-        Fut: Future<Output = Result<T, LockError>> + 'a,
-    {
-        self.on_each(self.nodes.iter(), request).await
-    }
-
-    /// Runs `request` on each of `nodes` at once, each bounded by the round budget.
-    async fn on_each<'a, T, F, Fut>(
-        &'a self,
-        nodes: impl Iterator<Item = &'a Node>,
-        request: F,
-    ) -> Vec<Result<T, LockError>>
-    where
-        F: Fn(&'a Node) -> Fut,
-        Fut: Future<Output = Result<T, LockError>> + 'a,
-    {
-        let budget = self.round_budget();
-        let calls = nodes.map(|node| {
-            let call = request(node);
-            async move {
-                tokio::time::timeout(budget, call)
-                    .await
-                    .unwrap_or_else(|_| {
-                        let message =
-                            format!("{} did not answer within {budget:?}", node.address());
-                        Err(connection(REDLOCK, None, message))
-                    })
-            }
-        });
-        join_all(calls).await
-    }
 }
 
 /// The most telling of several servers' errors: credentials first, then permissions, then
@@ -170,8 +135,12 @@ impl RedlockProvider {
         let metrics = Arc::new(Metrics::new());
         // Each connects on its first request: a server that is down must not keep the others
         // from being used.
-        let timeout = config.lease.timeout;
-        let lazy = |server| Node::connect(server, timeout, REDLOCK, Arc::clone(&metrics), true);
+        let settings = Settings {
+            timeout: config.lease.timeout,
+            backend: REDLOCK,
+            metrics: Arc::clone(&metrics),
+        };
+        let lazy = |server| Node::connect(server, settings.clone(), true);
         let nodes = try_join_all(config.servers.iter().map(lazy)).await?;
         let shared = Arc::new(Shared {
             config,
@@ -367,16 +336,13 @@ impl MutexAttempt for RedlockLock {
             }
             // The contender that kept its votes comes back first, for the servers the others
             // gave up.
+            let delay = self.shared.config.retry_delay;
             let delay = if kept_votes {
-                self.shared.config.retry_delay / 4
+                delay / 4
             } else {
-                self.shared
-                    .config
-                    .retry_delay
-                    .mul_f64(0.5 + fastrand::f64())
+                delay.mul_f64(0.5 + fastrand::f64())
             };
-            let nap = deadline.remaining().map_or(delay, |left| left.min(delay));
-            tokio::time::sleep(nap).await;
+            tokio::time::sleep(deadline.cap(delay)).await;
             wakeups.woke();
         }
     }
@@ -404,13 +370,8 @@ impl RedlockClaim {
         let asked = Instant::now();
         let began = first_vote.unwrap_or(asked);
         let ttl = self.shared.config.lease.ttl;
-        let answers = self
-            .shared
-            .on_all(|node| {
-                let vote = scripts::grant(&self.keys, &self.id, ttl);
-                node.run::<(u64, String)>(vote, self.name.as_str())
-            })
-            .await;
+        let vote = || scripts::grant(&self.keys, &self.id, ttl);
+        let answers = self.on::<(u64, String)>(&self.shared.nodes, vote).await;
         let tokens: Vec<u64> = answers
             .iter()
             .filter_map(|answer| answer.as_ref().ok().map(|(token, _)| *token))
@@ -458,11 +419,7 @@ impl RedlockClaim {
         {
             tracing::debug!(lock = %self.name, %error, "redlock: a vote was not taken back; it will expire");
         }
-        self.released
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter_mut()
-            .for_each(|released| *released = false);
+        unpoisoned(&self.released).fill(false);
         if busy {
             return (Round::Busy, asked);
         }
@@ -472,13 +429,30 @@ impl RedlockClaim {
     /// Whether votes asked for at `began` still leave some validity: `ttl − elapsed −
     /// drift`.
     fn valid(&self, began: Instant) -> bool {
-        self.shared
-            .config
-            .lease
-            .ttl
-            .checked_sub(began.elapsed())
-            .and_then(|left| left.checked_sub(self.shared.drift()))
-            .is_some_and(|left| !left.is_zero())
+        began.elapsed().saturating_add(self.shared.drift()) < self.shared.config.lease.ttl
+    }
+
+    /// Runs the script `invocation` builds on each of `nodes` at once, each bounded by the
+    /// round budget.
+    async fn on<'a, T: FromRedisValue>(
+        &'a self,
+        nodes: impl IntoIterator<Item = &'a Node>,
+        invocation: impl Fn() -> ScriptInvocation<'static>,
+    ) -> Vec<Result<T, LockError>> {
+        let budget = self.shared.round_budget();
+        let calls = nodes.into_iter().map(|node| {
+            let call = node.run::<T>(invocation(), self.name.as_str());
+            async move {
+                tokio::time::timeout(budget, call)
+                    .await
+                    .unwrap_or_else(|_| {
+                        let message =
+                            format!("{} did not answer within {budget:?}", node.address());
+                        Err(connection(REDLOCK, None, message))
+                    })
+            }
+        });
+        join_all(calls).await
     }
 
     /// The second round of a grant: the fencing counter of each of the `voters` (the
@@ -492,13 +466,9 @@ impl RedlockClaim {
         // Only the voters: the argument needs no other server, and one that did not answer
         // the vote would cost a second round budget of the validity.
         let nodes = self.shared.nodes.iter().zip(voters);
-        let answers = self
-            .shared
-            .on_each(
-                nodes.filter(|(_, voted)| **voted).map(|(node, _)| node),
-                |node| node.run::<u64>(scripts::raise(&self.keys, token), self.name.as_str()),
-            )
-            .await;
+        let nodes = nodes.filter(|(_, voted)| **voted).map(|(node, _)| node);
+        let raise = || scripts::raise(&self.keys, token);
+        let answers = self.on::<u64>(nodes, raise).await;
         let errors: Vec<LockError> = answers.into_iter().filter_map(Result::err).collect();
         if errors.is_empty() {
             Ok(())
@@ -510,11 +480,7 @@ impl RedlockClaim {
     /// `RELEASE` on every server not yet confirmed: how many confirmed in all, and how
     /// many answered that the key was not ours.
     async fn release_all(&self) -> Result<(usize, usize), LockError> {
-        let before = self
-            .released
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let before = unpoisoned(&self.released).clone();
         let ttl = self.shared.config.lease.ttl;
         // No waiters to tell: Redlock's wait polls.
         let args = QueueArgs {
@@ -524,14 +490,9 @@ impl RedlockClaim {
             claim: ttl,
             candidate: false,
         };
-        let answers = self
-            .shared
-            .on_all(|node| {
-                let release = scripts::queue(&RELEASE, &self.keys, &self.id, &args);
-                node.run::<u64>(release, self.name.as_str())
-            })
-            .await;
-        let mut released = self.released.lock().unwrap_or_else(PoisonError::into_inner);
+        let release = || scripts::queue(&RELEASE, &self.keys, &self.id, &args);
+        let answers = self.on::<u64>(&self.shared.nodes, release).await;
+        let mut released = unpoisoned(&self.released);
         let mut not_ours = 0;
         let mut errors = Vec::new();
         for ((answer, done), was) in answers.into_iter().zip(released.iter_mut()).zip(before) {
@@ -571,15 +532,8 @@ impl Lease for RedlockClaim {
 
     async fn extend(&self) -> Result<Renewal, LockError> {
         let ttl = self.shared.config.lease.ttl;
-        let answers = self
-            .shared
-            .on_all(|node| {
-                node.run::<u64>(
-                    scripts::extend(&self.keys, &self.id, ttl, false),
-                    self.name.as_str(),
-                )
-            })
-            .await;
+        let extend = || scripts::extend(&self.keys, &self.id, ttl, false);
+        let answers = self.on::<u64>(&self.shared.nodes, extend).await;
         let renewed = answers.iter().filter(|a| matches!(a, Ok(1))).count();
         let released = answers.iter().filter(|a| matches!(a, Ok(2))).count();
         let refused = answers.iter().filter(|a| matches!(a, Ok(0))).count();

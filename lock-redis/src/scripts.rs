@@ -19,9 +19,12 @@ use crate::keys::LockKeys;
 /// The keys and the hand-off shared by the queue scripts.
 const HANDOFF: &str = include_str!("scripts/handoff.lua");
 
-/// A queue script: `handoff.lua`, then `body`.
-fn with_handoff(body: &str) -> Script {
-    Script::new(&format!("{HANDOFF}\n{body}"))
+/// The keys and the admission shared by the permit scripts.
+const PERMITS: &str = include_str!("scripts/permits.lua");
+
+/// A script made of a shared `prelude` (`HANDOFF` or `PERMITS`), then `body`.
+fn after(prelude: &str, body: &str) -> Script {
+    Script::new(&format!("{prelude}\n{body}"))
 }
 
 /// `GRANT(id, ttl)` → `{token, ""}` or `{0, holder}`: the polling and pub/sub strategies'
@@ -31,15 +34,15 @@ pub(crate) static GRANT: LazyLock<Script> =
 
 /// `ATTEMPT(…, queue)` → token, 0, or -1: the queue strategy's grant and a waiter's refresh.
 pub(crate) static ATTEMPT: LazyLock<Script> =
-    LazyLock::new(|| with_handoff(include_str!("scripts/attempt.lua")));
+    LazyLock::new(|| after(HANDOFF, include_str!("scripts/attempt.lua")));
 
 /// `RELEASE(…)` → 1 released, 0 not the owner; then the waiters are told.
 pub(crate) static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| with_handoff(include_str!("scripts/release.lua")));
+    LazyLock::new(|| after(HANDOFF, include_str!("scripts/release.lua")));
 
 /// `CANCEL(…)` → 1 if a grant had raced the cancel and was passed on, else 0.
 pub(crate) static CANCEL: LazyLock<Script> =
-    LazyLock::new(|| with_handoff(include_str!("scripts/cancel.lua")));
+    LazyLock::new(|| after(HANDOFF, include_str!("scripts/cancel.lua")));
 
 /// `EXTEND(id, ttl)` on the owner key and the release receipt → 1 renewed, 2 released
 /// already, 0 gone or someone else's.
@@ -50,33 +53,26 @@ pub(crate) static EXTEND: LazyLock<Script> =
 pub(crate) static RAISE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/raise.lua")));
 
+/// `LEADER(values)` → `{owner id, value, fencing counter}`, or nil: who leads an election.
 pub(crate) static LEADER: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/leader.lua")));
-
-/// The keys and the admission shared by the permit scripts.
-const PERMITS: &str = include_str!("scripts/permits.lua");
-
-/// A permit script: `permits.lua`, then `body`.
-fn with_permits(body: &str) -> Script {
-    Script::new(&format!("{PERMITS}\n{body}"))
-}
 
 /// `PERMIT_ATTEMPT(…, queue, weight)` → token, 0, or -1: a read-write lock's or
 /// semaphore's grant and a waiter's refresh.
 pub(crate) static PERMIT_ATTEMPT: LazyLock<Script> =
-    LazyLock::new(|| with_permits(include_str!("scripts/permit_attempt.lua")));
+    LazyLock::new(|| after(PERMITS, include_str!("scripts/permit_attempt.lua")));
 
 /// `PERMIT_RELEASE(…)` → 1 released, 0 not a holder; then whoever fits is admitted.
 pub(crate) static PERMIT_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| with_permits(include_str!("scripts/permit_release.lua")));
+    LazyLock::new(|| after(PERMITS, include_str!("scripts/permit_release.lua")));
 
 /// `PERMIT_CANCEL(…)` → 1 if an admission had raced the cancel and was passed on, else 0.
 pub(crate) static PERMIT_CANCEL: LazyLock<Script> =
-    LazyLock::new(|| with_permits(include_str!("scripts/permit_cancel.lua")));
+    LazyLock::new(|| after(PERMITS, include_str!("scripts/permit_cancel.lua")));
 
 /// `PERMIT_EXTEND(…)` → 1 renewed, 2 released already, 0 gone.
 pub(crate) static PERMIT_EXTEND: LazyLock<Script> =
-    LazyLock::new(|| with_permits(include_str!("scripts/permit_extend.lua")));
+    LazyLock::new(|| after(PERMITS, include_str!("scripts/permit_extend.lua")));
 
 /// A duration as the scripts take it: whole milliseconds.
 pub(crate) fn millis(duration: Duration) -> u64 {
@@ -180,10 +176,11 @@ pub(crate) fn permits(
     capacity: u64,
 ) -> ScriptInvocation<'static> {
     let mut invocation = script.prepare_invoke();
-    for key in keys.permit_keys() {
+    for key in keys.script_keys() {
         invocation.key(key);
     }
     invocation
+        .key(&keys.weights)
         .arg(id)
         .arg(millis(args.ttl))
         .arg(millis(args.liveness))

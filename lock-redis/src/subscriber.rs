@@ -14,11 +14,13 @@
 //! published while nobody listened are caught by that try, or by the waiters' refresh.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use lock_core::{LockError, Metrics};
+use lock_core::LockError;
+use lock_core::kit::unpoisoned;
 use redis::aio::{PubSubSink, PubSubStream};
 use redis::cluster_async::ClusterConnection;
 use redis::{Client, PushInfo, PushKind, Value};
@@ -27,6 +29,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::connection::ClusterClients;
 use crate::error::{connection, lock_error, timed_out_request};
+use crate::node::Settings;
 
 /// Release messages a slow waiter may fall behind by before they merge into one.
 const BACKLOG: usize = 16;
@@ -37,7 +40,7 @@ pub(crate) struct Subscriber {
     /// Requests to the task that owns the connection; started on first use.
     requests: Mutex<Option<mpsc::UnboundedSender<Request>>>,
     /// Closed for good (its server is no longer the primary): no task is started again.
-    closed: std::sync::atomic::AtomicBool,
+    closed: AtomicBool,
 }
 
 /// Where the subscription connection goes.
@@ -51,9 +54,7 @@ pub(crate) enum Source {
 /// What the connection task needs to connect and report.
 struct Link {
     source: Source,
-    timeout: Duration,
-    backend: &'static str,
-    metrics: Arc<Metrics>,
+    settings: Settings,
 }
 
 enum Request {
@@ -118,21 +119,11 @@ impl Drop for Subscription {
 
 impl Subscriber {
     /// A subscriber for `source`; connects on the first join.
-    pub(crate) fn new(
-        source: Source,
-        timeout: Duration,
-        backend: &'static str,
-        metrics: Arc<Metrics>,
-    ) -> Self {
+    pub(crate) fn new(source: Source, settings: Settings) -> Self {
         Subscriber {
-            link: Arc::new(Link {
-                source,
-                timeout,
-                backend,
-                metrics,
-            }),
+            link: Arc::new(Link { source, settings }),
             requests: Mutex::new(None),
-            closed: std::sync::atomic::AtomicBool::new(false),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -152,10 +143,10 @@ impl Subscriber {
         }
         // A join abandoned here leaves again: the subscription in the unreceived reply is
         // dropped with it.
-        match tokio::time::timeout(self.link.timeout, joined).await {
+        match tokio::time::timeout(self.link.settings.timeout, joined).await {
             Ok(Ok(joined)) => joined,
             Ok(Err(_)) => Err(self.task_gone(name)),
-            Err(_) => Err(timed_out_request(self.link.backend, Some(name))),
+            Err(_) => Err(timed_out_request(self.link.settings.backend, Some(name))),
         }
     }
 
@@ -163,12 +154,10 @@ impl Subscriber {
     /// subscriber is not closed: then a queue whose requests go nowhere, so that joins fail
     /// as with a task gone).
     fn requests(&self) -> mpsc::UnboundedSender<Request> {
-        let mut requests = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut requests = unpoisoned(&self.requests);
         match requests.as_ref() {
             Some(running) if !running.is_closed() => running.clone(),
-            _ if self.closed.load(std::sync::atomic::Ordering::Acquire) => {
-                mpsc::unbounded_channel().0
-            }
+            _ if self.closed.load(Ordering::Acquire) => mpsc::unbounded_channel().0,
             _ => {
                 let (sender, receiver) = mpsc::unbounded_channel();
                 tokio::spawn(serve(Arc::clone(&self.link), receiver));
@@ -180,16 +169,16 @@ impl Subscriber {
 
     /// Ends the connection and every subscription on it.
     pub(crate) fn close(&self) {
-        let requests = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
-        self.closed
-            .store(true, std::sync::atomic::Ordering::Release);
+        let requests = unpoisoned(&self.requests);
+        self.closed.store(true, Ordering::Release);
         if let Some(running) = requests.as_ref() {
             let _ = running.send(Request::Close);
         }
     }
 
     fn task_gone(&self, name: &str) -> LockError {
-        connection(self.link.backend, Some(name), "the subscription task ended")
+        let backend = self.link.settings.backend;
+        connection(backend, Some(name), "the subscription task ended")
     }
 }
 
@@ -284,7 +273,7 @@ impl Connection {
         let live = match &mut self.live {
             Some(live) => live,
             None => {
-                link.metrics.record_server_requests(1);
+                link.settings.metrics.record_server_requests(1);
                 self.live.insert(link.connect().await?)
             }
         };
@@ -295,8 +284,8 @@ impl Connection {
                 place: joined.place,
             });
         }
-        link.metrics.record_server_requests(1);
-        if let Err(error) = within(link.timeout, live.subscribe(channel)).await {
+        link.settings.metrics.record_server_requests(1);
+        if let Err(error) = within(link.settings.timeout, live.subscribe(channel)).await {
             if matches!(live, Live::Server(..)) {
                 self.drop_connection();
             }
@@ -344,8 +333,8 @@ impl Connection {
         let Some(live) = self.live.as_mut() else {
             return;
         };
-        link.metrics.record_server_requests(1);
-        let leaving = within(link.timeout, live.unsubscribe(channel)).await;
+        link.settings.metrics.record_server_requests(1);
+        let leaving = within(link.settings.timeout, live.unsubscribe(channel)).await;
         if leaving.is_ok() && matches!(live, Live::Cluster(..)) {
             *self.leaving.entry(channel.to_owned()).or_default() += 1;
         }
@@ -381,13 +370,14 @@ impl Link {
         match &self.source {
             Source::Server(client) => {
                 let connecting = client.get_async_pubsub();
-                let (sink, stream) = within(self.timeout, connecting).await?.split();
+                let (sink, stream) = within(self.settings.timeout, connecting).await?.split();
                 Ok(Live::Server(sink, stream))
             }
             Source::Cluster(clients) => {
                 let (pushes, heard) = mpsc::unbounded_channel();
                 let client = clients.subscriber(pushes)?;
-                let connection = within(self.timeout * 2, client.get_async_connection()).await?;
+                let connection =
+                    within(self.settings.timeout * 2, client.get_async_connection()).await?;
                 Ok(Live::Cluster(connection, heard))
             }
         }
@@ -425,7 +415,7 @@ async fn serve(link: Arc<Link>, mut requests: mpsc::UnboundedReceiver<Request>) 
                             place: joined.place,
                             requests,
                         }),
-                        Err(error) => Err(lock_error(link.backend, error, Some(&name))),
+                        Err(error) => Err(lock_error(link.settings.backend, error, Some(&name))),
                     };
                     // A waiter that gave up drops the subscription, which leaves.
                     let _ = reply.send(joined);

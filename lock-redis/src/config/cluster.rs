@@ -88,10 +88,8 @@ impl RedisCluster {
 pub(super) fn from_url(url: &LockUrl, params: RedisParams) -> Result<RedisConfig, LockError> {
     if url.hosts.is_empty() {
         let form = "redis+cluster://[user:password@]node1:6379,node2:6379";
-        return Err(config_error(
-            "redis",
-            format!("the URL names no node; expected {form}"),
-        ));
+        let message = format!("the URL names no node; expected {form}");
+        return Err(config_error("redis", message));
     }
     if !matches!(url.path.as_str(), "" | "/") {
         let message = "a redis+cluster:// URL takes no path: a cluster has only database 0";

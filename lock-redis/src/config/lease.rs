@@ -80,11 +80,8 @@ impl LeaseOptions {
         }
         let timeout = self.timeout;
         if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&timeout) {
-            let rule = "it must be from 10ms to 10 minutes";
-            return Err(config_error(
-                backend,
-                format!("timeout is {timeout:?}; {rule}"),
-            ));
+            let message = format!("timeout is {timeout:?}; it must be from 10ms to 10 minutes");
+            return Err(config_error(backend, message));
         }
         Ok(())
     }

@@ -112,10 +112,8 @@ impl RedlockConfig {
     pub fn from_url(url: &str) -> Result<RedlockConfig, LockError> {
         let url = LockUrl::parse(url)?;
         if url.scheme != "redlock" {
-            return Err(config_error(
-                "redlock",
-                format!("the URL scheme is {:?}; expected redlock://", url.scheme),
-            ));
+            let message = format!("the URL scheme is {:?}; expected redlock://", url.scheme);
+            return Err(config_error("redlock", message));
         }
         let params: RedlockParams = url.query()?;
         let config = RedlockConfig {
@@ -153,19 +151,15 @@ impl RedlockConfig {
         self.lease.validate_for("redlock")?;
         let factor = self.clock_drift_factor;
         if !(0.0..=MAX_DRIFT_FACTOR).contains(&factor) {
-            let rule = format!("it must be from 0 to {MAX_DRIFT_FACTOR}");
-            return Err(config_error(
-                "redlock",
-                format!("drift_factor is {factor}; {rule}"),
-            ));
+            let message =
+                format!("drift_factor is {factor}; it must be from 0 to {MAX_DRIFT_FACTOR}");
+            return Err(config_error("redlock", message));
         }
-        if self.retry_delay.is_zero() || self.retry_delay > MAX_RETRY_DELAY {
-            let delay = self.retry_delay;
-            let rule = "it must be more than 0 and at most 1m";
-            return Err(config_error(
-                "redlock",
-                format!("retry_delay is {delay:?}; {rule}"),
-            ));
+        let delay = self.retry_delay;
+        if delay.is_zero() || delay > MAX_RETRY_DELAY {
+            let message =
+                format!("retry_delay is {delay:?}; it must be more than 0 and at most 1m");
+            return Err(config_error("redlock", message));
         }
         Ok(())
     }

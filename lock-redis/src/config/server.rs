@@ -212,6 +212,8 @@ mod tests {
 
     #[test]
     fn rejected_servers() {
+        let redis = |case: &str| rejects(RedisConfig::from_url, case);
+        let redlock = |case: &str| rejects(RedlockConfig::from_url, case);
         for path in [
             "/-1",
             "/+1",
@@ -221,17 +223,9 @@ mod tests {
             "/99999999999999999999",
             "/%201",
         ] {
-            rejects(
-                RedisConfig::from_url,
-                &format!("redis://u:topsecret@h{path}|database"),
-            );
-            rejects(
-                RedlockConfig::from_url,
-                &format!("redlock://r1,r2{path}|database number"),
-            );
+            redis(&format!("redis://u:topsecret@h{path}|database"));
+            redlock(&format!("redlock://r1,r2{path}|database number"));
         }
-        let redis = |case| rejects(RedisConfig::from_url, case);
-        let redlock = |case| rejects(RedlockConfig::from_url, case);
         redis("redis://topsecret@h|without a password");
         redis("redis://topsecret@h/1?ttl=1s|without a password");
         redlock("redlock://topsecret@r1,r2,r3|without a password");
