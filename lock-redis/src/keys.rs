@@ -3,6 +3,11 @@
 
 use lock_core::LockName;
 
+/// `{prefix:name}`, the hash tag of the mutex `name`'s keys.
+pub(crate) fn hash_tag(prefix: &str, name: &LockName) -> String {
+    format!("{{{prefix}:{}}}", name.escaped())
+}
+
 /// The keys and channel of the lock called `name` under `prefix`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LockKeys {
@@ -34,7 +39,7 @@ pub(crate) struct LockKeys {
 
 impl LockKeys {
     pub(crate) fn new(prefix: &str, name: &LockName) -> Self {
-        Self::tagged(&format!("{{{prefix}:{}}}", name.escaped()))
+        Self::tagged(&hash_tag(prefix, name))
     }
 
     fn tagged(tag: &str) -> Self {

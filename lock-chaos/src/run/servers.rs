@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use distlock::redis::LeaseOptions;
 use lock_core::LockName;
 use lock_core::memory::MemoryServer;
 use lock_testbed::servers::containers::{self, EtcdContainerCluster, ZkContainerEnsemble};
@@ -287,8 +288,9 @@ fn durable_redis() -> RedisOptions {
 
 /// The hash tag of the lock called `name`'s keys under the default prefix (the run's URL
 /// sets none), which decides its slot on a cluster.
+/// The hash tag of the lock `name` under the default key prefix, which the run's URL keeps.
 fn cluster_tag(name: &str) -> Option<String> {
-    Some(format!("{{lock:{}}}", LockName::new(name).ok()?.escaped()))
+    Some(LeaseOptions::default().hash_tag(&LockName::new(name).ok()?))
 }
 
 fn no_failover() -> ServerError {

@@ -2,9 +2,10 @@
 
 use std::time::Duration;
 
-use lock_core::LockError;
+use lock_core::{LockError, LockName};
 
 use super::{RedisConfig, RedlockConfig, config_error};
+use crate::keys::hash_tag;
 
 /// Longest accepted key prefix, in bytes.
 const MAX_PREFIX_LEN: usize = 128;
@@ -54,6 +55,21 @@ impl LeaseOptions {
     pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
     /// The default request timeout, 5 s.
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// The hash tag `{prefix:name}` that every key of the mutex `name` shares, the name
+    /// escaped as in [`LockName::escaped`]: on a Redis Cluster, the slot of this tag is the
+    /// lock's slot.
+    ///
+    /// ```
+    /// use lock_core::LockName;
+    /// use lock_redis::LeaseOptions;
+    ///
+    /// let name = LockName::new("jobs/nightly").unwrap();
+    /// assert_eq!(LeaseOptions::default().hash_tag(&name), "{lock:jobs%2Fnightly}");
+    /// ```
+    pub fn hash_tag(&self, name: &LockName) -> String {
+        hash_tag(&self.key_prefix, name)
+    }
 
     /// Checks every setting, with errors naming `backend`.
     pub(super) fn validate_for(&self, backend: &str) -> Result<(), LockError> {

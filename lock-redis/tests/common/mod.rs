@@ -18,7 +18,9 @@ use lock_conformance::{
     SessionExpiry, Timing, async_trait, observe_until,
 };
 use lock_core::{LockError, LockName, LockProvider};
-use lock_redis::{RedisConfig, RedisLockProvider, RedisServer as ServerConfig, RedisStrategy};
+use lock_redis::{
+    LeaseOptions, RedisConfig, RedisLockProvider, RedisServer as ServerConfig, RedisStrategy,
+};
 use lock_testbed::proxy::{FaultProxy, ReplyKind};
 use lock_testbed::servers::{RedisOptions, RedisServer, RedisTarget, free_port};
 use redis::AsyncCommands;
@@ -174,9 +176,9 @@ pub(crate) fn config(port: u16, strategy: RedisStrategy) -> RedisConfig {
     .with_timeout(TIMEOUT)
 }
 
-/// The hash tag of the lock `name`: `{lock:escaped}`.
+/// The hash tag of the lock `name` under the default prefix.
 pub(crate) fn tag(name: &str) -> String {
-    format!("{{lock:{}}}", LockName::new(name).unwrap().escaped())
+    LeaseOptions::default().hash_tag(&LockName::new(name).unwrap())
 }
 
 /// Every key of the lock `name` on the server, sorted, but the receipt of the last release
