@@ -288,7 +288,6 @@ fn durable_redis() -> RedisOptions {
 
 /// The hash tag of the lock called `name`'s keys under the default prefix (the run's URL
 /// sets none), which decides its slot on a cluster.
-/// The hash tag of the lock `name` under the default key prefix, which the run's URL keeps.
 fn cluster_tag(name: &str) -> Option<String> {
     Some(LeaseOptions::default().hash_tag(&LockName::new(name).ok()?))
 }
