@@ -158,11 +158,8 @@ impl ZkConfig {
 
     /// The connect string ZooKeeper clients take: `host:port,host:port[/chroot]`.
     pub fn connect_string(&self) -> String {
-        let mut s = self.hosts.join(",");
-        if let Some(chroot) = &self.chroot {
-            s.push_str(chroot);
-        }
-        s
+        let chroot = self.chroot.as_deref().unwrap_or("");
+        format!("{}{chroot}", self.hosts.join(","))
     }
 
     /// Parses a `zk://` (or `zookeeper://`) connection URL and [validates](Self::validate)
@@ -265,8 +262,16 @@ impl ZkConfig {
                 "{what} {top:?} is under /zookeeper, which ZooKeeper reserves for itself"
             )));
         }
-        check_timeout("session_timeout", self.session_timeout)?;
-        check_timeout("connect_timeout", self.connect_timeout)?;
+        for (name, value) in [
+            ("session_timeout", self.session_timeout),
+            ("connect_timeout", self.connect_timeout),
+        ] {
+            if value.is_zero() || value > MAX_TIMEOUT {
+                return Err(config_error(format!(
+                    "{name} is {value:?}; it must be more than 0 and at most 1h"
+                )));
+            }
+        }
         if let Some(auth) = &self.auth {
             auth.validate()?;
         }
@@ -321,15 +326,6 @@ impl Default for ZkParams {
             acl: AclPolicy::default(),
         }
     }
-}
-
-fn check_timeout(name: &str, value: Duration) -> Result<(), LockError> {
-    if value.is_zero() || value > MAX_TIMEOUT {
-        return Err(config_error(format!(
-            "{name} is {value:?}; it must be more than 0 and at most 1h"
-        )));
-    }
-    Ok(())
 }
 
 /// Checks an absolute ZooKeeper path other than `/`; the error completes "path {p:?} …".
@@ -513,7 +509,10 @@ mod tests {
     #[test]
     fn validate_checks_hand_built_configs() {
         let h = || ZkConfig::new(["h:1"]);
+        let creator = || h().with_acl(AclPolicy::CreatorAll);
+        let auth = |user: &str| DigestAuth::new(user, "p");
         assert!(h().validate().is_ok());
+        assert!(creator().with_auth(auth("u")).validate().is_ok());
         for (config, expected) in [
             (ZkConfig::new(Vec::<String>::new()), "at least one host"),
             (ZkConfig::new(["h1:1,h2:2"]), "host \"h1:1,h2:2\""),
@@ -521,6 +520,8 @@ mod tests {
             (h().with_session_timeout(Duration::ZERO), "session_timeout"),
             (h().with_connect_timeout(Duration::ZERO), "connect_timeout"),
             (h().with_root("/x/"), "root"),
+            (creator(), "acl=creator needs digest credentials"),
+            (h().with_auth(auth("")), "user name is empty"),
         ] {
             let e = config.validate().unwrap_err().to_string();
             assert!(e.contains(expected), "{e}");

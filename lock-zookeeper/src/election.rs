@@ -57,14 +57,7 @@ impl ZkElection {
         let place = &self.place;
         let session = place.shared.session(&place.name).await?;
         loop {
-            let children = match place
-                .read(&session, |client| client.list_children(&place.dir))
-                .await
-            {
-                Ok(children) => children,
-                Err(ZkError::NoNode) => return Ok(None),
-                Err(error) => return Err(place.error(error)),
-            };
+            let children = place.children(&session).await?;
             let Some((_, first)) = contenders(children).into_iter().next() else {
                 return Ok(None);
             };

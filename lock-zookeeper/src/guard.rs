@@ -1,7 +1,6 @@
 //! Held locks, and the clean-up of nodes that nobody will use: after a cancel, a timeout,
 //! an error, or a guard dropped without release.
 
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,7 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::kit::{
-    Abandon, Cleanup, HeldEntry, Removal, RemovalError, Retry, entry_guard, retry_in_background,
+    Abandon, Cleanup, HeldEntry, Removal, RemovalError, Retry, SlotSession, entry_guard,
+    retry_in_background,
 };
 use lock_core::{Deadline, Guard, LockName, Metrics, lost_signal};
 use uuid::Uuid;
@@ -61,11 +61,8 @@ impl Pending {
     }
 
     pub(crate) fn set_node(&mut self, name: String) {
-        if let Some(Entry {
-            claim: Claim::Sequential { node, .. },
-            ..
-        }) = self.0.entry_mut()
-        {
+        let claim = self.0.entry_mut().map(|entry| &mut entry.claim);
+        if let Some(Claim::Sequential { node, .. }) = claim {
             *node = Some(name);
         }
     }
@@ -261,6 +258,7 @@ async fn watch_own_node(
 }
 
 /// A granted node, as its guard releases it.
+#[derive(Debug)]
 struct HeldNode {
     /// Weak: a guard never keeps its session open (the provider is the session).
     session: Weak<Session>,
@@ -271,15 +269,6 @@ struct HeldNode {
     /// The single-node lock's path is shared: delete only after checking owner and czxid.
     checked: bool,
     registration: u64,
-}
-
-impl fmt::Debug for HeldNode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HeldNode")
-            .field("path", &self.path)
-            .field("czxid", &self.czxid)
-            .finish()
-    }
 }
 
 #[async_trait]
@@ -323,10 +312,7 @@ impl HeldEntry for HeldNode {
 
     fn abandon(self: Box<Self>) {
         self.metrics.record_server_requests(1);
-        let dir = self
-            .path
-            .rsplit_once('/')
-            .map_or(String::new(), |(dir, _)| dir.to_owned());
+        let dir = self.path.rsplit_once('/').unwrap_or_default().0.to_owned();
         let claim = Claim::Granted {
             path: self.path,
             czxid: self.czxid,

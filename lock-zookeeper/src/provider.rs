@@ -12,7 +12,7 @@ use zookeeper_client::Error as ZkError;
 
 use crate::config::{ZkConfig, ZkStrategy};
 use crate::election::ZkElection;
-use crate::error::{BACKEND, lock_error};
+use crate::error::BACKEND;
 use crate::lock::ZkLock;
 use crate::node::{SINGLE_NODE, contenders, lock_dir, token};
 use crate::queue::Place;
@@ -84,13 +84,13 @@ impl ZkLockProvider {
 
     /// The current session's id (`ephemeralOwner` of the nodes it creates), if one is open.
     pub fn session_id(&self) -> Option<i64> {
-        self.shared.current().map(|session| session.id)
+        self.shared.sessions.latest().map(|session| session.id)
     }
 
     /// The current session's client, for tests and tools that need to look at or act on
     /// the session (for example to make it expire from outside).
     pub fn client(&self) -> Option<zookeeper_client::Client> {
-        self.shared.current().map(|session| session.client.clone())
+        self.shared.sessions.latest().map(|s| s.client.clone())
     }
 
     /// The contenders for the mutex called `name`, as the server records them now: the
@@ -132,14 +132,12 @@ impl ZkLockProvider {
     /// [`LockError::PermissionDenied`] when the directory's ACL does not let this client
     /// read it.
     pub async fn contenders(&self, name: &str) -> Result<Vec<Contender>, LockError> {
-        let name = LockName::new(name)?;
-        let dir = lock_dir(&self.shared.config.root, &name, "");
-        let session = self.shared.session(&name).await?;
-        let error = |error| lock_error(error, Some(name.as_str()));
-        let children = match session.client.list_children(&dir).await {
+        let place = self.place(name, "")?;
+        let session = place.shared.session(&place.name).await?;
+        let children = match session.client.list_children(&place.dir).await {
             Ok(children) => children,
             Err(ZkError::NoNode) => return Ok(Vec::new()),
-            Err(other) => return Err(error(other)),
+            Err(other) => return Err(place.error(other)),
         };
         let single = children
             .iter()
@@ -153,7 +151,7 @@ impl ZkLockProvider {
         // Every request is sent before the first reply is awaited: one round trip in all.
         let requests: Vec<_> = ordered
             .map(|(sequence, node)| {
-                let stat = session.client.check_stat(&format!("{dir}/{node}"));
+                let stat = session.client.check_stat(&format!("{}/{node}", place.dir));
                 (sequence, node, stat)
             })
             .collect();
@@ -168,7 +166,7 @@ impl ZkLockProvider {
                 }),
                 // Left since the listing.
                 Ok(None) | Err(ZkError::NoNode) => {}
-                Err(other) => return Err(error(other)),
+                Err(other) => return Err(place.error(other)),
             }
         }
         Ok(found)
@@ -230,17 +228,14 @@ impl LockProvider for ZkLockProvider {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let (wait, fifo) = match self.shared.config.strategy {
+        let config = &self.shared.config;
+        let (wait, fifo) = match config.strategy {
             ZkStrategy::SingleNode => (WaitKind::NotifyAll, false),
             ZkStrategy::SequentialChildren => (WaitKind::NotifyAll, true),
             _ => (WaitKind::NotifyOne, true),
         };
-        let session_timeout = self
-            .shared
-            .current()
-            .map_or(self.shared.config.session_timeout, |session| {
-                session.timeout()
-            });
+        let latest = self.shared.sessions.latest();
+        let session_timeout = latest.map_or(config.session_timeout, |session| session.timeout());
         Capabilities::new(wait)
             .with_fencing(Fencing::Monotonic)
             .with_lost_detection(true)

@@ -56,21 +56,6 @@ impl fmt::Debug for ZkSemaphore {
     }
 }
 
-impl ZkSemaphore {
-    /// The semaphore whose directory is `place.dir`.
-    pub(crate) fn new(place: Place, permits: u32) -> Self {
-        let at = |child: &str| Place {
-            dir: format!("{}/{child}", place.dir),
-            ..place.clone()
-        };
-        ZkSemaphore {
-            permits,
-            locks: at("locks"),
-            leases: at("leases"),
-        }
-    }
-}
-
 #[async_trait]
 impl SemaphoreAttempt for ZkSemaphore {
     name_and_backend!(leases);
@@ -111,6 +96,19 @@ impl SemaphoreAttempt for ZkSemaphore {
 }
 
 impl ZkSemaphore {
+    /// The semaphore whose directory is `place.dir`.
+    pub(crate) fn new(place: Place, permits: u32) -> Self {
+        let at = |child: &str| Place {
+            dir: format!("{}/{child}", place.dir),
+            ..place.clone()
+        };
+        ZkSemaphore {
+            permits,
+            locks: at("locks"),
+            leases: at("leases"),
+        }
+    }
+
     /// With the mutex held: creates this contender's lease and waits until it is among the
     /// first `permits`, watching the lease directory. The granted lease comes with its
     /// clean-up still armed.

@@ -115,15 +115,14 @@ impl Session {
         ));
         let id = client.session_id().0;
         tracing::debug!(session = %client.session_id(), ?timeout, "zookeeper: session established");
-        let acls = match config.acl {
-            AclPolicy::CreatorAll => Acls::creator_all(),
-            _ => Acls::anyone_all(),
-        };
         let session = Arc::new(Session {
             client,
             id,
             health,
-            acls,
+            acls: match config.acl {
+                AclPolicy::CreatorAll => Acls::creator_all(),
+                _ => Acls::anyone_all(),
+            },
         });
         tokio::spawn(keep_alive(
             Arc::downgrade(&session),
@@ -160,10 +159,6 @@ impl Session {
         self.health.suspect.load(Ordering::Acquire)
     }
 
-    pub(crate) fn is_over(&self) -> bool {
-        self.health.over.load(Ordering::Acquire)
-    }
-
     /// The negotiated session timeout.
     pub(crate) fn timeout(&self) -> Duration {
         self.client.session_timeout()
@@ -177,7 +172,7 @@ impl Session {
 
 impl SlotSession for Session {
     fn is_over(&self) -> bool {
-        Session::is_over(self)
+        self.health.over.load(Ordering::Acquire)
     }
 
     /// Ends the session on this side at once: its guards are lost and nothing more is done
@@ -292,11 +287,6 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// The latest session, over or not.
-    pub(crate) fn current(&self) -> Option<Arc<Session>> {
-        self.sessions.latest()
-    }
-
     /// The live session, opening a new one if the last one is over.
     pub(crate) async fn session(&self, name: &LockName) -> Result<Arc<Session>, LockError> {
         let open = || Session::open(&self.config);

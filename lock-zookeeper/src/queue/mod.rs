@@ -273,20 +273,22 @@ impl Place {
         Err(self.error(last.unwrap_or(ZkError::ConnectionLoss)))
     }
 
+    /// The directory's children (none once it is gone), read as [`read`](Self::read) reads.
+    pub(crate) async fn children(&self, session: &Session) -> Result<Vec<String>, LockError> {
+        let listed = self.read(session, |client| client.list_children(&self.dir));
+        match listed.await {
+            Err(ZkError::NoNode) => Ok(Vec::new()),
+            other => other.map_err(|error| self.error(error)),
+        }
+    }
+
     /// This session's node with `uuid`, if the server created it.
     async fn find_own(
         &self,
         session: &Session,
         uuid: Uuid,
     ) -> Result<Option<(String, i64)>, LockError> {
-        let children = match self
-            .read(session, |client| client.list_children(&self.dir))
-            .await
-        {
-            Ok(children) => children,
-            Err(ZkError::NoNode) => return Ok(None),
-            Err(error) => return Err(self.error(error)),
-        };
+        let children = self.children(session).await?;
         let Some(child) = children.into_iter().find(|child| has_uuid(child, uuid)) else {
             return Ok(None);
         };

@@ -215,20 +215,16 @@ impl Place {
     async fn list(&self, session: &Session, waiting: Waiting) -> Result<Listing, LockError> {
         let asked = tokio::time::Instant::now();
         let (children, watcher) = match waiting {
-            Waiting::Children => {
-                let (children, watcher) = self
-                    .read(session, |client| client.list_and_watch_children(&self.dir))
-                    .await
-                    .map_err(|e| self.error(e))?;
-                (children, Some(watcher))
-            }
-            Waiting::Predecessor => (
-                self.read(session, |client| client.list_children(&self.dir))
-                    .await
-                    .map_err(|e| self.error(e))?,
-                None,
-            ),
-        };
+            Waiting::Children => self
+                .read(session, |client| client.list_and_watch_children(&self.dir))
+                .await
+                .map(|(children, watcher)| (children, Some(watcher))),
+            Waiting::Predecessor => self
+                .read(session, |client| client.list_children(&self.dir))
+                .await
+                .map(|children| (children, None)),
+        }
+        .map_err(|e| self.error(e))?;
         Ok(Listing {
             children,
             watcher,
