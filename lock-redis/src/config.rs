@@ -25,7 +25,7 @@ pub use sentinel::RedisSentinel;
 pub use server::RedisServer;
 use server::servers;
 
-fn config_error(backend: &str, message: impl fmt::Display) -> LockError {
+pub(crate) fn config_error(backend: &str, message: impl fmt::Display) -> LockError {
     LockError::config(format!("{backend}: {message}"))
 }
 

@@ -118,39 +118,37 @@ impl Abandon for Contender {
 }
 
 impl RedisLock {
+    /// The mutex `name`, on the provider's strategy.
     pub(crate) fn new(shared: Arc<Shared>, name: LockName) -> Self {
         let keys = LockKeys::new(&shared.config.lease.key_prefix, &name);
         let strategy = shared.config.strategy;
-        Self::with(shared, name, keys, strategy, Shape::Exclusive)
+        RedisLock {
+            strategy,
+            ..Self::queued(shared, name, keys, Shape::Exclusive)
+        }
     }
 
     /// A side of a read-write lock or a semaphore: `shape`'s permits of the keys
     /// `{prefix:name.kind}:…`, always queued.
     pub(crate) fn permits(shared: Arc<Shared>, name: LockName, kind: &str, shape: Shape) -> Self {
         let keys = LockKeys::for_permits(&shared.config.lease.key_prefix, &name, kind);
-        Self::with(shared, name, keys, RedisStrategy::Queue, shape)
+        Self::queued(shared, name, keys, shape)
     }
 
     /// The queue under the election `name`: its own keys, `{prefix:name.election}:…`, and
     /// always the queue strategy.
     pub(crate) fn election(shared: Arc<Shared>, name: LockName) -> Self {
         let keys = LockKeys::for_election(&shared.config.lease.key_prefix, &name);
-        Self::with(shared, name, keys, RedisStrategy::Queue, Shape::Exclusive)
+        Self::queued(shared, name, keys, Shape::Exclusive)
     }
 
-    fn with(
-        shared: Arc<Shared>,
-        name: LockName,
-        keys: LockKeys,
-        strategy: RedisStrategy,
-        shape: Shape,
-    ) -> Self {
-        let keys = Arc::new(keys);
+    /// The lock on `keys`, always on the queue strategy.
+    fn queued(shared: Arc<Shared>, name: LockName, keys: LockKeys, shape: Shape) -> Self {
         RedisLock {
             shared,
             name,
-            keys,
-            strategy,
+            keys: Arc::new(keys),
+            strategy: RedisStrategy::Queue,
             shape,
         }
     }
@@ -200,18 +198,15 @@ impl RedisLock {
                 // With `wait_replicas`, the grant counts once the replicas have it (a renewal
                 // after it, acknowledged); if they do not, the clean-up gives it back. The
                 // acknowledged renewal set a full lease after `confirming`.
-                let (sent, lease) = if self.shared.config.wait_replicas > 0 {
+                let (sent, lease) = if self.shared.config.wait_replicas == 0 {
+                    (sent, lease)
+                } else {
                     let confirming = Instant::now();
+                    let gone = "the grant was gone before the replicas had it";
                     match grant.renew("grant").await? {
                         Renewal::Renewed => (confirming, self.shared.config.lease.ttl),
-                        _ => {
-                            return Err(
-                                grant.retryable("the grant was gone before the replicas had it")
-                            );
-                        }
+                        _ => return Err(grant.retryable(gone)),
                     }
-                } else {
-                    (sent, lease)
                 };
                 attempt.disarm();
                 self.shared.metrics.record_grant();
@@ -220,8 +215,7 @@ impl RedisLock {
             None => {
                 // Only a queue waiter leaves anything behind (its place, maybe a grant that
                 // raced the deadline): a plain grant that answered 0 took nothing.
-                let queued =
-                    matches!(self.strategy, RedisStrategy::Queue) && !deadline.is_immediate();
+                let queued = self.strategy == RedisStrategy::Queue && !deadline.is_immediate();
                 // Gave up: clean up now, so that the next contender is not delayed.
                 if !queued || grant.cancel().await.is_ok() {
                     attempt.disarm();
@@ -469,7 +463,6 @@ pub(crate) struct Claim {
 }
 
 impl Claim {
-    /// Runs `invocation` on the server.
     async fn run<T: redis::FromRedisValue>(
         &self,
         invocation: redis::ScriptInvocation<'_>,

@@ -2,7 +2,6 @@
 //! requests, and dedicated connections for the requests that block; with Redis Sentinel,
 //! whichever server is the primary.
 
-use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -16,7 +15,7 @@ use redis::{
     RedisError, ScriptInvocation, ServerErrorKind, TlsCertificates,
 };
 
-use crate::config::{RedisCluster, RedisSentinel, RedisServer};
+use crate::config::{RedisCluster, RedisSentinel, RedisServer, config_error};
 use crate::connection::{ClusterClients, Opener, Own, Shared};
 use crate::error::{cluster_lock_error, connection, is_connection, lock_error, timed_out_request};
 use crate::scripts::millis;
@@ -67,9 +66,7 @@ struct Link {
 struct Finder {
     sentinel: tokio::sync::Mutex<Sentinel>,
     service: String,
-    login: SentinelNodeConnectionInfo,
-    /// The same login, for a primary a sentinel announces.
-    redis_login: RedisConnectionInfo,
+    login: RedisConnectionInfo,
     /// Held by the search in progress.
     searching: tokio::sync::Mutex<()>,
     /// When the last search began: one search at a time, and at most one per
@@ -82,14 +79,6 @@ const SEARCH_PAUSE: Duration = Duration::from_millis(100);
 
 /// How many idle blocking connections a node keeps.
 const MAX_IDLE: usize = 64;
-
-impl fmt::Debug for Node {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Node")
-            .field("address", &self.address())
-            .finish()
-    }
-}
 
 /// A client for `server`: address (TLS or not), database, credentials, trusted authorities.
 fn client(server: &RedisServer, settings: &Settings) -> Result<Client, LockError> {
@@ -113,11 +102,8 @@ fn client(server: &RedisServer, settings: &Settings) -> Result<Client, LockError
     let built = match &server.tls_ca {
         Some(path) if server.tls => {
             let root_cert = std::fs::read(path).map_err(|error| {
-                LockError::config(format!(
-                    "{}: cannot read tls_ca {}: {error}",
-                    settings.backend,
-                    path.display()
-                ))
+                let message = format!("cannot read tls_ca {}: {error}", path.display());
+                config_error(settings.backend, message)
             })?;
             Client::build_with_tls(
                 info,
@@ -144,19 +130,10 @@ fn login(server: &RedisServer) -> RedisConnectionInfo {
     login
 }
 
-/// The shared connection's settings: every wait bounded by `timeout`.
-fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
-    ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout))
-        .set_number_of_retries(1)
-        .set_max_delay(timeout)
-}
-
 impl Node {
-    /// Connects to `server`, giving up after `timeout`; with `lazy`, on the first request
-    /// instead (Redlock: a server that is down at start must not keep the others from being
-    /// used).
+    /// Connects to `server`, giving up after the settings' timeout; with `lazy`, on the
+    /// first request instead (Redlock: a server that is down at start must not keep the
+    /// others from being used).
     pub(crate) async fn connect(
         server: &RedisServer,
         settings: Settings,
@@ -168,7 +145,7 @@ impl Node {
     }
 
     /// Connects to the primary that `sentinel`'s sentinels name, logging in as `server`
-    /// says, giving up after `timeout`.
+    /// says, giving up after the settings' timeout.
     pub(crate) async fn connect_sentinel(
         sentinel: &RedisSentinel,
         server: &RedisServer,
@@ -181,12 +158,10 @@ impl Node {
             .map(|url| Client::open(url.as_str()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(settings.failed())?;
-        let login = login(server);
         let finder = Finder {
             sentinel: tokio::sync::Mutex::new(sentinels),
             service: sentinel.service.clone(),
-            login: SentinelNodeConnectionInfo::default().set_redis_connection_info(login.clone()),
-            redis_login: login,
+            login: login(server),
             searching: tokio::sync::Mutex::new(()),
             searched: Mutex::new(None),
         };
@@ -201,7 +176,7 @@ impl Node {
     }
 
     /// Connects to the Redis Cluster that `cluster`'s nodes belong to, logging in as
-    /// `server` says, giving up after `timeout`.
+    /// `server` says, giving up after the settings' timeout.
     pub(crate) async fn connect_cluster(
         cluster: &RedisCluster,
         server: &RedisServer,
@@ -239,7 +214,6 @@ impl Node {
         self.link().address.clone()
     }
 
-    /// The request timeout.
     pub(crate) fn timeout(&self) -> Duration {
         self.0.settings.timeout
     }
@@ -476,13 +450,11 @@ async fn refusal(
     server: &RedisServer,
     settings: &Settings,
 ) -> Option<LockError> {
-    for url in cluster.urls() {
-        let Ok(info) = url.as_str().into_connection_info() else {
-            continue;
-        };
-        let Ok(client) = Client::open(info.set_redis_settings(login(server))) else {
-            continue;
-        };
+    let clients = cluster.urls().into_iter().filter_map(|url| {
+        let info = url.as_str().into_connection_info().ok()?;
+        Client::open(info.set_redis_settings(login(server))).ok()
+    });
+    for client in clients {
         let connecting = client.get_multiplexed_async_connection();
         match tokio::time::timeout(settings.timeout, connecting).await {
             Ok(Err(error)) => {
@@ -527,7 +499,12 @@ impl Link {
         lazy: bool,
     ) -> Result<Self, LockError> {
         let (timeout, failed) = (settings.timeout, settings.failed());
-        let config = manager_config(timeout);
+        // The shared connection: every wait bounded by `timeout`.
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(timeout);
         let manager = if lazy {
             ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(failed)?
         } else {
@@ -549,7 +526,7 @@ impl Link {
     }
 
     /// The connections to the cluster `clients` reach, named `address`: short requests
-    /// (bounded by `timeout`) on one connection, blocking ones (no response timeout) on
+    /// (bounded by the settings' timeout) on one connection, blocking ones (no response timeout) on
     /// connections of their own, the pub/sub waiters' on one subscriber.
     async fn cluster(
         clients: ClusterClients,
@@ -575,17 +552,16 @@ impl Link {
 }
 
 impl Finder {
-    /// Asks the sentinels for the primary, confirmed by its `ROLE`, within `timeout`: a
+    /// Asks the sentinels for the primary, confirmed by its `ROLE`, within the settings' timeout: a
     /// client for it, and its address.
     async fn locate(&self, settings: &Settings) -> Result<(Client, String), LockError> {
         let (timeout, backend) = (settings.timeout, settings.backend);
+        let (service, login) = (&self.service, self.login.clone());
+        let login = SentinelNodeConnectionInfo::default().set_redis_connection_info(login);
         let searching = async {
             let mut sentinel = self.sentinel.lock().await;
-            sentinel
-                .async_master_for(&self.service, Some(&self.login))
-                .await
+            sentinel.async_master_for(service, Some(&login)).await
         };
-        let service = &self.service;
         let Ok(found) = tokio::time::timeout(timeout, searching).await else {
             let message = format!("no sentinel named a primary for {service:?} within {timeout:?}");
             return Err(connection(backend, None, message));
@@ -603,26 +579,21 @@ impl Finder {
     }
 
     /// The connections to the server at `host:port` (announced by a sentinel), once it
-    /// answers `ROLE` as the primary, all within `timeout`.
+    /// answers `ROLE` as the primary, all within the settings' timeout.
     async fn at(&self, host: String, port: u16, settings: &Settings) -> Result<Link, LockError> {
         let address = format!("{host}:{port}");
         let info = ConnectionAddr::Tcp(host, port)
             .into_connection_info()
             .map_err(settings.failed())?
-            .set_redis_settings(self.redis_login.clone());
+            .set_redis_settings(self.login.clone());
         let client = Client::open(info).map_err(settings.failed())?;
         let link = Link::connect(client, address, settings, false).await?;
         let mut manager = link.manager.clone();
         let role = redis::cmd("ROLE");
         let asking = role.query_async::<redis::Value>(&mut manager);
+        let master = redis::Value::BulkString(b"master".to_vec());
         match tokio::time::timeout(settings.timeout, asking).await {
-            Ok(Ok(redis::Value::Array(role)))
-                if role.first().is_some_and(
-                    |first| matches!(first, redis::Value::BulkString(role) if role == b"master"),
-                ) =>
-            {
-                Ok(link)
-            }
+            Ok(Ok(redis::Value::Array(role))) if role.first() == Some(&master) => Ok(link),
             Ok(Err(error)) => Err(lock_error(settings.backend, error, None)),
             _ => {
                 let message = format!("{} does not say it is the primary", link.address);

@@ -151,13 +151,10 @@ impl RedlockProvider {
         let answers = join_all(shared.nodes.iter().map(Node::ping)).await;
         let answered = answers.iter().filter(|answer| answer.is_ok()).count();
         let errors: Vec<_> = answers.into_iter().filter_map(Result::err).collect();
-        if let Some(error) = errors
-            .iter()
-            .find(|error| matches!(error, LockError::Auth { .. }))
-        {
+        if let Some(auth) = errors.iter().find(|e| matches!(e, LockError::Auth { .. })) {
             return Err(LockError::Auth {
                 backend: REDLOCK,
-                message: error.to_string(),
+                message: auth.to_string(),
             });
         }
         if answered < shared.quorum() {
@@ -372,17 +369,10 @@ impl RedlockClaim {
         let ttl = self.shared.config.lease.ttl;
         let vote = || scripts::grant(&self.keys, &self.id, ttl);
         let answers = self.on::<(u64, String)>(&self.shared.nodes, vote).await;
-        let tokens: Vec<u64> = answers
-            .iter()
-            .filter_map(|answer| answer.as_ref().ok().map(|(token, _)| *token))
-            .filter(|token| *token > 0)
-            .collect();
-        let holders: Vec<String> = answers
-            .iter()
-            .filter_map(|answer| answer.as_ref().ok())
-            .filter(|(token, _)| *token == 0)
-            .map(|(_, holder)| holder.clone())
-            .collect();
+        let answered = answers.iter().flatten().cloned();
+        let (votes, holders): (Vec<_>, Vec<_>) = answered.partition(|(token, _)| *token > 0);
+        let tokens: Vec<u64> = votes.into_iter().map(|(token, _)| token).collect();
+        let holders: Vec<String> = holders.into_iter().map(|(_, holder)| holder).collect();
         let quorum = self.shared.quorum();
         let mut errors: Vec<LockError> = Vec::new();
         if tokens.len() >= quorum && self.valid(began) {
@@ -391,10 +381,9 @@ impl RedlockClaim {
                 .iter()
                 .map(|answer| answer.as_ref().is_ok_and(|(token, _)| *token > 0))
                 .collect();
-            match self.raise(token, &voters).await {
-                Ok(()) if self.valid(began) => return (Round::Held(token, began), began),
-                Ok(()) => {}
-                Err(raise_errors) => errors = raise_errors,
+            errors = self.raise(token, &voters).await;
+            if errors.is_empty() && self.valid(began) {
+                return (Round::Held(token, began), began);
             }
         }
         let valid = self.valid(began);
@@ -443,13 +432,11 @@ impl RedlockClaim {
         let calls = nodes.into_iter().map(|node| {
             let call = node.run::<T>(invocation(), self.name.as_str());
             async move {
-                tokio::time::timeout(budget, call)
-                    .await
-                    .unwrap_or_else(|_| {
-                        let message =
-                            format!("{} did not answer within {budget:?}", node.address());
-                        Err(connection(REDLOCK, None, message))
-                    })
+                let Ok(answer) = tokio::time::timeout(budget, call).await else {
+                    let message = format!("{} did not answer within {budget:?}", node.address());
+                    return Err(connection(REDLOCK, None, message));
+                };
+                answer
             }
         });
         join_all(calls).await
@@ -460,21 +447,16 @@ impl RedlockClaim {
     /// Tokens then strictly increase from grant to grant while the servers keep their
     /// data: a later grant needs a majority of the owner keys, so it votes on one of these
     /// servers, and only after this grant let go of the key there, which is after the
-    /// raise; its vote counts past `token`. Without every voter's confirmation the grant
-    /// does not hold: the servers' errors.
-    async fn raise(&self, token: u64, voters: &[bool]) -> Result<(), Vec<LockError>> {
+    /// raise; its vote counts past `token`. The servers' errors: without every voter's
+    /// confirmation the grant does not hold.
+    async fn raise(&self, token: u64, voters: &[bool]) -> Vec<LockError> {
         // Only the voters: the argument needs no other server, and one that did not answer
         // the vote would cost a second round budget of the validity.
         let nodes = self.shared.nodes.iter().zip(voters);
         let nodes = nodes.filter(|(_, voted)| **voted).map(|(node, _)| node);
         let raise = || scripts::raise(&self.keys, token);
         let answers = self.on::<u64>(nodes, raise).await;
-        let errors: Vec<LockError> = answers.into_iter().filter_map(Result::err).collect();
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(errors)
-        }
+        answers.into_iter().filter_map(Result::err).collect()
     }
 
     /// `RELEASE` on every server not yet confirmed: how many confirmed in all, and how
@@ -544,11 +526,8 @@ impl Lease for RedlockClaim {
         } else if refused + released > self.shared.nodes.len() - self.shared.quorum() {
             Ok(Renewal::Gone)
         } else {
-            Err(worst(
-                answers.into_iter().filter_map(Result::err).collect(),
-                &self.name,
-                "renewal",
-            ))
+            let errors = answers.into_iter().filter_map(Result::err).collect();
+            Err(worst(errors, &self.name, "renewal"))
         }
     }
 

@@ -74,11 +74,6 @@ enum Request {
     Close,
 }
 
-struct Joined {
-    receiver: broadcast::Receiver<()>,
-    place: u64,
-}
-
 /// One waiter's place on a release channel; leaves it when dropped.
 pub(crate) struct Subscription {
     receiver: broadcast::Receiver<()>,
@@ -182,6 +177,9 @@ impl Subscriber {
     }
 }
 
+/// A place on a channel: its receiver, and its subscription's place.
+type Joined = (broadcast::Receiver<()>, u64);
+
 /// A channel's waiters on the current connection.
 struct Channel {
     sender: broadcast::Sender<()>,
@@ -258,7 +256,7 @@ impl Connection {
     /// Joins `channel`; a subscription that fails on a server's connection made earlier (it
     /// may have died unnoticed) is tried once more on a new one. (A cluster connection
     /// mends its nodes' connections itself, and one shard's trouble is not the others'.)
-    async fn join(&mut self, link: &Link, channel: &str) -> Result<Joined, redis::RedisError> {
+    async fn join(&mut self, link: &Link, channel: &str) -> redis::RedisResult<Joined> {
         let earlier_server_connection = matches!(self.live, Some(Live::Server(..)));
         match self.join_once(link, channel).await {
             Err(error) if earlier_server_connection => {
@@ -269,7 +267,7 @@ impl Connection {
         }
     }
 
-    async fn join_once(&mut self, link: &Link, channel: &str) -> Result<Joined, redis::RedisError> {
+    async fn join_once(&mut self, link: &Link, channel: &str) -> redis::RedisResult<Joined> {
         let live = match &mut self.live {
             Some(live) => live,
             None => {
@@ -279,10 +277,7 @@ impl Connection {
         };
         if let Some(joined) = self.channels.get_mut(channel) {
             joined.waiters += 1;
-            return Ok(Joined {
-                receiver: joined.sender.subscribe(),
-                place: joined.place,
-            });
+            return Ok((joined.sender.subscribe(), joined.place));
         }
         link.settings.metrics.record_server_requests(1);
         if let Err(error) = within(link.settings.timeout, live.subscribe(channel)).await {
@@ -300,7 +295,7 @@ impl Connection {
             place,
         };
         self.channels.insert(channel.to_owned(), joined);
-        Ok(Joined { receiver, place })
+        Ok((receiver, place))
     }
 
     /// A subscription to `channel` ended: this task's own leave confirmed, or the server
@@ -319,12 +314,9 @@ impl Connection {
     }
 
     async fn leave(&mut self, link: &Link, channel: &str, place: u64) {
-        let Some(joined) = self.channels.get_mut(channel) else {
+        let Some(joined) = self.channels.get_mut(channel).filter(|j| j.place == place) else {
             return;
         };
-        if joined.place != place {
-            return;
-        }
         joined.waiters -= 1;
         if joined.waiters > 0 {
             return;
@@ -409,10 +401,10 @@ async fn serve(link: Arc<Link>, mut requests: mpsc::UnboundedReceiver<Request>) 
                 None => return,
                 Some(Request::Join { channel, name, requests, reply }) => {
                     let joined = match connection.join(&link, &channel).await {
-                        Ok(joined) => Ok(Subscription {
-                            receiver: joined.receiver,
+                        Ok((receiver, place)) => Ok(Subscription {
+                            receiver,
                             channel,
-                            place: joined.place,
+                            place,
                             requests,
                         }),
                         Err(error) => Err(lock_error(link.settings.backend, error, Some(&name))),

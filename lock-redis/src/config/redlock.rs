@@ -240,11 +240,8 @@ mod tests {
     #[test]
     fn minimal_redlock_url_takes_every_default() {
         let config = redlock("redlock://r1,r2:6380,r3");
-        let servers = [
-            RedisServer::new("r1"),
-            RedisServer::new("r2").with_port(6380),
-        ];
-        let expected = RedlockConfig::new(servers.into_iter().chain([RedisServer::new("r3")]));
+        let r2 = RedisServer::new("r2").with_port(6380);
+        let expected = RedlockConfig::new([RedisServer::new("r1"), r2, RedisServer::new("r3")]);
         assert_eq!(config, expected);
         assert_eq!(
             (config.lease.key_prefix.as_str(), config.lease.ttl),

@@ -63,19 +63,15 @@ impl RedisSentinel {
     }
 
     pub(super) fn validate(&self, server: &RedisServer) -> Result<(), LockError> {
+        let service = &self.service;
         let problem = if server.tls || server.tls_ca.is_some() {
             "TLS is not supported with Redis Sentinel yet".to_owned()
         } else if self.sentinels.is_empty() {
             "no sentinel is given".to_owned()
-        } else if self.service.is_empty()
-            || self
-                .service
-                .contains(|c: char| c.is_whitespace() || c.is_control())
+        } else if service.is_empty()
+            || service.contains(|c: char| c.is_whitespace() || c.is_control())
         {
-            format!(
-                "the service name {:?} is empty or has white space",
-                self.service
-            )
+            format!("the service name {service:?} is empty or has white space")
         } else if let Some(bad) = self.sentinels.iter().find(|sentinel| {
             sentinel.is_empty() || sentinel.contains(|c: char| c.is_whitespace() || c == ',')
         }) {

@@ -235,29 +235,21 @@ mod tests {
 
     #[test]
     fn validate_checks_hand_built_servers() {
-        assert!(RedisServer::new("h").validate().is_ok());
+        let h = || RedisServer::new("h");
+        assert!(h().validate().is_ok());
         for (server, expected) in [
             (RedisServer::new(""), "redis: host \"\""),
             (RedisServer::new("a b"), "host \"a b\""),
             (RedisServer::new("a,b"), "host \"a,b\""),
-            (RedisServer::new("h").with_port(0), "port 0"),
-            (RedisServer::new("h").with_db(-1), "database -1"),
-            (
-                RedisServer::new("h").with_username("u"),
-                "without a password",
-            ),
-            (RedisServer::new("h").with_tls_ca("/ca.pem"), "TLS is off"),
+            (h().with_port(0), "port 0"),
+            (h().with_db(-1), "database -1"),
+            (h().with_username("u"), "without a password"),
+            (h().with_tls_ca("/ca.pem"), "TLS is off"),
         ] {
             let e = server.validate().unwrap_err().to_string();
             assert!(e.contains(expected), "{server:?}: {e}");
             assert!(RedisConfig::new(server).validate().is_err());
         }
-        assert!(
-            RedisServer::new("h")
-                .with_tls(true)
-                .with_tls_ca("/ca.pem")
-                .validate()
-                .is_ok()
-        );
+        assert!(h().with_tls(true).with_tls_ca("/ca.pem").validate().is_ok());
     }
 }
