@@ -89,14 +89,19 @@ async fn a_lock_follows_the_primary_through_failovers() {
     let promoted = set.failover().await.unwrap();
     let (second, promotion) = until_on(&provider, &name, promoted, Duration::from_secs(10)).await;
     // Both replicas (the old primary once demoted): the sentinels promote either one next.
+    let demoting = Instant::now();
     common::replicated(promoted, 2).await.unwrap();
+    let demoted = demoting.elapsed();
 
     // A killed primary: the sentinels need their second to call it down.
     let (_, after_kill) = set.kill_primary().await.unwrap();
     let (third, kill) = until_on(&provider, &name, after_kill, Duration::from_secs(10)).await;
     // What reached the replicas before a failover is kept: the tokens go on from there.
     assert!(first < second && second < third, "{first} {second} {third}");
-    eprintln!("sentinel: followed a promotion in {promotion:?}, a killed primary in {kill:?}");
+    eprintln!(
+        "sentinel: followed a promotion in {promotion:?} (both replicas caught up after \
+         {demoted:?}), a killed primary in {kill:?}"
+    );
 }
 
 #[tokio::test]

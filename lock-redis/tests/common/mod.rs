@@ -415,15 +415,16 @@ pub(crate) async fn admin_of(address: std::net::SocketAddr) -> redis::aio::Conne
     admin_at(&format!("redis://:{ADMIN_PASSWORD}@{address}")).await
 }
 
-/// Waits (at most 10 s) until `replicas` replicas of the primary at `primary` hold all it
+/// Waits (at most 30 s) until `replicas` replicas of the primary at `primary` hold all it
 /// wrote (`WAIT`): a failover then loses nothing. H5 asks that a holder keep its lock
 /// through a failover, which asynchronous replication promises only for writes that
 /// reached a replica (what it does not promise is measured apart: see the README's safety
 /// section); on a loaded machine, a grant a moment old had not always. A replica just
-/// pointed at a new primary may still be copying it.
+/// pointed at a new primary may still be copying it, and a demoted primary is told to follow
+/// the new one only when a sentinel next looks at it (every 10 s), then copies it whole.
 pub(crate) async fn replicated(primary: std::net::SocketAddr, replicas: usize) -> FaultResult {
     let mut admin = admin_of(primary).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         // Short waits: the admin connection's requests time out.
         let acknowledged: usize = redis::cmd("WAIT")
@@ -437,7 +438,7 @@ pub(crate) async fn replicated(primary: std::net::SocketAddr, replicas: usize) -
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(failed(format!(
-                "{acknowledged} of {replicas} replicas of {primary} caught up within 10 s"
+                "{acknowledged} of {replicas} replicas of {primary} caught up within 30 s"
             )));
         }
     }
