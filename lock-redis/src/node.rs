@@ -145,7 +145,7 @@ impl Node {
     }
 
     /// Connects to the primary that `sentinel`'s sentinels name, logging in as `server`
-    /// says, giving up after the settings' timeout.
+    /// says: finding the primary and connecting to it each within the settings' timeout.
     pub(crate) async fn connect_sentinel(
         sentinel: &RedisSentinel,
         server: &RedisServer,
@@ -176,7 +176,8 @@ impl Node {
     }
 
     /// Connects to the Redis Cluster that `cluster`'s nodes belong to, logging in as
-    /// `server` says, giving up after the settings' timeout.
+    /// `server` says, within the settings' timeout (after a failed connection, as long
+    /// again to learn from a node whether the login was refused).
     pub(crate) async fn connect_cluster(
         cluster: &RedisCluster,
         server: &RedisServer,
@@ -526,8 +527,8 @@ impl Link {
     }
 
     /// The connections to the cluster `clients` reach, named `address`: short requests
-    /// (bounded by the settings' timeout) on one connection, blocking ones (no response timeout) on
-    /// connections of their own, the pub/sub waiters' on one subscriber.
+    /// (bounded by the settings' timeout) on one connection, blocking ones (no response
+    /// timeout) on connections of their own, the pub/sub waiters' on one subscriber.
     async fn cluster(
         clients: ClusterClients,
         address: String,
@@ -552,8 +553,8 @@ impl Link {
 }
 
 impl Finder {
-    /// Asks the sentinels for the primary, confirmed by its `ROLE`, within the settings' timeout: a
-    /// client for it, and its address.
+    /// Asks the sentinels for the primary, confirmed by its `ROLE`, within the settings'
+    /// timeout: a client for it, and its address.
     async fn locate(&self, settings: &Settings) -> Result<(Client, String), LockError> {
         let (timeout, backend) = (settings.timeout, settings.backend);
         let (service, login) = (&self.service, self.login.clone());
@@ -579,7 +580,8 @@ impl Finder {
     }
 
     /// The connections to the server at `host:port` (announced by a sentinel), once it
-    /// answers `ROLE` as the primary, all within the settings' timeout.
+    /// answers `ROLE` as the primary: connecting and the `ROLE` query each within the
+    /// settings' timeout.
     async fn at(&self, host: String, port: u16, settings: &Settings) -> Result<Link, LockError> {
         let address = format!("{host}:{port}");
         let info = ConnectionAddr::Tcp(host, port)
