@@ -46,22 +46,23 @@ fn run_herd(args: &[&str], dir: &std::path::Path) -> Vec<Value> {
     serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
 }
 
-/// A small run of `strategies` on the servers `servers` says: N = 5, 20 handoffs, held
-/// 10 ms each (every waiter is back waiting before the next release).
+/// What every smoke run takes: 20 handoffs, each held 10 ms. That is long enough for every
+/// waiter to be back waiting before the next release, even on a loaded machine (etcd's
+/// single-key waiter takes two round trips, a create and a watch, to be back): the herd's
+/// size is then N - 1, not a matter of timing.
+const SMALL: &[&str] = &[
+    "--handoffs",
+    "20",
+    "--floor-rounds",
+    "10",
+    "--hold-ms",
+    "10",
+];
+
+/// A small run of `strategies` at N = 5 on the servers `servers` says.
 fn run_small(servers: &[&str], strategies: &str, dir: &std::path::Path) -> Vec<Value> {
-    let small = [
-        "--strategies",
-        strategies,
-        "--contenders",
-        "5",
-        "--handoffs",
-        "20",
-        "--floor-rounds",
-        "10",
-        "--hold-ms",
-        "10",
-    ];
-    run_herd(&[servers, &small[..]].concat(), dir)
+    let which = ["--strategies", strategies, "--contenders", "5"];
+    run_herd(&[servers, &which[..], SMALL].concat(), dir)
 }
 
 /// The run of `strategy` with `n` contenders.
@@ -99,25 +100,8 @@ fn a_smoke_run_reports_every_strategy_and_the_herd() {
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("report");
     let report_arg = report.to_str().unwrap();
-    let runs = run_herd(
-        &[
-            "--contenders",
-            "1,5",
-            "--handoffs",
-            "20",
-            "--floor-rounds",
-            "10",
-            // Long enough for every waiter to be back waiting before the next release,
-            // even on a loaded machine (etcd's single-key waiter takes two round trips, a
-            // create and a watch, to be back): the herd's size is then N - 1, not a
-            // matter of timing.
-            "--hold-ms",
-            "10",
-            "--report",
-            report_arg,
-        ],
-        dir.path(),
-    );
+    let which = ["--contenders", "1,5", "--report", report_arg];
+    let runs = run_herd(&[&which[..], SMALL].concat(), dir.path());
     let strategies = [
         "zk-single",
         "zk-children",
