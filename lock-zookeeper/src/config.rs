@@ -100,7 +100,8 @@ pub struct ZkConfig {
     /// The session timeout requested from the server (the server may negotiate it into its
     /// own bounds); it bounds how long a crashed client's locks stay held. Default 10 s.
     pub session_timeout: Duration,
-    /// How long to wait for the first connection to the ensemble. Default 5 s.
+    /// How long to wait for a session when connecting (also when a session that ended is
+    /// replaced), trying the servers again while none answers. Default 5 s.
     pub connect_timeout: Duration,
     /// The parent of every lock directory: the lock called `N` lives in `{root}/{N}`.
     /// Default `/distlock`.
@@ -176,7 +177,7 @@ impl ZkConfig {
     /// | hosts | the ensemble, comma-separated, IPv6 in brackets | port 2181 |
     /// | `/chroot` | chroot of every path; empty or `/` for none | none |
     /// | `session_timeout` | requested session timeout, more than 0 and at most 1 h | `10s` |
-    /// | `connect_timeout` | first-connection timeout, more than 0 and at most 1 h | `5s` |
+    /// | `connect_timeout` | how long connecting may retry, more than 0 and at most 1 h | `5s` |
     /// | `strategy` | `single`, `children` or `predecessor` ([`ZkStrategy`]) | `predecessor` |
     /// | `root` | parent of the lock directories | `/distlock` |
     /// | `node_format` | `curator` or `kazoo` ([`NodeNameFormat`]) | `curator` |

@@ -55,7 +55,10 @@ impl ZkElection {
     /// leader. `None` when nobody campaigns (or the directory is gone).
     async fn head(&self) -> Result<Option<(String, LeaderInfo)>, LockError> {
         let place = &self.place;
-        let session = place.shared.session(&place.name).await?;
+        let session = place
+            .shared
+            .session(&place.name, Deadline::after(None))
+            .await?;
         loop {
             let children = place.children(&session).await?;
             let Some((_, first)) = contenders(children).into_iter().next() else {
@@ -100,7 +103,10 @@ impl LeaderSource for ZkElection {
     /// session timeout, so a cut-off observer learns it then).
     async fn changed(&self, seen: &Option<LeaderInfo>) -> Result<(), LockError> {
         let place = &self.place;
-        let session = place.shared.session(&place.name).await?;
+        let session = place
+            .shared
+            .session(&place.name, Deadline::after(None))
+            .await?;
         let head = self.head().await?;
         if head.as_ref().map(|(_, leader)| leader) != seen.as_ref() {
             return Ok(());

@@ -41,7 +41,7 @@ impl MutexAttempt for ZkLock {
         if place.shared.config.strategy != ZkStrategy::SingleNode {
             return place.take_turn(NodeKind::Lock, deadline).await;
         }
-        let session = place.shared.session(&place.name).await?;
+        let session = place.shared.session(&place.name, deadline).await?;
         let granted = self.single_node(&session, deadline).await?;
         Ok(granted.map(|granted| grant(&place.shared, &session, &place.name, granted)))
     }

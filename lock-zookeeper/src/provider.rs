@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use lock_core::kit::{Closed, SessionOwner, SessionSlot};
 use lock_core::{
-    Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Fencing,
-    FencingToken, LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
+    Capabilities, Deadline, DistributedLock, DistributedRwLock, DistributedSemaphore, Election,
+    Fencing, FencingToken, LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
 };
 use zookeeper_client::Error as ZkError;
 
@@ -54,7 +54,7 @@ impl ZkLockProvider {
     /// (retryable) when no server answers within the connect timeout.
     pub async fn connect(config: ZkConfig) -> Result<Self, LockError> {
         config.validate()?;
-        let session = Session::open(&config).await?;
+        let session = Session::open(&config, Deadline::after(None)).await?;
         let shared = Arc::new(Shared {
             config,
             metrics: Arc::new(Metrics::new()),
@@ -133,7 +133,10 @@ impl ZkLockProvider {
     /// read it.
     pub async fn contenders(&self, name: &str) -> Result<Vec<Contender>, LockError> {
         let place = self.place(name, "")?;
-        let session = place.shared.session(&place.name).await?;
+        let session = place
+            .shared
+            .session(&place.name, Deadline::after(None))
+            .await?;
         let children = match session.client.list_children(&place.dir).await {
             Ok(children) => children,
             Err(ZkError::NoNode) => return Ok(Vec::new()),

@@ -67,7 +67,7 @@ impl SemaphoreAttempt for ZkSemaphore {
     /// Takes a permit, or gives up at the deadline with `Ok(None)`, leaving nothing behind.
     async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
         let place = &self.leases;
-        let session = place.shared.session(&place.name).await?;
+        let session = place.shared.session(&place.name, deadline).await?;
         // One uuid for both nodes of this contender: an inspection can tell the mutex
         // holder's lease (still waiting) from the leases held.
         let uuid = Uuid::new_v4();

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use lock_core::kit::{Closed, LostSignals, SessionSlot, SlotSession, unpoisoned};
-use lock_core::{LockError, LockName, LossReason, LostNotifier, Metrics};
+use lock_core::{Deadline, LockError, LockName, LossReason, LostNotifier, Metrics};
 use tokio::time::{Instant, MissedTickBehavior};
 use zookeeper_client::{Acls, Client, SessionState};
 
@@ -20,6 +20,9 @@ pub(crate) struct Session {
     health: Arc<Health>,
     pub(crate) acls: Acls<'static>,
 }
+
+/// The pause between two rounds of connection attempts in [`Session::open`].
+const CONNECT_PAUSE: Duration = Duration::from_millis(100);
 
 /// How many heartbeats [`keep_alive`] sends per session timeout.
 const HEARTBEATS_PER_TIMEOUT: u32 = 10;
@@ -62,7 +65,15 @@ impl Health {
 
 impl Session {
     /// Connects, within the configured connect timeout, and starts watching the session.
-    pub(crate) async fn open(config: &ZkConfig) -> Result<Arc<Session>, LockError> {
+    ///
+    /// A round that reaches no server (refused, or closed during the handshake, as a server
+    /// under load may do) is tried again after a pause, as ZooKeeper's own clients do,
+    /// until the connect timeout runs out or `deadline` (an acquisition's) passes; the
+    /// first round is always made. Failed authentication ends it at once.
+    pub(crate) async fn open(
+        config: &ZkConfig,
+        deadline: Deadline,
+    ) -> Result<Arc<Session>, LockError> {
         let mut connector = Client::connector()
             .with_session_timeout(config.session_timeout)
             .with_connection_timeout(config.connect_timeout)
@@ -74,21 +85,15 @@ impl Session {
             );
         }
         let connect_string = config.connect_string();
-        // The server creates the session after this moment.
-        let connecting = Instant::now();
-        let connected =
-            tokio::time::timeout(config.connect_timeout, connector.connect(&connect_string)).await;
         let hosts = config.hosts.join(",");
-        let client = match connected {
-            Ok(Ok(client)) => client,
-            Ok(Err(error)) => {
-                let mut error = lock_error(error, None);
-                if let LockError::Connection { message, .. } = &mut error {
-                    *message = format!("cannot reach {hosts}: {message}");
-                }
-                return Err(error);
-            }
-            Err(_) => {
+        let budget = Deadline::after(Some(config.connect_timeout));
+        let (client, connecting) = loop {
+            // The server creates the session after this moment.
+            let connecting = Instant::now();
+            let round = connector.clone().connect(&connect_string);
+            let Ok(connected) =
+                tokio::time::timeout(budget.cap(config.connect_timeout), round).await
+            else {
                 return Err(LockError::Connection {
                     backend: BACKEND,
                     name: None,
@@ -98,7 +103,21 @@ impl Session {
                     ),
                     source: None,
                 });
+            };
+            let mut error = match connected {
+                Ok(client) => break (client, connecting),
+                Err(error) => lock_error(error, None),
+            };
+            let pause = deadline.cap(budget.cap(CONNECT_PAUSE));
+            if error.is_retryable() && pause == CONNECT_PAUSE {
+                tracing::debug!(%error, %hosts, "zookeeper: no session yet; trying again");
+                tokio::time::sleep(pause).await;
+                continue;
             }
+            if let LockError::Connection { message, .. } = &mut error {
+                *message = format!("cannot reach {hosts}: {message}");
+            }
+            return Err(error);
         };
         let health = Arc::new(Health {
             suspect: AtomicBool::new(false),
@@ -287,9 +306,14 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// The live session, opening a new one if the last one is over.
-    pub(crate) async fn session(&self, name: &LockName) -> Result<Arc<Session>, LockError> {
-        let open = || Session::open(&self.config);
+    /// The live session, opening a new one if the last one is over (retrying no longer than
+    /// `deadline`, an acquisition's, allows).
+    pub(crate) async fn session(
+        &self,
+        name: &LockName,
+        deadline: Deadline,
+    ) -> Result<Arc<Session>, LockError> {
+        let open = || Session::open(&self.config, deadline);
         self.sessions.live(&self.closed, BACKEND, name, open).await
     }
 }

@@ -24,7 +24,7 @@ use common::{
 use lock_conformance::{Occupancy, PollBudget, unique_name};
 use lock_core::{DistributedLock, Guard, LockError, LockProvider};
 use lock_testbed::proxy::ReplyKind;
-use lock_testbed::servers::{LocalServer, ZkEnsemble, ZkServer, free_port};
+use lock_testbed::servers::{LocalServer, ZkEnsemble, ZkServer, free_port, shared_zk};
 use lock_zookeeper::{AclPolicy, DigestAuth, ZkConfig, ZkLockProvider, ZkStrategy};
 use tokio::time::{Instant, sleep, timeout};
 use zookeeper_client::{Acls, Client as ZkClient, CreateMode};
@@ -1214,6 +1214,122 @@ async fn unreachable_server_is_a_retryable_connection_error() {
         format_args!(
             "Connection (retryable) after {}; bound {bound:?}",
             took.join(", ")
+        ),
+    );
+}
+
+/// (f) A server that closes connections during the handshake for a while, as one under load
+/// may: connecting tries again until the connect timeout, and gets a session once the
+/// server answers. While it never answers, the error is a retryable `Connection` error at
+/// the connect timeout, after more than one round. A provider whose session ended reopens
+/// one no longer than an acquisition's deadline allows: `try_acquire` makes one round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_retries_closed_handshakes_within_the_connect_timeout() {
+    const TEST: &str = "closed_handshakes";
+    let connect_timeout = Duration::from_secs(2);
+    let server = shared_zk().expect("a ZooKeeper server for the tests");
+    let address = server
+        .connect_string()
+        .parse()
+        .expect("a standalone server's address");
+    let proxies = Proxies::start(&[address]);
+    let proxy = proxies.first();
+    let config =
+        config(proxies.hosts(), ZkStrategy::default()).with_connect_timeout(connect_timeout);
+
+    // Never answers: a bounded, retryable error after several rounds.
+    proxies.cut();
+    let began = Instant::now();
+    let result = ZkLockProvider::connect(config.clone()).await;
+    let failed_after = began.elapsed();
+    match result {
+        Err(error @ LockError::Connection { .. }) => {
+            assert!(error.is_retryable(), "not retryable: {error}");
+        }
+        Err(other) => panic!("expected a Connection error, got {other}"),
+        Ok(provider) => panic!("connected through a cut proxy: {provider:?}"),
+    }
+    let rounds = proxy.stats().refused;
+    assert!(rounds >= 2, "{rounds} round(s) in {failed_after:?}");
+    assert!(
+        failed_after >= connect_timeout / 2 && failed_after <= connect_timeout + SLACK,
+        "the error came after {failed_after:?}, connect timeout {connect_timeout:?}"
+    );
+
+    // Answers after a while: a session, within the same call.
+    let answer_after = Duration::from_millis(600);
+    let passing = tokio::spawn({
+        let control = proxy.control();
+        async move {
+            sleep(answer_after).await;
+            control.pass();
+        }
+    });
+    let began = Instant::now();
+    let provider = ZkLockProvider::connect(config)
+        .await
+        .expect("a session once the server answers");
+    let connected_after = began.elapsed();
+    passing.await.unwrap();
+    let refused_then = proxy.stats().refused - rounds;
+    assert!(
+        refused_then >= 1 && connected_after >= answer_after,
+        "connected after {connected_after:?}, {refused_then} closed handshake(s)"
+    );
+    let name = unique_name("closed-handshakes");
+    let mut guard = provider
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the lock is free");
+
+    // The session ends while the server does not answer; an immediate try does not wait
+    // out the connect timeout to open the next one.
+    let lost = guard.lost();
+    proxies.cut();
+    timeout(SESSION_TIMEOUT * 2 + SLACK, lost.wait())
+        .await
+        .expect("the guard lost with its session");
+    // The first tries may still meet the old session, ending.
+    let until = Instant::now() + SESSION_TIMEOUT + SLACK;
+    let (tried, tried_after) = loop {
+        let began = Instant::now();
+        let tried = provider.lock(&name).unwrap().try_acquire().await;
+        let tried_after = began.elapsed();
+        match tried {
+            Err(LockError::SessionExpired { .. }) if Instant::now() < until => {}
+            tried => break (tried, tried_after),
+        }
+    };
+    assert!(
+        matches!(&tried, Err(error @ LockError::Connection { message, .. })
+            if error.is_retryable() && message.starts_with("cannot reach")),
+        "try_acquire with the session over and no server: {tried:?}"
+    );
+    assert!(
+        tried_after < connect_timeout / 2,
+        "try_acquire took {tried_after:?} to give up"
+    );
+    proxies.pass();
+    let _ = guard.release().await;
+    let admin = admin_client(&server.connect_string()).await;
+    let dir = lock_dir(ZkConfig::DEFAULT_ROOT, &name);
+    wait_until(
+        SESSION_TIMEOUT * 2 + SLACK,
+        "the expired session's node to go",
+        || children(&admin, &dir),
+        |left| left.as_ref().is_ok_and(Vec::is_empty),
+    )
+    .await
+    .expect("the lock directory's children");
+    report(
+        TEST,
+        format_args!(
+            "never answering: Connection (retryable) after {failed_after:?}, {rounds} rounds; \
+             answering after {answer_after:?}: a session after {connected_after:?}, \
+             {refused_then} closed handshake(s); try_acquire with the session over: {tried_after:?}"
         ),
     );
 }

@@ -117,7 +117,7 @@ impl Place {
         kind: NodeKind,
         deadline: Deadline,
     ) -> Result<Option<Guard>, LockError> {
-        let session = self.shared.session(&self.name).await?;
+        let session = self.shared.session(&self.name, deadline).await?;
         let granted = self
             .wait_turn(&session, kind, Uuid::new_v4(), deadline)
             .await?;
