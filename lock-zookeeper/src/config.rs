@@ -100,8 +100,9 @@ pub struct ZkConfig {
     /// The session timeout requested from the server (the server may negotiate it into its
     /// own bounds); it bounds how long a crashed client's locks stay held. Default 10 s.
     pub session_timeout: Duration,
-    /// How long to wait for a session when connecting (also when a session that ended is
-    /// replaced), trying the servers again while none answers. Default 5 s.
+    /// How long to wait for a session when connecting, trying the servers again while none
+    /// answers. Replacing a session that ended for an acquisition also stops trying at the
+    /// acquisition's timeout (`try_acquire` makes one try). Default 5 s.
     pub connect_timeout: Duration,
     /// The parent of every lock directory: the lock called `N` lives in `{root}/{N}`.
     /// Default `/distlock`.

@@ -87,7 +87,10 @@ impl Session {
         let connect_string = config.connect_string();
         let hosts = config.hosts.join(",");
         let budget = Deadline::after(Some(config.connect_timeout));
+        let began = Instant::now();
+        let mut rounds = 0;
         let (client, connecting) = loop {
+            rounds += 1;
             // The server creates the session after this moment.
             let connecting = Instant::now();
             let round = connector.clone().connect(&connect_string);
@@ -115,7 +118,9 @@ impl Session {
                 continue;
             }
             if let LockError::Connection { message, .. } = &mut error {
-                *message = format!("cannot reach {hosts}: {message}");
+                let took = began.elapsed();
+                *message =
+                    format!("cannot reach {hosts}: {message} ({rounds} tries in {took:.1?})");
             }
             return Err(error);
         };

@@ -1,9 +1,10 @@
 //! Fault tests of the ZooKeeper lock provider, each against a server or an ensemble of its
-//! own (tickTime 500 ms, client sessions of 2 s): leader failover under a held lock, a
-//! partition past the session timeout, lost create replies, mass cancellation, ACLs, and an
-//! unreachable server. Every test checks invariants — an occupancy counter, the nodes left
-//! in the lock directory, who owns them, when grants happen — not just return values, and
-//! prints what it measured (`cargo test --test faults -- --nocapture`).
+//! own or behind proxies of its own (tickTime 500 ms, client sessions of 2 s): leader
+//! failover under a held lock, a partition past the session timeout, lost create replies,
+//! mass cancellation, ACLs, an unreachable server, and handshakes closed while connecting.
+//! Every test checks invariants — an occupancy counter, the nodes left in the lock
+//! directory, who owns them, when grants happen — not just return values, and prints what
+//! it measured (`cargo test --test faults -- --nocapture`).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -1218,7 +1219,7 @@ async fn unreachable_server_is_a_retryable_connection_error() {
     );
 }
 
-/// (f) A server that closes connections during the handshake for a while, as one under load
+/// (g) A server that closes connections during the handshake for a while, as one under load
 /// may: connecting tries again until the connect timeout, and gets a session once the
 /// server answers. While it never answers, the error is a retryable `Connection` error at
 /// the connect timeout, after more than one round. A provider whose session ended reopens
@@ -1242,13 +1243,14 @@ async fn connecting_retries_closed_handshakes_within_the_connect_timeout() {
     let began = Instant::now();
     let result = ZkLockProvider::connect(config.clone()).await;
     let failed_after = began.elapsed();
-    match result {
+    let failure = match result {
         Err(error @ LockError::Connection { .. }) => {
             assert!(error.is_retryable(), "not retryable: {error}");
+            error.to_string()
         }
         Err(other) => panic!("expected a Connection error, got {other}"),
         Ok(provider) => panic!("connected through a cut proxy: {provider:?}"),
-    }
+    };
     let rounds = proxy.stats().refused;
     assert!(rounds >= 2, "{rounds} round(s) in {failed_after:?}");
     assert!(
@@ -1258,6 +1260,7 @@ async fn connecting_retries_closed_handshakes_within_the_connect_timeout() {
 
     // Answers after a while: a session, within the same call.
     let answer_after = Duration::from_millis(600);
+    let began = Instant::now();
     let passing = tokio::spawn({
         let control = proxy.control();
         async move {
@@ -1265,7 +1268,6 @@ async fn connecting_retries_closed_handshakes_within_the_connect_timeout() {
             control.pass();
         }
     });
-    let began = Instant::now();
     let provider = ZkLockProvider::connect(config)
         .await
         .expect("a session once the server answers");
@@ -1327,7 +1329,7 @@ async fn connecting_retries_closed_handshakes_within_the_connect_timeout() {
     report(
         TEST,
         format_args!(
-            "never answering: Connection (retryable) after {failed_after:?}, {rounds} rounds; \
+            "never answering: after {failed_after:?}, {rounds} rounds: {failure}; \
              answering after {answer_after:?}: a session after {connected_after:?}, \
              {refused_then} closed handshake(s); try_acquire with the session over: {tried_after:?}"
         ),
