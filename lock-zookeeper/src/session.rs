@@ -7,7 +7,7 @@ use std::time::Duration;
 use lock_core::kit::{Closed, LostSignals, SessionSlot, SlotSession, unpoisoned};
 use lock_core::{Deadline, LockError, LockName, LossReason, LostNotifier, Metrics};
 use tokio::time::{Instant, MissedTickBehavior};
-use zookeeper_client::{Acls, Client, SessionState};
+use zookeeper_client::{Acls, Client, Error as ZkError, SessionState};
 
 use crate::config::{AclPolicy, ZkConfig};
 use crate::error::{BACKEND, lock_error};
@@ -94,23 +94,12 @@ impl Session {
             // The server creates the session after this moment.
             let connecting = Instant::now();
             let round = connector.clone().connect(&connect_string);
-            let Ok(connected) =
-                tokio::time::timeout(budget.cap(config.connect_timeout), round).await
-            else {
-                return Err(LockError::Connection {
-                    backend: BACKEND,
-                    name: None,
-                    message: format!(
-                        "no session with {hosts} within the connect timeout of {:?}",
-                        config.connect_timeout
-                    ),
-                    source: None,
-                });
-            };
-            let mut error = match connected {
-                Ok(client) => break (client, connecting),
-                Err(error) => lock_error(error, None),
-            };
+            let mut error =
+                match tokio::time::timeout(budget.cap(config.connect_timeout), round).await {
+                    Ok(Ok(client)) => break (client, connecting),
+                    Ok(Err(error)) => lock_error(error, None),
+                    Err(_) => lock_error(ZkError::Timeout, None),
+                };
             let pause = deadline.cap(budget.cap(CONNECT_PAUSE));
             if error.is_retryable() && pause == CONNECT_PAUSE {
                 tracing::debug!(%error, %hosts, "zookeeper: no session yet; trying again");
@@ -118,9 +107,11 @@ impl Session {
                 continue;
             }
             if let LockError::Connection { message, .. } = &mut error {
-                let took = began.elapsed();
-                *message =
-                    format!("cannot reach {hosts}: {message} ({rounds} tries in {took:.1?})");
+                let (took, timeout) = (began.elapsed(), config.connect_timeout);
+                *message = format!(
+                    "cannot reach {hosts}: {message} \
+                     ({rounds} attempt(s) in {took:.1?}, connect timeout {timeout:?})"
+                );
             }
             return Err(error);
         };
