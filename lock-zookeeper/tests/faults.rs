@@ -53,6 +53,17 @@ async fn connect(hosts: Vec<String>, strategy: ZkStrategy) -> ZkLockProvider {
         .expect("a provider")
 }
 
+/// The free lock `name`, taken at once on `provider`.
+async fn take_free(provider: &ZkLockProvider, name: &str) -> Guard {
+    provider
+        .lock(name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the lock is free")
+}
+
 /// A standalone server of the test's own, and a raw client of it.
 async fn standalone() -> (ZkServer, ZkClient) {
     let server = ZkServer::start(zk_options())
@@ -163,13 +174,7 @@ async fn leader_failover_keeps_the_holder_and_serves_each_waiter_once() {
     let dir = lock_dir(ZkConfig::DEFAULT_ROOT, &name);
 
     let holder = connect(hosts(), strategy).await;
-    let mut held = holder
-        .lock(&name)
-        .unwrap()
-        .try_acquire()
-        .await
-        .unwrap()
-        .expect("the lock is free");
+    let mut held = take_free(&holder, &name).await;
     let occupancy = Occupancy::new();
     let inside = occupancy.enter();
     let holder_node = expect_children(&admin, &dir, 1, SLACK, "the holder's node").await;
@@ -360,13 +365,7 @@ async fn partition(kind: Partition) {
     );
     let name = unique_name("partition");
     let dir = lock_dir(ZkConfig::DEFAULT_ROOT, &name);
-    let mut stale = a
-        .lock(&name)
-        .unwrap()
-        .try_acquire()
-        .await
-        .unwrap()
-        .expect("the lock is free");
+    let mut stale = take_free(&a, &name).await;
     let a_session = a.session_id().expect("a session");
     let lost = stale.lost();
     let lost_at = tokio::spawn({
@@ -1279,13 +1278,7 @@ async fn connecting_retries_closed_handshakes_within_the_connect_timeout() {
         "connected after {connected_after:?}, {refused_then} closed handshake(s)"
     );
     let name = unique_name("closed-handshakes");
-    let mut guard = provider
-        .lock(&name)
-        .unwrap()
-        .try_acquire()
-        .await
-        .unwrap()
-        .expect("the lock is free");
+    let mut guard = take_free(&provider, &name).await;
 
     // The session ends while the server does not answer; an immediate try does not wait
     // out the connect timeout to open the next one.
