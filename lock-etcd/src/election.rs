@@ -14,6 +14,7 @@ use crate::config::EtcdStrategy;
 use crate::error::BACKEND;
 use crate::queue::{Blockers, Queue};
 use crate::session::Shared;
+use crate::watches::Watch;
 
 /// A leader election from an [`EtcdLockProvider`](crate::EtcdLockProvider).
 ///
@@ -114,43 +115,58 @@ impl LeaderSource for EtcdElection {
         Ok(self.head().await?.0.map(|(_, leader)| leader))
     }
 
-    /// Watches, from just after the read that found the leader still `seen`, the leader's
-    /// key (any change: a deletion, or a new value proclaimed by `etcdctl`) or, with no
-    /// leader, the directory for a new candidate; wakes also when the provider closes or
-    /// the session ends.
+    /// Waits until the leader is no longer `seen`: watches the leader's key (any change: a
+    /// deletion, or a new value proclaimed by `etcdctl`) or, with no leader, the directory
+    /// for a new candidate; wakes also when the provider closes or the session ends. A
+    /// watch sees only after the revision it began at (see [`crate::watches`]), so one that
+    /// began after the read that found `seen` is followed by another read.
     async fn changed(&self, seen: &Option<LeaderInfo>) -> Result<(), LockError> {
         let queue = &self.queue;
         let session = queue.shared.session(&queue.name).await?;
-        let (head, revision) = self.head().await?;
-        if head.as_ref().map(|(_, leader)| leader) != seen.as_ref() {
-            return Ok(());
-        }
-        let mut options = WatchOptions::new().with_start_revision(revision + 1);
-        let key = match &head {
-            Some((key, _)) => key.clone(),
-            None => {
-                options = options
-                    .with_prefix()
-                    .with_filters([WatchFilterType::NoDelete]);
-                queue.dir.clone()
-            }
-        };
-        let (_watcher, mut stream) = session
-            .read(queue.name.as_str(), &Deadline::after(None), || {
-                let mut watches = session.client.watch_client();
-                let (key, options) = (key.clone(), options.clone());
-                async move { watches.watch(key, Some(options)).await }
-            })
-            .await?;
+        let name = queue.name.as_str();
+        // The watch, and the key or directory it watches: kept while that stays the same.
+        let mut watching: Option<(String, Watch)> = None;
         loop {
-            tokio::select! {
-                message = stream.message() => match message {
-                    Ok(Some(answer)) if answer.events().is_empty() && !answer.canceled() => {}
-                    // An event, a cancelled or broken watch: look again.
-                    _ => return Ok(()),
-                },
-                () = session.over.wait() => return Ok(()),
-                () = queue.shared.closed.wait() => return Ok(()),
+            let (head, revision) = self.head().await?;
+            if head.as_ref().map(|(_, leader)| leader) != seen.as_ref() {
+                return Ok(());
+            }
+            let (key, options) = match &head {
+                Some((key, _)) => (key.as_str(), WatchOptions::new()),
+                None => (
+                    queue.dir.as_str(),
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_filters([WatchFilterType::NoDelete]),
+                ),
+            };
+            if watching.as_ref().is_none_or(|(on, _)| on != key) {
+                // Cancelled before the next is made.
+                drop(watching.take());
+                let watch = session
+                    .again(name, &Deadline::after(None), || {
+                        session.watches.add(name, key, options.clone())
+                    })
+                    .await?;
+                let from = watch.from;
+                watching = Some((key.to_owned(), watch));
+                if from > revision {
+                    continue;
+                }
+            }
+            let Some((_, watch)) = watching.as_mut() else {
+                continue;
+            };
+            loop {
+                tokio::select! {
+                    answer = watch.next() => match answer {
+                        Some(answer) if answer.events().is_empty() && !answer.canceled() => {}
+                        // An event, a cancelled or broken watch: look again.
+                        _ => return Ok(()),
+                    },
+                    () = session.over.wait() => return Ok(()),
+                    () = queue.shared.closed.wait() => return Ok(()),
+                }
             }
         }
     }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, EventType, Txn, TxnOp, TxnResponse, WatchOptions};
+use etcd_client::{Compare, CompareOp, EventType, Txn, TxnOp, TxnResponse};
 use lock_core::kit::{
     Abandon, HeldEntry, Removal, RemovalError, Retry, entry_guard, retry_in_background,
 };
@@ -15,6 +15,7 @@ use lock_core::{Deadline, FencingToken, Guard, LockError, LockName, lost_signal}
 use tokio::sync::watch;
 
 use crate::error::BACKEND;
+use crate::queue::Granted;
 use crate::session::{Session, Slot};
 
 /// How a background clean-up backs off while the connection is down.
@@ -149,8 +150,9 @@ pub(crate) fn grant(
     session: &Arc<Session>,
     name: &LockName,
     entry: Entry,
-    revision: i64,
+    granted: Granted,
 ) -> Result<Guard, LockError> {
+    let revision = granted.created;
     let (notifier, lost) = lost_signal();
     let Some(registration) = session.register(notifier.clone()) else {
         entry.abandon();
@@ -160,7 +162,7 @@ pub(crate) fn grant(
         });
     };
     session.metrics.record_grant();
-    let deleted = watch_own_key(Arc::downgrade(session), entry.key.clone(), revision);
+    let deleted = watch_own_key(Arc::downgrade(session), entry.key.clone(), granted);
     let held = HeldKey {
         entry,
         name: name.to_string(),
@@ -171,18 +173,21 @@ pub(crate) fn grant(
     Ok(entry_guard(name, token, held, (notifier, lost), deleted))
 }
 
-/// Whether the key created at `revision` was deleted (or replaced); `false` when the session
-/// ended first (its end fires the signal).
-async fn watch_own_key(session: Weak<Session>, key: String, revision: i64) -> bool {
-    let mut from = revision + 1;
+/// Whether the granted key was deleted (or replaced); `false` when the session ended first
+/// (its end fires the signal).
+///
+/// The key was the holder's at `granted.seen`, and a watch sees only after the revision it
+/// began at (see [`crate::watches`]): when that is later than the revision the key was last
+/// seen at, the key is read once more, so that a deletion in between is not missed. So
+/// again whenever the watch is made anew (its stream broke, or a compaction cancelled it).
+async fn watch_own_key(session: Weak<Session>, key: String, granted: Granted) -> bool {
+    let mut seen = granted.seen;
     loop {
         let Some(live) = session.upgrade().filter(|s| !s.is_over()) else {
             return false;
         };
-        let options = WatchOptions::new().with_start_revision(from);
-        let mut watches = live.client.watch_client();
-        let (_watcher, mut stream) = match live
-            .ask(&key, watches.watch(key.as_str(), Some(options)))
+        let mut watch = match live
+            .watch_deletions(&key, &key, false, &Deadline::after(None))
             .await
         {
             Ok(watch) => watch,
@@ -192,39 +197,34 @@ async fn watch_own_key(session: Weak<Session>, key: String, revision: i64) -> bo
                 continue;
             }
         };
+        if watch.from > seen {
+            match key_changed(&live, &key, granted.created).await {
+                Ok((true, _)) => return true,
+                Ok((false, at)) => seen = seen.max(at),
+                Err(_) => {
+                    drop((live, watch));
+                    tokio::time::sleep(CLEANUP_PAUSE).await;
+                    continue;
+                }
+            }
+        }
         loop {
-            let message = tokio::select! {
-                message = stream.message() => message,
+            let answer = tokio::select! {
+                answer = watch.next() => answer,
                 () = live.over.wait() => return false,
             };
-            match message {
-                // Compacted past `from`: look at the key itself, then watch from there.
-                Ok(Some(answer)) if answer.canceled() => {
-                    match key_changed(&live, &key, revision).await {
-                        Ok((true, _)) => return true,
-                        Ok((false, now)) => from = now + 1,
-                        Err(_) => tokio::time::sleep(CLEANUP_PAUSE).await,
+            match answer {
+                // Compacted, or the stream broke: watch anew (and look).
+                Some(answer) if answer.canceled() => break,
+                None => break,
+                Some(answer) => {
+                    if answer
+                        .events()
+                        .iter()
+                        .any(|event| event.event_type() == EventType::Delete)
+                    {
+                        return true;
                     }
-                    break;
-                }
-                Ok(Some(answer)) => {
-                    for event in answer.events() {
-                        if let Some(kv) = event.kv() {
-                            from = from.max(kv.mod_revision() + 1);
-                        }
-                        if event.event_type() == EventType::Delete
-                            || event
-                                .kv()
-                                .is_some_and(|kv| kv.create_revision() != revision)
-                        {
-                            return true;
-                        }
-                    }
-                }
-                // The stream broke: watch again from where it stopped, after a pause.
-                Ok(None) | Err(_) => {
-                    tokio::time::sleep(CLEANUP_PAUSE).await;
-                    break;
                 }
             }
         }

@@ -45,10 +45,11 @@
 //!
 //! # Inside
 //!
-//! `session` (the lease, its keep-alive, the guards' loss), `guard` (held keys, and the
-//! clean-up of keys nobody will use), `queue` (the herd-free wait by create revision, under
-//! every lock kind), `lock` (the mutex's three strategies), `rwlock`, `semaphore`,
-//! `election`, `provider`.
+//! `session` (the lease, its keep-alive, the guards' loss), `watches` (the session's one
+//! watch stream, shared by every wait, guard and observer; its watches never wait for the
+//! server's 100 ms catch-up loop), `guard` (held keys, and the clean-up of keys nobody will
+//! use), `queue` (the herd-free wait by create revision, under every lock kind), `lock` (the
+//! mutex's three strategies), `rwlock`, `semaphore`, `election`, `provider`.
 //!
 //! # URL
 //!
@@ -67,6 +68,7 @@ mod queue;
 mod rwlock;
 mod semaphore;
 mod session;
+mod watches;
 
 pub use config::{EtcdConfig, EtcdStrategy};
 pub use election::EtcdElection;

@@ -22,7 +22,7 @@ use lock_core::{Deadline, Guard, LockError, LockName};
 use crate::config::EtcdStrategy;
 use crate::error::BACKEND;
 use crate::guard::Entry;
-use crate::queue::{Blockers, Queue, Watched, kvs};
+use crate::queue::{Blockers, Granted, Queue, Watched, Woke, kvs};
 use crate::session::{Session, Shared};
 
 /// The single-key lock's key in a lock's directory (not a hex lease id, so it never names
@@ -98,13 +98,14 @@ impl EtcdLock {
         session: &Arc<Session>,
         entry: &Entry,
         deadline: &Deadline,
-    ) -> Result<Option<i64>, LockError> {
+    ) -> Result<Option<Granted>, LockError> {
         let queue = &self.queue;
         let (key, value) = (
             entry.key.as_str(),
             entry.ours_if.as_deref().unwrap_or_default(),
         );
         let mut wakeups = Wakeups::new(&queue.shared.metrics);
+        let mut watching = None;
         loop {
             let txn = Txn::new()
                 .when([Compare::create_revision(key, CompareOp::Equal, 0)])
@@ -119,7 +120,7 @@ impl EtcdLock {
                 .await?;
             let revision = answer.header().map_or(0, |header| header.revision());
             if answer.succeeded() {
-                return Ok(Some(revision));
+                return Ok(Some(Granted::new(revision, revision)));
             }
             let found = answer
                 .op_responses()
@@ -128,7 +129,7 @@ impl EtcdLock {
             match found {
                 // Ours: a create sent again after a lost reply.
                 Some((_, create_revision, held_by)) if held_by == value.as_bytes() => {
-                    return Ok(Some(create_revision));
+                    return Ok(Some(Granted::new(create_revision, revision)));
                 }
                 // Deleted in between: try again at once.
                 None => continue,
@@ -138,11 +139,13 @@ impl EtcdLock {
             if deadline.is_immediate() || deadline.has_passed() {
                 return Ok(None);
             }
-            let woken = queue.wait_for_delete(session, Watched::Key(key), revision, deadline);
-            if woken.await?.is_none() {
-                return Ok(None);
+            let watched = Watched::Key(key);
+            let woke = queue.wait_for_delete(session, &mut watching, watched, revision, deadline);
+            match woke.await? {
+                Woke::Deleted(_) => wakeups.woke(),
+                Woke::LookAgain(_) => {}
+                Woke::TimedOut => return Ok(None),
             }
-            wakeups.woke();
         }
     }
 }

@@ -16,16 +16,20 @@
 //! - herd (the other strategies): any deletion in the queue's directory — every release
 //!   wakes every waiter.
 //!
-//! Each look reads its own key and the blocking keys in one transaction, at one revision,
-//! and the watch starts just after that revision: a deletion between the look and the
-//! watch is not missed. A look is serializable, answered from the member's applied state,
-//! whenever that state has reached what the contender knows (see [`Queue::look`]).
+//! Each look reads its own key and the blocking keys in one transaction, at one revision R.
+//! The watch is then one on the session's shared stream, opened without a start revision,
+//! and the server says the revision W it sees after (see [`crate::watches`]): with W ≤ R
+//! no deletion between the look and the watch can be missed; with W > R the contender
+//! looks again, at a revision of at least W, and keeps the watch while it still watches
+//! the right key. A deletion the watch reports wakes the contender, which looks again. A
+//! look is serializable, answered from the member's applied state, whenever that state has
+//! reached what the contender knows (see [`Queue::look`]).
 
 use std::sync::Arc;
 
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+    TxnOpResponse, TxnResponse,
 };
 use lock_core::kit::{Cleanup, Wakeups};
 use lock_core::{Deadline, Guard, LockError, LockName};
@@ -34,6 +38,7 @@ use crate::config::EtcdStrategy;
 use crate::error::BACKEND;
 use crate::guard::{Entry, grant};
 use crate::session::{Session, Shared, Slot};
+use crate::watches::Watch;
 
 /// One lock's directory on the server, `{prefix}/{name escaped}{suffix}/`, and what its
 /// waits need.
@@ -67,8 +72,8 @@ impl<'a> Blockers<'a> {
 
 /// What one look at the queue found.
 enum Turn {
-    /// Few enough blocking keys before ours: the lock is ours.
-    Held,
+    /// Few enough blocking keys before ours, at `revision`: the lock is ours.
+    Held { revision: i64 },
     /// Ours is not in yet: wait for a deletion of `nearest` (the latest blocking key before
     /// ours) or, watching the directory, of any key, after `revision`.
     Blocked { nearest: String, revision: i64 },
@@ -135,11 +140,11 @@ impl Queue {
         &self,
         session: &Arc<Session>,
         mut pending: Cleanup<Entry>,
-        turn: Result<Option<i64>, LockError>,
+        turn: Result<Option<Granted>, LockError>,
     ) -> Result<Option<Guard>, LockError> {
         match turn {
-            Ok(Some(revision)) => match pending.disarm() {
-                Some(entry) => grant(session, &self.name, entry, revision).map(Some),
+            Ok(Some(granted)) => match pending.disarm() {
+                Some(entry) => grant(session, &self.name, entry, granted).map(Some),
                 None => Ok(None),
             },
             Ok(None) => {
@@ -161,44 +166,48 @@ impl Queue {
         }
     }
 
-    /// Writes `entry`'s key, then waits until its turn comes: the key's create revision,
-    /// or `None` at the deadline.
+    /// Writes `entry`'s key, then waits until its turn comes (`None` at the deadline).
     pub(crate) async fn wait_turn(
         &self,
         session: &Arc<Session>,
         entry: &Entry,
         blockers: Blockers<'_>,
         deadline: &Deadline,
-    ) -> Result<Option<i64>, LockError> {
+    ) -> Result<Option<Granted>, LockError> {
         let mine = self.create(session, entry, deadline).await?;
         let mut wakeups = Wakeups::new(&self.shared.metrics);
         // The newest revision this contender knows of: a look must see at least that far.
         let mut known = mine;
+        let mut watching = None;
         loop {
+            // 1. Look: is it our turn, and if not, which key to wait for.
             let looked = self.look(session, &entry.key, mine, known, blockers, deadline);
             let (nearest, revision) = match looked.await? {
-                Turn::Held => return Ok(Some(mine)),
+                Turn::Held { revision } => return Ok(Some(Granted::new(mine, revision))),
                 Turn::Blocked { nearest, revision } => (nearest, revision),
             };
             wakeups.busy();
             if deadline.is_immediate() || deadline.has_passed() {
                 return Ok(None);
             }
-            // A semaphore's lease waits for any holder to leave: only the contender that
-            // holds the semaphore's mutex waits here, so that is no herd.
+            // 2. Wait for a deletion of it. A semaphore's lease waits for any holder to
+            // leave: only the contender that holds the semaphore's mutex waits here, so that
+            // is no herd.
             let watched = match self.strategy {
                 EtcdStrategy::Predecessor if blockers.admits == 1 => Watched::Key(&nearest),
                 EtcdStrategy::Predecessor => Watched::Prefix(blockers.dir),
                 _ => Watched::Prefix(&self.dir),
             };
-            match self
-                .wait_for_delete(session, watched, revision, deadline)
-                .await?
-            {
-                Some(deleted) => known = known.max(deleted),
-                None => return Ok(None),
+            let woke = self.wait_for_delete(session, &mut watching, watched, revision, deadline);
+            // 3. Deleted, or to be looked at again: know at least as far as that.
+            match woke.await? {
+                Woke::Deleted(at) => {
+                    known = known.max(at);
+                    wakeups.woke();
+                }
+                Woke::LookAgain(at) => known = known.max(at),
+                Woke::TimedOut => return Ok(None),
             }
-            wakeups.woke();
         }
     }
 
@@ -268,11 +277,11 @@ impl Queue {
         // At most `admits` keys come back, nearest first: all of them means too many.
         let before = answers.next().map(kvs).unwrap_or_default();
         if before.len() < blockers.admits as usize {
-            return Ok(Turn::Held);
+            return Ok(Turn::Held { revision });
         }
         Ok(match before.into_iter().next() {
             Some((nearest, _, _)) => Turn::Blocked { nearest, revision },
-            None => Turn::Held,
+            None => Turn::Held { revision },
         })
     }
 
@@ -309,59 +318,77 @@ impl Queue {
             .await
     }
 
-    /// Waits for a deletion after `revision` of what `watched` names: once one happened, the
-    /// revision it happened at (or `revision` itself when the watch broke: look again);
-    /// `None` at the deadline.
+    /// Waits for a deletion of what `watched` names after `revision`, the revision of the
+    /// look that found it in the way, on `watching` (kept while it watches the same thing
+    /// and the watch lives; otherwise replaced). What the contender must know before it
+    /// looks again: the deletion's revision, or a revision it must look at least as far
+    /// as, when the watch began after the look or ended.
     pub(crate) async fn wait_for_delete(
         &self,
         session: &Session,
+        watching: &mut Option<Watching>,
         watched: Watched<'_>,
         revision: i64,
         deadline: &Deadline,
-    ) -> Result<Option<i64>, LockError> {
-        let mut options = WatchOptions::new()
-            .with_start_revision(revision + 1)
-            .with_filters([WatchFilterType::NoPut]);
-        let key = match watched {
-            Watched::Key(key) => key,
-            Watched::Prefix(dir) => {
-                options = options.with_prefix();
-                dir
+    ) -> Result<Woke, LockError> {
+        let name = self.name.as_str();
+        if watching
+            .as_ref()
+            .is_none_or(|current| current.watched != watched)
+        {
+            *watching = None;
+            let (key, prefix) = match watched {
+                Watched::Key(key) => (key, false),
+                Watched::Prefix(dir) => (dir, true),
+            };
+            let watch = session.watch_deletions(name, key, prefix, deadline).await?;
+            let from = watch.from;
+            *watching = Some(Watching {
+                watched: watched.to_owned(),
+                watch,
+            });
+            // Begun after the look: a deletion in between would be missed.
+            if from > revision {
+                return Ok(Woke::LookAgain(from));
             }
+        }
+        let Some(Watching { watch, .. }) = watching.as_mut() else {
+            return Ok(Woke::LookAgain(revision));
         };
-        let (_watcher, mut stream) = session
-            .read(self.name.as_str(), deadline, || {
-                let mut watches = session.client.watch_client();
-                let options = options.clone();
-                async move { watches.watch(key, Some(options)).await }
-            })
-            .await?;
         loop {
-            let message = tokio::select! {
-                message = stream.message() => message,
-                () = deadline.sleep() => return Ok(None),
+            let answer = tokio::select! {
+                answer = watch.next() => answer,
+                () = deadline.sleep() => return Ok(Woke::TimedOut),
                 () = session.over.wait() => return Err(LockError::SessionExpired {
                     backend: BACKEND,
-                    name: Some(self.name.to_string()),
+                    name: Some(name.to_owned()),
                 }),
             };
-            match message {
-                // Compacted past `revision`: the next look must see past the compaction.
-                Ok(Some(answer)) if answer.canceled() => {
-                    return Ok(Some(revision.max(answer.compact_revision())));
+            let Some(answer) = answer else {
+                // The stream broke: look again, then watch anew.
+                *watching = None;
+                return Ok(Woke::LookAgain(revision));
+            };
+            if answer.canceled() {
+                // Compacted: the next look must see past the compaction (a member behind
+                // it could answer from before it, and the waiter spin until it caught up).
+                *watching = None;
+                return Ok(Woke::LookAgain(revision.max(answer.compact_revision())));
+            }
+            // Deletions the look saw already are no news.
+            let deleted = answer
+                .events()
+                .iter()
+                .filter(|event| event.event_type() == EventType::Delete)
+                .filter_map(|event| event.kv().map(|kv| kv.mod_revision()))
+                .filter(|&at| at > revision)
+                .max();
+            if let Some(deleted) = deleted {
+                // A deleted key is watched no longer; a directory is, from here on.
+                if matches!(watched, Watched::Key(_)) {
+                    *watching = None;
                 }
-                Ok(Some(answer)) => {
-                    let deleted = answer
-                        .events()
-                        .iter()
-                        .filter(|event| event.event_type() == EventType::Delete)
-                        .filter_map(|event| event.kv().map(|kv| kv.mod_revision()))
-                        .max();
-                    if let Some(deleted) = deleted {
-                        return Ok(Some(deleted));
-                    }
-                }
-                Ok(None) | Err(_) => return Ok(Some(revision)),
+                return Ok(Woke::Deleted(deleted));
             }
         }
     }
@@ -389,12 +416,71 @@ enum Read {
 }
 
 /// What a waiter watches.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Watched<'a> {
     /// One key.
     Key(&'a str),
     /// Every key of a directory.
     Prefix(&'a str),
+}
+
+impl Watched<'_> {
+    fn to_owned(self) -> WatchedOwned {
+        match self {
+            Watched::Key(key) => WatchedOwned::Key(key.to_owned()),
+            Watched::Prefix(dir) => WatchedOwned::Prefix(dir.to_owned()),
+        }
+    }
+}
+
+/// [`Watched`], kept beside its watch.
+#[derive(PartialEq, Eq)]
+enum WatchedOwned {
+    Key(String),
+    Prefix(String),
+}
+
+impl PartialEq<Watched<'_>> for WatchedOwned {
+    fn eq(&self, other: &Watched<'_>) -> bool {
+        match (self, other) {
+            (WatchedOwned::Key(mine), Watched::Key(other)) => mine == other,
+            (WatchedOwned::Prefix(mine), Watched::Prefix(other)) => mine == other,
+            _ => false,
+        }
+    }
+}
+
+/// A waiter's watch, and what it watches: kept from one look to the next.
+pub(crate) struct Watching {
+    watched: WatchedOwned,
+    watch: Watch,
+}
+
+/// How a wait for a deletion ended.
+pub(crate) enum Woke {
+    /// A deletion at this revision.
+    Deleted(i64),
+    /// Look again, at this revision at least: the watch began after the look, or ended.
+    LookAgain(i64),
+    /// The deadline passed.
+    TimedOut,
+}
+
+/// A granted contender: its key's create revision (its fencing token), and a revision at
+/// which the key was seen still standing as the holder's.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Granted {
+    pub(crate) created: i64,
+    pub(crate) seen: i64,
+}
+
+impl Granted {
+    pub(crate) fn new(created: i64, seen: i64) -> Self {
+        Granted {
+            created,
+            seen: seen.max(created),
+        }
+    }
 }
 
 /// The create revision of the key a create transaction made or found.

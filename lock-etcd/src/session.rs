@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use etcd_client::{
     Certificate, Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper, TlsOptions,
+    WatchFilterType, WatchOptions,
 };
 use lock_core::kit::{Closed, LostSignals, SessionSlot, SlotSession, unpoisoned};
 use lock_core::{Deadline, LockError, LossReason, LostNotifier, Metrics};
@@ -22,6 +23,7 @@ use tokio::time::Instant;
 
 use crate::config::EtcdConfig;
 use crate::error::{BACKEND, connection, lock_error, timed_out};
+use crate::watches::{Watch, Watches};
 
 /// How often the connection is pinged while idle.
 const KEEP_ALIVE_PING: Duration = Duration::from_secs(10);
@@ -40,6 +42,8 @@ pub(crate) struct Session {
     /// The key slots in use, per lock directory: see [`Slot`].
     slots: Mutex<HashMap<String, BTreeSet<u32>>>,
     pub(crate) metrics: Arc<Metrics>,
+    /// The session's one watch stream, shared by its waits, guards and observers.
+    pub(crate) watches: Watches,
     pub(crate) timeout: Duration,
     ttl: Duration,
 }
@@ -94,6 +98,9 @@ impl Session {
                 source: None,
             });
         }
+        // The anchor of the watch stream: the prefix's own key, which nobody writes.
+        let anchor = format!("{}/", config.prefix);
+        let watches = Watches::start(client.clone(), anchor, Arc::clone(&metrics), timeout);
         let session = Arc::new(Session {
             client,
             lease: grant.id(),
@@ -103,6 +110,7 @@ impl Session {
             guards: LostSignals::new(),
             slots: Mutex::new(HashMap::new()),
             metrics,
+            watches,
             timeout,
             ttl: Duration::from_secs(grant.ttl().max(1) as u64),
         });
@@ -142,6 +150,7 @@ impl Session {
         if !self.over.close() {
             return;
         }
+        self.watches.stop();
         let guards = self.guards.fire_all(&reason);
         if guards > 0 {
             tracing::warn!(%reason, guards, lease = format_args!("{:x}", self.lease), "etcd: guards lost");
@@ -192,6 +201,26 @@ impl Session {
     {
         self.again(name, deadline, || self.ask(name, request()))
             .await
+    }
+
+    /// Watches `key` (or, with `prefix`, every key under it) for deletions from now on
+    /// (see [`Watch::from`]), asking again while the answer is lost to a cause that may
+    /// pass, as [`read`](Self::read) does.
+    pub(crate) async fn watch_deletions(
+        &self,
+        name: &str,
+        key: &str,
+        prefix: bool,
+        deadline: &Deadline,
+    ) -> Result<Watch, LockError> {
+        let mut options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        if prefix {
+            options = options.with_prefix();
+        }
+        self.again(name, deadline, || {
+            self.watches.add(name, key, options.clone())
+        })
+        .await
     }
 
     /// Makes `attempt`, and makes it again after a short pause while it fails for a cause

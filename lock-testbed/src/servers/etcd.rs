@@ -446,6 +446,25 @@ pub(crate) async fn leader_of(members: Vec<(usize, SocketAddr)>) -> Option<usize
     leader
 }
 
+/// The value of the metric `name` (a line `name value`, no labels) that the etcd member
+/// at `endpoint` (`http://host:port` or `host:port`) reports, within 1 s; `None` when it
+/// does not report it. For instance `etcd_debugging_mvcc_watch_stream_total`, the watch
+/// streams it serves.
+pub async fn etcd_metric(endpoint: &str, name: &str) -> Result<Option<f64>, ServerError> {
+    let address = endpoint.trim_start_matches("http://");
+    let addr: SocketAddr = address.parse().map_err(|_| ServerError::Unsupported {
+        operation: format!("reading the metrics of {endpoint}"),
+        reason: "the endpoint is not a socket address".to_owned(),
+    })?;
+    let metrics = http_get(addr, "/metrics", Duration::from_secs(1)).await?;
+    Ok(metrics.lines().find_map(|line| {
+        let (metric, value) = line.trim().split_once(' ')?;
+        (metric == name)
+            .then(|| value.trim().parse().ok())
+            .flatten()
+    }))
+}
+
 /// Polls [`leader_of`] until a leader is reported and every one of `members` is healthy;
 /// [`ServerError::Timeout`] after `timeout`.
 pub(crate) async fn wait_for_leader_of(

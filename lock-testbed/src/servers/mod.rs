@@ -58,7 +58,7 @@ use std::time::Duration;
 
 pub use cluster::{RedisClusterOptions, RedisClusterSet};
 pub use error::ServerError;
-pub use etcd::{ETCD_ENV, EtcdCluster, EtcdOptions, EtcdServer, EtcdTarget};
+pub use etcd::{ETCD_ENV, EtcdCluster, EtcdOptions, EtcdServer, EtcdTarget, etcd_metric};
 pub use local::{LocalServer, ServerProcess};
 pub use mode::{SERVERS_ENV, ServerMode};
 pub use process::free_port;

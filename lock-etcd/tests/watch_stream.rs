@@ -1,0 +1,342 @@
+//! A session's one watch stream, on real servers.
+//!
+//! - Broken while waiters are queued on it — by a compaction, a reset of the client's
+//!   connections, a member that dies while it serves the stream, and a member cut off from
+//!   the others while it serves it (containers) — every waiter is served, in the order it
+//!   queued, none twice, one at a time, and no key is left behind.
+//! - A guard granted after a wait notices a foreign delete of its key at once: its watch is
+//!   never one the server catches up on its 100 ms loop.
+#![allow(
+    clippy::expect_used,
+    clippy::unwrap_used,
+    clippy::panic,
+    clippy::print_stderr,
+    reason = "test code: a failed set-up or check must fail the test; the timings are reported"
+)]
+
+mod common;
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{Proxies, admin_client, contenders};
+use etcd_client::Client as EtcdClient;
+use lock_conformance::{ClientFaults, Occupancy, observe_until, unique_name};
+use lock_core::{DistributedLock, LockProvider};
+use lock_etcd::{EtcdConfig, EtcdLockProvider};
+use lock_testbed::servers::containers::{self, EtcdContainerCluster};
+use lock_testbed::servers::{EtcdCluster, EtcdOptions, etcd_metric, shared_etcd};
+use tokio::time::Instant;
+
+const PREFIX: &str = EtcdConfig::DEFAULT_PREFIX;
+const WAITERS: usize = 4;
+/// Long enough that a keep-alive that meets the fault is tried again well inside it.
+const LEASE_TTL: Duration = Duration::from_secs(10);
+/// How long the queued waiters may take to be served once the holder lets go, the fault's
+/// repair included.
+const SERVED_BOUND: Duration = Duration::from_secs(60);
+
+fn config(endpoints: Vec<String>) -> EtcdConfig {
+    EtcdConfig::new(endpoints)
+        .with_lease_ttl(LEASE_TTL)
+        .with_timeout(Duration::from_secs(2))
+}
+
+async fn provider(endpoints: Vec<String>) -> Arc<EtcdLockProvider> {
+    Arc::new(EtcdLockProvider::connect(config(endpoints)).await.unwrap())
+}
+
+/// Queues [`WAITERS`] contenders for `name` on `waiters` (one session: one watch stream)
+/// behind a holder on `holders`, runs `fault`, then lets the holder go. Checks that every
+/// waiter is served, in the order it queued, none twice, one at a time, with growing
+/// fencing tokens, and that no key is left behind.
+async fn served_in_order(
+    admin: &EtcdClient,
+    holders: &EtcdLockProvider,
+    waiters: &Arc<EtcdLockProvider>,
+    name: &str,
+    fault: impl Future<Output = ()>,
+) {
+    let mut holder = holders.lock(name).unwrap().acquire(None).await.unwrap();
+    let lock: Arc<dyn DistributedLock> = waiters.lock(name).unwrap();
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let occupancy = Occupancy::new();
+    let mut queued = Vec::new();
+    for place in 0..WAITERS {
+        let (lock, served, occupancy) = (Arc::clone(&lock), Arc::clone(&served), occupancy.clone());
+        queued.push(tokio::spawn(async move {
+            let mut guard = lock.acquire(Some(SERVED_BOUND)).await?;
+            let _inside = occupancy.enter();
+            served
+                .lock()
+                .unwrap()
+                .push((place, guard.fencing_token().0));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            match guard.release().await {
+                // Sent to a member cut off from its leader, say: the key is deleted in the
+                // background, and the next waiter waits for that.
+                Err(error) if error.is_retryable() => {
+                    eprintln!("waiter {place}'s release failed, retryably: {error}");
+                    Ok(())
+                }
+                released => released,
+            }
+        }));
+        observe_until(
+            Duration::from_secs(10),
+            "the waiter's key queued",
+            || contenders(admin, PREFIX, name),
+            |keys| keys.len() == place + 2,
+        )
+        .await
+        .unwrap();
+    }
+    fault.await;
+    let began = Instant::now();
+    let first_token = holder.fencing_token().0;
+    holder.release().await.expect("the holder kept its lock");
+    for (place, waiter) in queued.into_iter().enumerate() {
+        tokio::time::timeout(SERVED_BOUND, waiter)
+            .await
+            .unwrap_or_else(|_| panic!("waiter {place} not served within {SERVED_BOUND:?}"))
+            .unwrap()
+            .unwrap_or_else(|error| panic!("waiter {place}: {error}"));
+    }
+    eprintln!("{name}: {WAITERS} waiters served in {:?}", began.elapsed());
+    let served = served.lock().unwrap().clone();
+    let order: Vec<usize> = served.iter().map(|(place, _)| *place).collect();
+    assert_eq!(
+        order,
+        (0..WAITERS).collect::<Vec<_>>(),
+        "served out of order or twice: {served:?}"
+    );
+    let mut last = first_token;
+    for &(place, token) in &served {
+        assert!(token > last, "waiter {place}'s token {token} after {last}");
+        last = token;
+    }
+    assert_eq!(occupancy.peak(), 1, "two holders at once");
+    observe_until(
+        Duration::from_secs(10),
+        "no key left behind",
+        || contenders(admin, PREFIX, name),
+        Vec::is_empty,
+    )
+    .await
+    .unwrap();
+}
+
+/// The watch streams each member among `endpoints` serves.
+async fn watch_streams(endpoints: &[String]) -> Vec<f64> {
+    let mut streams = Vec::new();
+    for endpoint in endpoints {
+        let served = etcd_metric(endpoint, "etcd_debugging_mvcc_watch_stream_total").await;
+        streams.push(served.ok().flatten().unwrap_or(0.0));
+    }
+    streams
+}
+
+/// Opens `provider`'s watch stream (a lock taken and released: its guard watches its key)
+/// and returns the index of the member among `endpoints` that serves it: the one that
+/// serves one more stream than before (a member may serve streams of its own).
+async fn serving_member(provider: &EtcdLockProvider, endpoints: &[String]) -> usize {
+    let before = watch_streams(endpoints).await;
+    let probe = provider.lock(&unique_name("probe")).unwrap();
+    let mut held = probe.acquire(None).await.unwrap();
+    let serving = observe_until(
+        Duration::from_secs(10),
+        "one member serving one more watch stream",
+        || async {
+            let now = watch_streams(endpoints).await;
+            let more: Vec<usize> = (0..endpoints.len())
+                .filter(|&index| now[index] > before[index])
+                .collect();
+            more
+        },
+        |more| more.len() == 1,
+    )
+    .await
+    .unwrap()[0];
+    held.release().await.unwrap();
+    serving
+}
+
+/// The endpoints but the one at `index`.
+fn all_but(endpoints: &[String], index: usize) -> Vec<String> {
+    let mut others = endpoints.to_vec();
+    others.remove(index);
+    others
+}
+
+/// A compaction up to the newest revision while waiters watch: nothing they wait for is
+/// lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_loses_no_waiter() {
+    let endpoint = shared_etcd().unwrap().client_address();
+    let admin = admin_client(&endpoint).await;
+    let (holders, waiters) = (
+        provider(vec![endpoint.clone()]).await,
+        provider(vec![endpoint]).await,
+    );
+    let name = unique_name("compaction");
+    served_in_order(&admin, &holders, &waiters, &name, async {
+        let mut kv = admin.kv_client();
+        for round in 0..10 {
+            kv.put(format!("/compaction-noise/{name}"), round.to_string(), None)
+                .await
+                .unwrap();
+        }
+        let newest = kv
+            .get("/", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        kv.compact(newest, None).await.unwrap();
+    })
+    .await;
+}
+
+/// Every connection of the waiters' client cut (the stream reset) and restored while they
+/// wait: the stream is opened again and the waiters look again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_reset_loses_no_waiter() {
+    let endpoint = shared_etcd().unwrap().client_address();
+    let admin = admin_client(&endpoint).await;
+    let proxies = Proxies::start(std::slice::from_ref(&endpoint));
+    let (holders, waiters) = (
+        provider(vec![endpoint]).await,
+        provider(proxies.endpoints()).await,
+    );
+    let name = unique_name("reset");
+    served_in_order(&admin, &holders, &waiters, &name, async {
+        proxies.cut_connection().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        proxies.restore().await.unwrap();
+    })
+    .await;
+}
+
+/// Cluster options as the cluster suite's: etcd's own timing, which a busy machine does not
+/// push into elections.
+fn cluster_options() -> EtcdOptions {
+    let mut options = EtcdOptions::default();
+    options.heartbeat_interval = Duration::from_millis(100);
+    options.election_timeout = Duration::from_millis(1000);
+    options
+}
+
+/// The member serving the waiters' stream dies while they wait: the stream is opened on
+/// another member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_member_loses_no_waiter() {
+    let mut cluster = EtcdCluster::start(3, cluster_options()).await.unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(20))
+        .await
+        .unwrap();
+    let endpoints = cluster.endpoints();
+    let waiters = provider(endpoints.clone()).await;
+    let name = unique_name("dead-member");
+    let serving = serving_member(&waiters, &endpoints).await;
+    let others = all_but(&endpoints, serving);
+    let admin = EtcdClient::connect(others.clone(), None).await.unwrap();
+    let holders = provider(others).await;
+    served_in_order(&admin, &holders, &waiters, &name, async {
+        cluster.kill(serving).unwrap();
+        eprintln!("killed member {serving}, which served the waiters' stream");
+        // The holder's release needs a leader (the killed member may have led).
+        cluster
+            .wait_for_leader(Duration::from_secs(20))
+            .await
+            .unwrap();
+    })
+    .await;
+}
+
+/// The member serving the waiters' stream is cut off from the others (its clients still
+/// reach it) while they wait: it ends the streams of clients that require a leader, and
+/// the stream is opened on another member. Containers: a real partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cut_off_loses_no_waiter() {
+    if let Err(why) = containers::check_ready().await {
+        assert!(
+            !lock_conformance::runner::strict(),
+            "containers are required under STRICT: {why}"
+        );
+        eprintln!("skip reason: {why}");
+        return;
+    }
+    let cluster = EtcdContainerCluster::start(3, cluster_options())
+        .await
+        .unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(30))
+        .await
+        .unwrap();
+    let endpoints = cluster.endpoints();
+    let waiters = provider(endpoints.clone()).await;
+    let name = unique_name("cut-off-member");
+    let serving = serving_member(&waiters, &endpoints).await;
+    let others = all_but(&endpoints, serving);
+    let admin = EtcdClient::connect(others.clone(), None).await.unwrap();
+    let holders = provider(others).await;
+    served_in_order(&admin, &holders, &waiters, &name, async {
+        cluster.partition(serving).await.unwrap();
+        eprintln!("cut member {serving}, which served the waiters' stream, off");
+    })
+    .await;
+    cluster.heal(serving).await.unwrap();
+}
+
+/// A guard granted after a wait — its key's create revision long past, other writes since —
+/// notices a foreign delete of its key within a few milliseconds, over 100 trials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_delete_is_noticed_at_once() {
+    let endpoint = shared_etcd().unwrap().client_address();
+    let admin = admin_client(&endpoint).await;
+    let (first, second) = (
+        provider(vec![endpoint.clone()]).await,
+        provider(vec![endpoint]).await,
+    );
+    let name = unique_name("foreign-delete");
+    let (holding, waiting) = (first.lock(&name).unwrap(), second.lock(&name).unwrap());
+    let mut noticed = Vec::new();
+    for _ in 0..100 {
+        let mut holder = holding.acquire(None).await.unwrap();
+        let waiter = tokio::spawn({
+            let waiting = Arc::clone(&waiting);
+            async move { waiting.acquire(Some(Duration::from_secs(10))).await }
+        });
+        observe_until(
+            Duration::from_secs(10),
+            "the waiter queued",
+            || contenders(&admin, PREFIX, &name),
+            |keys| keys.len() == 2,
+        )
+        .await
+        .unwrap();
+        holder.release().await.unwrap();
+        let granted = waiter.await.unwrap().unwrap();
+        let key = contenders(&admin, PREFIX, &name).await;
+        let deleting = Instant::now();
+        admin
+            .kv_client()
+            .delete(key[0].as_str(), None)
+            .await
+            .unwrap();
+        let lost = tokio::time::timeout(Duration::from_secs(5), granted.lost().wait()).await;
+        assert!(lost.is_ok(), "the foreign delete went unnoticed for 5 s");
+        noticed.push(deleting.elapsed());
+    }
+    noticed.sort();
+    let (p50, p99) = (noticed[49], noticed[98]);
+    eprintln!("a foreign delete noticed after: p50 {p50:?}, p99 {p99:?}");
+    // Caught up by the server's 100 ms loop, a watch would notice half of these after 50 ms.
+    assert!(
+        p50 < Duration::from_millis(25),
+        "p50 {p50:?}, p99 {p99:?}: the guard's watch waits for the server's catch-up loop"
+    );
+}
