@@ -1168,6 +1168,8 @@ async fn unreachable_servers_exit_69_in_bounded_time() {
         format!("redis://127.0.0.1:{refused}?timeout=1s"),
         format!("zk://{}?connect_timeout=1s", black_hole.address()),
         format!("redis://{}?timeout=1s", black_hole.address()),
+        format!("etcd://127.0.0.1:{refused}?timeout=1s"),
+        format!("etcd://{}?timeout=1s", black_hole.address()),
     ];
     for url in &cases {
         for command in ["run", "holders"] {
@@ -1178,6 +1180,15 @@ async fn unreachable_servers_exit_69_in_bounded_time() {
             let done = scratch.run(&args).await;
             let line = done.expect_error(UNAVAILABLE);
             assert!(line.contains("connect"), "{url}: {line}");
+            // Read as a person would: the address, the cause and the tries, no client's dump.
+            if url.starts_with("etcd") {
+                assert!(line.contains("cannot reach 127.0.0.1:"), "{url}: {line}");
+                assert!(line.contains("attempt(s) in"), "{url}: {line}");
+                assert!(!line.contains("tonic") && !line.contains('{'), "{url}: {line}");
+                if url.contains(&format!(":{refused}")) {
+                    assert!(line.contains("connection refused"), "{url}: {line}");
+                }
+            }
             assert!(
                 done.took < Duration::from_secs(5),
                 "{url}: {command} took {:?}",

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use etcd_client::{
-    Certificate, Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper, TlsOptions,
-    WatchFilterType, WatchOptions,
+    Certificate, Client, ConnectOptions, LeaseGrantResponse, LeaseKeepAliveStream, LeaseKeeper,
+    TlsOptions, WatchFilterType, WatchOptions,
 };
 use lock_core::kit::{Closed, LostSignals, SessionSlot, SlotSession, unpoisoned};
 use lock_core::{Deadline, LockError, LossReason, LostNotifier, Metrics};
@@ -49,46 +49,54 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    /// Connects and grants the lease, each within the configured timeout, and starts the
-    /// keep-alive.
+    /// Connects and grants the lease, and starts the keep-alive. While no member answers,
+    /// it tries again after a short pause until the configured timeout has passed (as
+    /// ZooKeeper's clients do); the error then names the endpoints, the cause and the
+    /// attempts made.
     pub(crate) async fn open(
         config: &EtcdConfig,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Session>, LockError> {
         let timeout = config.timeout;
-        // HTTP/2 pings no more often than etcd accepts by default (every 5 s), and
-        // requests only to a member that has a leader: a member cut off from the quorum
-        // would leave watches silent.
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(timeout)
-            .with_keep_alive(KEEP_ALIVE_PING, timeout)
-            .with_require_leader(true);
-        if let Some((user, password)) = &config.user {
-            options = options.with_user(user.clone(), password.clone());
-        }
-        if config.uses_tls() {
-            options = options.with_tls(tls_options(config)?);
-        }
-        let endpoints = config.endpoints.join(",");
-        let connecting = Client::connect(config.endpoints.clone(), Some(options));
-        let client = bounded(timeout, None, connecting)
-            .await
-            .map_err(|error| match error {
-                LockError::Connection {
-                    message, source, ..
-                } => LockError::Connection {
-                    backend: BACKEND,
-                    name: None,
-                    message: format!("cannot reach {endpoints}: {message}"),
-                    source,
-                },
-                other => other,
-            })?;
-        let ttl = config.lease_ttl;
-        let granting = Instant::now();
-        let mut leases = client.lease_client();
-        metrics.record_server_requests(1);
-        let grant = bounded(timeout, None, leases.grant(ttl.as_secs() as i64, None)).await?;
+        let began = Instant::now();
+        let mut attempts = 0u32;
+        let (client, grant, granting) = loop {
+            attempts += 1;
+            let left = timeout.saturating_sub(began.elapsed());
+            match connect_and_grant(config, &metrics, left).await {
+                Ok(granted) => break granted,
+                Err(error @ LockError::Connection { .. })
+                    if began.elapsed() + CONNECT_AGAIN_PAUSE < timeout =>
+                {
+                    tracing::debug!(%error, attempts, "etcd: no member answers; trying again");
+                    tokio::time::sleep(CONNECT_AGAIN_PAUSE).await;
+                }
+                Err(LockError::Connection { source, .. }) => {
+                    let endpoints: Vec<&str> = config
+                        .endpoints
+                        .iter()
+                        .map(|endpoint| {
+                            endpoint
+                                .split_once("://")
+                                .map_or(endpoint.as_str(), |(_, address)| address)
+                        })
+                        .collect();
+                    let endpoints = endpoints.join(",");
+                    let took = began.elapsed();
+                    return Err(LockError::Connection {
+                        backend: BACKEND,
+                        name: None,
+                        message: format!(
+                            "cannot reach {endpoints}: {} \
+                             ({attempts} attempt(s) in {took:.1?}, connect timeout {timeout:?})",
+                            cause(source.as_deref(), timeout)
+                        ),
+                        source,
+                    });
+                }
+                Err(other) => return Err(other),
+            }
+        };
         if !grant.error().is_empty() {
             return Err(LockError::Backend {
                 backend: BACKEND,
@@ -98,7 +106,7 @@ impl Session {
                 source: None,
             });
         }
-        // The anchor of the watch stream: the prefix's own key, which nobody writes.
+        // The watch stream's anchor: `{prefix}/` itself, which is no lock's key.
         let anchor = format!("{}/", config.prefix);
         let watches = Watches::start(client.clone(), anchor, Arc::clone(&metrics), timeout);
         let session = Arc::new(Session {
@@ -116,7 +124,7 @@ impl Session {
         });
         tracing::debug!(
             lease = format_args!("{:x}", session.lease),
-            ?ttl,
+            ttl = ?config.lease_ttl,
             "etcd: session opened"
         );
         tokio::spawn(keep_alive(Arc::clone(&session)));
@@ -265,6 +273,69 @@ impl Session {
 
 /// How long a request whose answer was lost waits before it is sent again.
 const READ_AGAIN_PAUSE: Duration = Duration::from_millis(100);
+
+/// How long a connection that no member answered waits before it is tried again.
+const CONNECT_AGAIN_PAUSE: Duration = Duration::from_millis(100);
+
+/// One try at a session: a client of `config`'s endpoints and a lease, within `timeout`,
+/// and when the grant was asked for.
+async fn connect_and_grant(
+    config: &EtcdConfig,
+    metrics: &Metrics,
+    timeout: Duration,
+) -> Result<(Client, LeaseGrantResponse, Instant), LockError> {
+    // HTTP/2 pings no more often than etcd accepts by default (every 5 s), and requests
+    // only to a member that has a leader: a member cut off from the quorum would leave
+    // watches silent.
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(timeout)
+        .with_keep_alive(KEEP_ALIVE_PING, config.timeout)
+        .with_require_leader(true);
+    if let Some((user, password)) = &config.user {
+        options = options.with_user(user.clone(), password.clone());
+    }
+    if config.uses_tls() {
+        options = options.with_tls(tls_options(config)?);
+    }
+    let connecting = Client::connect(config.endpoints.clone(), Some(options));
+    let client = bounded(timeout, None, connecting).await?;
+    let granting = Instant::now();
+    let mut leases = client.lease_client();
+    metrics.record_server_requests(1);
+    let ttl = config.lease_ttl.as_secs() as i64;
+    let left = timeout.saturating_sub(granting.elapsed());
+    let grant = bounded(left, None, leases.grant(ttl, None)).await?;
+    Ok((client, grant, granting))
+}
+
+/// Why a connection failed, in a few words: the operating system's reason when there is
+/// one ("connection refused"), else the server's or the client's message.
+fn cause(
+    source: Option<&(dyn std::error::Error + Send + Sync + 'static)>,
+    timeout: Duration,
+) -> String {
+    let Some(source) = source else {
+        return format!("no answer within {timeout:?}");
+    };
+    // etcd-client's errors name no source: start from what they wrap.
+    let wrapped = source.downcast_ref::<etcd_client::Error>();
+    let mut next: Option<&(dyn std::error::Error + 'static)> = match wrapped {
+        Some(etcd_client::Error::GRpcStatus(status)) => Some(status),
+        Some(etcd_client::Error::TransportError(error)) => Some(error),
+        Some(etcd_client::Error::IoError(error)) => Some(error),
+        _ => Some(source),
+    };
+    while let Some(error) = next {
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            return io.kind().to_string();
+        }
+        next = error.source();
+    }
+    match wrapped {
+        Some(etcd_client::Error::GRpcStatus(status)) => status.message().to_owned(),
+        _ => source.to_string(),
+    }
+}
 
 /// TLS towards `config`'s endpoints: trusting the authorities of its `tls_ca` file, or the
 /// system's.
