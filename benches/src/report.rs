@@ -566,6 +566,15 @@ fn ratio(numerator: f64, denominator: f64) -> Option<f64> {
     (denominator != 0.0 && r.is_finite()).then_some(r)
 }
 
+/// How many times its median a row's p99 handoff must exceed for the findings to name it:
+/// beyond that, the median alone misdescribes the row.
+const WIDE_TAIL: f64 = 10.0;
+
+/// `m`'s p99 as a multiple of its median, when it is more than [`WIDE_TAIL`] times it.
+fn wide_tail(m: &Measurement) -> Option<f64> {
+    ratio(m.handoff_p99_us, m.handoff_p50_us).filter(|r| *r > WIDE_TAIL)
+}
+
 /// Plain statements with numbers, computed from the measurements; only those whose data
 /// is present.
 fn findings(measurements: &[Measurement]) -> Vec<String> {
@@ -686,13 +695,47 @@ fn findings(measurements: &[Measurement]) -> Vec<String> {
             let multiple = ratio(ours.handoff_p50_us, peer.handoff_p50_us)
                 .map(|r| format!(" ({}×)", short(r)))
                 .unwrap_or_default();
+            // Medians alone would hide a tail that either side has and the other not.
+            let tails = if wide_tail(ours).is_some() || wide_tail(peer).is_some() {
+                format!(
+                    "; p99 {} µs vs {} µs",
+                    short(ours.handoff_p99_us),
+                    short(peer.handoff_p99_us)
+                )
+            } else {
+                String::new()
+            };
             out.push(format!(
-                "{label}, {ours_name} against {peer_name}: median handoff {} µs vs {} µs{multiple}; \
+                "{label}, {ours_name} against {peer_name}: median handoff {} µs vs {} µs{multiple}{tails}; \
                  throughput {} vs {} grants/s.",
                 short(ours.handoff_p50_us),
                 short(peer.handoff_p50_us),
                 short(ours.throughput_per_s),
                 short(peer.throughput_per_s)
+            ));
+        }
+    }
+
+    // Rows whose p99 is far beyond their median, whatever the strategy.
+    for name in strategies(|_| true) {
+        let entries: Vec<String> = counts
+            .iter()
+            .filter_map(|n| {
+                let m = find(measurements, name, *n)?;
+                wide_tail(m).map(|r| {
+                    format!(
+                        "{}× at N = {n} ({} µs vs {} µs)",
+                        short(r),
+                        short(m.handoff_p99_us),
+                        short(m.handoff_p50_us)
+                    )
+                })
+            })
+            .collect();
+        if !entries.is_empty() {
+            out.push(format!(
+                "{name} p99 handoff is more than {WIDE_TAIL:.0}× its median: {}.",
+                entries.join(", ")
             ));
         }
     }
@@ -1187,7 +1230,66 @@ mod tests {
              520 µs (0.96×)"
         ));
         assert!(summary.contains("At N = 50, zk-predecessor against zk-recipe"));
+        // Every p99 is 3× its median: no tail is named.
+        assert!(!summary.contains("p99 handoff is more than"));
+        assert!(!summary.contains("; p99 "));
         assert!(summary.contains("## Scale"));
+    }
+
+    #[test]
+    fn findings_name_a_p99_beyond_ten_times_the_median() {
+        let with_p99 = |strategy: &str, n: usize, p50: f64, p99: f64| {
+            let mut m = measurement(strategy, n, 1000.0, p50, Some(1.0));
+            m.handoff_p99_us = p99;
+            m
+        };
+        let ms = vec![
+            with_p99("zk-predecessor", 1, 500.0, 1500.0),
+            with_p99("zk-recipe", 1, 520.0, 1000.0),
+            with_p99("zk-predecessor", 10, 900.0, 90_000.0),
+            with_p99("zk-recipe", 10, 1000.0, 2000.0),
+            // Exactly 10× is not beyond it.
+            with_p99("zk-recipe", 50, 1000.0, 10_000.0),
+            with_p99("zk-predecessor", 50, 800.0, 1200.0),
+            // Nor is a row without a median.
+            with_p99("redis-queue", 10, 0.0, 5000.0),
+            with_p99("redis-pubsub", 10, 300.0, 3500.0),
+            with_p99("redis-pubsub", 100, 310.0, 31_500.0),
+        ];
+        let found = findings(&ms);
+        let tails: Vec<&String> = found
+            .iter()
+            .filter(|line| line.contains("p99 handoff is more than"))
+            .collect();
+        assert_eq!(
+            tails,
+            [
+                "zk-predecessor p99 handoff is more than 10× its median: 100× at N = 10 \
+                 (90000 µs vs 900 µs).",
+                "redis-pubsub p99 handoff is more than 10× its median: 11.7× at N = 10 \
+                 (3500 µs vs 300 µs), 102× at N = 100 (31500 µs vs 310 µs).",
+            ],
+            "{found:#?}"
+        );
+        // Against the peer, the p99s are given where either side's tail is wide, and only
+        // there.
+        assert!(
+            found.contains(
+                &"At N = 10, zk-predecessor against zk-recipe: median handoff 900 µs vs 1000 µs \
+              (0.90×); p99 90000 µs vs 2000 µs; throughput 1000 vs 1000 grants/s."
+                    .to_owned()
+            )
+        );
+        for n in [1, 50] {
+            let line = found
+                .iter()
+                .find(|line| {
+                    line.contains(&format!("N = {n}), zk-predecessor against"))
+                        || line.starts_with(&format!("At N = {n}, zk-predecessor against"))
+                })
+                .unwrap();
+            assert!(!line.contains("p99"), "{line}");
+        }
     }
 
     #[test]

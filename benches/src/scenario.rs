@@ -253,8 +253,14 @@ pub async fn run(
         let _ = tokio::time::timeout(CLEANUP_BOUND, finished_rx.wait_for(|done| *done)).await;
         None
     };
-    // Stop everyone still waiting: their acquisitions are cancelled and cleaned up.
+    // Stop everyone still waiting: their acquisitions are cancelled and cleaned up, all at
+    // once but where a burst of cancellations breaks the server (see `ends_in_turn`).
     let _ = finished.send(true);
+    // Connected before the waiters are stopped: ending in turn looks at their keys.
+    let mut check = LeftoverCheck::connect(strategy, servers, &name).await;
+    if ends_in_turn(strategy) {
+        end_in_turn(&tasks, &book, check.as_mut().ok()).await;
+    }
     let mut failure = None;
     for task in &tasks {
         if task.is_finished() {
@@ -292,7 +298,7 @@ pub async fn run(
     // creating it until the session closes (its background delete is given the bare child
     // name, not the path), and etcd 3.4's lock service leaves the key of a cancelled `Lock`
     // until its lease ends.
-    let mut check = LeftoverCheck::connect(strategy, servers, &name).await?;
+    let mut check = check?;
     if !strategy.is_peer() {
         check.wait_until_empty(strategy, &name).await?;
     }
@@ -352,6 +358,79 @@ pub async fn run(
     measurement.max_grants = book.grants.iter().copied().max().unwrap_or_default();
     measurement.fifo_violations = book.fifo_violations;
     Ok(measurement)
+}
+
+/// Whether a run of `strategy` ends without cancelling its waiters all at once. etcd's lock
+/// service runs its waiters' watches on one in-process stream without flow control, which
+/// deadlocks on a burst of cancelled `Lock` calls (etcd-io/etcd#13336, #20716): every later
+/// `Lock` that must wait would hang for the life of that server.
+fn ends_in_turn(strategy: Strategy) -> bool {
+    strategy == Strategy::EtcdV3Lock
+}
+
+/// The longest a cancelled waiter's key may take to go, at the end of a run that ends in
+/// turn, before the next waiter is cancelled all the same.
+const CANCEL_BOUND: Duration = Duration::from_secs(2);
+
+/// Ends a run without a burst of cancellations: every waiter takes its turn and leaves (its
+/// grant, after the run's end, is not measured). If the queue has not drained within
+/// [`CLEANUP_BOUND`], the waiters left are cancelled one at a time, the last to ask first,
+/// each once the key of the one before is gone (or after [`CANCEL_BOUND`]); without `check`,
+/// after a short pause.
+async fn end_in_turn(
+    tasks: &[tokio::task::JoinHandle<Result<(), LockError>>],
+    book: &Mutex<Book>,
+    mut check: Option<&mut LeftoverCheck>,
+) {
+    let running = || tasks.iter().filter(|task| !task.is_finished()).count();
+    let drained = tokio::time::timeout(CLEANUP_BOUND, async {
+        while running() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    if drained.is_ok() {
+        return;
+    }
+    // Keys that stayed after their waiter was cancelled (one granted as it was cancelled
+    // keeps its key until its lease is revoked).
+    let mut stale = 0;
+    loop {
+        let last = {
+            let book = book.lock().unwrap_or_else(PoisonError::into_inner);
+            let waiting = book
+                .waiting
+                .iter()
+                .filter(|(index, _)| tasks.get(**index).is_some_and(|t| !t.is_finished()))
+                .max_by_key(|(_, since)| **since)
+                .map(|(index, _)| *index);
+            waiting.or_else(|| tasks.iter().position(|task| !task.is_finished()))
+        };
+        let Some(task) = last.and_then(|index| tasks.get(index)) else {
+            return;
+        };
+        task.abort();
+        let deadline = Instant::now() + CANCEL_BOUND;
+        loop {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            let left = match check.as_deref_mut() {
+                Some(check) => check.entries().await.ok().map(|entries| entries.len()),
+                None => None,
+            };
+            let Some(left) = left else {
+                // Nothing to look at: the pause is all the spacing there is.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                break;
+            };
+            if task.is_finished() && left <= running() + stale {
+                break;
+            }
+            if Instant::now() >= deadline {
+                stale = left.saturating_sub(running());
+                break;
+            }
+        }
+    }
 }
 
 /// Requests the server has handled so far: ZooKeeper's `zk_packets_received`, Redis's
