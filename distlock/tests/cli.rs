@@ -1184,7 +1184,10 @@ async fn unreachable_servers_exit_69_in_bounded_time() {
             if url.starts_with("etcd") {
                 assert!(line.contains("cannot reach 127.0.0.1:"), "{url}: {line}");
                 assert!(line.contains("attempt(s) in"), "{url}: {line}");
-                assert!(!line.contains("tonic") && !line.contains('{'), "{url}: {line}");
+                assert!(
+                    !line.contains("tonic") && !line.contains('{'),
+                    "{url}: {line}"
+                );
                 if url.contains(&format!(":{refused}")) {
                     assert!(line.contains("connection refused"), "{url}: {line}");
                 }
