@@ -118,7 +118,7 @@ impl LeaderSource for EtcdElection {
     /// Waits until the leader is no longer `seen`: watches the leader's key (any change: a
     /// deletion, or a new value proclaimed by `etcdctl`) or, with no leader, the directory
     /// for a new candidate; wakes also when the provider closes or the session ends. A
-    /// watch sees only after the revision it began at (see [`crate::watches`]), so one that
+    /// watch sees only after the revision it began at (see the `watches` module), so one that
     /// began after the read that found `seen` is followed by another read.
     async fn changed(&self, seen: &Option<LeaderInfo>) -> Result<(), LockError> {
         let queue = &self.queue;

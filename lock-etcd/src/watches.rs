@@ -7,7 +7,9 @@
 //! then asked for the events from R + 1 met that loop whenever anything at all was written
 //! between its look and its watch: under contention, nearly always. So every watch here is
 //! opened without a start revision, and the header of its "created" reply gives the
-//! revision it starts after: [`Watch::from`]. A caller that looked at revision R misses
+//! revision it starts after: [`Watch::from`]. (Even so, a write applied while the server
+//! makes the watch can leave it behind the store: a probe made right after tells, and the
+//! watch is made again; see [`Open::ask`].) A caller that looked at revision R misses
 //! nothing when `from ≤ R`; when `from > R`, something may have changed in between, and it
 //! looks again (at a revision of at least `from`) while the watch stays open. Revisions are
 //! the cluster's, so the look and the watch may be answered by different members.
@@ -187,11 +189,45 @@ struct Open {
     number: u64,
     watcher: Watcher,
     responses: WatchStream,
-    /// Watches asked for and not yet made, in the order they were asked for.
-    pending: VecDeque<oneshot::Sender<Result<Watch, LockError>>>,
+    /// The key of the stream's anchor, which probes watch too.
+    anchor: String,
+    /// What the "created" replies to come are for, in the order the creates were sent.
+    expected: VecDeque<Expected>,
+    /// The watches made, each waiting for the reply to the probe sent after it; `None` for
+    /// one the server refused.
+    probing: VecDeque<Option<Made>>,
     /// Each made watch's events go to its owner.
     routes: HashMap<i64, mpsc::UnboundedSender<WatchResponse>>,
+    metrics: Arc<Metrics>,
 }
+
+/// A watch asked for by an owner.
+struct Asked {
+    key: String,
+    options: WatchOptions,
+    reply: oneshot::Sender<Result<Watch, LockError>>,
+    /// Creates sent for it so far.
+    tries: u32,
+}
+
+/// What a "created" reply is for.
+enum Expected {
+    Watch(Asked),
+    /// The probe sent right after a watch (see [`Open::ask`]).
+    Probe,
+}
+
+/// A watch the server made, before its probe's reply.
+struct Made {
+    asked: Asked,
+    id: i64,
+    from: i64,
+    events: mpsc::UnboundedReceiver<WatchResponse>,
+}
+
+/// How many times a watch is made before it is handed over even though a probe could
+/// not tell that it is synced.
+const PROBE_TRIES: u32 = 4;
 
 impl Stream {
     async fn run(self, mut commands: mpsc::UnboundedReceiver<Command>) {
@@ -208,7 +244,7 @@ impl Stream {
                     }) => match self.open(opened + 1).await {
                         Ok(mut fresh) => {
                             opened += 1;
-                            fresh.ask(key, options, reply).await;
+                            fresh.ask(Asked::new(key, options, reply)).await;
                             open = Some(fresh);
                         }
                         Err(error) => {
@@ -229,7 +265,7 @@ impl Stream {
                     key,
                     options,
                     reply,
-                })) => current.ask(key, options, reply).await,
+                })) => current.ask(Asked::new(key, options, reply)).await,
                 Step::Command(Some(Command::Cancel { stream, id })) => {
                     if stream == current.number && current.routes.remove(&id).is_some() {
                         self.metrics.record_server_requests(1);
@@ -239,7 +275,9 @@ impl Stream {
                     }
                 }
                 Step::Command(Some(Command::Stop) | None) => return,
-                Step::Answer(Ok(Some(response))) => current.deliver(response, &self.commands),
+                Step::Answer(Ok(Some(response))) => {
+                    current.deliver(response, &self.commands).await;
+                }
                 Step::Answer(broken) => {
                     // Every watch on it ends (its owner looks again), and those not yet
                     // made fail, retryably: dropping the stream drops their channels.
@@ -267,60 +305,138 @@ impl Stream {
             number,
             watcher,
             responses,
-            pending: VecDeque::new(),
+            anchor: self.anchor.clone(),
+            expected: VecDeque::new(),
+            probing: VecDeque::new(),
             routes: HashMap::new(),
+            metrics: Arc::clone(&self.metrics),
         })
     }
 }
 
-impl Open {
-    /// Sends a watch's create request; its reply will be the next unclaimed "created".
-    async fn ask(
-        &mut self,
+impl Asked {
+    fn new(
         key: String,
         options: WatchOptions,
         reply: oneshot::Sender<Result<Watch, LockError>>,
-    ) {
-        match self.watcher.watch(key, Some(options)).await {
-            Ok(()) => self.pending.push_back(reply),
+    ) -> Self {
+        Asked {
+            key,
+            options,
+            reply,
+            tries: 0,
+        }
+    }
+}
+
+/// A watch that no event matches.
+fn sees_nothing() -> WatchOptions {
+    WatchOptions::new().with_filters([WatchFilterType::NoPut, WatchFilterType::NoDelete])
+}
+
+impl Open {
+    /// Sends the creates of `asked`'s watch and of a probe after it.
+    ///
+    /// The server makes a watch without a start revision from just after the revision it
+    /// reads first; if a write is applied between that read and the watch's insertion, the
+    /// watch starts behind the store and joins the unsynced watchers after all (a race
+    /// whose window is a write's notification of the watchers, which holds the store's
+    /// lock: a few percent of the watches made under a steady stream of writes). The
+    /// probe, an anchor watch made right after on the same stream, reads the store's
+    /// revision after the watch's insertion: the same revision as the watch's means no
+    /// write came in between, and the watch is synced; a later one, and the watch is made
+    /// again (up to [`PROBE_TRIES`] times).
+    async fn ask(&mut self, mut asked: Asked) {
+        asked.tries += 1;
+        if asked.tries > 1 {
+            self.metrics.record_server_requests(1);
+        }
+        // The probe's create and its cancel.
+        self.metrics.record_server_requests(2);
+        let watch = self
+            .watcher
+            .watch(asked.key.clone(), Some(asked.options.clone()))
+            .await;
+        let probe = match watch {
+            Ok(()) => {
+                self.watcher
+                    .watch(self.anchor.clone(), Some(sees_nothing()))
+                    .await
+            }
+            Err(error) => Err(error),
+        };
+        match probe {
+            Ok(()) => {
+                self.expected.push_back(Expected::Watch(asked));
+                self.expected.push_back(Expected::Probe);
+            }
+            // The stream is broken: its end is the next answer.
             Err(error) => {
-                let _ = reply.send(Err(lock_error(error, None)));
+                let _ = asked.reply.send(Err(lock_error(error, None)));
             }
         }
     }
 
-    /// Hands `response` to the watch it is for: a "created" to the first watch waiting to
-    /// be made, anything else by its watch id.
-    fn deliver(&mut self, response: WatchResponse, commands: &mpsc::UnboundedSender<Command>) {
+    /// Hands `response` to the watch it is for: a "created" to the watch or probe its
+    /// create was for, anything else by its watch id.
+    async fn deliver(
+        &mut self,
+        response: WatchResponse,
+        commands: &mpsc::UnboundedSender<Command>,
+    ) {
         let id = response.watch_id();
-        if response.created() {
-            let Some(reply) = self.pending.pop_front() else {
-                tracing::debug!(id, "etcd: a watch made that nobody asked for");
-                return;
-            };
-            if response.canceled() {
-                let _ = reply.send(Err(refused(&response)));
-                return;
+        if !response.created() {
+            let canceled = response.canceled();
+            if let Some(route) = self.routes.get(&id) {
+                let _ = route.send(response);
             }
-            let (events, received) = mpsc::unbounded_channel();
-            self.routes.insert(id, events);
-            let watch = Watch {
-                from: response.header().map_or(0, |header| header.revision()),
-                id,
-                stream: self.number,
-                events: received,
-                commands: commands.clone(),
-            };
-            // An owner that gave up meanwhile drops the watch, which cancels it.
-            let _ = reply.send(Ok(watch));
+            if canceled {
+                self.routes.remove(&id);
+            }
             return;
         }
-        let canceled = response.canceled();
-        if let Some(route) = self.routes.get(&id) {
-            let _ = route.send(response);
-        }
-        if canceled {
-            self.routes.remove(&id);
+        let revision = response.header().map_or(0, |header| header.revision());
+        match self.expected.pop_front() {
+            None => tracing::debug!(id, "etcd: a watch made that nobody asked for"),
+            Some(Expected::Watch(asked)) if response.canceled() => {
+                let _ = asked.reply.send(Err(refused(&response)));
+                self.probing.push_back(None);
+            }
+            Some(Expected::Watch(asked)) => {
+                let (route, events) = mpsc::unbounded_channel();
+                self.routes.insert(id, route);
+                self.probing.push_back(Some(Made {
+                    asked,
+                    id,
+                    from: revision,
+                    events,
+                }));
+            }
+            Some(Expected::Probe) => {
+                if !response.canceled() {
+                    let _ = self.watcher.cancel_by_id(id).await;
+                }
+                let Some(Some(made)) = self.probing.pop_front() else {
+                    return;
+                };
+                if revision > made.from && made.asked.tries < PROBE_TRIES {
+                    tracing::trace!(made.from, revision, "etcd: a watch made again");
+                    self.routes.remove(&made.id);
+                    self.metrics.record_server_requests(1);
+                    let _ = self.watcher.cancel_by_id(made.id).await;
+                    self.ask(made.asked).await;
+                    return;
+                }
+                let watch = Watch {
+                    from: made.from,
+                    id: made.id,
+                    stream: self.number,
+                    events: made.events,
+                    commands: commands.clone(),
+                };
+                // An owner that gave up meanwhile drops the watch, which cancels it.
+                let _ = made.asked.reply.send(Ok(watch));
+            }
         }
     }
 }
