@@ -177,19 +177,28 @@ pub(crate) fn grant(
 /// (its end fires the signal).
 ///
 /// The key was the holder's at `granted.seen`, and a watch sees only after the revision it
-/// began at (see [`crate::watches`]): when that is later than the revision the key was last
-/// seen at, the key is read once more, so that a deletion in between is not missed. So
-/// again whenever the watch is made anew (its stream broke, or a compaction cancelled it).
+/// began at (see [`crate::watches`]): the watch made while the holder waited began no
+/// later than that; when a watch made now begins later, the key is read once more, so that
+/// a deletion in between is not missed. So again whenever the watch is made anew (its
+/// stream broke, or a compaction cancelled it).
 async fn watch_own_key(session: Weak<Session>, key: String, granted: Granted) -> bool {
-    let mut seen = granted.seen;
+    let Granted {
+        created,
+        mut seen,
+        watch: mut waited_with,
+    } = granted;
     loop {
         let Some(live) = session.upgrade().filter(|s| !s.is_over()) else {
             return false;
         };
-        let mut watch = match live
-            .watch_deletions(&key, &key, false, &Deadline::after(None))
-            .await
-        {
+        let made = match waited_with.take() {
+            Some(watch) => Ok(watch),
+            None => {
+                live.watch_deletions(&key, &key, false, &Deadline::after(None))
+                    .await
+            }
+        };
+        let mut watch = match made {
             Ok(watch) => watch,
             Err(_) => {
                 drop(live);
@@ -198,7 +207,7 @@ async fn watch_own_key(session: Weak<Session>, key: String, granted: Granted) ->
             }
         };
         if watch.from > seen {
-            match key_changed(&live, &key, granted.created).await {
+            match key_changed(&live, &key, created).await {
                 Ok((true, _)) => return true,
                 Ok((false, at)) => seen = seen.max(at),
                 Err(_) => {

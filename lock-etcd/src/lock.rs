@@ -22,7 +22,7 @@ use lock_core::{Deadline, Guard, LockError, LockName};
 use crate::config::EtcdStrategy;
 use crate::error::BACKEND;
 use crate::guard::Entry;
-use crate::queue::{Blockers, Granted, Queue, Watched, Woke, kvs};
+use crate::queue::{Blockers, Granted, Queue, Wait, Watched, Watching, Woke, kvs};
 use crate::session::{Session, Shared};
 
 /// The single-key lock's key in a lock's directory (not a hex lease id, so it never names
@@ -105,7 +105,7 @@ impl EtcdLock {
             entry.ours_if.as_deref().unwrap_or_default(),
         );
         let mut wakeups = Wakeups::new(&queue.shared.metrics);
-        let mut watching = None;
+        let mut watching = Watching::default();
         loop {
             let txn = Txn::new()
                 .when([Compare::create_revision(key, CompareOp::Equal, 0)])
@@ -139,10 +139,15 @@ impl EtcdLock {
             if deadline.is_immediate() || deadline.has_passed() {
                 return Ok(None);
             }
-            let watched = Watched::Key(key);
-            let woke = queue.wait_for_delete(session, &mut watching, watched, revision, deadline);
+            let wait = Wait {
+                watched: Watched::Key(key),
+                own: None,
+                last: false,
+                revision,
+            };
+            let woke = queue.wait_for_delete(session, &mut watching, wait, deadline);
             match woke.await? {
-                Woke::Deleted(_) => wakeups.woke(),
+                Woke::Ours | Woke::Deleted(_) => wakeups.woke(),
                 Woke::LookAgain(_) => {}
                 Woke::TimedOut => return Ok(None),
             }

@@ -16,20 +16,33 @@
 //! - herd (the other strategies): any deletion in the queue's directory — every release
 //!   wakes every waiter.
 //!
-//! Each look reads its own key and the blocking keys in one transaction, at one revision R.
+//! Each look reads its own key and the blocking keys in one transaction, at one revision R
+//! (the first is part of the create's transaction, where the new key is the newest).
 //! The watch is then one on the session's shared stream, opened without a start revision,
 //! and the server says the revision W it sees after (see [`crate::watches`]): with W ≤ R
 //! no deletion between the look and the watch can be missed; with W > R the contender
 //! looks again, at a revision of at least W, and keeps the watch while it still watches
-//! the right key. A deletion the watch reports wakes the contender, which looks again. A
-//! look is serializable, answered from the member's applied state, whenever that state has
-//! reached what the contender knows (see [`Queue::look`]).
+//! the right key. A look is serializable, answered from the member's applied state,
+//! whenever that state has reached what the contender knows (see [`Queue::look`]).
+//!
+//! A deletion the watch reports wakes the contender, which looks again — unless the look
+//! at R found the deleted key alone in its way. Then the turn has come without a look, as
+//! a key created after R has a later revision than ours and cannot get in the way: the
+//! look would only confirm that our own key still stands. That the waiter knows from a
+//! second watch, on its own key, made beside the first during its first wait (and looked
+//! past in the same way): a deletion of our key ends the wait with an error, and once the
+//! turn has come the guard keeps that watch for its lost signal. A handoff is then the
+//! release, its event, and nothing more. (Only a deletion of our key in the very revision
+//! of the last key's can reach us after the turn: one transaction of someone else's that
+//! deletes both — the end of a lease both keys share would too, so a key on our own lease
+//! is never the last. The guard's watch then fires the lost signal at once, as for any
+//! deletion after a grant.)
 
 use std::sync::Arc;
 
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, TxnResponse,
+    TxnOpResponse, TxnResponse, WatchResponse,
 };
 use lock_core::kit::{Cleanup, Wakeups};
 use lock_core::{Deadline, Guard, LockError, LockName};
@@ -75,8 +88,37 @@ enum Turn {
     /// Few enough blocking keys before ours, at `revision`: the lock is ours.
     Held { revision: i64 },
     /// Ours is not in yet: wait for a deletion of `nearest` (the latest blocking key before
-    /// ours) or, watching the directory, of any key, after `revision`.
-    Blocked { nearest: String, revision: i64 },
+    /// ours) or, watching the directory, of any key, after `revision`. `last`: one
+    /// deletion among the blocking keys is enough for our turn.
+    Blocked {
+        nearest: String,
+        revision: i64,
+        last: bool,
+    },
+}
+
+impl Turn {
+    /// The turn that `before`, the blocking keys before ours at `revision` (at most
+    /// `admits + 1`, nearest first, each with its lease), makes for a contender on
+    /// `own_lease`.
+    fn of(before: Vec<(String, i64)>, admits: u32, revision: i64, own_lease: i64) -> Turn {
+        // `admits` of them is too many; `admits` exactly, and one deletion lets ours in —
+        // unless that key is on our own lease, whose end would take our key in the same
+        // revision (the wait would see the nearest key's deletion, perhaps before ours).
+        let admits = admits as usize;
+        if before.len() < admits {
+            return Turn::Held { revision };
+        }
+        let last = before.len() == admits && before[0].1 != own_lease;
+        match before.into_iter().next() {
+            Some((nearest, _)) => Turn::Blocked {
+                nearest,
+                revision,
+                last,
+            },
+            None => Turn::Held { revision },
+        }
+    }
 }
 
 impl Queue {
@@ -174,17 +216,30 @@ impl Queue {
         blockers: Blockers<'_>,
         deadline: &Deadline,
     ) -> Result<Option<Granted>, LockError> {
-        let mine = self.create(session, entry, deadline).await?;
+        let (mine, mut first_look) = self.create(session, entry, blockers, deadline).await?;
         let mut wakeups = Wakeups::new(&self.shared.metrics);
         // The newest revision this contender knows of: a look must see at least that far.
         let mut known = mine;
-        let mut watching = None;
+        let mut watching = Watching::default();
         loop {
-            // 1. Look: is it our turn, and if not, which key to wait for.
-            let looked = self.look(session, &entry.key, mine, known, blockers, deadline);
-            let (nearest, revision) = match looked.await? {
-                Turn::Held { revision } => return Ok(Some(Granted::new(mine, revision))),
-                Turn::Blocked { nearest, revision } => (nearest, revision),
+            // 1. Look (the create looked first): is it our turn, and if not, which key to
+            // wait for.
+            let looked = match first_look.take() {
+                Some(turn) => turn,
+                None => {
+                    let look = self.look(session, &entry.key, mine, known, blockers, deadline);
+                    look.await?
+                }
+            };
+            let (nearest, revision, last) = match looked {
+                Turn::Held { revision } => {
+                    return Ok(Some(Granted::new(mine, revision).watched(watching.own)));
+                }
+                Turn::Blocked {
+                    nearest,
+                    revision,
+                    last,
+                } => (nearest, revision, last),
             };
             wakeups.busy();
             if deadline.is_immediate() || deadline.has_passed() {
@@ -198,9 +253,19 @@ impl Queue {
                 EtcdStrategy::Predecessor => Watched::Prefix(blockers.dir),
                 _ => Watched::Prefix(&self.dir),
             };
-            let woke = self.wait_for_delete(session, &mut watching, watched, revision, deadline);
+            let wait = Wait {
+                watched,
+                own: Some(&entry.key),
+                last,
+                revision,
+            };
+            let woke = self.wait_for_delete(session, &mut watching, wait, deadline);
             // 3. Deleted, or to be looked at again: know at least as far as that.
             match woke.await? {
+                Woke::Ours => {
+                    wakeups.woke();
+                    return Ok(Some(Granted::new(mine, revision).watched(watching.own)));
+                }
                 Woke::Deleted(at) => {
                     known = known.max(at);
                     wakeups.woke();
@@ -212,22 +277,35 @@ impl Queue {
     }
 
     /// Creates `entry`'s key on the session's lease unless it exists: its create revision
-    /// either way. A create whose answer is lost is sent again while the session lives
-    /// (see [`Session::again`]): made already, it finds the key, which the lease names.
+    /// either way and, when this create made it, the queue's first look, made in the same
+    /// transaction (the newest key then is ours: the keys before it are the newest others).
+    /// A create whose answer is lost is sent again while the session lives (see
+    /// [`Session::again`]): made already, it finds the key, which the lease names, and the
+    /// contender looks as it would after a wait.
     async fn create(
         &self,
         session: &Arc<Session>,
         entry: &Entry,
+        blockers: Blockers<'_>,
         deadline: &Deadline,
-    ) -> Result<i64, LockError> {
+    ) -> Result<(i64, Option<Turn>), LockError> {
         let key = entry.key.as_str();
+        // Ours and the `admits + 1` nearest before it, should ours be in `blockers.dir`.
+        let newest = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(i64::from(blockers.admits) + 2)
+            .with_keys_only();
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key,
-                self.value.to_vec(),
-                Some(PutOptions::new().with_lease(session.lease)),
-            )])
+            .and_then([
+                TxnOp::put(
+                    key,
+                    self.value.to_vec(),
+                    Some(PutOptions::new().with_lease(session.lease)),
+                ),
+                TxnOp::get(blockers.dir, Some(newest)),
+            ])
             .or_else([TxnOp::get(key, None)]);
         let name = self.name.as_str();
         let answer = session
@@ -235,11 +313,25 @@ impl Queue {
                 entry.send_create(session, name, txn.clone(), created_or_found)
             })
             .await?;
-        created_or_found(&answer).ok_or_else(|| self.place_gone())
+        let mine = created_or_found(&answer).ok_or_else(|| self.place_gone())?;
+        if !answer.succeeded() {
+            return Ok((mine, None));
+        }
+        let mut before = answer
+            .op_responses()
+            .into_iter()
+            .nth(1)
+            .map(leased_keys)
+            .unwrap_or_default();
+        before.retain(|(other, _)| other != key);
+        before.truncate(blockers.admits as usize + 1);
+        let turn = Turn::of(before, blockers.admits, mine, session.lease);
+        Ok((mine, Some(turn)))
     }
 
     /// One look at the queue, at one revision no older than `known`: whether our key still
-    /// stands, and the blocking keys before it (at most `admits` of them, nearest first).
+    /// stands, and the blocking keys before it (at most `admits + 1` of them, nearest
+    /// first: enough to tell whether one deletion would let ours in).
     ///
     /// The look is first made serializable: the member answers from the state it has
     /// applied, without the leader's confirmation that a linearizable read waits for (behind
@@ -274,15 +366,8 @@ impl Queue {
         if own.is_none_or(|(_, create_revision, _)| create_revision != mine) {
             return Err(self.place_gone());
         }
-        // At most `admits` keys come back, nearest first: all of them means too many.
-        let before = answers.next().map(kvs).unwrap_or_default();
-        if before.len() < blockers.admits as usize {
-            return Ok(Turn::Held { revision });
-        }
-        Ok(match before.into_iter().next() {
-            Some((nearest, _, _)) => Turn::Blocked { nearest, revision },
-            None => Turn::Held { revision },
-        })
+        let before = answers.next().map(leased_keys).unwrap_or_default();
+        Ok(Turn::of(before, blockers.admits, revision, session.lease))
     }
 
     /// The transaction behind [`look`](Self::look), read as `read` says.
@@ -303,7 +388,7 @@ impl Queue {
             .with_prefix()
             .with_max_create_revision(mine - 1)
             .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(i64::from(blockers.admits))
+            .with_limit(i64::from(blockers.admits) + 1)
             .with_keys_only();
         let txn = Txn::new().and_then([
             TxnOp::get(key, Some(options().with_keys_only())),
@@ -318,46 +403,75 @@ impl Queue {
             .await
     }
 
-    /// Waits for a deletion of what `watched` names after `revision`, the revision of the
-    /// look that found it in the way, on `watching` (kept while it watches the same thing
-    /// and the watch lives; otherwise replaced). What the contender must know before it
-    /// looks again: the deletion's revision, or a revision it must look at least as far
-    /// as, when the watch began after the look or ended.
+    /// Waits for a deletion of what `wait.watched` names after `wait.revision`, the
+    /// revision of the look that found it in the way, on `watching`'s watch (kept while it
+    /// watches the same thing and the watch lives; otherwise replaced), and watches
+    /// `wait.own`, the contender's own key, beside it. What the contender must know before
+    /// it looks again: the deletion's revision, or a revision it must look at least as far
+    /// as, when a watch began after the look or ended. Or no look at all: the deleted key
+    /// was the last in the way.
     pub(crate) async fn wait_for_delete(
         &self,
         session: &Session,
-        watching: &mut Option<Watching>,
-        watched: Watched<'_>,
-        revision: i64,
+        watching: &mut Watching,
+        wait: Wait<'_>,
         deadline: &Deadline,
     ) -> Result<Woke, LockError> {
+        let Wait {
+            watched, revision, ..
+        } = wait;
         let name = self.name.as_str();
-        if watching
+        let kept = watching
+            .blocker
             .as_ref()
-            .is_none_or(|current| current.watched != watched)
-        {
-            *watching = None;
+            .is_some_and(|(current, _)| *current == watched);
+        let own = wait.own.filter(|_| watching.own.is_none());
+        if !kept || own.is_some() {
+            // Both watches asked for together: their creates share a round trip.
             let (key, prefix) = match watched {
                 Watched::Key(key) => (key, false),
                 Watched::Prefix(dir) => (dir, true),
             };
-            let watch = session.watch_deletions(name, key, prefix, deadline).await?;
-            let from = watch.from;
-            *watching = Some(Watching {
-                watched: watched.to_owned(),
-                watch,
-            });
+            let blocker = async {
+                match kept {
+                    true => None,
+                    false => Some(session.watch_deletions(name, key, prefix, deadline).await),
+                }
+            };
+            let own = async {
+                match own {
+                    Some(own) => Some(session.watch_deletions(name, own, false, deadline).await),
+                    None => None,
+                }
+            };
+            let (blocker, own) = tokio::join!(blocker, own);
+            let mut from = 0;
+            if let Some(made) = own {
+                let made = made?;
+                from = made.from;
+                watching.own = Some(made);
+            }
+            if let Some(made) = blocker {
+                let made = made?;
+                from = from.max(made.from);
+                watching.blocker = Some((watched.to_owned(), made));
+            }
             // Begun after the look: a deletion in between would be missed.
             if from > revision {
                 return Ok(Woke::LookAgain(from));
             }
         }
-        let Some(Watching { watch, .. }) = watching.as_mut() else {
+        let Watching {
+            blocker: Some((_, blocker)),
+            own,
+        } = watching
+        else {
             return Ok(Woke::LookAgain(revision));
         };
         loop {
-            let answer = tokio::select! {
-                answer = watch.next() => answer,
+            let (answer, about_own) = tokio::select! {
+                answer = blocker.next() => (answer, false),
+                answer = next_of(own) => (answer, true),
                 () = deadline.sleep() => return Ok(Woke::TimedOut),
                 () = session.over.wait() => return Err(LockError::SessionExpired {
                     backend: BACKEND,
@@ -366,30 +480,35 @@ impl Queue {
             };
             let Some(answer) = answer else {
                 // The stream broke: look again, then watch anew.
-                *watching = None;
+                *watching = Watching::default();
                 return Ok(Woke::LookAgain(revision));
             };
             if answer.canceled() {
                 // Compacted: the next look must see past the compaction (a member behind
                 // it could answer from before it, and the waiter spin until it caught up).
-                *watching = None;
+                *watching = Watching::default();
                 return Ok(Woke::LookAgain(revision.max(answer.compact_revision())));
             }
             // Deletions the look saw already are no news.
-            let deleted = answer
-                .events()
-                .iter()
-                .filter(|event| event.event_type() == EventType::Delete)
-                .filter_map(|event| event.kv().map(|kv| kv.mod_revision()))
-                .filter(|&at| at > revision)
-                .max();
-            if let Some(deleted) = deleted {
-                // A deleted key is watched no longer; a directory is, from here on.
-                if matches!(watched, Watched::Key(_)) {
-                    *watching = None;
-                }
-                return Ok(Woke::Deleted(deleted));
+            let Some(deleted) = deleted_after(&answer, revision) else {
+                continue;
+            };
+            if about_own {
+                return Err(self.place_gone());
             }
+            // A deleted key is watched no longer; a directory is, from here on.
+            if let Watched::Key(_) = watched {
+                watching.blocker = None;
+                if wait.last {
+                    match watching.own.as_mut().map(|own| pending_end(own, revision)) {
+                        Some(OwnKey::Stands) => return Ok(Woke::Ours),
+                        Some(OwnKey::Deleted) => return Err(self.place_gone()),
+                        Some(OwnKey::Unwatched) => watching.own = None,
+                        None => {}
+                    }
+                }
+            }
+            return Ok(Woke::Deleted(deleted));
         }
     }
 
@@ -450,14 +569,31 @@ impl PartialEq<Watched<'_>> for WatchedOwned {
     }
 }
 
-/// A waiter's watch, and what it watches: kept from one look to the next.
+/// What a waiter keeps from one look to the next: its watch on what is in its way, and
+/// what that watch watches; in a queue, the watch on its own key, which its guard keeps.
+#[derive(Default)]
 pub(crate) struct Watching {
-    watched: WatchedOwned,
-    watch: Watch,
+    blocker: Option<(WatchedOwned, Watch)>,
+    own: Option<Watch>,
+}
+
+/// One wait for a deletion, after a look at `revision`.
+#[derive(Clone, Copy)]
+pub(crate) struct Wait<'a> {
+    /// What to wait for a deletion of.
+    pub(crate) watched: Watched<'a>,
+    /// The contender's own key, watched beside it (a queue's contender).
+    pub(crate) own: Option<&'a str>,
+    /// The watched key is the last in the way: its deletion is the turn.
+    pub(crate) last: bool,
+    /// The revision of the look that found it in the way.
+    pub(crate) revision: i64,
 }
 
 /// How a wait for a deletion ended.
 pub(crate) enum Woke {
+    /// The last key in the way was deleted, and the contender's own key stands: its turn.
+    Ours,
     /// A deletion at this revision.
     Deleted(i64),
     /// Look again, at this revision at least: the watch began after the look, or ended.
@@ -466,12 +602,57 @@ pub(crate) enum Woke {
     TimedOut,
 }
 
-/// A granted contender: its key's create revision (its fencing token), and a revision at
-/// which the key was seen still standing as the holder's.
-#[derive(Clone, Copy, Debug)]
+/// What the answers a contender's own-key watch has received so far say.
+enum OwnKey {
+    /// No deletion: the key stands.
+    Stands,
+    /// Deleted.
+    Deleted,
+    /// The watch ended (a compaction, a broken stream): the key is not known to stand.
+    Unwatched,
+}
+
+/// Reads the answers already received on `own`, the watch on a contender's own key, after
+/// the look at `revision`.
+fn pending_end(own: &mut Watch, revision: i64) -> OwnKey {
+    while let Some(answer) = own.received() {
+        match answer {
+            None => return OwnKey::Unwatched,
+            Some(answer) if answer.canceled() => return OwnKey::Unwatched,
+            Some(answer) if deleted_after(&answer, revision).is_some() => return OwnKey::Deleted,
+            Some(_) => {}
+        }
+    }
+    OwnKey::Stands
+}
+
+/// The newest deletion after `revision` that `answer` reports.
+fn deleted_after(answer: &WatchResponse, revision: i64) -> Option<i64> {
+    answer
+        .events()
+        .iter()
+        .filter(|event| event.event_type() == EventType::Delete)
+        .filter_map(|event| event.kv().map(|kv| kv.mod_revision()))
+        .filter(|&at| at > revision)
+        .max()
+}
+
+/// `watch`'s next answer; never, without a watch.
+async fn next_of(watch: &mut Option<Watch>) -> Option<WatchResponse> {
+    match watch {
+        Some(watch) => watch.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A granted contender: its key's create revision (its fencing token), a revision at
+/// which the key was seen still standing as the holder's, and the watch on it made while
+/// it waited, if any (it sees every deletion after `seen`).
+#[derive(Debug)]
 pub(crate) struct Granted {
     pub(crate) created: i64,
     pub(crate) seen: i64,
+    pub(crate) watch: Option<Watch>,
 }
 
 impl Granted {
@@ -479,7 +660,13 @@ impl Granted {
         Granted {
             created,
             seen: seen.max(created),
+            watch: None,
         }
+    }
+
+    /// The same, with the watch on the key made while it waited.
+    fn watched(self, watch: Option<Watch>) -> Self {
+        Granted { watch, ..self }
     }
 }
 
@@ -493,6 +680,18 @@ fn created_or_found(answer: &TxnResponse) -> Option<i64> {
         .into_iter()
         .find_map(|found| kvs(found).into_iter().next())
         .map(|(_, create_revision, _)| create_revision)
+}
+
+/// The keys of a get's answer in a transaction, each with its lease.
+fn leased_keys(answer: TxnOpResponse) -> Vec<(String, i64)> {
+    match answer {
+        TxnOpResponse::Get(get) => get
+            .kvs()
+            .iter()
+            .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.lease()))
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// The keys of a get's answer in a transaction: name, create revision and value of each.

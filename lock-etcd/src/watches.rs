@@ -129,6 +129,16 @@ impl Watch {
     pub(crate) async fn next(&mut self) -> Option<WatchResponse> {
         self.events.recv().await
     }
+
+    /// An answer already received, without waiting: `None` when there is none yet,
+    /// `Some(None)` once the stream broke or the watch was cancelled.
+    pub(crate) fn received(&mut self) -> Option<Option<WatchResponse>> {
+        match self.events.try_recv() {
+            Ok(answer) => Some(Some(answer)),
+            Err(mpsc::error::TryRecvError::Empty) => None,
+            Err(mpsc::error::TryRecvError::Disconnected) => Some(None),
+        }
+    }
 }
 
 impl Drop for Watch {
@@ -233,10 +243,16 @@ impl Stream {
     async fn run(self, mut commands: mpsc::UnboundedReceiver<Command>) {
         let mut opened = 0u64;
         let mut open: Option<Open> = None;
+        // A command taken from the queue early, while gathering a batch of watches.
+        let mut taken: Option<Command> = None;
         loop {
             let Some(current) = open.as_mut() else {
                 // No stream: the next watch asked for opens one.
-                match commands.recv().await {
+                let command = match taken.take() {
+                    Some(command) => Some(command),
+                    None => commands.recv().await,
+                };
+                match command {
                     Some(Command::Add {
                         key,
                         options,
@@ -244,7 +260,8 @@ impl Stream {
                     }) => match self.open(opened + 1).await {
                         Ok(mut fresh) => {
                             opened += 1;
-                            fresh.ask(Asked::new(key, options, reply)).await;
+                            let first = Asked::new(key, options, reply);
+                            fresh.ask(batch(first, &mut commands, &mut taken)).await;
                             open = Some(fresh);
                         }
                         Err(error) => {
@@ -256,16 +273,22 @@ impl Stream {
                 }
                 continue;
             };
-            let step = tokio::select! {
-                command = commands.recv() => Step::Command(command),
-                response = current.responses.message() => Step::Answer(response),
+            let step = match taken.take() {
+                Some(command) => Step::Command(Some(command)),
+                None => tokio::select! {
+                    command = commands.recv() => Step::Command(command),
+                    response = current.responses.message() => Step::Answer(response),
+                },
             };
             match step {
                 Step::Command(Some(Command::Add {
                     key,
                     options,
                     reply,
-                })) => current.ask(Asked::new(key, options, reply)).await,
+                })) => {
+                    let first = Asked::new(key, options, reply);
+                    current.ask(batch(first, &mut commands, &mut taken)).await;
+                }
                 Step::Command(Some(Command::Cancel { stream, id })) => {
                     if stream == current.number && current.routes.remove(&id).is_some() {
                         self.metrics.record_server_requests(1);
@@ -314,6 +337,31 @@ impl Stream {
     }
 }
 
+/// `first` and the watches asked for right after it, already queued (a waiter asks for
+/// two at once): they share one probe. A command of another kind ends the batch and is
+/// kept in `taken`, to be handled next.
+fn batch(
+    first: Asked,
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+    taken: &mut Option<Command>,
+) -> Vec<Asked> {
+    let mut batch = vec![first];
+    while let Ok(command) = commands.try_recv() {
+        match command {
+            Command::Add {
+                key,
+                options,
+                reply,
+            } => batch.push(Asked::new(key, options, reply)),
+            other => {
+                *taken = Some(other);
+                break;
+            }
+        }
+    }
+    batch
+}
+
 impl Asked {
     fn new(
         key: String,
@@ -335,7 +383,7 @@ fn sees_nothing() -> WatchOptions {
 }
 
 impl Open {
-    /// Sends the creates of `asked`'s watch and of a probe after it.
+    /// Sends the creates of `batch`'s watches and of one probe after them.
     ///
     /// The server makes a watch without a start revision from just after the revision it
     /// reads first; if a write is applied between that read and the watch's insertion, the
@@ -343,37 +391,33 @@ impl Open {
     /// whose window is a write's notification of the watchers, which holds the store's
     /// lock: a few percent of the watches made under a steady stream of writes). The
     /// probe, an anchor watch made right after on the same stream, reads the store's
-    /// revision after the watch's insertion: the same revision as the watch's means no
-    /// write came in between, and the watch is synced; a later one, and the watch is made
+    /// revision after the watches' insertion: the same revision as a watch's means no
+    /// write came in between, and that watch is synced; a later one, and the watch is made
     /// again (up to [`PROBE_TRIES`] times).
-    async fn ask(&mut self, mut asked: Asked) {
-        asked.tries += 1;
-        if asked.tries > 1 {
-            self.metrics.record_server_requests(1);
-        }
+    async fn ask(&mut self, batch: Vec<Asked>) {
         // The probe's create and its cancel.
         self.metrics.record_server_requests(2);
-        let watch = self
+        for mut asked in batch {
+            asked.tries += 1;
+            if asked.tries > 1 {
+                self.metrics.record_server_requests(1);
+            }
+            let options = Some(asked.options.clone());
+            if let Err(error) = self.watcher.watch(asked.key.clone(), options).await {
+                // The stream is broken, and its end is the next answer: the watches asked
+                // for fail (retryably) as their replies are dropped, those sent already
+                // end with the stream.
+                tracing::debug!(%error, "etcd: a watch could not be sent");
+                return;
+            }
+            self.expected.push_back(Expected::Watch(asked));
+        }
+        let probe = self
             .watcher
-            .watch(asked.key.clone(), Some(asked.options.clone()))
-            .await;
-        let probe = match watch {
-            Ok(()) => {
-                self.watcher
-                    .watch(self.anchor.clone(), Some(sees_nothing()))
-                    .await
-            }
-            Err(error) => Err(error),
-        };
-        match probe {
-            Ok(()) => {
-                self.expected.push_back(Expected::Watch(asked));
-                self.expected.push_back(Expected::Probe);
-            }
-            // The stream is broken: its end is the next answer.
-            Err(error) => {
-                let _ = asked.reply.send(Err(lock_error(error, None)));
-            }
+            .watch(self.anchor.clone(), Some(sees_nothing()));
+        match probe.await {
+            Ok(()) => self.expected.push_back(Expected::Probe),
+            Err(error) => tracing::debug!(%error, "etcd: a probe could not be sent"),
         }
     }
 
@@ -416,26 +460,30 @@ impl Open {
                 if !response.canceled() {
                     let _ = self.watcher.cancel_by_id(id).await;
                 }
-                let Some(Some(made)) = self.probing.pop_front() else {
-                    return;
-                };
-                if revision > made.from && made.asked.tries < PROBE_TRIES {
-                    tracing::trace!(made.from, revision, "etcd: a watch made again");
-                    self.routes.remove(&made.id);
-                    self.metrics.record_server_requests(1);
-                    let _ = self.watcher.cancel_by_id(made.id).await;
-                    self.ask(made.asked).await;
-                    return;
+                // The probe tells about every watch made since the one before it.
+                let mut again = Vec::new();
+                for made in self.probing.drain(..).flatten() {
+                    if revision > made.from && made.asked.tries < PROBE_TRIES {
+                        tracing::trace!(made.from, revision, "etcd: a watch made again");
+                        self.routes.remove(&made.id);
+                        self.metrics.record_server_requests(1);
+                        let _ = self.watcher.cancel_by_id(made.id).await;
+                        again.push(made.asked);
+                        continue;
+                    }
+                    let watch = Watch {
+                        from: made.from,
+                        id: made.id,
+                        stream: self.number,
+                        events: made.events,
+                        commands: commands.clone(),
+                    };
+                    // An owner that gave up meanwhile drops the watch, which cancels it.
+                    let _ = made.asked.reply.send(Ok(watch));
                 }
-                let watch = Watch {
-                    from: made.from,
-                    id: made.id,
-                    stream: self.number,
-                    events: made.events,
-                    commands: commands.clone(),
-                };
-                // An owner that gave up meanwhile drops the watch, which cancels it.
-                let _ = made.asked.reply.send(Ok(watch));
+                if !again.is_empty() {
+                    self.ask(again).await;
+                }
             }
         }
     }

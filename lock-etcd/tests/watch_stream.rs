@@ -6,6 +6,7 @@
 //!   queued, none twice, one at a time, and no key is left behind.
 //! - A guard granted after a wait notices a foreign delete of its key at once: its watch is
 //!   never one the server catches up on its 100 ms loop.
+//! - A waiter whose key is deleted by someone else fails at once, while the holder holds.
 #![allow(
     clippy::expect_used,
     clippy::unwrap_used,
@@ -339,4 +340,52 @@ async fn a_foreign_delete_is_noticed_at_once() {
         p50 < Duration::from_millis(25),
         "p50 {p50:?}, p99 {p99:?}: the guard's watch waits for the server's catch-up loop"
     );
+}
+
+/// A waiter whose key someone else deletes fails at once, with a retryable error, while the
+/// holder keeps the lock: a wait watches the waiter's own key beside its predecessor's, so
+/// the deletion is not left for the look after the holder's release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_key_is_deleted_fails_at_once() {
+    let endpoint = shared_etcd().unwrap().client_address();
+    let admin = admin_client(&endpoint).await;
+    let (first, second) = (
+        provider(vec![endpoint.clone()]).await,
+        provider(vec![endpoint]).await,
+    );
+    let name = unique_name("waiter-deleted");
+    let mut holder = first.lock(&name).unwrap().acquire(None).await.unwrap();
+    let waiting = second.lock(&name).unwrap();
+    let waiter = tokio::spawn(async move { waiting.acquire(Some(Duration::from_secs(30))).await });
+    let keys = observe_until(
+        Duration::from_secs(10),
+        "the waiter queued",
+        || contenders(&admin, PREFIX, &name),
+        |keys| keys.len() == 2,
+    )
+    .await
+    .unwrap();
+    // Let the waiter settle into its wait (its watches made) before its key goes.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let deleting = Instant::now();
+    admin
+        .kv_client()
+        .delete(keys[1].as_str(), None)
+        .await
+        .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter did not notice the deletion of its key within 5 s")
+        .unwrap();
+    let noticed = deleting.elapsed();
+    let error = ended.expect_err("the waiter was granted the lock with its key deleted");
+    assert!(error.is_retryable(), "{error}");
+    assert!(
+        noticed < Duration::from_secs(1),
+        "the waiter noticed after {noticed:?}"
+    );
+    assert!(!holder.lost().is_lost(), "the holder lost the lock");
+    assert_eq!(contenders(&admin, PREFIX, &name).await, keys[..1].to_vec());
+    holder.release().await.unwrap();
+    assert!(contenders(&admin, PREFIX, &name).await.is_empty());
 }
