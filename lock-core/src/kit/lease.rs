@@ -27,6 +27,9 @@ use crate::{
 /// How often a failed renewal or release is retried, at most.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
+/// A poll of [`Lease::extend`] that takes longer than this blocked its thread.
+const BLOCKING_POLL: Duration = Duration::from_millis(50);
+
 /// One grant held under a lease: what a lease-based backend writes for [`lease_guard`].
 ///
 /// Both requests must be idempotent for the grant's owner: the watchdog and the release
@@ -42,6 +45,12 @@ pub trait Lease: Send + Sync + fmt::Debug + 'static {
     /// The provider's session: its end gives the grant up and counts as a loss.
     fn session(&self) -> &Closed;
     /// Renews the lease for another [`ttl`](Lease::ttl), if the grant is still ours.
+    ///
+    /// It must not block its thread (wrap blocking I/O in `tokio::task::spawn_blocking`):
+    /// the watchdog gives the grant up at its validity's end by a timer, which cannot cut
+    /// a renewal that holds the thread short — the lost signal would fire only once the
+    /// renewal returned, after `valid_until`. A poll of it that takes more than 50 ms is
+    /// logged as an error.
     async fn extend(&self) -> Result<Renewal, LockError>;
     /// Gives the grant up: `Ok(true)` released, `Ok(false)` it was no longer ours.
     async fn release(&self) -> Result<bool, LockError>;
@@ -53,9 +62,11 @@ pub trait Lease: Send + Sync + fmt::Debug + 'static {
 pub enum Renewal {
     /// Still ours: renewed.
     Renewed,
-    /// Released by this owner already (a release whose reply was lost).
+    /// Released by this owner already: a release whose reply was lost, or this guard's
+    /// own release, which the renewal raced.
     Released,
-    /// Gone, or someone else's.
+    /// Gone, or someone else's. Not a loss while the guard's own release is on its way
+    /// (the release may have gone through first): the release's answer decides.
     Gone,
 }
 
@@ -65,6 +76,8 @@ struct LeaseState {
     valid_until: Mutex<Instant>,
     suspect: AtomicBool,
     stopped: AtomicBool,
+    /// The guard's release is on its way: a renewal that finds the grant gone is no loss.
+    releasing: AtomicBool,
     stop: Notify,
 }
 
@@ -129,6 +142,7 @@ pub fn lease_guard(
         valid_until: Mutex::new(valid_until),
         suspect: AtomicBool::new(false),
         stopped: AtomicBool::new(false),
+        releasing: AtomicBool::new(false),
         stop: Notify::new(),
     });
     let first_renewal = sent + (length / 2).min(lease.ttl() / 3);
@@ -191,7 +205,21 @@ async fn watchdog(
             return;
         }
         let budget = state.valid_until().saturating_duration_since(now);
-        match tokio::time::timeout(budget, lease.extend()).await {
+        let answer = tokio::select! {
+            () = &mut stopped => return,
+            answer = tokio::time::timeout(budget, extend_checked(lease.as_ref())) => answer,
+        };
+        // Read before `stopped`: a release that ends sets `stopped`, then clears this.
+        let releasing = state.releasing.load(Ordering::Acquire);
+        if state.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        match answer {
+            // The guard's own release is on its way and may have gone through first: its
+            // answer decides, and the watchdog stops with it.
+            Ok(Ok(Renewal::Released | Renewal::Gone)) if releasing => {
+                next = Instant::now() + RETRY_PAUSE.min(period);
+            }
             Ok(Ok(Renewal::Renewed)) => {
                 let until = (now + lease.ttl())
                     .checked_sub(lease.drift())
@@ -224,6 +252,27 @@ async fn watchdog(
     }
 }
 
+/// `lease.extend()`, with a poll that blocks its thread logged as an error (see
+/// [`Lease::extend`]).
+async fn extend_checked(lease: &dyn Lease) -> Result<Renewal, LockError> {
+    let mut extend = lease.extend();
+    std::future::poll_fn(|cx| {
+        let began = std::time::Instant::now();
+        let polled = extend.as_mut().poll(cx);
+        let took = began.elapsed();
+        if took > BLOCKING_POLL {
+            tracing::error!(
+                backend = lease.backend(),
+                ?took,
+                "Lease::extend blocked its thread, which keeps the watchdog from giving \
+                 the grant up in time; it must not block (use spawn_blocking)"
+            );
+        }
+        polled
+    })
+    .await
+}
+
 /// Releases `lease` in the background, retrying failures until the lease would have run
 /// out anyway: for a grant that nobody will use (a dropped guard, an abandoned vote).
 pub fn release_in_background(lease: Arc<dyn Lease>) {
@@ -239,6 +288,15 @@ pub fn release_in_background(lease: Arc<dyn Lease>) {
             }
         }
     });
+}
+
+/// Clears the `releasing` flag when the release ends, however it ends (dropped too).
+struct Releasing<'a>(&'a AtomicBool);
+
+impl Drop for Releasing<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// The backend side of a guard over a lease.
@@ -280,6 +338,9 @@ impl GuardBackend for LeaseGuard {
             release_in_background(Arc::clone(&self.lease));
             return Err(self.lost(LossReason::SessionExpired));
         }
+        // Until the release has answered, a renewal that finds the grant gone is no loss.
+        self.state.releasing.store(true, Ordering::Release);
+        let _releasing = Releasing(&self.state.releasing);
         match self.lease.release().await {
             Ok(true) => {
                 self.state.stop();
@@ -328,6 +389,8 @@ mod tests {
         extends: AtomicU32,
         releases: AtomicU32,
         still_ours: AtomicBool,
+        /// How long a release takes to answer, after the grant is gone on the server.
+        release_takes: Duration,
     }
 
     impl Scripted {
@@ -362,6 +425,9 @@ mod tests {
         }
         async fn extend(&self) -> Result<Renewal, LockError> {
             self.extends.fetch_add(1, Ordering::SeqCst);
+            if !self.still_ours.load(Ordering::SeqCst) {
+                return Ok(Renewal::Gone);
+            }
             let next = self.renewals.lock().unwrap().pop_front();
             next.unwrap_or(Ok(Renewal::Renewed))
                 .map_err(|()| LockError::Connection {
@@ -373,7 +439,9 @@ mod tests {
         }
         async fn release(&self) -> Result<bool, LockError> {
             self.releases.fetch_add(1, Ordering::SeqCst);
-            Ok(self.still_ours.swap(false, Ordering::SeqCst))
+            let was_ours = self.still_ours.swap(false, Ordering::SeqCst);
+            tokio::time::sleep(self.release_takes).await;
+            Ok(was_ours)
         }
     }
 
@@ -455,6 +523,101 @@ mod tests {
         assert!(matches!(late, Err(ref error) if error.is_retryable()));
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(lease.counts(), (0, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_that_races_the_release_is_no_loss() {
+        let mut lease = Scripted::default();
+        lease.still_ours.store(true, Ordering::SeqCst);
+        lease.release_takes = TTL / 3;
+        let lease = Arc::new(lease);
+        let mut guard = guard_of(&lease);
+        // The release is on its way when the first renewal (at TTL / 3) finds the key gone.
+        tokio::time::sleep(TTL / 3 - Duration::from_millis(10)).await;
+        guard.release().await.unwrap();
+        assert!(lease.counts().0 >= 1, "a renewal ran during the release");
+        assert!(
+            !guard.is_lost(),
+            "a renewal during the release fired the lost signal"
+        );
+    }
+
+    /// How long a [`Blocking`] renewal holds its thread.
+    const BLOCKED: Duration = Duration::from_millis(100);
+
+    /// A lease whose renewals block their thread.
+    #[derive(Debug, Default)]
+    struct Blocking {
+        session: Closed,
+    }
+
+    #[async_trait]
+    impl Lease for Blocking {
+        fn backend(&self) -> &'static str {
+            "blocking"
+        }
+        fn ttl(&self) -> Duration {
+            Duration::from_millis(600)
+        }
+        fn drift(&self) -> Duration {
+            Duration::from_millis(30)
+        }
+        fn session(&self) -> &Closed {
+            &self.session
+        }
+        async fn extend(&self) -> Result<Renewal, LockError> {
+            std::thread::sleep(BLOCKED);
+            Ok(Renewal::Renewed)
+        }
+        async fn release(&self) -> Result<bool, LockError> {
+            Ok(true)
+        }
+    }
+
+    /// What a test's subscriber wrote.
+    #[derive(Clone, Default)]
+    struct Written(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Written {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_renewal_that_blocks_its_thread_is_reported() {
+        let written = Written::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer({
+                let written = written.clone();
+                move || written.clone()
+            })
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let lease: Arc<dyn Lease> = Arc::new(Blocking::default());
+                let name = LockName::new("jobs").unwrap();
+                let ttl = lease.ttl();
+                let guard = lease_guard(lease, &name, FencingToken(1), Instant::now(), ttl);
+                // The first renewal, at a third of the ttl, blocks.
+                tokio::time::sleep(ttl / 3 + BLOCKED + Duration::from_millis(50)).await;
+                drop(guard);
+            });
+        });
+        let written = String::from_utf8(written.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            written.contains("Lease::extend blocked its thread"),
+            "nothing reported: {written:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]
