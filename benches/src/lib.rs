@@ -72,12 +72,8 @@ pub async fn measure_handoffs(
         }));
     }
     for task in tasks {
-        task.await.map_err(|join| LockError::Backend {
-            backend: "bench",
-            name: Some(name.to_owned()),
-            message: format!("a contender task failed: {join}"),
-            retryable: false,
-            source: None,
+        task.await.map_err(|join| {
+            LockError::other("bench", format!("a contender task failed: {join}")).for_lock(name)
         })??;
     }
     let handoffs = last_release

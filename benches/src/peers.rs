@@ -75,13 +75,9 @@ struct RecipeLock {
 }
 
 fn recipe_error(error: zookeeper_client::Error) -> LockError {
-    LockError::Backend {
-        backend: "zk-recipe",
-        name: None,
-        message: error.to_string(),
-        retryable: true,
-        source: Some(Box::new(error)),
-    }
+    LockError::other("zk-recipe", error.to_string())
+        .retryable(true)
+        .with_source(error)
 }
 
 #[async_trait]
@@ -175,13 +171,9 @@ impl std::fmt::Debug for EtcdHandle {
 }
 
 fn v3lock_error(error: etcd_client::Error) -> LockError {
-    LockError::Backend {
-        backend: "etcd-v3lock",
-        name: None,
-        message: error.to_string(),
-        retryable: true,
-        source: Some(Box::new(error)),
-    }
+    LockError::other("etcd-v3lock", error.to_string())
+        .retryable(true)
+        .with_source(error)
 }
 
 impl V3LockProvider {

@@ -50,13 +50,7 @@ impl RunOptions {
 }
 
 pub(crate) fn bench_error(message: impl Into<String>) -> LockError {
-    LockError::Backend {
-        backend: "bench",
-        name: None,
-        message: message.into(),
-        retryable: false,
-        source: None,
-    }
+    LockError::other("bench", message)
 }
 
 /// The `q` quantile of `samples` (sorted in place), in microseconds.

@@ -214,6 +214,123 @@ impl LockError {
         }
     }
 
+    /// A [`LockError::Backend`] ("any other failure") of `backend` saying `message`: not
+    /// retryable, no lock, no source, until [`retryable`](Self::retryable),
+    /// [`for_lock`](Self::for_lock) and [`with_source`](Self::with_source) say otherwise.
+    ///
+    /// ```
+    /// use lock_core::LockError;
+    ///
+    /// let io = std::io::Error::other("disk full");
+    /// let e = LockError::other("file", "cannot write the lock file")
+    ///     .retryable(true)
+    ///     .for_lock("jobs")
+    ///     .with_source(io);
+    /// assert!(e.is_retryable());
+    /// assert_eq!(e.lock_name(), Some("jobs"));
+    /// assert_eq!(e.to_string(), "file: cannot write the lock file (lock \"jobs\")");
+    /// assert!(std::error::Error::source(&e).is_some());
+    /// ```
+    pub fn other(backend: &'static str, message: impl Into<String>) -> Self {
+        LockError::Backend {
+            backend,
+            name: None,
+            message: message.into(),
+            retryable: false,
+            source: None,
+        }
+    }
+
+    /// A [`LockError::Connection`] of `backend` saying `message` (which address, after how
+    /// long): retryable, no lock, no source until [`for_lock`](Self::for_lock) and
+    /// [`with_source`](Self::with_source).
+    ///
+    /// ```
+    /// use lock_core::LockError;
+    ///
+    /// let e = LockError::connection("redis", "cannot reach 127.0.0.1:6379: refused");
+    /// assert!(e.is_retryable());
+    /// ```
+    pub fn connection(backend: &'static str, message: impl Into<String>) -> Self {
+        LockError::Connection {
+            backend,
+            name: None,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// The [`LockError::Lost`] of a guard of `name` whose backend stopped vouching for it.
+    ///
+    /// ```
+    /// use lock_core::{LockError, LossReason};
+    ///
+    /// let e = LockError::lost("file", "jobs", LossReason::EntryRemoved);
+    /// assert!(!e.is_retryable());
+    /// assert_eq!(e.lock_name(), Some("jobs"));
+    /// ```
+    pub fn lost(backend: &'static str, name: impl fmt::Display, reason: LossReason) -> Self {
+        LockError::Lost {
+            backend,
+            name: name.to_string(),
+            reason,
+        }
+    }
+
+    /// A [`LockError::SessionExpired`] of `backend`, naming no lock until
+    /// [`for_lock`](Self::for_lock).
+    ///
+    /// ```
+    /// use lock_core::LockError;
+    ///
+    /// let e = LockError::session_expired("file").for_lock("jobs");
+    /// assert!(e.is_retryable());
+    /// assert_eq!(e.lock_name(), Some("jobs"));
+    /// ```
+    pub fn session_expired(backend: &'static str) -> Self {
+        LockError::SessionExpired {
+            backend,
+            name: None,
+        }
+    }
+
+    /// The same error, naming the lock `name` where its kind names one and it names none
+    /// yet; others unchanged.
+    #[must_use]
+    pub fn for_lock(mut self, lock: impl fmt::Display) -> Self {
+        if let LockError::Connection { name, .. }
+        | LockError::PermissionDenied { name, .. }
+        | LockError::SessionExpired { name, .. }
+        | LockError::Backend { name, .. } = &mut self
+            && name.is_none()
+        {
+            *name = Some(lock.to_string());
+        }
+        self
+    }
+
+    /// The same error, with `source` (the client library's error) behind it where its kind
+    /// keeps one ([`Connection`](LockError::Connection), [`Backend`](LockError::Backend));
+    /// others unchanged.
+    #[must_use]
+    pub fn with_source(mut self, error: impl Into<BoxError>) -> Self {
+        if let LockError::Connection { source, .. } | LockError::Backend { source, .. } = &mut self
+        {
+            *source = Some(error.into());
+        }
+        self
+    }
+
+    /// The same error, a [`Backend`](LockError::Backend) one flagged as `retryable` or not;
+    /// others unchanged (whether they are retryable follows from their kind).
+    #[must_use]
+    pub fn retryable(mut self, may_pass: bool) -> Self {
+        if let LockError::Backend { retryable, .. } = &mut self {
+            *retryable = may_pass;
+        }
+        self
+    }
+
     /// A [`LockError::Config`] with the given message.
     pub fn config(message: impl Into<String>) -> Self {
         LockError::Config {

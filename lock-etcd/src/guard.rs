@@ -105,13 +105,8 @@ impl Entry {
             answer
         });
         sending.await.unwrap_or_else(|failed| {
-            Err(LockError::Backend {
-                backend: BACKEND,
-                name: None,
-                message: format!("the create's task failed: {failed}"),
-                retryable: true,
-                source: None,
-            })
+            let message = format!("the create's task failed: {failed}");
+            Err(LockError::other(BACKEND, message).retryable(true))
         })
     }
 }

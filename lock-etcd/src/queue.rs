@@ -514,14 +514,10 @@ impl Queue {
 
     /// The error of a contender whose key vanished while it waited.
     pub(crate) fn place_gone(&self) -> LockError {
-        LockError::Backend {
-            backend: BACKEND,
-            name: Some(self.name.to_string()),
-            message: "this waiter's key is gone (deleted by another client, or its lease ended)"
-                .to_owned(),
-            retryable: true,
-            source: None,
-        }
+        let message = "this waiter's key is gone (deleted by another client, or its lease ended)";
+        LockError::other(BACKEND, message)
+            .retryable(true)
+            .for_lock(&self.name)
     }
 }
 

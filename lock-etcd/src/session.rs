@@ -98,13 +98,8 @@ impl Session {
             }
         };
         if !grant.error().is_empty() {
-            return Err(LockError::Backend {
-                backend: BACKEND,
-                name: None,
-                message: format!("the lease was refused: {}", grant.error()),
-                retryable: true,
-                source: None,
-            });
+            let message = format!("the lease was refused: {}", grant.error());
+            return Err(LockError::other(BACKEND, message).retryable(true));
         }
         // The watch stream's anchor: `{prefix}/` itself, which is no lock's key.
         let anchor = format!("{}/", config.prefix);

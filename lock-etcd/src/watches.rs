@@ -155,30 +155,6 @@ fn stream_ended(name: &str) -> LockError {
     connection(Some(name.to_owned()), "the watch stream ended", None)
 }
 
-trait ForLock {
-    fn for_lock(self, name: &str) -> LockError;
-}
-
-impl ForLock for LockError {
-    /// The error, naming the lock when the stream's task could not.
-    fn for_lock(self, name: &str) -> LockError {
-        match self {
-            LockError::Connection {
-                backend,
-                name: None,
-                message,
-                source,
-            } => LockError::Connection {
-                backend,
-                name: Some(name.to_owned()),
-                message,
-                source,
-            },
-            other => other,
-        }
-    }
-}
-
 /// What woke the stream's task.
 enum Step {
     Command(Option<Command>),
@@ -499,11 +475,5 @@ fn refused(response: &WatchResponse) -> LockError {
             message: format!("a watch was refused: {reason}"),
         };
     }
-    LockError::Backend {
-        backend: BACKEND,
-        name: None,
-        message: format!("a watch was refused: {reason}"),
-        retryable: true,
-        source: None,
-    }
+    LockError::other(BACKEND, format!("a watch was refused: {reason}")).retryable(true)
 }

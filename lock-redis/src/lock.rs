@@ -545,13 +545,9 @@ impl Claim {
     /// A retryable error about this claim: a grant or renewal the replicas did not confirm,
     /// a place in the queue gone.
     fn retryable(&self, message: &str) -> LockError {
-        LockError::Backend {
-            backend: BACKEND,
-            name: Some(self.name.to_string()),
-            message: message.to_owned(),
-            retryable: true,
-            source: None,
-        }
+        LockError::other(BACKEND, message)
+            .retryable(true)
+            .for_lock(&self.name)
     }
 
     /// What every queue script takes after the owner id.

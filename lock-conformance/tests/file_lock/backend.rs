@@ -212,20 +212,15 @@ fn next_token(file: &mut File) -> io::Result<u64> {
 }
 
 fn io_error(name: Option<&LockName>, error: &io::Error) -> LockError {
-    LockError::Backend {
-        backend: BACKEND,
-        name: name.map(|name| name.as_str().to_owned()),
-        message: error.to_string(),
-        retryable: false,
-        source: None,
+    let error = LockError::other(BACKEND, error.to_string());
+    match name {
+        Some(name) => error.for_lock(name),
+        None => error,
     }
 }
 
 fn session_expired(name: &LockName) -> LockError {
-    LockError::SessionExpired {
-        backend: BACKEND,
-        name: Some(name.as_str().to_owned()),
-    }
+    LockError::session_expired(BACKEND).for_lock(name)
 }
 
 #[derive(Debug)]
@@ -308,11 +303,11 @@ impl GuardBackend for FileGuard {
     async fn release(&mut self) -> Result<(), LockError> {
         match self.take() {
             Some(_closed) => Ok(()),
-            None => Err(LockError::Lost {
-                backend: BACKEND,
-                name: self.name.as_str().to_owned(),
-                reason: LossReason::SessionExpired,
-            }),
+            None => Err(LockError::lost(
+                BACKEND,
+                &self.name,
+                LossReason::SessionExpired,
+            )),
         }
     }
 

@@ -77,13 +77,8 @@ impl Inspector for FileHarness {
         let Ok(file) = std::fs::metadata(&path) else {
             return Ok(Entries::new(0, 0));
         };
-        let table = std::fs::read_to_string("/proc/locks").map_err(|e| LockError::Backend {
-            backend: "file",
-            name: None,
-            message: format!("reading /proc/locks: {e}"),
-            retryable: false,
-            source: None,
-        })?;
+        let table = std::fs::read_to_string("/proc/locks")
+            .map_err(|e| LockError::other("file", format!("reading /proc/locks: {e}")))?;
         let pid = std::process::id().to_string();
         let inode = format!(":{}", file.ino());
         let holders = table

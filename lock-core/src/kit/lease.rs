@@ -128,14 +128,10 @@ pub fn lease_guard(
     if valid_until <= Instant::now() {
         tracing::debug!(backend = lease.backend(), lock = %name, "the grant's reply came after its lease; giving it up");
         release_in_background(lease.clone());
-        return Err(LockError::Backend {
-            backend: lease.backend(),
-            name: Some(name.to_string()),
-            message: "the server's reply came after the lease had run out; the grant was given up"
-                .to_owned(),
-            retryable: true,
-            source: None,
-        });
+        let message = "the server's reply came after the lease had run out; the grant was given up";
+        return Err(LockError::other(lease.backend(), message)
+            .retryable(true)
+            .for_lock(name));
     }
     let (notifier, lost) = lost_signal();
     let state = Arc::new(LeaseState {

@@ -372,13 +372,7 @@ impl Inspector for RedisHarness {
 
 /// The error of an inspection of the lock `name` that the server did not answer.
 pub(crate) fn inspection_failed(name: &str, error: impl std::fmt::Display) -> LockError {
-    LockError::Backend {
-        backend: "test",
-        name: Some(name.into()),
-        message: error.to_string(),
-        retryable: false,
-        source: None,
-    }
+    LockError::other("test", error.to_string()).for_lock(name)
 }
 
 /// The password of every Sentinel or Cluster client's ACL user.

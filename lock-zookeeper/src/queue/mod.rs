@@ -149,13 +149,10 @@ impl Place {
 
     /// The error of a waiter or holder whose node another client deleted.
     pub(crate) fn node_deleted(&self, node: &str) -> LockError {
-        LockError::Backend {
-            backend: BACKEND,
-            name: Some(self.name.to_string()),
-            message: format!("this waiter's node {node} was deleted by another client"),
-            retryable: true,
-            source: None,
-        }
+        let message = format!("this waiter's node {node} was deleted by another client");
+        LockError::other(BACKEND, message)
+            .retryable(true)
+            .for_lock(&self.name)
     }
 
     /// Waits for the watch to fire (`true`) or the deadline (`false`).

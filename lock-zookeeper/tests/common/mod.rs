@@ -661,13 +661,7 @@ impl ZkHarness {
     async fn queue(&self, dir: &str) -> Result<Vec<String>, LockError> {
         let children = children(&self.admin, dir)
             .await
-            .map_err(|error| LockError::Backend {
-                backend: "test",
-                name: Some(dir.into()),
-                message: error.to_string(),
-                retryable: false,
-                source: None,
-            })?;
+            .map_err(|error| LockError::other("test", error.to_string()).for_lock(dir))?;
         let mut queue: Vec<(i64, String)> = children
             .into_iter()
             .filter_map(|child| sequence(&child).map(|seq| (seq, format!("{dir}/{child}"))))
