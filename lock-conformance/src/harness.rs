@@ -229,7 +229,10 @@ pub trait Faults: Send + Sync {
 /// - a server session (ZooKeeper): have the server expire it, e.g. by cutting the client's
 ///   connection through a fault proxy (e.g. `lock_testbed::proxy::FaultProxy`) for longer
 ///   than the session timeout;
-/// - a lease (Redis): cut the connection for longer than the lease, so that the key expires;
+/// - a lease (Redis): cut the connection for longer than the lease, so that the key expires,
+///   and than a waiter's place in the queue, if the backend keeps one; the client's waiters
+///   must then fail rather than win later (B8), so a lease backend treats a cut that long as
+///   the end of its session (with the kit, it closes its [`Closed`](lock_core::kit::Closed));
 /// - a lock owned by an open handle or connection (a file lock, a database session lock):
 ///   close that handle or connection behind the provider's back, as the operating system or
 ///   the server does when the process dies.
@@ -318,7 +321,9 @@ pub trait Inspector: Send + Sync {
     /// The holder and waiter entries the server keeps for `name`, of every kind of lock and
     /// the election of that name (ZooKeeper: children of the lock directory; Redis: owner
     /// key and queue; memory: the lock's state). An election's leader is a holder, its
-    /// other candidates waiters.
+    /// other candidates waiters. A lease whose time has run out on the server is no holder,
+    /// even where its record stays until someone cleans it up: report it only while it is
+    /// still valid.
     async fn entries(&self, name: &str) -> Result<Entries, LockError>;
 
     /// Whether waiters of `kind` leave entries on the server. A backend whose waiters only

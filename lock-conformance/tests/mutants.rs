@@ -12,7 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lock_conformance::memory::{MemoryHarness, MemorySession};
-use lock_conformance::{Client, Faults, Harness, Inspector, Outcome, Timing, async_trait, cases};
+use lock_conformance::{
+    Client, FaultResult, Faults, Harness, Inspector, Outcome, SessionExpiry, Timing, async_trait,
+    cases,
+};
 use lock_core::election::{LeaderSource, follow};
 use lock_core::memory::MemoryLockProvider;
 use lock_core::{
@@ -49,6 +52,9 @@ enum Mutation {
     ResignDoesNothing,
     /// An observer never sees a change after its first read.
     StuckObserver,
+    /// Its session expiry reports success and leaves the session, and its locks, alive
+    /// (its revoke works).
+    ExpiryKeepsLocks,
     /// No mutation: the wrapper as it is.
     None,
 }
@@ -312,13 +318,9 @@ impl DistributedLock for MutantLock {
                 // The real waiter lives in a detached task that outlives a dropped caller.
                 let inner = Arc::clone(&self.inner);
                 let task = tokio::spawn(async move { inner.acquire(timeout).await });
-                let guard = task.await.map_err(|e| LockError::Backend {
-                    backend: "mutant",
-                    name: None,
-                    message: e.to_string(),
-                    retryable: false,
-                    source: None,
-                })??;
+                let guard = task
+                    .await
+                    .map_err(|e| LockError::other("mutant", e.to_string()))??;
                 Ok(self.wrap(guard))
             }
             Mutation::FifoViolated => {
@@ -379,11 +381,24 @@ impl LockProvider for MutantProvider {
     }
 }
 
+/// A session expiry that ends nothing.
+struct ExpiryDoesNothing;
+
+#[async_trait]
+impl SessionExpiry for ExpiryDoesNothing {
+    async fn expire_session(&self) -> FaultResult {
+        Ok(())
+    }
+}
+
 #[async_trait]
 impl Harness for MutantHarness {
     async fn client(&self) -> Result<Client, LockError> {
         let provider = self.inner.server().provider();
-        let session = Arc::new(MemorySession(provider.clone()));
+        let session: Arc<dyn SessionExpiry> = match self.mutation {
+            Mutation::ExpiryKeepsLocks => Arc::new(ExpiryDoesNothing),
+            _ => Arc::new(MemorySession(provider.clone())),
+        };
         let mutant = MutantProvider {
             inner: provider,
             mutation: self.mutation,
@@ -457,6 +472,29 @@ fn unconditional_release_is_caught_without_optional_hooks() {
     for id in ["C3", "E2", "E3", "B8", "D1"] {
         let honest = MutantHarness::new(Mutation::None).required_only();
         let result = outcome(honest, id);
+        assert!(matches!(result, Ok(Outcome::Passed)), "{id}: {result:?}");
+    }
+}
+
+/// The stale-holder cases take the lock away through the session's end even where a
+/// revoke is offered: an expiry that leaves the locks alive fails them, with or without
+/// the revoke.
+#[test]
+fn an_expiry_that_keeps_the_locks_is_caught_beside_a_revoke() {
+    let stale_holder_cases = ["C3", "D1", "D2", "E2", "E3"];
+    let with_revoke = || MutantHarness::new(Mutation::ExpiryKeepsLocks);
+    assert_eq!(
+        failing_cases_of(with_revoke, &stale_holder_cases),
+        stale_holder_cases
+    );
+    let without = || MutantHarness::new(Mutation::ExpiryKeepsLocks).required_only();
+    assert_eq!(
+        failing_cases_of(without, &stale_holder_cases),
+        stale_holder_cases
+    );
+    // An honest harness with a revoke passes them, through both ways.
+    for id in stale_holder_cases {
+        let result = outcome(MutantHarness::new(Mutation::None), id);
         assert!(matches!(result, Ok(Outcome::Passed)), "{id}: {result:?}");
     }
 }

@@ -75,6 +75,9 @@ pub struct Capabilities {
     /// Whether the provider offers [leader elections](crate::Election).
     pub elections: bool,
     /// Whether guards hold a lease with a [`valid_until`](crate::Guard::valid_until) deadline.
+    /// A lease backend declares its lease length as
+    /// [`crash_release_bound`](Capabilities::crash_release_bound) (a crashed holder's lease
+    /// runs out within it): the conformance suite's lease cases take the length from there.
     pub leases: bool,
     /// How long after a holder dies (process killed, connection gone) the lock is free again
     /// at the latest: the session timeout or the lease TTL. `None` when unbounded or unknown.

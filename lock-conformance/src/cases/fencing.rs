@@ -3,7 +3,7 @@
 
 use lock_core::{Fencing, FencingToken, LockError};
 
-use crate::cases::release::take_over;
+use crate::cases::release::{TakeAway, by_every_take_away, not_offered, take_over};
 use crate::ensure;
 use crate::harness::{FaultError, Harness};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
@@ -44,16 +44,22 @@ pub async fn e1_tokens_increase(h: &dyn Harness) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// E2: the holder after a take-over (a revoke, or the stale holder's session's end) has a
-/// larger token than the stale holder.
+/// E2: the holder after a take-over (the stale holder's session's end, and a revoke where
+/// the harness offers one) has a larger token than the stale holder.
 pub async fn e2_token_after_takeover_is_larger(h: &dyn Harness) -> CaseResult {
     if fencing_of(h).await? == Fencing::None {
         return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));
     }
+    by_every_take_away(|how| e2_by(h, how)).await
+}
+
+async fn e2_by(h: &dyn Harness, how: TakeAway) -> CaseResult {
     let name = unique_name("e2");
     let (a, b) = (h.client().await?, h.client().await?);
     let stale = take(a.provider.lock(&name)?.as_ref(), "first holder").await?;
-    let mut fresh = take_over(h, &a, &b, &name).await?;
+    let Some(mut fresh) = take_over(h, &a, &b, &name, how).await? else {
+        return Ok(not_offered(how));
+    };
     ensure!(
         fresh.fencing_token() > stale.fencing_token(),
         "the new holder's token {} is not above the stale holder's {}",
@@ -66,11 +72,16 @@ pub async fn e2_token_after_takeover_is_larger(h: &dyn Harness) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// E3: a fenced store accepts the new holder's writes and rejects the stale holder's.
+/// E3: a fenced store accepts the new holder's writes and rejects the stale holder's
+/// (after each way of taking the lock away, as E2).
 pub async fn e3_fenced_store_rejects_stale(h: &dyn Harness) -> CaseResult {
     if fencing_of(h).await? == Fencing::None {
         return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));
     }
+    by_every_take_away(|how| e3_by(h, how)).await
+}
+
+async fn e3_by(h: &dyn Harness, how: TakeAway) -> CaseResult {
     let name = unique_name("e3");
     let store = FencedStore::new();
     let (a, b) = (h.client().await?, h.client().await?);
@@ -78,7 +89,9 @@ pub async fn e3_fenced_store_rejects_stale(h: &dyn Harness) -> CaseResult {
     store
         .write(stale.fencing_token(), "stale holder, while it held")
         .context_stale()?;
-    let mut fresh = take_over(h, &a, &b, &name).await?;
+    let Some(mut fresh) = take_over(h, &a, &b, &name, how).await? else {
+        return Ok(not_offered(how));
+    };
     store
         .write(fresh.fencing_token(), "new holder")
         .context_stale()?;

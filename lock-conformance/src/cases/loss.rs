@@ -3,7 +3,7 @@
 
 use lock_core::LockError;
 
-use crate::cases::release::take_away;
+use crate::cases::release::{TakeAway, by_every_take_away, not_offered, take_away};
 use crate::ensure;
 use crate::harness::{FaultError, Harness};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
@@ -11,9 +11,13 @@ use crate::support::{no_residue, take, unique_name, within};
 
 const CAPABILITY: &str = "lost_detection";
 
-/// D1: taking the lock away (a revoke where the harness offers one, else the holder's
-/// session's end) fires the lost signal within the bound.
+/// D1: taking the lock away (the holder's session's end, and a revoke where the harness
+/// offers one) fires the lost signal within the bound.
 pub async fn d1_revoke_fires_lost(h: &dyn Harness) -> CaseResult {
+    by_every_take_away(|how| d1_by(h, how)).await
+}
+
+async fn d1_by(h: &dyn Harness, how: TakeAway) -> CaseResult {
     let a = h.client().await?;
     if !a.provider.capabilities().lost_detection {
         return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));
@@ -25,7 +29,9 @@ pub async fn d1_revoke_fires_lost(h: &dyn Harness) -> CaseResult {
         let lost = lost.clone();
         async move { lost.wait().await }
     });
-    let how = take_away(h, &a, &name).await?;
+    if !take_away(h, &a, &name, how).await? {
+        return Ok(not_offered(how));
+    }
     let reason = within(
         h.timing().loss_bound,
         &format!("the lost signal after a {how}"),
@@ -43,15 +49,22 @@ pub async fn d1_revoke_fires_lost(h: &dyn Harness) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// D2: subscribing after the loss still sees it.
+/// D2: subscribing after the loss still sees it (after each way of taking the lock away,
+/// as D1).
 pub async fn d2_late_subscriber_sees_loss(h: &dyn Harness) -> CaseResult {
+    by_every_take_away(|how| d2_by(h, how)).await
+}
+
+async fn d2_by(h: &dyn Harness, how: TakeAway) -> CaseResult {
     let a = h.client().await?;
     if !a.provider.capabilities().lost_detection {
         return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));
     }
     let name = unique_name("d2");
     let guard = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
-    let how = take_away(h, &a, &name).await?;
+    if !take_away(h, &a, &name, how).await? {
+        return Ok(not_offered(how));
+    }
     let first = guard.lost();
     within(
         h.timing().loss_bound,
