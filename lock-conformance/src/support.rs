@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_core::{DistributedLock, FencingToken, Guard, LockProvider};
+use lock_core::{DistributedLock, FencingToken, Guard, LockProvider, LossReason};
 
 use crate::harness::{Client, Entries, FaultError, Harness, LockKind};
 use crate::outcome::CaseFailure;
@@ -147,6 +147,55 @@ pub async fn within<F: Future>(
     tokio::time::timeout(bound, future)
         .await
         .map_err(|_| CaseFailure::new(format!("{what} did not finish within {bound:?}")))
+}
+
+/// Waits at most `bound` for `guard`'s lost signal. Where the guard has a validity, the
+/// signal must also fire no later than its last [`valid_until`](Guard::valid_until) (as
+/// sampled while the guard was not lost) plus `slack`: a lease whose renewal holds the
+/// watchdog past the validity fails here.
+///
+/// # Errors
+///
+/// A [`CaseFailure`] naming `what` when the signal is late.
+pub(crate) async fn lost_by_validity(
+    guard: &Guard,
+    bound: Duration,
+    slack: Duration,
+    what: &str,
+) -> Result<Option<LossReason>, CaseFailure> {
+    let lost = guard.lost();
+    let waiting = lost.wait();
+    tokio::pin!(waiting);
+    let began = tokio::time::Instant::now();
+    let step = (slack / 20).max(Duration::from_millis(5));
+    let mut valid_until = guard.valid_until();
+    loop {
+        tokio::select! {
+            reason = &mut waiting => {
+                if let Some(valid_until) = valid_until {
+                    let late = std::time::Instant::now().saturating_duration_since(valid_until);
+                    if late > slack {
+                        return Err(CaseFailure::new(format!(
+                            "{what}: the lost signal fired {late:?} after the guard's \
+                             valid_until (allowed: {slack:?}); a renewal that blocks keeps the \
+                             lease's watchdog from giving the lock up in time"
+                        )));
+                    }
+                }
+                return Ok(reason);
+            }
+            () = tokio::time::sleep(step) => {
+                if began.elapsed() > bound {
+                    return Err(CaseFailure::new(format!(
+                        "{what}: the lost signal did not fire within {bound:?}"
+                    )));
+                }
+                if !lost.is_lost() && let Some(now_valid) = guard.valid_until() {
+                    valid_until = Some(now_valid);
+                }
+            }
+        }
+    }
 }
 
 /// Polls `condition` until it holds or `bound` passes.

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use crate::ensure;
 use crate::harness::{FaultError, Harness};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
-use crate::support::{no_residue, take, unique_name};
+use crate::support::{expire_session, lost_by_validity, no_residue, take, unique_name};
 
 const CAPABILITY: &str = "leases";
 
@@ -45,7 +45,9 @@ pub async fn f1_auto_extension(h: &dyn Harness) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// F2: valid_until is in the future at grant and not later than grant + ttl.
+/// F2: valid_until is in the future at grant and not later than grant + ttl; and, where the
+/// backend declares lost detection, when the holder's session ends (its renewals fail) the
+/// lost signal fires by the last `valid_until` plus the operation slack.
 pub async fn f2_valid_until_bounds(h: &dyn Harness) -> CaseResult {
     let Some(ttl) = lease_length(h).await? else {
         return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));
@@ -69,7 +71,22 @@ pub async fn f2_valid_until_bounds(h: &dyn Harness) -> CaseResult {
         valid_until <= asked + ttl,
         "valid_until is later than the request time plus the ttl {ttl:?}"
     );
-    guard.release().await?;
+    if !a.provider.capabilities().lost_detection {
+        guard.release().await?;
+        return Ok(Outcome::Passed);
+    }
+    let timing = h.timing();
+    let watching = lost_by_validity(
+        &guard,
+        ttl + timing.loss_bound + timing.operation_slack,
+        timing.operation_slack,
+        "the holder's session ended",
+    );
+    let (expired, reason) = tokio::join!(expire_session(&a), watching);
+    expired?;
+    ensure!(reason?.is_some(), "the lost signal ended without a loss");
+    drop(guard);
+    no_residue(h, &name, "after the session's end").await?;
     Ok(Outcome::Passed)
 }
 

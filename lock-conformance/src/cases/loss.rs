@@ -7,7 +7,7 @@ use crate::cases::release::{TakeAway, by_every_take_away, not_offered, take_away
 use crate::ensure;
 use crate::harness::{FaultError, Harness};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
-use crate::support::{no_residue, take, unique_name, within};
+use crate::support::{lost_by_validity, no_residue, take, unique_name, within};
 
 const CAPABILITY: &str = "lost_detection";
 
@@ -108,8 +108,9 @@ pub async fn d3_release_while_waiting_on_lost(h: &dyn Harness) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// D4 (fault): server paused past the session/lease: lost fires; after resume the stale
-/// release returns Err(Lost) if someone else holds.
+/// D4 (fault): server paused past the session/lease: lost fires (where the guard has a
+/// validity, by its `valid_until` plus the operation slack); after resume the stale release
+/// returns Err(Lost) if someone else holds.
 pub async fn d4_server_pause_fires_lost(h: &dyn Harness) -> CaseResult {
     let a = h.client().await?;
     if !a.provider.capabilities().lost_detection {
@@ -121,13 +122,13 @@ pub async fn d4_server_pause_fires_lost(h: &dyn Harness) -> CaseResult {
     let timing = h.timing();
     let name = unique_name("d4");
     let mut stale = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
-    let lost = stale.lost();
     let pause = timing.crash_release_bound + timing.operation_slack;
     let pausing = faults.pause_server(pause);
-    let watching = within(
+    let watching = lost_by_validity(
+        &stale,
         pause + timing.loss_bound,
-        "the lost signal while the server is paused",
-        lost.wait(),
+        timing.operation_slack,
+        "the server paused",
     );
     let (paused, reason) = tokio::join!(pausing, watching);
     match paused {

@@ -77,14 +77,14 @@ macro_rules! __with_cases {
             loss::d1_revoke_fires_lost => "D1", "(lost_detection) taking the lock away (the session's end, and a revoke where offered) fires the lost signal within the bound";
             loss::d2_late_subscriber_sees_loss => "D2", "(lost_detection) subscribing after the loss still sees it";
             loss::d3_release_while_waiting_on_lost => "D3", "release while a task waits on the lost signal: no panic, no hang";
-            loss::d4_server_pause_fires_lost => "D4", "(fault) server paused past the session: lost fires; the stale release returns Err(Lost)";
+            loss::d4_server_pause_fires_lost => "D4", "(fault) server paused past the session: lost fires (by valid_until, where the guard has one); the stale release returns Err(Lost)";
             loss::d5_without_detection_never_fires => "D5", "(fault) without lost_detection a revoke, not the holder's doing, never fires the signal";
             fencing::e1_tokens_increase => "E1", "(fencing) tokens strictly increase across successive holders";
             fencing::e2_token_after_takeover_is_larger => "E2", "(fencing) the holder after a take-over (the session's end, and a revoke where offered) has a larger token than the stale one";
             fencing::e3_fenced_store_rejects_stale => "E3", "(fencing) a fenced store rejects the stale holder's writes";
             fencing::e4_tokens_survive_restart => "E4", "(monotonic, fault) tokens keep increasing across a restart or failover";
             leases::f1_auto_extension => "F1", "(leases) holding for three lease lengths keeps the lock";
-            leases::f2_valid_until_bounds => "F2", "(leases) valid_until is in the future at grant and not later than grant + ttl";
+            leases::f2_valid_until_bounds => "F2", "(leases) valid_until is in the future at grant and not later than grant + ttl; with lost detection, a session's end fires the lost signal by valid_until";
             leases::f3_no_expired_grant => "F3", "(leases, fault) an acquire slower than the lease fails instead of returning an expired guard";
             names::g1_unusual_names => "G1", "unusual names are distinct locks or InvalidName, consistently, never a panic";
             names::g2_case_sensitive => "G2", "names are case-sensitive";
