@@ -68,12 +68,16 @@ async fn served_in_order(
         let (lock, served, occupancy) = (Arc::clone(&lock), Arc::clone(&served), occupancy.clone());
         queued.push(tokio::spawn(async move {
             let mut guard = lock.acquire(Some(SERVED_BOUND)).await?;
-            let _inside = occupancy.enter();
-            served
-                .lock()
-                .unwrap()
-                .push((place, guard.fencing_token().0));
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            {
+                // Inside until it starts to release: the next waiter may be granted as soon
+                // as the delete is applied, before its reply reaches this one.
+                let _inside = occupancy.enter();
+                served
+                    .lock()
+                    .unwrap()
+                    .push((place, guard.fencing_token().0));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             match guard.release().await {
                 // Sent to a member cut off from its leader, say: the key is deleted in the
                 // background, and the next waiter waits for that.
