@@ -64,7 +64,9 @@ pub trait GuardBackend: Send + Sync + fmt::Debug + 'static {
 ///   [`LostSignal::wait`] get `None`).
 /// - Releasing twice, or dropping after a release, is a no-op returning `Ok(())`.
 /// - After a retryable error (e.g. [`LockError::Connection`]) the guard still owns the grant:
-///   call `release` again, or drop the guard to release in the background.
+///   call `release` again, or drop the guard to release in the background. Once the lost
+///   signal has fired, though, an error on the way is no news: `release` returns
+///   [`LockError::Lost`] and finishes the release in the background.
 /// - Dropping a guard without releasing starts a best-effort release in the background and
 ///   returns at once; the ZooKeeper session or the Redis lease frees the lock if that fails.
 ///   Prefer an explicit `release().await` to learn the outcome.
@@ -179,7 +181,19 @@ impl Guard {
                 self.lost.mark_lost(reason.clone());
                 Err(self.lost_error(reason))
             }
-            Err(other) => Err(other),
+            Err(other) => match self.lost.reason() {
+                // Lost already: the hold is over whatever the server answers, and a release
+                // that cannot reach it (a connection cut past the session, say) is finished
+                // in the background — conditional, so it leaves a new holder alone.
+                Some(reason) => {
+                    if let Some(inner) = self.inner.take() {
+                        tracing::debug!(backend = self.backend, lock = %self.name, error = %other, "the release of a lost guard failed; finishing it in the background");
+                        inner.release_on_drop();
+                    }
+                    Err(self.lost_error(reason))
+                }
+                None => Err(other),
+            },
         }
     }
 
