@@ -21,7 +21,7 @@ use lock_core::memory::MemoryLockProvider;
 use lock_core::{
     Capabilities, DistributedLock, Election, FencingToken, Guard, GuardBackend, LeaderInfo,
     LeaderWatch, Leadership, LockError, LockName, LockProvider, LostNotifier, MetricsSnapshot,
-    lost_signal,
+    WaitKind, lost_signal,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +55,8 @@ enum Mutation {
     /// Its session expiry reports success and leaves the session, and its locks, alive
     /// (its revoke works).
     ExpiryKeepsLocks,
+    /// Polls, each try in a task of its own that keeps what it wins when the caller is gone.
+    PollNotCancelSafe,
     /// No mutation: the wrapper as it is.
     None,
 }
@@ -90,6 +92,8 @@ struct MutantProvider {
     inner: MemoryLockProvider,
     mutation: Mutation,
     arrivals: Arc<AtomicU64>,
+    /// Retries of a polling mutant, counted as wake-ups (`WaitKind::Poll`).
+    retries: Arc<AtomicU64>,
 }
 
 #[derive(Debug)]
@@ -98,6 +102,7 @@ struct MutantLock {
     provider: MemoryLockProvider,
     mutation: Mutation,
     arrivals: Arc<AtomicU64>,
+    retries: Arc<AtomicU64>,
 }
 
 struct MutantGuard {
@@ -343,6 +348,24 @@ impl DistributedLock for MutantLock {
                     tokio::time::sleep(pause).await;
                 }
             }
+            Mutation::PollNotCancelSafe => loop {
+                // The server answers the try at once; its reply comes back through a task
+                // that keeps the grant when nobody waits for it any more.
+                let tried = self.inner.try_acquire().await?;
+                let (reply, grant) = tokio::sync::oneshot::channel();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    if let Err(Some(stranded)) = reply.send(tried) {
+                        eprintln!("STRANDED");
+                        std::mem::forget(stranded);
+                    }
+                });
+                if let Ok(Some(guard)) = grant.await {
+                    return Ok(self.wrap(guard));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                self.retries.fetch_add(1, Ordering::SeqCst);
+            },
             _ => Ok(self.wrap(self.inner.acquire(timeout).await?)),
         }
     }
@@ -359,6 +382,11 @@ impl LockProvider for MutantProvider {
             Mutation::CrashBoundOverHarness => {
                 caps.with_crash_release_bound(Some(Duration::from_secs(3600)))
             }
+            Mutation::PollNotCancelSafe => {
+                let mut caps = caps;
+                caps.wait = WaitKind::Poll;
+                caps
+            }
             _ => caps,
         }
     }
@@ -368,6 +396,7 @@ impl LockProvider for MutantProvider {
             provider: self.inner.clone(),
             mutation: self.mutation,
             arrivals: Arc::clone(&self.arrivals),
+            retries: Arc::clone(&self.retries),
         }))
     }
     fn election(&self, name: &str) -> Result<Arc<dyn Election>, LockError> {
@@ -377,7 +406,9 @@ impl LockProvider for MutantProvider {
         }))
     }
     fn metrics(&self) -> MetricsSnapshot {
-        self.inner.metrics()
+        let mut metrics = self.inner.metrics();
+        metrics.wakeups += self.retries.load(Ordering::SeqCst);
+        metrics
     }
 }
 
@@ -403,6 +434,7 @@ impl Harness for MutantHarness {
             inner: provider,
             mutation: self.mutation,
             arrivals: Arc::clone(&self.arrivals),
+            retries: Arc::new(AtomicU64::new(0)),
         };
         Ok(Client::new(Arc::new(mutant), session))
     }
@@ -474,6 +506,13 @@ fn unconditional_release_is_caught_without_optional_hooks() {
         let result = outcome(honest, id);
         assert!(matches!(result, Ok(Outcome::Passed)), "{id}: {result:?}");
     }
+}
+
+/// A polling acquire whose winning try outlives a dropped caller strands the lock: B9
+/// drops it at each poll after the release.
+#[test]
+fn a_polling_acquire_that_strands_its_grant_is_caught() {
+    assert_eq!(failing_cases(Mutation::PollNotCancelSafe, &["B9"]), ["B9"]);
 }
 
 /// The stale-holder cases take the lock away through the session's end even where a

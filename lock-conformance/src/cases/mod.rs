@@ -68,6 +68,7 @@ macro_rules! __with_cases {
             timeouts::b6_cancel_at_every_await_point => "B6", "cancel at every await point until the acquire completes or settles in its wait (parks; a polling backend counts two retries in its metrics): no residue, no lock held, every time";
             timeouts::b7_cancel_racing_grant => "B7", "a cancel that races a grant does not strand the lock";
             timeouts::b8_waiter_session_death => "B8", "a waiter whose session ends returns an error and never wins later";
+            timeouts::b9_cancel_during_winning_attempt => "B9", "(polling) an acquire dropped at each of its next polls after the release, the winning retry's among them, holds nothing and leaves nothing";
             release::c1_release_frees_without_loss => "C1", "release returns Ok, frees the lock, and does not fire the lost signal";
             release::c2_release_is_idempotent => "C2", "release twice, or drop after release: no-op; a later holder is untouched";
             release::c3_stale_release_is_lost => "C3", "a stale guard's release (after its session's end, and after a revoke where offered) returns Err(Lost) and the new holder still holds";

@@ -1,6 +1,7 @@
 //! B. Timeouts and cancellation: bounded waits, and nothing left behind by a waiter that
 //! gives up.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::ensure;
 use crate::harness::{Entries, Harness};
-use crate::outcome::{CaseFailure, CaseResult, Outcome};
+use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
 use crate::support::{
     PollBudget, expect_entries, expire_session, no_residue, take, unique_name, within,
 };
@@ -342,6 +343,79 @@ pub async fn b7_cancel_racing_grant(h: &dyn Harness) -> CaseResult {
         no_residue(h, &name, "after the round").await?;
     }
     Ok(Outcome::Passed)
+}
+
+/// B9 (`WaitKind::Poll`): a polling acquire dropped after the holder released — at each of
+/// its next few polls, so also while the retry that would win is on its way — holds
+/// nothing and leaves nothing: another client gets the lock at once.
+pub async fn b9_cancel_during_winning_attempt(h: &dyn Harness) -> CaseResult {
+    const POLLS_AFTER_RELEASE: usize = 8;
+    let timing = h.timing();
+    let (a, b, c) = (h.client().await?, h.client().await?, h.client().await?);
+    if b.provider.capabilities().wait != WaitKind::Poll {
+        return Ok(Outcome::Skipped(Skip::not_declared(
+            "polling (WaitKind::Poll)",
+        )));
+    }
+    let bound = timing.handoff_bound + timing.operation_slack;
+    for polls in 0..=POLLS_AFTER_RELEASE {
+        let name = unique_name("b9");
+        let mut held = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
+        let lock = b.provider.lock(&name)?;
+        let mut acquiring = Box::pin(lock.acquire(None));
+        // Once round the retry loop while the lock is held.
+        let before = b.provider.metrics();
+        let retried = || b.provider.metrics().since(&before).wakeups >= 1;
+        let first = drive_until(acquiring.as_mut(), retried);
+        ensure!(
+            within(bound, "the waiter's first retry", first)
+                .await?
+                .is_none(),
+            "the waiter got a held lock"
+        );
+        held.release().await?;
+        // Dropped right after its `polls`-th poll from here, before another wake-up.
+        let mut polled = 0;
+        let granted = match polls {
+            0 => None,
+            _ => {
+                let after = drive_until(acquiring.as_mut(), || {
+                    polled += 1;
+                    polled >= polls
+                });
+                within(bound, "the waiter's polls after the release", after).await?
+            }
+        };
+        drop(acquiring);
+        if let Some(result) = granted {
+            // Granted within the budget: nothing left to cancel in this round.
+            result?.release().await?;
+        }
+        let what = format!("after a cancel {polls} poll(s) past the release");
+        let mut next = within(
+            bound,
+            &format!("another client's acquire {what}"),
+            c.provider.lock(&name)?.acquire(None),
+        )
+        .await??;
+        next.release().await?;
+        no_residue(h, &name, &what).await?;
+    }
+    Ok(Outcome::Passed)
+}
+
+/// Polls `future` as the runtime wakes it until it completes (`Some`) or, after a poll that
+/// left it pending, `done` holds (`None`; the future is left where that poll left it).
+async fn drive_until<F: Future + ?Sized>(
+    mut future: std::pin::Pin<&mut F>,
+    mut done: impl FnMut() -> bool,
+) -> Option<F::Output> {
+    std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
+        std::task::Poll::Ready(output) => std::task::Poll::Ready(Some(output)),
+        std::task::Poll::Pending if done() => std::task::Poll::Ready(None),
+        std::task::Poll::Pending => std::task::Poll::Pending,
+    })
+    .await
 }
 
 /// B8: a waiter whose own session ends while it waits returns an error and never wins later.
