@@ -41,8 +41,8 @@
 use std::sync::Arc;
 
 use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, TxnResponse, WatchResponse,
+    Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse, TxnResponse, WatchResponse,
 };
 use lock_core::kit::{Cleanup, Wakeups};
 use lock_core::{Deadline, Guard, LockError, LockName};
@@ -109,7 +109,8 @@ impl Turn {
         if before.len() < admits {
             return Turn::Held { revision };
         }
-        let last = before.len() == admits && before[0].1 != own_lease;
+        let last =
+            before.len() == admits && before.first().is_some_and(|(_, lease)| *lease != own_lease);
         match before.into_iter().next() {
             Some((nearest, _)) => Turn::Blocked {
                 nearest,
@@ -680,27 +681,24 @@ fn created_or_found(answer: &TxnResponse) -> Option<i64> {
 
 /// The keys of a get's answer in a transaction, each with its lease.
 fn leased_keys(answer: TxnOpResponse) -> Vec<(String, i64)> {
-    match answer {
-        TxnOpResponse::Get(get) => get
-            .kvs()
-            .iter()
-            .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.lease()))
-            .collect(),
-        _ => Vec::new(),
-    }
+    each_kv(answer, |kv| (key_of(kv), kv.lease()))
 }
 
 /// The keys of a get's answer in a transaction: name, create revision and value of each.
 pub(crate) fn kvs(answer: TxnOpResponse) -> Vec<(String, i64, Vec<u8>)> {
+    each_kv(answer, |kv| {
+        (key_of(kv), kv.create_revision(), kv.value().to_vec())
+    })
+}
+
+/// `read` of each key of a get's answer in a transaction.
+fn each_kv<T>(answer: TxnOpResponse, read: impl Fn(&KeyValue) -> T) -> Vec<T> {
     match answer {
-        TxnOpResponse::Get(get) => get
-            .kvs()
-            .iter()
-            .map(|kv| {
-                let key = String::from_utf8_lossy(kv.key()).into_owned();
-                (key, kv.create_revision(), kv.value().to_vec())
-            })
-            .collect(),
+        TxnOpResponse::Get(get) => get.kvs().iter().map(read).collect(),
         _ => Vec::new(),
     }
+}
+
+fn key_of(kv: &KeyValue) -> String {
+    String::from_utf8_lossy(kv.key()).into_owned()
 }

@@ -290,8 +290,7 @@ impl Stream {
     /// Opens stream `number` with its anchor watch, within the request timeout.
     async fn open(&self, number: u64) -> Result<Open, LockError> {
         let mut watches = self.client.watch_client();
-        let anchor =
-            WatchOptions::new().with_filters([WatchFilterType::NoPut, WatchFilterType::NoDelete]);
+        let anchor = sees_nothing();
         self.metrics.record_server_requests(1);
         let opening = watches.watch(self.anchor.as_str(), Some(anchor));
         let (watcher, responses) = match tokio::time::timeout(self.timeout, opening).await {

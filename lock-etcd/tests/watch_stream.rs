@@ -167,6 +167,15 @@ async fn serving_member(provider: &EtcdLockProvider, endpoints: &[String]) -> us
     serving
 }
 
+/// An admin client and two providers (two sessions) on the shared server.
+async fn two_sessions_on_shared_etcd() -> (EtcdClient, Arc<EtcdLockProvider>, Arc<EtcdLockProvider>)
+{
+    let endpoint = shared_etcd().unwrap().client_address();
+    let admin = admin_client(&endpoint).await;
+    let first = provider(vec![endpoint.clone()]).await;
+    (admin, first, provider(vec![endpoint]).await)
+}
+
 /// The endpoints but the one at `index`.
 fn all_but(endpoints: &[String], index: usize) -> Vec<String> {
     let mut others = endpoints.to_vec();
@@ -178,12 +187,7 @@ fn all_but(endpoints: &[String], index: usize) -> Vec<String> {
 /// lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compaction_loses_no_waiter() {
-    let endpoint = shared_etcd().unwrap().client_address();
-    let admin = admin_client(&endpoint).await;
-    let (holders, waiters) = (
-        provider(vec![endpoint.clone()]).await,
-        provider(vec![endpoint]).await,
-    );
+    let (admin, holders, waiters) = two_sessions_on_shared_etcd().await;
     let name = unique_name("compaction");
     served_in_order(&admin, &holders, &waiters, &name, async {
         let mut kv = admin.kv_client();
@@ -300,12 +304,7 @@ async fn a_member_cut_off_loses_no_waiter() {
 /// notices a foreign delete of its key within a few milliseconds, over 100 trials.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_delete_is_noticed_at_once() {
-    let endpoint = shared_etcd().unwrap().client_address();
-    let admin = admin_client(&endpoint).await;
-    let (first, second) = (
-        provider(vec![endpoint.clone()]).await,
-        provider(vec![endpoint]).await,
-    );
+    let (admin, first, second) = two_sessions_on_shared_etcd().await;
     let name = unique_name("foreign-delete");
     let (holding, waiting) = (first.lock(&name).unwrap(), second.lock(&name).unwrap());
     let mut noticed = Vec::new();
@@ -351,12 +350,7 @@ async fn a_foreign_delete_is_noticed_at_once() {
 /// the deletion is not left for the look after the holder's release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_key_is_deleted_fails_at_once() {
-    let endpoint = shared_etcd().unwrap().client_address();
-    let admin = admin_client(&endpoint).await;
-    let (first, second) = (
-        provider(vec![endpoint.clone()]).await,
-        provider(vec![endpoint]).await,
-    );
+    let (admin, first, second) = two_sessions_on_shared_etcd().await;
     let name = unique_name("waiter-deleted");
     let mut holder = first.lock(&name).unwrap().acquire(None).await.unwrap();
     let waiting = second.lock(&name).unwrap();
