@@ -597,6 +597,48 @@ impl SwallowHandle {
     }
 }
 
+/// The proxies in front of a server that several clients share, as one: what that server
+/// is to those clients. A test that may not stop a shared server (other tests use it) makes
+/// it stop answering its own clients instead, which is all that they can see of a paused
+/// server: their connections stay open and nothing comes back.
+///
+/// ```no_run
+/// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
+/// use lock_testbed::proxy::{FaultProxy, ProxyGroup};
+///
+/// let group = ProxyGroup::default();
+/// let proxy = FaultProxy::start(server)?;
+/// group.add(proxy.control());
+/// group.pause(std::time::Duration::from_secs(5)).await;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ProxyGroup {
+    members: Arc<Mutex<Vec<FaultControl>>>,
+}
+
+impl ProxyGroup {
+    /// Adds the proxy `control` acts on.
+    pub fn add(&self, control: FaultControl) {
+        self.members().push(control);
+    }
+
+    /// Answers nothing for `duration` on every proxy of the group, connections kept open
+    /// and new ones held ([`black_hole`](FaultControl::black_hole)), then forwards again
+    /// ([`pass`](FaultControl::pass)).
+    pub async fn pause(&self, duration: Duration) {
+        let members = self.members().clone();
+        members.iter().for_each(FaultControl::black_hole);
+        tokio::time::sleep(duration).await;
+        members.iter().for_each(FaultControl::pass);
+    }
+
+    fn members(&self) -> MutexGuard<'_, Vec<FaultControl>> {
+        self.members.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// A fault-injecting TCP proxy in front of one upstream server; see the [module docs](self).
 ///
 /// It derefs to [`FaultControl`], so every control method is available on the proxy itself.
