@@ -45,6 +45,92 @@ pub trait Harness: Send + Sync {
     async fn client_in_other_namespace(&self) -> Option<Result<Client, LockError>> {
         None
     }
+
+    /// The properties of declared capabilities that this harness cannot prove, each with
+    /// why (see [`Property`]). Without a declaration, a case that cannot prove a property of
+    /// a declared capability for lack of a hook fails under `LOCK_CONFORMANCE_STRICT=1`;
+    /// with one, it is reported as "not proven (declared by the harness)", never as passed.
+    /// Offer the hook instead wherever the server allows it.
+    fn unproven(&self) -> Vec<Unproven> {
+        Vec::new()
+    }
+}
+
+/// A property of a declared capability that only a fault hook can show. A backend that
+/// declares the capability has to prove each of its properties, or its harness says in
+/// [`Harness::unproven`] which one it cannot prove and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Property {
+    /// D4, of lost detection: a holder's lost signal fires while the server does not answer
+    /// (by its `valid_until`, where it has one). Needs [`Faults::pause_server`].
+    LossOnServerPause,
+    /// E4, of monotonic fencing: tokens keep increasing across a restart of the server or a
+    /// failover. Needs [`Faults::restart_server`] or [`Faults::kill_leader`].
+    TokensSurviveRestart,
+    /// F3, of leases: an acquire slower than the lease never returns an expired guard.
+    /// Needs [`ClientFaults::delay_connection`].
+    NoExpiredGrant,
+}
+
+impl Property {
+    /// The capability the property belongs to, as the verdict names it.
+    pub fn capability(self) -> &'static str {
+        match self {
+            Property::LossOnServerPause => "lost_detection",
+            Property::TokensSurviveRestart => "monotonic fencing",
+            Property::NoExpiredGrant => "leases",
+        }
+    }
+
+    /// The hooks that can prove it, as the verdict names them.
+    pub fn hooks(self) -> &'static str {
+        match self {
+            Property::LossOnServerPause => "pause_server",
+            Property::TokensSurviveRestart => "restart_server or kill_leader",
+            Property::NoExpiredGrant => "delay_connection",
+        }
+    }
+}
+
+impl fmt::Display for Property {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Property::LossOnServerPause => "loss while the server does not answer",
+            Property::TokensSurviveRestart => "tokens that survive a restart",
+            Property::NoExpiredGrant => "no expired grant",
+        })
+    }
+}
+
+/// A property the harness declares it cannot prove, and why: see [`Harness::unproven`].
+///
+/// ```
+/// use lock_conformance::{Property, Unproven};
+///
+/// let unproven = Unproven::new(
+///     Property::TokensSurviveRestart,
+///     "the server is shared by the cases that run side by side; the cluster harness restarts its own",
+/// );
+/// assert_eq!(unproven.property, Property::TokensSurviveRestart);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Unproven {
+    /// The property not proven.
+    pub property: Property,
+    /// Why the harness cannot prove it, printed with the verdict.
+    pub why: String,
+}
+
+impl Unproven {
+    /// `property`, not proven because of `why`.
+    pub fn new(property: Property, why: impl Into<String>) -> Self {
+        Unproven {
+            property,
+            why: why.into(),
+        }
+    }
 }
 
 /// One client of the backend: a provider, the way to end its session, and the faults that

@@ -58,6 +58,9 @@
 //! [`Capabilities`](lock_core::Capabilities)) or whose optional fault hook your harness lacks
 //! are skipped and print why. Set `LOCK_CONFORMANCE_STRICT=1` in CI: a case that proves a
 //! capability you *declare* then fails instead of skipping, and so does a check not made.
+//! Some properties of a capability need a fault hook ([`Property`]); a harness that cannot
+//! offer it declares the property in [`Harness::unproven`], with why, and the verdict reports
+//! it as not proven rather than failing.
 //!
 //! To go further, implement [`Harness::inspector`] ([`Inspector`]: what the server records
 //! for a lock, for the residue checks; without it those checks are not made),
@@ -92,7 +95,7 @@ mod support;
 pub use async_trait::async_trait;
 pub use harness::{
     Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind,
-    SessionExpiry, Timing,
+    Property, SessionExpiry, Timing, Unproven,
 };
 pub use outcome::{CaseFailure, CaseResult, Context, Outcome, Skip};
 pub use support::{

@@ -9,13 +9,16 @@ use lock_core::LockError;
 use lock_core::memory::{MemoryLockProvider, MemoryServer};
 
 use crate::harness::{
-    Client, Entries, FaultResult, Faults, Harness, Inspector, SessionExpiry, Timing,
+    Client, Entries, FaultResult, Faults, Harness, Inspector, Property, SessionExpiry, Timing,
+    Unproven,
 };
 
 /// A [`Harness`] over one private [`MemoryServer`].
 ///
 /// Faults: revoke a holder, expire a client's session. Introspection: holder and waiter
-/// counts. Everything is in process, so the timing is tight.
+/// counts. Everything is in process, so the timing is tight. The server lives in the
+/// clients' own process, so it can neither stop answering them nor restart: D4 and E4 are
+/// declared [unproven](Harness::unproven).
 #[derive(Debug, Clone)]
 pub struct MemoryHarness {
     server: MemoryServer,
@@ -84,6 +87,19 @@ impl Harness for MemoryHarness {
         let provider = self.server.provider_in("other-namespace");
         let session = Arc::new(MemorySession(provider.clone()));
         Some(Ok(Client::new(Arc::new(provider), session)))
+    }
+
+    fn unproven(&self) -> Vec<Unproven> {
+        vec![
+            Unproven::new(
+                Property::LossOnServerPause,
+                "the memory server runs in its clients' process: it cannot stop answering them while they run",
+            ),
+            Unproven::new(
+                Property::TokensSurviveRestart,
+                "the memory server's state lives as long as its process: there is no restart to survive",
+            ),
+        ]
     }
 }
 

@@ -4,7 +4,7 @@ use std::fmt;
 
 use lock_core::LockError;
 
-use crate::harness::FaultError;
+use crate::harness::{FaultError, Harness, Property};
 
 /// A case that did not fail.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,15 +26,25 @@ pub struct Skip {
     /// hook). Under `LOCK_CONFORMANCE_STRICT=1` such a skip is a failure: a declared
     /// capability must be proven.
     pub declared_capability: Option<&'static str>,
+    /// The property the harness declared it cannot prove ([`Harness::unproven`]): the
+    /// verdict reports the case as not proven, by the harness's word, rather than as a
+    /// failure under `LOCK_CONFORMANCE_STRICT=1`.
+    pub declared_unproven: Option<Property>,
 }
 
 impl Skip {
+    /// A skip for `reason` that proves nothing and fails nothing.
+    pub fn because(reason: impl Into<String>) -> Self {
+        Skip {
+            reason: reason.into(),
+            declared_capability: None,
+            declared_unproven: None,
+        }
+    }
+
     /// The backend does not declare `capability`: nothing to prove.
     pub fn not_declared(capability: &'static str) -> Self {
-        Skip {
-            reason: format!("the backend does not declare {capability}"),
-            declared_capability: None,
-        }
+        Skip::because(format!("the backend does not declare {capability}"))
     }
 
     /// The harness lacks `hook`. `declared` names the declared capability that this case
@@ -47,8 +57,37 @@ impl Skip {
             None => format!("the harness offers no {hook} hook"),
         };
         Skip {
-            reason,
             declared_capability: declared,
+            ..Skip::because(reason)
+        }
+    }
+
+    /// The harness of `h` lacks the hooks that prove `property` of a capability the backend
+    /// declares: not proven by the harness's declaration ([`Harness::unproven`]), else a
+    /// failure under `LOCK_CONFORMANCE_STRICT=1`.
+    pub fn unproven(h: &dyn Harness, property: Property) -> Self {
+        let declared = h
+            .unproven()
+            .into_iter()
+            .find(|unproven| unproven.property == property);
+        match declared {
+            Some(unproven) => Skip {
+                declared_unproven: Some(property),
+                ..Skip::because(format!(
+                    "{property} ({}) is not proven, as the harness declares: {}",
+                    property.capability(),
+                    unproven.why
+                ))
+            },
+            None => Skip {
+                declared_capability: Some(property.capability()),
+                ..Skip::because(format!(
+                    "the harness offers no {} hook and does not declare {property} unproven, \
+                     so the declared capability {} is not proven",
+                    property.hooks(),
+                    property.capability()
+                ))
+            },
         }
     }
 }

@@ -30,7 +30,8 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
 /// case's outcome, one line per case, for a tally after the run (`scripts/test` prints
 /// one). Each test process writes `<pid>.tsv` there: the harness (the package and the
 /// module the tests were stamped in), the case's id and name, `passed`, `unchecked` (passed
-/// with checks not made), `skipped` or `failed`, and the reason.
+/// with checks not made), `unproven` (a property the harness declares it cannot prove),
+/// `skipped` or `failed`, and the reason.
 pub const REPORT_ENV: &str = "LOCK_CONFORMANCE_REPORT";
 
 tokio::task_local! {
@@ -132,6 +133,15 @@ fn conclude(harness: &str, id: &str, name: &str, result: CaseResult, not_checked
             let _ = writeln!(
                 std::io::stderr().lock(),
                 "lock-conformance: PASSED WITH CHECKS NOT MADE {id} {name} ({harness}): {reason}"
+            );
+        }
+        Ok(Outcome::Skipped(skip)) if skip.declared_unproven.is_some() => {
+            record(harness, id, name, "unproven", &skip.reason);
+            // Past the capture: see above. A failed write loses only the notice.
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "lock-conformance: NOT PROVEN (declared by the harness) {id} {name} ({harness}): {}",
+                skip.reason
             );
         }
         Ok(Outcome::Skipped(skip)) => {

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use lock_conformance::memory::{MemoryHarness, MemorySession};
 use lock_conformance::{
-    Client, FaultResult, Faults, Harness, Inspector, Outcome, SessionExpiry, Timing, async_trait,
-    cases,
+    Client, FaultResult, Faults, Harness, Inspector, Outcome, SessionExpiry, Timing, Unproven,
+    async_trait, cases,
 };
 use lock_core::election::{LeaderSource, follow};
 use lock_core::memory::MemoryLockProvider;
@@ -454,6 +454,9 @@ impl Harness for MutantHarness {
             return None;
         }
         self.inner.inspector()
+    }
+    fn unproven(&self) -> Vec<Unproven> {
+        self.inner.unproven()
     }
 }
 

@@ -6,7 +6,8 @@
 //! failover fits in one. Its cases take turns: the harness of one case holds the ensemble until the case
 //! ends, so a leader killed by one case never disturbs another. `kill_leader` kills the
 //! leader, waits for a new one and restarts the killed member; `restart_server` is a rolling
-//! restart of every member; `pause_server` is unsupported (see `common::ZkHarness`).
+//! restart of every member; `pause_server` silences this case's clients' proxies (see
+//! `common::ZkHarness`).
 #![allow(
     clippy::expect_used,
     clippy::panic,

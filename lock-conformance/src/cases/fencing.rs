@@ -5,7 +5,7 @@ use lock_core::{Fencing, FencingToken, LockError};
 
 use crate::cases::release::{TakeAway, by_every_take_away, not_offered, take_over};
 use crate::ensure;
-use crate::harness::{FaultError, Harness};
+use crate::harness::{FaultError, Harness, Property};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
 use crate::support::{FencedStore, no_residue, take, unique_name, within};
 
@@ -131,7 +131,10 @@ pub async fn e4_tokens_survive_restart(h: &dyn Harness) -> CaseResult {
         return Ok(Outcome::Skipped(Skip::not_declared("monotonic fencing")));
     }
     let Some(faults) = h.faults() else {
-        return Ok(Outcome::Skipped(Skip::missing_hook("server fault", None)));
+        return Ok(Outcome::Skipped(Skip::unproven(
+            h,
+            Property::TokensSurviveRestart,
+        )));
     };
     let name = unique_name("e4");
     let timing = h.timing();
@@ -148,9 +151,9 @@ pub async fn e4_tokens_survive_restart(h: &dyn Harness) -> CaseResult {
         Err(FaultError::Unsupported) => match faults.kill_leader().await {
             Ok(()) => "leader failover",
             Err(FaultError::Unsupported) => {
-                return Ok(Outcome::Skipped(Skip::missing_hook(
-                    "restart_server or kill_leader",
-                    None,
+                return Ok(Outcome::Skipped(Skip::unproven(
+                    h,
+                    Property::TokensSurviveRestart,
                 )));
             }
             Err(other) => return Err(other.into()),

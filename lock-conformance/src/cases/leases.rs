@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use crate::ensure;
-use crate::harness::{FaultError, Harness};
+use crate::harness::{FaultError, Harness, Property};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
 use crate::support::{expire_session, lost_by_validity, no_residue, take, unique_name};
 
@@ -99,14 +99,17 @@ pub async fn f3_no_expired_grant(h: &dyn Harness) -> CaseResult {
     let name = unique_name("f3");
     let a = h.client().await?;
     let Some(faults) = a.faults.clone() else {
-        return Ok(Outcome::Skipped(Skip::missing_hook("client fault", None)));
+        return Ok(Outcome::Skipped(Skip::unproven(
+            h,
+            Property::NoExpiredGrant,
+        )));
     };
     match faults.delay_connection(ttl).await {
         Ok(()) => {}
         Err(FaultError::Unsupported) => {
-            return Ok(Outcome::Skipped(Skip::missing_hook(
-                "delay_connection",
-                None,
+            return Ok(Outcome::Skipped(Skip::unproven(
+                h,
+                Property::NoExpiredGrant,
             )));
         }
         Err(other) => return Err(other.into()),

@@ -5,7 +5,7 @@ use lock_core::LockError;
 
 use crate::cases::release::{TakeAway, by_every_take_away, not_offered, take_away};
 use crate::ensure;
-use crate::harness::{FaultError, Harness};
+use crate::harness::{FaultError, Harness, Property};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
 use crate::support::{lost_by_validity, no_residue, take, unique_name, within};
 
@@ -117,7 +117,10 @@ pub async fn d4_server_pause_fires_lost(h: &dyn Harness) -> CaseResult {
         return Ok(Outcome::Skipped(Skip::not_declared(CAPABILITY)));
     }
     let Some(faults) = h.faults() else {
-        return Ok(Outcome::Skipped(Skip::missing_hook("server fault", None)));
+        return Ok(Outcome::Skipped(Skip::unproven(
+            h,
+            Property::LossOnServerPause,
+        )));
     };
     let timing = h.timing();
     let name = unique_name("d4");
@@ -134,7 +137,10 @@ pub async fn d4_server_pause_fires_lost(h: &dyn Harness) -> CaseResult {
     match paused {
         Ok(()) => {}
         Err(FaultError::Unsupported) => {
-            return Ok(Outcome::Skipped(Skip::missing_hook("pause_server", None)));
+            return Ok(Outcome::Skipped(Skip::unproven(
+                h,
+                Property::LossOnServerPause,
+            )));
         }
         Err(other) => return Err(other.into()),
     }
@@ -171,10 +177,9 @@ pub async fn d4_server_pause_fires_lost(h: &dyn Harness) -> CaseResult {
 pub async fn d5_without_detection_never_fires(h: &dyn Harness) -> CaseResult {
     let a = h.client().await?;
     if a.provider.capabilities().lost_detection {
-        return Ok(Outcome::Skipped(Skip {
-            reason: "the backend declares lost_detection; D1 to D4 cover it".into(),
-            declared_capability: None,
-        }));
+        return Ok(Outcome::Skipped(Skip::because(
+            "the backend declares lost_detection; D1 to D4 cover it",
+        )));
     }
     let Some(faults) = h.faults() else {
         return Ok(Outcome::Skipped(Skip::missing_hook("revoke", None)));

@@ -1,7 +1,8 @@
 //! The whole suite against a backend from outside the workspace: a file lock (see
 //! `backend.rs`), plugged in as the crate docs say. It is the example to copy for a backend
 //! of your own: a harness of a client per call, the session expiry every harness must
-//! offer, and an inspector, so that it passes under `LOCK_CONFORMANCE_STRICT=1`.
+//! offer, a restart (for the fencing counter's survival, E4), and an inspector, so that it
+//! passes under `LOCK_CONFORMANCE_STRICT=1`.
 #![allow(
     clippy::expect_used,
     reason = "a test harness fails the test when it cannot start"
@@ -10,11 +11,11 @@
 mod backend;
 
 use std::os::unix::fs::MetadataExt;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use backend::FileLockProvider;
 use lock_conformance::{
-    Client, Entries, FaultError, FaultResult, Harness, Inspector, LockKind, SessionExpiry,
+    Client, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind, SessionExpiry,
     async_trait,
 };
 use lock_core::{LockError, LockName};
@@ -22,18 +23,25 @@ use lock_core::{LockError, LockName};
 /// Every test gets a directory of its own.
 struct FileHarness {
     dir: tempfile::TempDir,
+    /// Every client made, for a restart.
+    clients: Mutex<Vec<Weak<FileLockProvider>>>,
 }
 
 impl FileHarness {
     fn new() -> Self {
         FileHarness {
             dir: tempfile::tempdir().expect("a temporary directory"),
+            clients: Mutex::new(Vec::new()),
         }
     }
 
     fn client_in(&self, namespace: &str) -> Result<Client, LockError> {
         let provider = Arc::new(FileLockProvider::open(self.dir.path().join(namespace))?);
         let session = Arc::new(ProcessDeath(Arc::downgrade(&provider)));
+        self.clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(Arc::downgrade(&provider));
         Ok(Client::new(provider, session))
     }
 }
@@ -58,6 +66,10 @@ impl Harness for FileHarness {
         self.client_in("locks")
     }
 
+    fn faults(&self) -> Option<&dyn Faults> {
+        Some(self)
+    }
+
     fn inspector(&self) -> Option<&dyn Inspector> {
         Some(self)
     }
@@ -67,7 +79,27 @@ impl Harness for FileHarness {
     }
 }
 
-/// The "server" is the kernel: its lock table (`/proc/locks`) lists every `flock` with the
+/// The "server" is the kernel and the file system.
+#[async_trait]
+impl Faults for FileHarness {
+    /// A reboot, as the clients see it: the kernel drops every lock of every process, and
+    /// the files (the lock files and their fencing counters) stay. The clients go on, as
+    /// new processes after a reboot would, in the same directory.
+    async fn restart_server(&self) -> FaultResult {
+        let clients = self
+            .clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        clients
+            .iter()
+            .filter_map(Weak::upgrade)
+            .for_each(|provider| provider.end_abruptly());
+        Ok(())
+    }
+}
+
+/// The kernel keeps the locks: its lock table (`/proc/locks`) lists every `flock` with the
 /// process that holds it and the file's inode.
 #[async_trait]
 impl Inspector for FileHarness {

@@ -17,11 +17,11 @@ use cluster::SharedCluster;
 use etcd_client::{Client as EtcdClient, GetOptions, Permission, SortOrder, SortTarget};
 use lock_conformance::{
     Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind,
-    SessionExpiry, Timing, async_trait,
+    Property, SessionExpiry, Timing, Unproven, async_trait,
 };
 use lock_core::{LockError, LockName, LockProvider};
 use lock_etcd::{EtcdConfig, EtcdLockProvider, EtcdStrategy};
-use lock_testbed::proxy::{FaultProxy, ReplyKind};
+use lock_testbed::proxy::{FaultProxy, ProxyGroup, ReplyKind};
 use lock_testbed::servers::{EtcdOptions, EtcdTarget, free_port, shared_etcd};
 
 /// Short leases so that crash and expiry cases finish quickly (etcd's leases are whole
@@ -104,9 +104,12 @@ pub(crate) const SECURED_PREFIX: &str = "/distlock-secure";
 
 /// The conformance harness, for one strategy.
 ///
-/// Over the shared single server ([`EtcdHarness::new`]) it offers no server faults (the
-/// server is shared by concurrent tests). Over a [`SharedCluster`]
-/// ([`EtcdHarness::on_cluster`]), whose cases take turns:
+/// Over the shared single server ([`EtcdHarness::new`]) it neither restarts nor kills it
+/// (the server is shared by concurrent tests, so E4 is declared unproven there; the cluster
+/// harness proves it), and `pause_server` makes the server stop answering this harness's
+/// clients, the only clients the case has: their proxies keep the connections open and pass
+/// nothing ([`ProxyGroup::pause`]), which is all a client sees of a paused server. Over a
+/// [`SharedCluster`] ([`EtcdHarness::on_cluster`]), whose cases take turns:
 ///
 /// - `pause_server` freezes every member, then lets them go on and waits for a leader;
 /// - `kill_leader` kills the leader, waits for a new one, then restarts the killed member
@@ -126,6 +129,8 @@ pub(crate) struct EtcdHarness {
     _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
     /// The server with authentication on, once a case asked for it.
     secured: tokio::sync::OnceCell<EtcdTarget>,
+    /// The proxies of every client of this harness: the server as the case sees it.
+    server_as_seen: ProxyGroup,
 }
 
 impl EtcdHarness {
@@ -143,6 +148,7 @@ impl EtcdHarness {
             lease_ttl: LEASE_TTL,
             _turn: None,
             secured: tokio::sync::OnceCell::new(),
+            server_as_seen: ProxyGroup::default(),
         }
     }
 
@@ -166,6 +172,7 @@ impl EtcdHarness {
             lease_ttl: CLUSTER_LEASE_TTL,
             _turn: Some(turn),
             secured: tokio::sync::OnceCell::new(),
+            server_as_seen: ProxyGroup::default(),
         }
     }
 
@@ -243,6 +250,9 @@ impl EtcdHarness {
     /// A client that reaches the servers through fault proxies of its own.
     async fn client_with(&self, mut config: EtcdConfig) -> Result<Client, LockError> {
         let proxies = Arc::new(Proxies::start(&config.endpoints));
+        for proxy in &proxies.0 {
+            self.server_as_seen.add(proxy.control());
+        }
         config.endpoints = proxies.endpoints();
         let provider = Arc::new(EtcdLockProvider::connect(config).await?);
         let session = Arc::new(LeaseRevoke {
@@ -382,6 +392,17 @@ impl Harness for EtcdHarness {
     async fn client_in_other_namespace(&self) -> Option<Result<Client, LockError>> {
         Some(self.client_with(self.config("/distlock-other")).await)
     }
+
+    fn unproven(&self) -> Vec<Unproven> {
+        if self.cluster.is_some() {
+            return Vec::new();
+        }
+        vec![Unproven::new(
+            Property::TokensSurviveRestart,
+            "the single server is shared by the cases that run side by side, so it is not \
+             restarted; the cluster harness (tests/cluster.rs) restarts its members",
+        )]
+    }
 }
 
 #[async_trait]
@@ -416,7 +437,13 @@ impl Faults for EtcdHarness {
     }
 
     async fn pause_server(&self, duration: Duration) -> FaultResult {
-        self.cluster()?.pause(duration).await
+        match self.cluster {
+            Some(cluster) => cluster.pause(duration).await,
+            None => {
+                self.server_as_seen.pause(duration).await;
+                Ok(())
+            }
+        }
     }
 
     async fn restart_server(&self) -> FaultResult {

@@ -18,11 +18,11 @@ use std::time::Duration;
 
 use lock_conformance::{
     Client, ClientFaults, Entries, FaultError, FaultResult, Faults, Harness, Inspector, LockKind,
-    SessionExpiry, Timing, async_trait, observe_until,
+    Property, SessionExpiry, Timing, Unproven, async_trait, observe_until,
 };
 use lock_core::LockProvider;
 use lock_core::{LockError, LockName};
-use lock_testbed::proxy::{FaultProxy, ReplyKind, SwallowHandle};
+use lock_testbed::proxy::{FaultProxy, ProxyGroup, ReplyKind, SwallowHandle};
 use lock_testbed::servers::containers::ZkContainerEnsemble;
 use lock_testbed::servers::{ServerError, ServerMode, ZkEnsemble, ZkOptions, free_port, shared_zk};
 use lock_zookeeper::{AclPolicy, DigestAuth, ZkConfig, ZkLockProvider, ZkStrategy};
@@ -483,18 +483,21 @@ fn failed(what: &str) -> impl FnOnce(ServerError) -> FaultError + '_ {
 
 /// The conformance harness: every client reaches the servers through proxies of its own.
 ///
-/// Over the shared standalone server ([`ZkHarness::new`]) it offers no server faults (the
-/// server is shared by concurrent tests). Over a [`SharedEnsemble`]
+/// Over the shared standalone server ([`ZkHarness::new`]) it neither restarts nor kills
+/// servers (the server is shared by concurrent tests). Over a [`SharedEnsemble`]
 /// ([`ZkHarness::on_ensemble`]):
 ///
 /// - `kill_leader` kills the leader, waits for a new one, then restarts the killed member
 ///   and waits until it has rejoined, so that later cases keep a quorum of three;
 /// - `restart_server` is a rolling restart of the whole ensemble: the followers, then the
 ///   leader, each killed, started again and waited for until it serves, so the ensemble
-///   keeps a quorum throughout except for one leader election;
-/// - `pause_server` is unsupported: freezing a majority stops the ensemble's clock along with
-///   its service, so what a paused standalone server shows about session expiry cannot be
-///   shown this way (the partition test in `tests/faults.rs` covers expiry).
+///   keeps a quorum throughout except for one leader election.
+///
+/// Either way `pause_server` makes the servers stop answering this harness's clients, the
+/// only clients the case has: their proxies keep the connections open and pass nothing
+/// ([`ProxyGroup::pause`]), which is all a client sees of a paused server, while the other
+/// cases (over the shared server) go on. Over the shared standalone server E4 cannot restart
+/// it and is declared unproven; the ensemble harness proves it.
 pub(crate) struct ZkHarness {
     strategy: ZkStrategy,
     servers: Vec<SocketAddr>,
@@ -505,6 +508,8 @@ pub(crate) struct ZkHarness {
     session_timeout: Duration,
     /// Held for the harness's lifetime over an ensemble: one case at a time.
     _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+    /// The proxies of every client of this harness: the servers as the case sees them.
+    servers_as_seen: ProxyGroup,
 }
 
 impl ZkHarness {
@@ -527,6 +532,7 @@ impl ZkHarness {
             ensemble: None,
             session_timeout: SESSION_TIMEOUT,
             _turn: None,
+            servers_as_seen: ProxyGroup::default(),
         }
     }
 
@@ -565,6 +571,7 @@ impl ZkHarness {
             ensemble: Some(ensemble),
             session_timeout: ENSEMBLE_SESSION_TIMEOUT,
             _turn: Some(turn),
+            servers_as_seen: ProxyGroup::default(),
         }
     }
 
@@ -586,6 +593,9 @@ impl ZkHarness {
         config: ZkConfig,
     ) -> Result<(Client, Arc<ZkLockProvider>), LockError> {
         let proxies = Proxies::for_session(&self.servers, self.session_timeout);
+        for proxy in &proxies.proxies {
+            self.servers_as_seen.add(proxy.control());
+        }
         let mut config = config;
         config.hosts = proxies.hosts();
         let provider = Arc::new(ZkLockProvider::connect(config).await?);
@@ -721,6 +731,17 @@ impl Harness for ZkHarness {
     async fn client_in_other_namespace(&self) -> Option<Result<Client, LockError>> {
         Some(self.client_with(self.config("/distlock-other")).await)
     }
+
+    fn unproven(&self) -> Vec<Unproven> {
+        if self.ensemble.is_some() {
+            return Vec::new();
+        }
+        vec![Unproven::new(
+            Property::TokensSurviveRestart,
+            "the standalone server is shared by the cases that run side by side, so it is not \
+             restarted; the ensemble harness (tests/ensemble.rs) restarts its members",
+        )]
+    }
 }
 
 #[async_trait]
@@ -752,6 +773,11 @@ impl Faults for ZkHarness {
             .delete(waiter, None)
             .await
             .map_err(|e| FaultError::Failed(format!("deleting {waiter}: {e}")))
+    }
+
+    async fn pause_server(&self, duration: Duration) -> FaultResult {
+        self.servers_as_seen.pause(duration).await;
+        Ok(())
     }
 
     async fn restart_server(&self) -> FaultResult {
