@@ -535,8 +535,11 @@ impl Run<'_> {
         }
     }
 
-    /// Heals `fault` as injected. A server that will not come back is tried again (its
-    /// restart is bounded); one that never does is reported and the run goes on.
+    /// Heals `fault` as injected, and after a server fault waits until the servers are whole
+    /// again (an ensemble may elect or catch up for seconds after its member is back): a
+    /// fault ends when the servers could serve, and the clients' recovery is timed from
+    /// there. A server that will not come back is tried again (its restart is bounded); one
+    /// that never does is reported and the run goes on.
     async fn heal(&mut self, fault: &Fault) -> Result<(), RunError> {
         let target = fault.target as usize;
         match fault.kind {
@@ -571,6 +574,16 @@ impl Run<'_> {
             }
             FaultKind::ClientKill => self.spawn_client(target)?,
             FaultKind::Partition => self.slots[target].cut(false),
+        }
+        if matches!(
+            fault.kind,
+            FaultKind::ServerPause
+                | FaultKind::ServerKill
+                | FaultKind::LeaderKill
+                | FaultKind::MemberPartition
+        ) && let Err(error) = self.servers.wait_until_whole().await
+        {
+            tracing::warn!(?fault, %error, "chaos: the servers are not whole again");
         }
         Ok(())
     }

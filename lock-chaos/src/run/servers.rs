@@ -204,6 +204,26 @@ impl Servers {
         }
     }
 
+    /// Waits until every member serves again, under a leader where there is one, as after a
+    /// fault that healed: from then on the clients' recovery is theirs to make. An
+    /// ensemble's member back from a pause, a restart or a partition may still be electing
+    /// or catching up; Redis servers serve once they answer, which their restart waits for.
+    pub(super) async fn wait_until_whole(&self) -> Result<(), ServerError> {
+        match self {
+            Servers::Zookeeper(ensemble) => ensemble.wait_until_whole(ELECTION_BOUND).await,
+            Servers::ZookeeperContainers(ensemble) => {
+                ensemble.wait_until_whole(ELECTION_BOUND).await
+            }
+            Servers::Etcd(cluster) => cluster.wait_for_leader(ELECTION_BOUND).await,
+            Servers::EtcdContainers(cluster) => cluster.wait_for_leader(ELECTION_BOUND).await,
+            Servers::Redis(_)
+            | Servers::RedisSentinel(_)
+            | Servers::RedisCluster(_)
+            | Servers::Memory(_) => return Ok(()),
+        }
+        .map(drop)
+    }
+
     /// Cuts member `index` off from the other members (its clients still reach it), or
     /// connects it again: only an ensemble in containers can be partitioned.
     pub(super) async fn partition(&mut self, index: usize, cut: bool) -> Result<(), ServerError> {

@@ -495,6 +495,21 @@ impl ZkEnsemble {
         wait_for_leader_of(timeout, || self.running_members()).await
     }
 
+    /// Waits until every member runs and serves under a leader (none electing or cut off),
+    /// as after a fault has healed; returns the leader, or [`ServerError::Timeout`] after
+    /// `timeout`.
+    pub async fn wait_until_whole(&self, timeout: Duration) -> Result<usize, ServerError> {
+        wait_until_whole_of(timeout, || self.all_members()).await
+    }
+
+    /// The index and client address of every member, killed or not.
+    fn all_members(&self) -> Vec<(usize, String)> {
+        let members = self.nodes.iter().enumerate();
+        members
+            .map(|(i, node)| (i, node.addr().to_string()))
+            .collect()
+    }
+
     /// The index and client address of every member not killed.
     fn running_members(&self) -> Vec<(usize, String)> {
         self.nodes
@@ -533,20 +548,40 @@ impl ZkEnsemble {
 /// The index of the member among `members` (index, client address) that reports
 /// `Mode: leader`, asking all at once (1 s bound each); `None` while there is no leader.
 pub(crate) async fn leader_of(members: Vec<(usize, String)>) -> Option<usize> {
+    leader_among(&modes_of(members).await)
+}
+
+/// The leader's index when every one of `members` serves (reports a mode: none is
+/// electing, cut off from a quorum, paused or down) and one of them leads; `None` otherwise.
+pub(crate) async fn leader_of_whole(members: Vec<(usize, String)>) -> Option<usize> {
+    let modes = modes_of(members).await;
+    modes
+        .iter()
+        .all(|(_, mode)| mode.is_some())
+        .then(|| leader_among(&modes))?
+}
+
+/// Every member's `srvr` mode, asking all at once (1 s bound each).
+async fn modes_of(members: Vec<(usize, String)>) -> Vec<(usize, Option<String>)> {
     let mut set = tokio::task::JoinSet::new();
     for (i, addr) in members {
         set.spawn(async move { (i, mode_of(&addr, Duration::from_secs(1)).await) });
     }
-    let mut leader = None;
+    let mut modes = Vec::new();
     while let Some(joined) = set.join_next().await {
-        if let Ok((i, Some(mode))) = joined {
-            debug!(member = i, %mode, "ensemble member mode");
-            if mode == "leader" {
-                leader = Some(i);
-            }
+        if let Ok((i, mode)) = joined {
+            debug!(member = i, ?mode, "ensemble member mode");
+            modes.push((i, mode));
         }
     }
-    leader
+    modes
+}
+
+fn leader_among(modes: &[(usize, Option<String>)]) -> Option<usize> {
+    modes
+        .iter()
+        .find(|(_, mode)| mode.as_deref() == Some("leader"))
+        .map(|(i, _)| *i)
 }
 
 /// Polls [`leader_of`] the members `members()` lists until a leader is reported;
@@ -555,14 +590,39 @@ pub(crate) async fn wait_for_leader_of(
     timeout: Duration,
     members: impl Fn() -> Vec<(usize, String)>,
 ) -> Result<usize, ServerError> {
+    poll_ensemble(timeout, "a ZooKeeper ensemble leader", || {
+        leader_of(members())
+    })
+    .await
+}
+
+/// Polls [`leader_of_whole`] the members `members()` lists until every one serves under a
+/// leader; [`ServerError::Timeout`] after `timeout`.
+pub(crate) async fn wait_until_whole_of(
+    timeout: Duration,
+    members: impl Fn() -> Vec<(usize, String)>,
+) -> Result<usize, ServerError> {
+    poll_ensemble(
+        timeout,
+        "every ZooKeeper member serving under a leader",
+        || leader_of_whole(members()),
+    )
+    .await
+}
+
+async fn poll_ensemble<F: Future<Output = Option<usize>>>(
+    timeout: Duration,
+    what: &str,
+    mut look: impl FnMut() -> F,
+) -> Result<usize, ServerError> {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Some(leader) = leader_of(members()).await {
+        if let Some(leader) = look().await {
             return Ok(leader);
         }
         if Instant::now() >= deadline {
             return Err(ServerError::Timeout {
-                what: "a ZooKeeper ensemble leader".to_owned(),
+                what: what.to_owned(),
                 after: timeout,
             });
         }

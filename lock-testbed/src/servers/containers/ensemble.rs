@@ -274,18 +274,25 @@ impl ContainerCluster<ZooKeeper> {
 
     /// The index of the member that reports `Mode: leader`; `None` while there is none.
     pub async fn leader(&self) -> Option<usize> {
-        let members = self.all_members().into_iter();
-        zookeeper::leader_of(members.map(|(i, a)| (i, a.to_string())).collect()).await
+        zookeeper::leader_of(self.member_addresses()).await
     }
 
     /// Polls [`leader`](Self::leader) until a leader is reported; [`ServerError::Timeout`]
     /// after `timeout`.
     pub async fn wait_for_leader(&self, timeout: Duration) -> Result<usize, ServerError> {
-        zookeeper::wait_for_leader_of(timeout, || {
-            let members = self.all_members().into_iter();
-            members.map(|(i, a)| (i, a.to_string())).collect()
-        })
-        .await
+        zookeeper::wait_for_leader_of(timeout, || self.member_addresses()).await
+    }
+
+    /// Waits until every member runs and serves under a leader (none electing or cut off),
+    /// as after a fault has healed; returns the leader, or [`ServerError::Timeout`] after
+    /// `timeout`.
+    pub async fn wait_until_whole(&self, timeout: Duration) -> Result<usize, ServerError> {
+        zookeeper::wait_until_whole_of(timeout, || self.member_addresses()).await
+    }
+
+    fn member_addresses(&self) -> Vec<(usize, String)> {
+        let members = self.all_members().into_iter();
+        members.map(|(i, a)| (i, a.to_string())).collect()
     }
 }
 
