@@ -3,7 +3,10 @@
 //! stuck on a dead connection). The lease cases must tell them apart: the watchdog can give
 //! the grant up at its `valid_until` only if the renewal lets go of the thread, so the
 //! blocking one fires its lost signal late, which F2 catches.
-#![allow(clippy::expect_used, reason = "test code: a missing case fails the test")]
+#![allow(
+    clippy::expect_used,
+    reason = "test code: a missing case fails the test"
+)]
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,4 +1,8 @@
 //! The whole suite against the in-memory reference backend.
+#![allow(
+    clippy::expect_used,
+    reason = "test code: a missing case fails the test"
+)]
 
 lock_conformance::conformance_tests!(lock_conformance::memory::MemoryHarness::new());
 
@@ -19,12 +23,12 @@ fn registry_matches_the_catalogue() {
     }
 }
 
-/// The reference harness without its inspector: what a harness that cannot look at the
-/// server gets.
-struct WithoutInspector(lock_conformance::memory::MemoryHarness);
+/// The reference harness with only clients, timing and faults: what a harness gets that
+/// cannot look at the server and declares nothing unproven.
+struct Bare(lock_conformance::memory::MemoryHarness);
 
 #[lock_conformance::async_trait]
-impl lock_conformance::Harness for WithoutInspector {
+impl lock_conformance::Harness for Bare {
     async fn client(&self) -> Result<lock_conformance::Client, lock_core::LockError> {
         self.0.client().await
     }
@@ -38,13 +42,19 @@ impl lock_conformance::Harness for WithoutInspector {
     }
 }
 
+/// Runs case `id` against `harness`: its result and the checks it could not make.
+fn run(
+    harness: &dyn lock_conformance::Harness,
+    id: &str,
+) -> (lock_conformance::CaseResult, Vec<&'static str>) {
+    let case = lock_conformance::cases::find(id).expect("the case");
+    lock_conformance::runner::block_on(lock_conformance::runner::run_case((case.run)(harness)))
+}
+
 /// A residue check that cannot be made is reported, not passed in silence.
 #[test]
 fn a_check_not_made_is_reported() {
-    let harness = WithoutInspector(lock_conformance::memory::MemoryHarness::new());
-    let b4 = lock_conformance::cases::find("B4").expect("B4");
-    let (result, not_checked) =
-        lock_conformance::runner::block_on(lock_conformance::runner::run_case((b4.run)(&harness)));
+    let (result, not_checked) = run(&Bare(lock_conformance::memory::MemoryHarness::new()), "B4");
     assert!(
         matches!(result, Ok(lock_conformance::Outcome::Passed)),
         "{result:?}"
@@ -54,28 +64,8 @@ fn a_check_not_made_is_reported() {
         ["what the server records (the harness has no inspector)"]
     );
     // With the inspector, B4 makes every check.
-    let harness = lock_conformance::memory::MemoryHarness::new();
-    let (_, not_checked) =
-        lock_conformance::runner::block_on(lock_conformance::runner::run_case((b4.run)(&harness)));
+    let (_, not_checked) = run(&lock_conformance::memory::MemoryHarness::new(), "B4");
     assert!(not_checked.is_empty(), "{not_checked:?}");
-}
-
-/// The reference harness without its declarations of what it cannot prove.
-struct WithoutDeclarations(lock_conformance::memory::MemoryHarness);
-
-#[lock_conformance::async_trait]
-impl lock_conformance::Harness for WithoutDeclarations {
-    async fn client(&self) -> Result<lock_conformance::Client, lock_core::LockError> {
-        self.0.client().await
-    }
-
-    fn timing(&self) -> lock_conformance::Timing {
-        self.0.timing()
-    }
-
-    fn faults(&self) -> Option<&dyn lock_conformance::Faults> {
-        self.0.faults()
-    }
 }
 
 /// A property of a declared capability that no hook proves is a failure under STRICT unless
@@ -87,11 +77,7 @@ fn an_unproven_property_is_declared_or_fails() {
         ("D4", Property::LossOnServerPause),
         ("E4", Property::TokensSurviveRestart),
     ] {
-        let case = lock_conformance::cases::find(id).expect("the case");
-        let undeclared = WithoutDeclarations(lock_conformance::memory::MemoryHarness::new());
-        let (result, _) = lock_conformance::runner::block_on(lock_conformance::runner::run_case(
-            (case.run)(&undeclared),
-        ));
+        let (result, _) = run(&Bare(lock_conformance::memory::MemoryHarness::new()), id);
         let Ok(Outcome::Skipped(skip)) = result else {
             panic!("{id} without a hook: {result:?}");
         };
@@ -102,10 +88,7 @@ fn an_unproven_property_is_declared_or_fails() {
         );
         assert_eq!(skip.declared_unproven, None, "{id}");
 
-        let declared = lock_conformance::memory::MemoryHarness::new();
-        let (result, _) = lock_conformance::runner::block_on(lock_conformance::runner::run_case(
-            (case.run)(&declared),
-        ));
+        let (result, _) = run(&lock_conformance::memory::MemoryHarness::new(), id);
         let Ok(Outcome::Skipped(skip)) = result else {
             panic!("{id} declared unproven: {result:?}");
         };
