@@ -1,5 +1,6 @@
 //! Tools the cases use, public so that a backend's own tests can use them too.
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -10,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use lock_core::{DistributedLock, FencingToken, Guard, LockProvider, LossReason};
 
 use crate::harness::{Client, Entries, FaultError, Harness, LockKind};
-use crate::outcome::CaseFailure;
+use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
 
 /// A lock name no other case or run uses: `{case}-{process}-{time}-{counter}`.
 ///
@@ -428,4 +429,101 @@ impl<F: Future> Future for PollBudget<F> {
         self.polls -= 1;
         self.inner.as_mut().poll(cx).map(Some)
     }
+}
+
+/// How a case takes a lock away from its holder, to make a stale holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TakeAway {
+    /// The holder's session ends, through the client's
+    /// [`SessionExpiry`](crate::SessionExpiry): every harness offers it.
+    SessionExpiry,
+    /// [`Faults::revoke`](crate::Faults::revoke), as an operator deleting the holder's
+    /// entry would, where the harness offers it.
+    Revoke,
+}
+
+impl fmt::Display for TakeAway {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TakeAway::SessionExpiry => "session expiry",
+            TakeAway::Revoke => "revoke",
+        })
+    }
+}
+
+/// Runs `case` once for every way of taking a lock away: through the holder's session's
+/// end, which every harness must offer (so a harness cannot pass the stale-holder cases
+/// with a revoke alone), then through a revoke where the harness offers one. A case skipped
+/// through the session's end is skipped; one skipped through a revoke (none offered) is not.
+pub(crate) async fn by_every_take_away<F, Fut>(case: F) -> CaseResult
+where
+    F: Fn(TakeAway) -> Fut,
+    Fut: Future<Output = CaseResult>,
+{
+    for how in [TakeAway::SessionExpiry, TakeAway::Revoke] {
+        let outcome = case(how)
+            .await
+            .map_err(|failure| CaseFailure::new(format!("through a {how}: {failure}")))?;
+        if let (TakeAway::SessionExpiry, Outcome::Skipped(_)) = (how, &outcome) {
+            return Ok(outcome);
+        }
+    }
+    Ok(Outcome::Passed)
+}
+
+/// A case that could not take the lock away `how` says: the harness offers no revoke.
+pub(crate) fn not_offered(how: TakeAway) -> Outcome {
+    Outcome::Skipped(Skip::missing_hook(&how.to_string(), None))
+}
+
+/// Takes the lock `name` away from `holder` as `how` says; `false` when the harness offers
+/// no revoke.
+pub(crate) async fn take_away(
+    h: &dyn Harness,
+    holder: &Client,
+    name: &str,
+    how: TakeAway,
+) -> Result<bool, CaseFailure> {
+    match how {
+        TakeAway::SessionExpiry => {
+            expire_session(holder).await?;
+            Ok(true)
+        }
+        TakeAway::Revoke => {
+            let Some(faults) = h.faults() else {
+                return Ok(false);
+            };
+            match faults.revoke(name).await {
+                Ok(true) => Ok(true),
+                Ok(false) => Err(CaseFailure::new(
+                    "the harness's revoke found no holder while one held the lock",
+                )),
+                Err(FaultError::Unsupported) => Ok(false),
+                Err(other) => Err(other.into()),
+            }
+        }
+    }
+}
+
+/// Takes the lock away from `holder` (see [`take_away`]) and returns `next`'s grant once
+/// the lock is free again; `None` when the harness offers no revoke.
+pub(crate) async fn take_over(
+    h: &dyn Harness,
+    holder: &Client,
+    next: &Client,
+    name: &str,
+    how: TakeAway,
+) -> Result<Option<Guard>, CaseFailure> {
+    if !take_away(h, holder, name, how).await? {
+        return Ok(None);
+    }
+    let bound = crash_release_bound(h, next.provider.as_ref())? + h.timing().handoff_bound;
+    within(
+        bound,
+        &format!("another client's acquire after a {how}"),
+        next.provider.lock(name)?.acquire(None),
+    )
+    .await?
+    .map(Some)
+    .map_err(CaseFailure::from)
 }

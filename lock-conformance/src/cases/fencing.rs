@@ -3,11 +3,13 @@
 
 use lock_core::{Fencing, FencingToken, LockError};
 
-use crate::cases::release::{TakeAway, by_every_take_away, not_offered, take_over};
 use crate::ensure;
 use crate::harness::{FaultError, Harness, Property};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
-use crate::support::{FencedStore, no_residue, take, unique_name, within};
+use crate::support::{
+    FencedStore, TakeAway, by_every_take_away, no_residue, not_offered, take, take_over,
+    unique_name, within,
+};
 
 const CAPABILITY: &str = "fencing";
 

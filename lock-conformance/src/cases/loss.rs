@@ -3,11 +3,13 @@
 
 use lock_core::LockError;
 
-use crate::cases::release::{TakeAway, by_every_take_away, not_offered, take_away};
 use crate::ensure;
 use crate::harness::{FaultError, Harness, Property};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
-use crate::support::{lost_by_validity, no_residue, take, unique_name, within};
+use crate::support::{
+    TakeAway, by_every_take_away, lost_by_validity, no_residue, not_offered, take, take_away,
+    unique_name, within,
+};
 
 const CAPABILITY: &str = "lost_detection";
 

@@ -1,14 +1,16 @@
 //! C. Release: conditional, idempotent, and the lock freed when its holder goes away.
 
-use std::fmt;
 use std::time::Duration;
 
-use lock_core::{Guard, LockError};
+use lock_core::LockError;
 
 use crate::ensure;
-use crate::harness::{Client, FaultError, Harness};
-use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
-use crate::support::{crash_release_bound, expire_session, no_residue, take, unique_name, within};
+use crate::harness::Harness;
+use crate::outcome::{CaseFailure, CaseResult, Outcome};
+use crate::support::{
+    TakeAway, by_every_take_away, crash_release_bound, no_residue, not_offered, take, take_over,
+    unique_name, within,
+};
 
 /// C1: release returns Ok, frees the lock, and does not fire the lost signal.
 pub async fn c1_release_frees_without_loss(h: &dyn Harness) -> CaseResult {
@@ -57,103 +59,6 @@ pub async fn c2_release_is_idempotent(h: &dyn Harness) -> CaseResult {
     later.release().await?;
     no_residue(h, &name, "after release").await?;
     Ok(Outcome::Passed)
-}
-
-/// How a case takes a lock away from its holder, to make a stale holder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TakeAway {
-    /// The holder's session ends, through the client's
-    /// [`SessionExpiry`](crate::SessionExpiry): every harness offers it.
-    SessionExpiry,
-    /// [`Faults::revoke`](crate::Faults::revoke), as an operator deleting the holder's
-    /// entry would, where the harness offers it.
-    Revoke,
-}
-
-impl fmt::Display for TakeAway {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            TakeAway::SessionExpiry => "session expiry",
-            TakeAway::Revoke => "revoke",
-        })
-    }
-}
-
-/// Runs `case` once for every way of taking a lock away: through the holder's session's
-/// end, which every harness must offer (so a harness cannot pass the stale-holder cases
-/// with a revoke alone), then through a revoke where the harness offers one. A case skipped
-/// through the session's end is skipped; one skipped through a revoke (none offered) is not.
-pub(crate) async fn by_every_take_away<F, Fut>(case: F) -> CaseResult
-where
-    F: Fn(TakeAway) -> Fut,
-    Fut: Future<Output = CaseResult>,
-{
-    for how in [TakeAway::SessionExpiry, TakeAway::Revoke] {
-        let outcome = case(how)
-            .await
-            .map_err(|failure| CaseFailure::new(format!("through a {how}: {failure}")))?;
-        if let (TakeAway::SessionExpiry, Outcome::Skipped(_)) = (how, &outcome) {
-            return Ok(outcome);
-        }
-    }
-    Ok(Outcome::Passed)
-}
-
-/// A case that could not take the lock away `how` says: the harness offers no revoke.
-pub(crate) fn not_offered(how: TakeAway) -> Outcome {
-    Outcome::Skipped(Skip::missing_hook(&how.to_string(), None))
-}
-
-/// Takes the lock `name` away from `holder` as `how` says; `false` when the harness offers
-/// no revoke.
-pub(crate) async fn take_away(
-    h: &dyn Harness,
-    holder: &Client,
-    name: &str,
-    how: TakeAway,
-) -> Result<bool, CaseFailure> {
-    match how {
-        TakeAway::SessionExpiry => {
-            expire_session(holder).await?;
-            Ok(true)
-        }
-        TakeAway::Revoke => {
-            let Some(faults) = h.faults() else {
-                return Ok(false);
-            };
-            match faults.revoke(name).await {
-                Ok(true) => Ok(true),
-                Ok(false) => Err(CaseFailure::new(
-                    "the harness's revoke found no holder while one held the lock",
-                )),
-                Err(FaultError::Unsupported) => Ok(false),
-                Err(other) => Err(other.into()),
-            }
-        }
-    }
-}
-
-/// Takes the lock away from `holder` (see [`take_away`]) and returns `next`'s grant once
-/// the lock is free again; `None` when the harness offers no revoke.
-pub(crate) async fn take_over(
-    h: &dyn Harness,
-    holder: &Client,
-    next: &Client,
-    name: &str,
-    how: TakeAway,
-) -> Result<Option<Guard>, CaseFailure> {
-    if !take_away(h, holder, name, how).await? {
-        return Ok(None);
-    }
-    let bound = crash_release_bound(h, next.provider.as_ref())? + h.timing().handoff_bound;
-    within(
-        bound,
-        &format!("another client's acquire after a {how}"),
-        next.provider.lock(name)?.acquire(None),
-    )
-    .await?
-    .map(Some)
-    .map_err(CaseFailure::from)
 }
 
 /// C3: stale guard — after its lock was taken away (its session's end, and a revoke where
