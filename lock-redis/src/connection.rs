@@ -2,7 +2,10 @@
 //! where each request goes to the primary that serves its keys' slot (the cluster
 //! connection follows `MOVED` and `ASK` redirections itself).
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use lock_core::{LockError, Metrics};
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
@@ -10,11 +13,12 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{
     AsyncConnectionConfig, Client, Cmd, FromRedisValue, Pipeline, ProtocolVersion, PushInfo,
-    RedisFuture, Value,
+    RedisError, RedisFuture, Value,
 };
 use tokio::sync::mpsc;
 
 use crate::config::{RedisCluster, RedisServer};
+use crate::error::lock_error;
 
 /// What builds a cluster's clients: its nodes, the login and the request timeout.
 #[derive(Clone)]
@@ -89,7 +93,7 @@ pub(crate) enum Connection<S> {
 }
 
 /// The connection short requests share: one server's reconnects.
-pub(crate) type Shared = Connection<ConnectionManager>;
+pub(crate) type Multiplexed = Connection<ConnectionManager>;
 
 /// A connection of its own, for requests that block (`BLPOP`, `WAIT`).
 pub(crate) type Own = Connection<MultiplexedConnection>;
@@ -166,5 +170,22 @@ impl<S: ConnectionLike> ConnectionLike for Connection<S> {
             Connection::Server(connection) => connection.get_db(),
             Connection::Cluster(connection) => connection.get_db(),
         }
+    }
+}
+
+/// What a node's connections, and its subscriber's, are made with: the request timeout,
+/// the backend that errors name, and the metrics that count the requests.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) timeout: Duration,
+    pub(crate) backend: &'static str,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+impl Settings {
+    /// What turns a client error met while connecting into a lock error.
+    pub(crate) fn failed(&self) -> impl Fn(RedisError) -> LockError + Copy + use<> {
+        let backend = self.backend;
+        move |error| lock_error(backend, error, None)
     }
 }

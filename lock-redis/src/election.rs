@@ -12,8 +12,8 @@ use lock_core::{Deadline, FencingToken, Guard, LeaderInfo, LockError, LockName};
 
 use crate::error::BACKEND;
 use crate::lock::RedisLock;
-use crate::provider::Shared;
 use crate::scripts;
+use crate::session::Session;
 
 /// How often an observer asks who leads: Redis tells nobody when a lease runs out.
 const OBSERVE_EVERY: Duration = Duration::from_millis(100);
@@ -58,7 +58,7 @@ impl fmt::Debug for RedisElection {
 }
 
 impl RedisElection {
-    pub(crate) fn new(shared: Arc<Shared>, name: LockName) -> Self {
+    pub(crate) fn new(shared: Arc<Session>, name: LockName) -> Self {
         RedisElection {
             lock: RedisLock::election(shared, name),
         }

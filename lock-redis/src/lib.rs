@@ -146,6 +146,7 @@
 //! `rediss://` (or `tls=true` for `redlock://`) connects with TLS (rustls), trusting the
 //! system's certificate authorities, or those of the PEM file `tls_ca=/path/ca.pem`.
 
+mod claim;
 mod config;
 mod connection;
 mod election;
@@ -157,6 +158,7 @@ mod permits;
 mod provider;
 mod redlock;
 mod scripts;
+mod session;
 mod subscriber;
 
 pub use config::{

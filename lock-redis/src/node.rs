@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use lock_core::LockError;
 use lock_core::kit::unpoisoned;
-use lock_core::{LockError, Metrics};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::{
@@ -15,8 +15,10 @@ use redis::{
     RedisError, ScriptInvocation, ServerErrorKind, TlsCertificates,
 };
 
+pub(crate) mod list_wait;
+
 use crate::config::{RedisCluster, RedisSentinel, RedisServer, config_error};
-use crate::connection::{ClusterClients, Opener, Own, Shared};
+use crate::connection::{ClusterClients, Multiplexed, Opener, Own, Settings};
 use crate::error::{cluster_lock_error, connection, is_connection, lock_error, timed_out_request};
 use crate::scripts::millis;
 use crate::subscriber::{Source, Subscriber, Subscription};
@@ -34,27 +36,10 @@ struct Inner {
     finder: Option<Finder>,
 }
 
-/// What a node's connections, and its subscriber's, are made with: the request timeout,
-/// the backend that errors name, and the metrics that count the requests.
-#[derive(Clone)]
-pub(crate) struct Settings {
-    pub(crate) timeout: Duration,
-    pub(crate) backend: &'static str,
-    pub(crate) metrics: Arc<Metrics>,
-}
-
-impl Settings {
-    /// What turns a client error met while connecting into a lock error.
-    pub(crate) fn failed(&self) -> impl Fn(RedisError) -> LockError + Copy + use<> {
-        let backend = self.backend;
-        move |error| lock_error(backend, error, None)
-    }
-}
-
 /// One server's connections, or a cluster's.
 struct Link {
     client: Opener,
-    manager: Shared,
+    manager: Multiplexed,
     address: String,
     /// Idle connections for blocking requests, kept for the next waiter.
     idle: Mutex<Vec<Own>>,
@@ -339,8 +324,8 @@ impl Node {
     /// means it.
     pub(crate) fn lock_error(&self, error: RedisError, name: Option<&str>) -> LockError {
         match self.link().manager {
-            Shared::Cluster(_) => cluster_lock_error(self.0.settings.backend, error, name),
-            Shared::Server(_) => lock_error(self.0.settings.backend, error, name),
+            Multiplexed::Cluster(_) => cluster_lock_error(self.0.settings.backend, error, name),
+            Multiplexed::Server(_) => lock_error(self.0.settings.backend, error, name),
         }
     }
 
@@ -519,7 +504,7 @@ impl Link {
         let subscriber = Subscriber::new(Source::Server(client.clone()), settings.clone());
         Ok(Link {
             client: Opener::Server(Box::new(client)),
-            manager: Shared::Server(manager),
+            manager: Multiplexed::Server(manager),
             address,
             idle: Mutex::default(),
             subscriber,
@@ -544,7 +529,7 @@ impl Link {
         };
         Ok(Link {
             client: Opener::Cluster(Box::new(blocking)),
-            manager: Shared::Cluster(connected.map_err(failed)?),
+            manager: Multiplexed::Cluster(connected.map_err(failed)?),
             address,
             idle: Mutex::default(),
             subscriber: Subscriber::new(Source::Cluster(clients), settings.clone()),

@@ -9,9 +9,10 @@ use async_trait::async_trait;
 use lock_core::kit::{RwAttempt, RwSide, SemaphoreAttempt};
 use lock_core::{Deadline, Guard, LockError, LockName};
 
+use crate::claim::Shape;
 use crate::error::BACKEND;
-use crate::lock::{RedisLock, Shape};
-use crate::provider::Shared;
+use crate::lock::RedisLock;
+use crate::session::Session;
 
 /// The permits of a read-write lock: more than any count of readers reaches. A reader
 /// takes one, a writer all of them.
@@ -42,7 +43,7 @@ pub struct RedisRwLock {
 }
 
 impl RedisRwLock {
-    pub(crate) fn new(shared: &Arc<Shared>, name: LockName) -> Self {
+    pub(crate) fn new(shared: &Arc<Session>, name: LockName) -> Self {
         let side = |weight| {
             let shape = Shape::Permits {
                 weight,
@@ -108,7 +109,7 @@ pub struct RedisSemaphore {
 }
 
 impl RedisSemaphore {
-    pub(crate) fn new(shared: &Arc<Shared>, name: LockName, permits: u32) -> Self {
+    pub(crate) fn new(shared: &Arc<Session>, name: LockName, permits: u32) -> Self {
         let shape = Shape::Permits {
             weight: 1,
             capacity: u64::from(permits),

@@ -10,13 +10,16 @@ use lock_core::{
     LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
 };
 
+use crate::claim::refresh_period;
 use crate::config::{RedisConfig, RedisStrategy};
+use crate::connection::Settings;
 use crate::election::RedisElection;
 use crate::error::BACKEND;
 use crate::keys::LockKeys;
-use crate::lock::{RedisLock, refresh_period};
-use crate::node::{Node, Settings};
+use crate::lock::RedisLock;
+use crate::node::Node;
 use crate::permits::{RedisRwLock, RedisSemaphore};
+use crate::session::Session;
 
 /// A distlock provider on one Redis server.
 ///
@@ -41,24 +44,8 @@ use crate::permits::{RedisRwLock, RedisSemaphore};
 /// ```
 #[derive(Clone)]
 pub struct RedisLockProvider {
-    shared: Arc<Shared>,
+    shared: Arc<Session>,
     _owner: SessionOwner,
-}
-
-/// What the provider's lock handles and guards share.
-pub(crate) struct Shared {
-    pub(crate) config: RedisConfig,
-    pub(crate) node: Node,
-    pub(crate) metrics: Arc<Metrics>,
-    pub(crate) closed: Closed,
-}
-
-impl fmt::Debug for Shared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shared")
-            .field("server", &self.node.address())
-            .finish()
-    }
 }
 
 impl RedisLockProvider {
@@ -83,7 +70,7 @@ impl RedisLockProvider {
             (None, Some(cluster)) => Node::connect_cluster(cluster, server, settings).await?,
             (None, None) => Node::connect(server, settings, false).await?,
         };
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(Session {
             config,
             node,
             metrics,

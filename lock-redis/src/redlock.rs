@@ -19,9 +19,10 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::RedlockConfig;
+use crate::connection::Settings;
 use crate::error::connection;
 use crate::keys::LockKeys;
-use crate::node::{Node, Settings};
+use crate::node::Node;
 use crate::scripts::{self, QueueArgs, RELEASE};
 
 pub(crate) const REDLOCK: &str = "redlock";
@@ -57,25 +58,28 @@ pub(crate) const REDLOCK: &str = "redlock";
 /// ```
 #[derive(Clone)]
 pub struct RedlockProvider {
-    shared: Arc<Shared>,
+    shared: Arc<RedlockSession>,
     _owner: SessionOwner,
 }
 
-struct Shared {
+/// The provider's session: its servers, configuration and metrics, and whether it is over.
+struct RedlockSession {
     config: RedlockConfig,
     nodes: Vec<Node>,
     metrics: Arc<Metrics>,
     closed: Closed,
 }
 
-impl fmt::Debug for Shared {
+impl fmt::Debug for RedlockSession {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let servers: Vec<_> = self.nodes.iter().map(Node::address).collect();
-        f.debug_struct("Shared").field("servers", &servers).finish()
+        f.debug_struct("RedlockSession")
+            .field("servers", &servers)
+            .finish()
     }
 }
 
-impl Shared {
+impl RedlockSession {
     fn quorum(&self) -> usize {
         self.config.quorum()
     }
@@ -142,7 +146,7 @@ impl RedlockProvider {
         };
         let lazy = |server| Node::connect(server, settings.clone(), true);
         let nodes = try_join_all(config.servers.iter().map(lazy)).await?;
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(RedlockSession {
             config,
             nodes,
             metrics,
@@ -237,7 +241,7 @@ impl LockProvider for RedlockProvider {
 
 /// A lock handle from a [`RedlockProvider`].
 pub struct RedlockLock {
-    shared: Arc<Shared>,
+    shared: Arc<RedlockSession>,
     name: LockName,
     keys: Arc<LockKeys>,
 }
@@ -348,7 +352,7 @@ impl MutexAttempt for RedlockLock {
 /// A contender's claim on every server: its owner id; the lease once held.
 #[derive(Debug)]
 struct RedlockClaim {
-    shared: Arc<Shared>,
+    shared: Arc<RedlockSession>,
     keys: Arc<LockKeys>,
     name: LockName,
     id: String,

@@ -27,9 +27,8 @@ use redis::{Client, PushInfo, PushKind, Value};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use crate::connection::ClusterClients;
+use crate::connection::{ClusterClients, Settings};
 use crate::error::{connection, lock_error, timed_out_request};
-use crate::node::Settings;
 
 /// Release messages a slow waiter may fall behind by before they merge into one.
 const BACKLOG: usize = 16;
