@@ -15,8 +15,6 @@ use lock_core::{
 };
 use zookeeper_client::{Acls, CreateMode, LockOptions, LockPrefix};
 
-use crate::strategy::ETCD_LEASE_TTL;
-
 /// The peer: zookeeper-client's lock recipe behind the distlock contract, so that the
 /// scenario drives it exactly as it drives ours. It keeps no wake-up counts.
 #[derive(Debug)]
@@ -177,14 +175,15 @@ fn v3lock_error(error: etcd_client::Error) -> LockError {
 }
 
 impl V3LockProvider {
-    pub(crate) async fn connect(endpoint: &str) -> Result<Self, LockError> {
+    /// Connects to `endpoint`, with a lease of `ttl` kept alive at a third of it.
+    pub(crate) async fn connect(endpoint: &str, ttl: Duration) -> Result<Self, LockError> {
         let client = etcd_client::Client::connect([endpoint], None)
             .await
             .map_err(v3lock_error)?;
-        let ttl = i64::try_from(ETCD_LEASE_TTL.as_secs()).unwrap_or(30);
+        let seconds = i64::try_from(ttl.as_secs()).unwrap_or(30);
         let lease = client
             .lease_client()
-            .grant(ttl, None)
+            .grant(seconds, None)
             .await
             .map_err(v3lock_error)?
             .id();
@@ -194,7 +193,7 @@ impl V3LockProvider {
                 return;
             };
             loop {
-                tokio::time::sleep(ETCD_LEASE_TTL / 3).await;
+                tokio::time::sleep(ttl / 3).await;
                 if keeper.keep_alive().await.is_err() || answers.message().await.is_err() {
                     return;
                 }

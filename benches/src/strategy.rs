@@ -180,7 +180,9 @@ impl Strategy {
             return Ok(Arc::new(EtcdLockProvider::connect(config).await?));
         }
         match self {
-            Strategy::EtcdV3Lock => Ok(Arc::new(V3LockProvider::connect(&etcd()?).await?)),
+            Strategy::EtcdV3Lock => Ok(Arc::new(
+                V3LockProvider::connect(&etcd()?, ETCD_LEASE_TTL).await?,
+            )),
             _ => Ok(Arc::new(RecipeProvider::connect(&zk()?).await?)),
         }
     }

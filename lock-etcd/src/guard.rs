@@ -15,8 +15,8 @@ use lock_core::{Deadline, FencingToken, Guard, LockError, LockName, lost_signal}
 use tokio::sync::watch;
 
 use crate::error::BACKEND;
-use crate::queue::Granted;
 use crate::session::{Session, Slot};
+use crate::watches::Watch;
 
 /// How a background clean-up backs off while the connection is down.
 const CLEANUP_PAUSE: Duration = Duration::from_millis(200);
@@ -317,5 +317,30 @@ impl HeldEntry for HeldKey {
 
     fn is_suspect(&self) -> bool {
         self.session().is_some_and(|session| session.is_suspect())
+    }
+}
+
+/// A granted contender: its key's create revision (its fencing token), a revision at
+/// which the key was seen still standing as the holder's, and the watch on it made while
+/// it waited, if any (it sees every deletion after `seen`).
+#[derive(Debug)]
+pub(crate) struct Granted {
+    pub(crate) created: i64,
+    pub(crate) seen: i64,
+    pub(crate) watch: Option<Watch>,
+}
+
+impl Granted {
+    pub(crate) fn new(created: i64, seen: i64) -> Self {
+        Granted {
+            created,
+            seen: seen.max(created),
+            watch: None,
+        }
+    }
+
+    /// The same, with the watch on the key made while it waited.
+    pub(crate) fn watched(self, watch: Option<Watch>) -> Self {
+        Granted { watch, ..self }
     }
 }

@@ -22,7 +22,8 @@ use lock_core::{Deadline, Guard, LockError, LockName};
 use crate::config::EtcdStrategy;
 use crate::error::BACKEND;
 use crate::guard::Entry;
-use crate::queue::{Blockers, Granted, Queue, Wait, Watched, Watching, Woke, kvs};
+use crate::guard::Granted;
+use crate::queue::{Blockers, Queue, Wait, Watched, Watching, Woke, kvs};
 use crate::session::{Session, Shared};
 
 /// The single-key lock's key in a lock's directory (not a hex lease id, so it never names

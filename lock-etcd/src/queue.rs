@@ -49,7 +49,7 @@ use lock_core::{Deadline, Guard, LockError, LockName};
 
 use crate::config::EtcdStrategy;
 use crate::error::BACKEND;
-use crate::guard::{Entry, grant};
+use crate::guard::{Entry, Granted, grant};
 use crate::session::{Session, Shared, Slot};
 use crate::watches::Watch;
 
@@ -639,31 +639,6 @@ async fn next_of(watch: &mut Option<Watch>) -> Option<WatchResponse> {
     match watch {
         Some(watch) => watch.next().await,
         None => std::future::pending().await,
-    }
-}
-
-/// A granted contender: its key's create revision (its fencing token), a revision at
-/// which the key was seen still standing as the holder's, and the watch on it made while
-/// it waited, if any (it sees every deletion after `seen`).
-#[derive(Debug)]
-pub(crate) struct Granted {
-    pub(crate) created: i64,
-    pub(crate) seen: i64,
-    pub(crate) watch: Option<Watch>,
-}
-
-impl Granted {
-    pub(crate) fn new(created: i64, seen: i64) -> Self {
-        Granted {
-            created,
-            seen: seen.max(created),
-            watch: None,
-        }
-    }
-
-    /// The same, with the watch on the key made while it waited.
-    fn watched(self, watch: Option<Watch>) -> Self {
-        Granted { watch, ..self }
     }
 }
 
