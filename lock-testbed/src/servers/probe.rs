@@ -75,7 +75,7 @@ async fn bounded<T>(
 }
 
 /// Sends `request` on `stream` and reads the answer to end-of-file (as lossy UTF-8).
-pub(crate) async fn exchange<S>(mut stream: S, request: &[u8]) -> std::io::Result<String>
+async fn exchange<S>(mut stream: S, request: &[u8]) -> std::io::Result<String>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {

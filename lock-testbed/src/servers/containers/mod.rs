@@ -2,8 +2,9 @@
 //!
 //! For users with a Docker-compatible engine. Where no engine answers, every start returns
 //! [`ServerError::NoContainerEngine`] within a few seconds (the engine is probed with a
-//! bounded `GET /_ping` before testcontainers is asked for anything), which tests should
-//! report as a skip: see [`ServerError::is_no_container_engine`].
+//! bounded ping before testcontainers is asked for anything), which tests should
+//! report as a skip: see [`ServerError::is_no_container_engine`]. The engine is spoken to
+//! through `bollard`, the engine client testcontainers uses.
 //!
 //! Images: [`DEFAULT_ZK_IMAGE`] and [`DEFAULT_REDIS_IMAGE`], overridable by the environment
 //! variables [`ZK_IMAGE_ENV`] and [`REDIS_IMAGE_ENV`] (`name[:tag]`). The default is one
@@ -19,13 +20,15 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use testcontainers::bollard::errors::Error as BollardError;
 use testcontainers::bollard::models::{HostConfig, PortBinding};
+use testcontainers::bollard::{API_DEFAULT_VERSION, Docker};
 use testcontainers::core::{IntoContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, ContainerRequest, GenericImage, ImageExt};
 use tracing::{debug, info, warn};
 
-use super::probe::{Probe, exchange, four_letter};
+use super::probe::{Probe, four_letter};
 use super::process::{Watchdog, free_port};
 use super::redis::redis_url;
 use super::zookeeper::{MAIN_CLASS, zoo_cfg};
@@ -129,55 +132,47 @@ impl ContainerEngine {
         Self { address }
     }
 
-    /// Sends one HTTP/1.0 `GET path` to the engine, bounded by [`ENGINE_PROBE_TIMEOUT`]; the
-    /// status code and the body. `None` for an address this module cannot speak to.
-    async fn get(&self, path: &str) -> Option<Result<(u16, String), String>> {
-        let request = format!("GET {path} HTTP/1.0\r\nHost: docker\r\n\r\n");
-        let answer = match &self.address {
-            EngineAddress::Other(host) => {
-                debug!(%host, "cannot probe this DOCKER_HOST scheme; leaving it to testcontainers");
-                return None;
-            }
+    /// A client of the engine whose requests are bounded by [`ENGINE_PROBE_TIMEOUT`]; `None`
+    /// for an address this module cannot speak to, which is left to testcontainers.
+    fn client(&self) -> Result<Option<Docker>, ServerError> {
+        let timeout = ENGINE_PROBE_TIMEOUT.as_secs();
+        let client = match &self.address {
             EngineAddress::Unix(socket) => {
-                tokio::time::timeout(ENGINE_PROBE_TIMEOUT, async {
-                    let stream = tokio::net::UnixStream::connect(socket).await?;
-                    exchange(stream, request.as_bytes()).await
-                })
-                .await
+                Docker::connect_with_unix(&socket.to_string_lossy(), timeout, API_DEFAULT_VERSION)
             }
             EngineAddress::Tcp(addr) => {
-                tokio::time::timeout(ENGINE_PROBE_TIMEOUT, async {
-                    let stream = tokio::net::TcpStream::connect(addr.as_str()).await?;
-                    exchange(stream, request.as_bytes()).await
-                })
-                .await
+                let url = format!("tcp://{addr}");
+                Docker::connect_with_http(&url, timeout, API_DEFAULT_VERSION)
+            }
+            EngineAddress::Other(host) => {
+                debug!(%host, "cannot probe this DOCKER_HOST scheme; leaving it to testcontainers");
+                return Ok(None);
             }
         };
-        Some(match answer {
-            Ok(Ok(text)) => parse_http(&text).ok_or_else(|| {
-                format!(
-                    "answered GET {path} with {:?}",
-                    text.lines().next().unwrap_or_default()
-                )
-            }),
-            Ok(Err(err)) => Err(format!("does not answer: {err}")),
-            Err(_) => Err(format!(
-                "did not answer GET {path} within {ENGINE_PROBE_TIMEOUT:?}"
-            )),
-        })
+        client
+            .map(Some)
+            .map_err(|error| self.no_engine(format!("cannot be spoken to: {error}")))
     }
 
-    /// Checks, within a few seconds, that the engine answers `GET /_ping`;
+    fn no_engine(&self, why: String) -> ServerError {
+        ServerError::NoContainerEngine {
+            detail: format!("{:?} {why}", self.address),
+        }
+    }
+
+    /// Checks, within a few seconds, that the engine answers a ping;
     /// [`ServerError::NoContainerEngine`] (with where it looked) otherwise.
     pub async fn check(&self) -> Result<(), ServerError> {
         debug!(engine = ?self.address, "probing the container engine");
-        let no_engine = |why: String| ServerError::NoContainerEngine {
-            detail: format!("{:?} {why}", self.address),
+        let Some(docker) = self.client()? else {
+            return Ok(());
         };
-        match self.get("/_ping").await {
-            None | Some(Ok((200, _))) => Ok(()),
-            Some(Ok((status, _))) => Err(no_engine(format!("answered GET /_ping with {status}"))),
-            Some(Err(why)) => Err(no_engine(why)),
+        match tokio::time::timeout(ENGINE_PROBE_TIMEOUT, docker.ping()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(error)) => Err(self.no_engine(format!("does not answer a ping: {error}"))),
+            Err(_) => Err(self.no_engine(format!(
+                "did not answer a ping within {ENGINE_PROBE_TIMEOUT:?}"
+            ))),
         }
     }
 
@@ -185,17 +180,25 @@ impl ContainerEngine {
     /// ask). This module starts a container only after this check, so it never asks the
     /// engine to pull: a missing image is [`ServerError::MissingImage`].
     pub async fn has_image(&self, name: &str, tag: &str) -> Result<bool, ServerError> {
+        let Some(docker) = self.client()? else {
+            return Ok(true);
+        };
         let image = format!("{name}:{tag}");
-        match self.get(&format!("/images/{image}/json")).await {
-            None | Some(Ok((200, _))) => Ok(true),
-            Some(Ok((404, _))) => Ok(false),
-            Some(Ok((status, body))) => Err(container_error(format!(
-                "the engine answered {status} when asked for the image {image}: {}",
-                body.trim()
+        match tokio::time::timeout(ENGINE_PROBE_TIMEOUT, docker.inspect_image(&image)).await {
+            Ok(Ok(_)) => Ok(true),
+            Ok(Err(BollardError::DockerResponseServerError {
+                status_code: 404, ..
+            })) => Ok(false),
+            Ok(Err(BollardError::DockerResponseServerError {
+                status_code,
+                message,
+            })) => Err(container_error(format!(
+                "the engine answered {status_code} when asked for the image {image}: {message}"
             ))),
-            Some(Err(why)) => Err(ServerError::NoContainerEngine {
-                detail: format!("{:?} {why}", self.address),
-            }),
+            Ok(Err(error)) => Err(self.no_engine(format!("does not answer: {error}"))),
+            Err(_) => Err(self.no_engine(format!(
+                "did not answer about the image {image} within {ENGINE_PROBE_TIMEOUT:?}"
+            ))),
         }
     }
 }
@@ -244,17 +247,6 @@ pub async fn check_ready() -> Result<(), ServerError> {
 const IMAGE_HINT: &str = "build the default image with scripts/ensure-docker (in the distlock \
     repository), or name an image the engine has, laid out as Debian's packages, in \
     LOCK_TEST_ZK_IMAGE / LOCK_TEST_REDIS_IMAGE";
-
-/// The status code and body of an HTTP/1.x answer.
-fn parse_http(text: &str) -> Option<(u16, String)> {
-    let mut status_line = text.lines().next()?.split_whitespace();
-    if !status_line.next()?.starts_with("HTTP/1.") {
-        return None;
-    }
-    let status = status_line.next()?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, body)| body);
-    Some((status, body.to_owned()))
-}
 
 /// Checks, within a few seconds, that the container engine found by
 /// [`ContainerEngine::from_env`] answers `GET /_ping`.
