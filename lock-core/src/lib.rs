@@ -56,6 +56,36 @@
 //! the last provider handle, cleans up after dropped attempts and counts wake-ups. The
 //! traits' async methods are written with [`async_trait`](macro@async_trait) (re-exported
 //! here). Then run the `lock-conformance` suite against it.
+//!
+//! # Words
+//!
+//! One word per concept, in every crate of the workspace, its docs and its errors:
+//!
+//! - **provider**: a [`LockProvider`], standing for one process; it *is* the **session**
+//!   (a ZooKeeper session, an etcd lease, a Redis connection's lifetime): when the session
+//!   ends, every lock it held is lost and every wait it made fails.
+//! - **contender**: one acquisition in progress or granted; a **waiter** until its grant,
+//!   then the **holder**. A contender that gave up (a timeout, a dropped future) is
+//!   **abandoned**: what it left is cleaned up in the background.
+//! - **queue**: the contenders of one lock on the server, in arrival order (ZooKeeper's
+//!   sequential nodes, etcd's keys by create revision, Redis's waiter list); a contender's
+//!   **place** is its entry there, and a place is **gone** when someone else deletes it.
+//! - **blocker**: the one earlier contender whose departure can let a waiter in (its
+//!   predecessor, or for a reader the nearest earlier writer). The herd-free strategies
+//!   watch the blocker only; the herd strategies (ZooKeeper's `SingleNode` and
+//!   `SequentialChildren`, etcd's `Single` and `Prefix`, Redis's `PubSub`) wake every
+//!   waiter on every release, and polling waiters look on a timer.
+//! - **grant**: the server's decision that a contender holds; the [`Guard`] stands for it.
+//!   A **hand-off** is a release that grants the next waiter; a **wake-up** is a waiter
+//!   woken to look, **futile** when it finds the lock still held.
+//! - **entry**: what a held grant keeps on the server (a node, a key, an owner key), which
+//!   release deletes if it is still the grant's ([`kit::HeldEntry`]).
+//! - **lease**: a grant that lasts a time unless renewed ([`kit::Lease`]); its
+//!   [`Guard::valid_until`] says until when.
+//! - **fencing token**: a number that grows with every grant ([`FencingToken`]), to be
+//!   checked by the store the holder writes to.
+//! - **lost**: a grant the backend no longer vouches for ([`LostSignal`]), told apart by
+//!   [`LossReason`].
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::fmt;

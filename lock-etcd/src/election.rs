@@ -12,7 +12,7 @@ use lock_core::{Deadline, FencingToken, Guard, LeaderInfo, LockError, LockName};
 
 use crate::config::EtcdStrategy;
 use crate::error::BACKEND;
-use crate::queue::{Blockers, Queue};
+use crate::queue::{Blockers, Place};
 use crate::session::Shared;
 use crate::watches::Watch;
 
@@ -40,38 +40,38 @@ use crate::watches::Watch;
 /// ```
 pub struct EtcdElection {
     /// `{prefix}/{name escaped}.election/`, always herd-free.
-    queue: Queue,
+    place: Place,
 }
 
 impl fmt::Debug for EtcdElection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdElection")
-            .field("name", &self.queue.name)
-            .field("dir", &self.queue.dir)
+            .field("name", &self.place.name)
+            .field("dir", &self.place.dir)
             .finish()
     }
 }
 
 impl EtcdElection {
     pub(crate) fn new(shared: Arc<Shared>, name: LockName) -> Self {
-        let mut queue = Queue::new(shared, name, ".election");
-        queue.strategy = EtcdStrategy::Predecessor;
-        EtcdElection { queue }
+        let mut place = Place::new(shared, name, ".election");
+        place.strategy = EtcdStrategy::Predecessor;
+        EtcdElection { place }
     }
 
     /// The leader's key and what it holds, and the revision of the read.
     async fn head(&self) -> Result<(Option<(String, LeaderInfo)>, i64), LockError> {
-        let queue = &self.queue;
-        let session = queue.shared.session(&queue.name).await?;
+        let place = &self.place;
+        let session = place.shared.session(&place.name).await?;
         let first = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1);
         let answer = session
-            .read(queue.name.as_str(), &Deadline::after(None), || {
+            .read(place.name.as_str(), &Deadline::after(None), || {
                 let mut kv = session.client.kv_client();
                 let first = first.clone();
-                async move { kv.get(queue.dir.as_str(), Some(first)).await }
+                async move { kv.get(place.dir.as_str(), Some(first)).await }
             })
             .await?;
         let revision = answer.header().map_or(0, |header| header.revision());
@@ -89,7 +89,7 @@ impl EtcdElection {
 #[async_trait]
 impl ElectionAttempt for EtcdElection {
     fn name(&self) -> &LockName {
-        &self.queue.name
+        &self.place.name
     }
 
     fn backend(&self) -> &'static str {
@@ -98,13 +98,13 @@ impl ElectionAttempt for EtcdElection {
 
     /// Queues a candidate key holding `value` and waits to be first, herd-free.
     async fn attempt(&self, value: &[u8], deadline: Deadline) -> Result<Option<Guard>, LockError> {
-        let queue = self.queue.with_value(value);
-        let session = queue.shared.session(&queue.name).await?;
-        let slot = queue.slot(&session);
+        let place = self.place.with_value(value);
+        let session = place.shared.session(&place.name).await?;
+        let slot = place.slot(&session);
         // Armed before the first request: a dropped campaign leaves no key behind.
-        let pending = queue.entry(&session, &slot, "");
-        queue
-            .attempt(&session, pending, Blockers::any(&queue.dir), &deadline)
+        let pending = place.entry(&session, &slot, "");
+        place
+            .attempt(&session, pending, Blockers::any(&place.dir), &deadline)
             .await
     }
 }
@@ -121,9 +121,9 @@ impl LeaderSource for EtcdElection {
     /// watch sees only after the revision it began at (see the `watches` module), so one that
     /// began after the read that found `seen` is followed by another read.
     async fn changed(&self, seen: &Option<LeaderInfo>) -> Result<(), LockError> {
-        let queue = &self.queue;
-        let session = queue.shared.session(&queue.name).await?;
-        let name = queue.name.as_str();
+        let place = &self.place;
+        let session = place.shared.session(&place.name).await?;
+        let name = place.name.as_str();
         // The watch, and the key or directory it watches: kept while that stays the same.
         let mut watching: Option<(String, Watch)> = None;
         loop {
@@ -134,7 +134,7 @@ impl LeaderSource for EtcdElection {
             let (key, options) = match &head {
                 Some((key, _)) => (key.as_str(), WatchOptions::new()),
                 None => (
-                    queue.dir.as_str(),
+                    place.dir.as_str(),
                     WatchOptions::new()
                         .with_prefix()
                         .with_filters([WatchFilterType::NoDelete]),
@@ -165,7 +165,7 @@ impl LeaderSource for EtcdElection {
                         _ => return Ok(()),
                     },
                     () = session.over.wait() => return Ok(()),
-                    () = queue.shared.closed.wait() => return Ok(()),
+                    () = place.shared.closed.wait() => return Ok(()),
                 }
             }
         }

@@ -23,7 +23,7 @@ use crate::config::EtcdStrategy;
 use crate::error::BACKEND;
 use crate::guard::Entry;
 use crate::guard::Granted;
-use crate::queue::{Blockers, Queue, Wait, Watched, Watching, Woke, kvs};
+use crate::queue::{Blockers, Place, Wait, Watched, Watching, Woke, kvs};
 use crate::session::{Session, Shared};
 
 /// The single-key lock's key in a lock's directory (not a hex lease id, so it never names
@@ -33,15 +33,15 @@ pub(crate) const SINGLE_KEY: &str = "lock";
 /// A lock handle from an [`EtcdLockProvider`](crate::EtcdLockProvider).
 pub struct EtcdLock {
     /// `{prefix}/{name escaped}/`.
-    queue: Queue,
+    place: Place,
 }
 
 impl fmt::Debug for EtcdLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdLock")
-            .field("name", &self.queue.name)
-            .field("dir", &self.queue.dir)
-            .field("strategy", &self.queue.shared.config.strategy)
+            .field("name", &self.place.name)
+            .field("dir", &self.place.dir)
+            .field("strategy", &self.place.shared.config.strategy)
             .finish()
     }
 }
@@ -49,7 +49,7 @@ impl fmt::Debug for EtcdLock {
 impl EtcdLock {
     pub(crate) fn new(shared: Arc<Shared>, name: LockName) -> Self {
         EtcdLock {
-            queue: Queue::new(shared, name, ""),
+            place: Place::new(shared, name, ""),
         }
     }
 }
@@ -62,7 +62,7 @@ pub(crate) fn lock_dir(prefix: &str, name: &LockName) -> String {
 #[async_trait]
 impl MutexAttempt for EtcdLock {
     fn name(&self) -> &LockName {
-        &self.queue.name
+        &self.place.name
     }
 
     fn backend(&self) -> &'static str {
@@ -70,24 +70,24 @@ impl MutexAttempt for EtcdLock {
     }
 
     async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
-        let queue = &self.queue;
-        let session = queue.shared.session(&queue.name).await?;
-        let slot = queue.slot(&session);
-        if queue.shared.config.strategy != EtcdStrategy::Single {
+        let place = &self.place;
+        let session = place.shared.session(&place.name).await?;
+        let slot = place.slot(&session);
+        if place.shared.config.strategy != EtcdStrategy::Single {
             // Armed before the first request: a dropped attempt leaves no key behind.
-            let pending = queue.entry(&session, &slot, "");
-            return queue
-                .attempt(&session, pending, Blockers::any(&queue.dir), &deadline)
+            let pending = place.entry(&session, &slot, "");
+            return place
+                .attempt(&session, pending, Blockers::any(&place.dir), &deadline)
                 .await;
         }
-        let key = format!("{}{SINGLE_KEY}", queue.dir);
+        let key = format!("{}{SINGLE_KEY}", place.dir);
         let ours_if = Some(slot.key.clone());
         let pending = Cleanup::new(Entry::new(&session, key, ours_if, slot));
         let turn = match pending.entry() {
             Some(entry) => self.single(&session, entry, &deadline).await,
             None => Ok(None),
         };
-        queue.settle(&session, pending, turn).await
+        place.settle(&session, pending, turn).await
     }
 }
 
@@ -100,12 +100,12 @@ impl EtcdLock {
         entry: &Entry,
         deadline: &Deadline,
     ) -> Result<Option<Granted>, LockError> {
-        let queue = &self.queue;
+        let place = &self.place;
         let (key, value) = (
             entry.key.as_str(),
             entry.ours_if.as_deref().unwrap_or_default(),
         );
-        let mut wakeups = Wakeups::new(&queue.shared.metrics);
+        let mut wakeups = Wakeups::new(&place.shared.metrics);
         let mut watching = Watching::default();
         loop {
             let txn = Txn::new()
@@ -117,7 +117,7 @@ impl EtcdLock {
                 )])
                 .or_else([TxnOp::get(key, None)]);
             let answer = entry
-                .send_create(session, queue.name.as_str(), txn, created)
+                .send_create(session, place.name.as_str(), txn, created)
                 .await?;
             let revision = answer.header().map_or(0, |header| header.revision());
             if answer.succeeded() {
@@ -146,7 +146,7 @@ impl EtcdLock {
                 last: false,
                 revision,
             };
-            let woke = queue.wait_for_delete(session, &mut watching, wait, deadline);
+            let woke = place.wait_for_delete(session, &mut watching, wait, deadline);
             match woke.await? {
                 Woke::Ours | Woke::Deleted(_) => wakeups.woke(),
                 Woke::LookAgain(_) => {}

@@ -56,7 +56,7 @@ use crate::watches::Watch;
 /// One lock's directory on the server, `{prefix}/{name escaped}{suffix}/`, and what its
 /// waits need.
 #[derive(Clone)]
-pub(crate) struct Queue {
+pub(crate) struct Place {
     pub(crate) shared: Arc<Shared>,
     pub(crate) name: LockName,
     /// Ends in `/`.
@@ -122,11 +122,11 @@ impl Turn {
     }
 }
 
-impl Queue {
+impl Place {
     /// The queue of `name`'s lock kind whose directory ends in `suffix` (`""` for a mutex).
     pub(crate) fn new(shared: Arc<Shared>, name: LockName, suffix: &str) -> Self {
         let dir = format!("{}/{}{suffix}/", shared.config.prefix, name.escaped());
-        Queue {
+        Place {
             strategy: shared.config.strategy,
             shared,
             name,
@@ -137,7 +137,7 @@ impl Queue {
 
     /// The same queue for contenders whose keys hold `value`.
     pub(crate) fn with_value(&self, value: &[u8]) -> Self {
-        Queue {
+        Place {
             value: Arc::from(value),
             ..self.clone()
         }

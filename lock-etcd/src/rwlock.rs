@@ -8,7 +8,7 @@ use lock_core::kit::{RwAttempt, RwSide};
 use lock_core::{Deadline, Guard, LockError, LockName};
 
 use crate::error::BACKEND;
-use crate::queue::{Blockers, Queue};
+use crate::queue::{Blockers, Place};
 use crate::session::Shared;
 
 /// A read-write lock handle from an [`EtcdLockProvider`](crate::EtcdLockProvider).
@@ -38,7 +38,7 @@ use crate::session::Shared;
 /// # Ok(()) }
 /// ```
 pub struct EtcdRwLock {
-    queue: Queue,
+    place: Place,
     /// `{dir}write/`: the keys that keep a reader out.
     writers: String,
 }
@@ -46,25 +46,25 @@ pub struct EtcdRwLock {
 impl fmt::Debug for EtcdRwLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdRwLock")
-            .field("name", &self.queue.name)
-            .field("dir", &self.queue.dir)
-            .field("strategy", &self.queue.shared.config.strategy)
+            .field("name", &self.place.name)
+            .field("dir", &self.place.dir)
+            .field("strategy", &self.place.shared.config.strategy)
             .finish()
     }
 }
 
 impl EtcdRwLock {
     pub(crate) fn new(shared: Arc<Shared>, name: LockName) -> Self {
-        let queue = Queue::new(shared, name, ".rwlock");
-        let writers = format!("{}write/", queue.dir);
-        EtcdRwLock { queue, writers }
+        let place = Place::new(shared, name, ".rwlock");
+        let writers = format!("{}write/", place.dir);
+        EtcdRwLock { place, writers }
     }
 }
 
 #[async_trait]
 impl RwAttempt for EtcdRwLock {
     fn name(&self) -> &LockName {
-        &self.queue.name
+        &self.place.name
     }
 
     fn backend(&self) -> &'static str {
@@ -74,14 +74,14 @@ impl RwAttempt for EtcdRwLock {
     /// Takes a read or write hold, or gives up at the deadline with `Ok(None)`, leaving
     /// nothing behind.
     async fn attempt(&self, side: RwSide, deadline: Deadline) -> Result<Option<Guard>, LockError> {
-        let queue = &self.queue;
-        let session = queue.shared.session(&queue.name).await?;
-        let slot = queue.slot(&session);
+        let place = &self.place;
+        let session = place.shared.session(&place.name).await?;
+        let slot = place.slot(&session);
         let (within, blockers) = match side {
             RwSide::Read => ("read/", Blockers::any(&self.writers)),
-            RwSide::Write => ("write/", Blockers::any(&queue.dir)),
+            RwSide::Write => ("write/", Blockers::any(&place.dir)),
         };
-        let pending = queue.entry(&session, &slot, within);
-        queue.attempt(&session, pending, blockers, &deadline).await
+        let pending = place.entry(&session, &slot, within);
+        place.attempt(&session, pending, blockers, &deadline).await
     }
 }

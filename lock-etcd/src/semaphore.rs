@@ -9,7 +9,7 @@ use lock_core::kit::SemaphoreAttempt;
 use lock_core::{Deadline, Guard, LockError, LockName};
 
 use crate::error::BACKEND;
-use crate::queue::{Blockers, Queue};
+use crate::queue::{Blockers, Place};
 use crate::session::Shared;
 
 /// A semaphore handle from an [`EtcdLockProvider`](crate::EtcdLockProvider).
@@ -37,7 +37,7 @@ use crate::session::Shared;
 /// # Ok(()) }
 /// ```
 pub struct EtcdSemaphore {
-    queue: Queue,
+    place: Place,
     permits: u32,
     /// `{dir}locks/`.
     locks: String,
@@ -48,21 +48,21 @@ pub struct EtcdSemaphore {
 impl fmt::Debug for EtcdSemaphore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdSemaphore")
-            .field("name", &self.queue.name)
+            .field("name", &self.place.name)
             .field("permits", &self.permits)
-            .field("dir", &self.queue.dir)
-            .field("strategy", &self.queue.shared.config.strategy)
+            .field("dir", &self.place.dir)
+            .field("strategy", &self.place.shared.config.strategy)
             .finish()
     }
 }
 
 impl EtcdSemaphore {
     pub(crate) fn new(shared: Arc<Shared>, name: LockName, permits: u32) -> Self {
-        let queue = Queue::new(shared, name, ".semaphore");
-        let locks = format!("{}locks/", queue.dir);
-        let leases = format!("{}leases/", queue.dir);
+        let place = Place::new(shared, name, ".semaphore");
+        let locks = format!("{}locks/", place.dir);
+        let leases = format!("{}leases/", place.dir);
         EtcdSemaphore {
-            queue,
+            place,
             permits,
             locks,
             leases,
@@ -73,7 +73,7 @@ impl EtcdSemaphore {
 #[async_trait]
 impl SemaphoreAttempt for EtcdSemaphore {
     fn name(&self) -> &LockName {
-        &self.queue.name
+        &self.place.name
     }
 
     fn backend(&self) -> &'static str {
@@ -86,36 +86,36 @@ impl SemaphoreAttempt for EtcdSemaphore {
 
     /// Takes a permit, or gives up at the deadline with `Ok(None)`, leaving nothing behind.
     async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
-        let queue = &self.queue;
-        let session = queue.shared.session(&queue.name).await?;
+        let place = &self.place;
+        let session = place.shared.session(&place.name).await?;
         // One slot for both keys of this contender: an inspection can tell the mutex
         // holder's lease (still waiting) from the leases held.
-        let slot = queue.slot(&session);
-        let mutex = queue.entry(&session, &slot, "locks/");
+        let slot = place.slot(&session);
+        let mutex = place.entry(&session, &slot, "locks/");
         let turn = match mutex.entry() {
             Some(entry) => {
                 let blockers = Blockers::any(&self.locks);
-                queue.wait_turn(&session, entry, blockers, &deadline).await
+                place.wait_turn(&session, entry, blockers, &deadline).await
             }
             None => Ok(None),
         };
         if !matches!(turn, Ok(Some(_))) {
-            return queue.settle(&session, mutex, turn).await;
+            return place.settle(&session, mutex, turn).await;
         }
-        let lease = queue.entry(&session, &slot, "leases/");
+        let lease = place.entry(&session, &slot, "leases/");
         let turn = match lease.entry() {
             Some(entry) => {
                 let blockers = Blockers {
                     dir: &self.leases,
                     admits: self.permits,
                 };
-                queue.wait_turn(&session, entry, blockers, &deadline).await
+                place.wait_turn(&session, entry, blockers, &deadline).await
             }
             None => Ok(None),
         };
         // The lease stays armed for removal until it is granted: a cancel while the mutex
         // is given up must not leave a permit taken on nobody's behalf.
-        queue.give_up(&session, mutex).await;
-        queue.settle(&session, lease, turn).await
+        place.give_up(&session, mutex).await;
+        place.settle(&session, lease, turn).await
     }
 }

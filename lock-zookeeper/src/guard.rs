@@ -25,7 +25,7 @@ const CLEANUP_PAUSE: Duration = Duration::from_millis(200);
 
 /// What a contender may have left on the server, and how to recognise it.
 #[derive(Debug, Clone)]
-pub(crate) enum Claim {
+pub(crate) enum Leftover {
     /// A sequential node named with `uuid`; its name once the create was confirmed.
     Sequential { uuid: Uuid, node: Option<String> },
     /// The single-node lock `{dir}/lock`, ours if it holds `uuid` and our session owns it.
@@ -39,12 +39,12 @@ pub(crate) enum Claim {
 pub(crate) struct Entry {
     session: Weak<Session>,
     dir: String,
-    claim: Claim,
+    leftover: Leftover,
 }
 
 impl Abandon for Entry {
     fn abandon(self) {
-        clean_up_in_background(self.session, self.dir, self.claim);
+        clean_up_in_background(self.session, self.dir, self.leftover);
     }
 }
 
@@ -52,17 +52,17 @@ impl Abandon for Entry {
 pub(crate) struct Pending(Cleanup<Entry>);
 
 impl Pending {
-    pub(crate) fn new(session: &Arc<Session>, dir: &str, claim: Claim) -> Self {
+    pub(crate) fn new(session: &Arc<Session>, dir: &str, leftover: Leftover) -> Self {
         Pending(Cleanup::new(Entry {
             session: Arc::downgrade(session),
             dir: dir.to_owned(),
-            claim,
+            leftover,
         }))
     }
 
     pub(crate) fn set_node(&mut self, name: String) {
-        let claim = self.0.entry_mut().map(|entry| &mut entry.claim);
-        if let Some(Claim::Sequential { node, .. }) = claim {
+        let leftover = self.0.entry_mut().map(|entry| &mut entry.leftover);
+        if let Some(Leftover::Sequential { node, .. }) = leftover {
             *node = Some(name);
         }
     }
@@ -81,7 +81,7 @@ impl Pending {
             return;
         };
         metrics.record_server_requests(1);
-        match remove(&session, &entry.dir, &entry.claim).await {
+        match remove(&session, &entry.dir, &entry.leftover).await {
             Ok(()) => self.disarm(),
             Err(error) => {
                 tracing::debug!(%error, "zookeeper: removal failed; retrying in the background")
@@ -90,14 +90,14 @@ impl Pending {
     }
 }
 
-/// Removes what `claim` names, if it is still there and ours.
-async fn remove(session: &Session, dir: &str, claim: &Claim) -> Result<(), ZkError> {
+/// Removes what `leftover` names, if it is still there and ours.
+async fn remove(session: &Session, dir: &str, leftover: &Leftover) -> Result<(), ZkError> {
     let client = &session.client;
-    match claim {
-        Claim::Sequential {
+    match leftover {
+        Leftover::Sequential {
             node: Some(node), ..
         } => ignore_gone(client.delete(&format!("{dir}/{node}"), None).await),
-        Claim::Sequential { uuid, node: None } => {
+        Leftover::Sequential { uuid, node: None } => {
             // The create's outcome is unknown: find the node by its uuid.
             let children = match client.list_children(dir).await {
                 Err(ZkError::NoNode) => return Ok(()),
@@ -108,7 +108,7 @@ async fn remove(session: &Session, dir: &str, claim: &Claim) -> Result<(), ZkErr
             }
             Ok(())
         }
-        Claim::Single { uuid } => {
+        Leftover::Single { uuid } => {
             let path = format!("{dir}/{SINGLE_NODE}");
             match client.get_data(&path).await {
                 Ok((data, stat))
@@ -120,7 +120,7 @@ async fn remove(session: &Session, dir: &str, claim: &Claim) -> Result<(), ZkErr
                 Err(error) => Err(error),
             }
         }
-        Claim::Granted { path, czxid } => match client.check_stat(path).await? {
+        Leftover::Granted { path, czxid } => match client.check_stat(path).await? {
             Some(stat) if stat.ephemeral_owner == session.id && stat.czxid == *czxid => {
                 ignore_gone(client.delete(path, Some(stat.version)).await)
             }
@@ -137,22 +137,22 @@ fn ignore_gone(result: Result<(), ZkError>) -> Result<(), ZkError> {
 }
 
 /// Retries [`remove`] until it succeeds or the session is gone (which removes the node anyway).
-fn clean_up_in_background(session: Weak<Session>, dir: String, claim: Claim) {
-    let what = format!("clean-up of {claim:?}");
+fn clean_up_in_background(session: Weak<Session>, dir: String, leftover: Leftover) {
+    let what = format!("clean-up of {leftover:?}");
     // Until the session ends: then the server removes the node itself.
     let give_up = Deadline::after(None);
     retry_in_background(BACKEND, what, CLEANUP_PAUSE, give_up, move || {
-        let (session, dir, claim) = (session.clone(), dir.clone(), claim.clone());
+        let (session, dir, leftover) = (session.clone(), dir.clone(), leftover.clone());
         async move {
             let Some(session) = session.upgrade().filter(|session| !session.is_over()) else {
                 return Retry::Done;
             };
-            match remove(&session, &dir, &claim).await {
+            match remove(&session, &dir, &leftover).await {
                 Ok(()) => Retry::Done,
                 Err(error) if session_over(&error) => Retry::Done,
                 Err(error) if outcome_unknown(&error) => Retry::Again(error.to_string()),
                 Err(error) => {
-                    tracing::warn!(%error, ?claim, "zookeeper: cannot remove an abandoned node");
+                    tracing::warn!(%error, ?leftover, "zookeeper: cannot remove an abandoned node");
                     Retry::GiveUp(error.to_string())
                 }
             }
@@ -313,11 +313,11 @@ impl HeldEntry for HeldNode {
     fn abandon(self: Box<Self>) {
         self.metrics.record_server_requests(1);
         let dir = self.path.rsplit_once('/').unwrap_or_default().0.to_owned();
-        let claim = Claim::Granted {
+        let leftover = Leftover::Granted {
             path: self.path,
             czxid: self.czxid,
         };
-        clean_up_in_background(self.session, dir, claim);
+        clean_up_in_background(self.session, dir, leftover);
     }
 
     fn is_suspect(&self) -> bool {

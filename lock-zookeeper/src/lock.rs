@@ -11,7 +11,7 @@ use zookeeper_client::{CreateMode, Error as ZkError};
 
 use crate::config::ZkStrategy;
 use crate::error::outcome_unknown;
-use crate::guard::{Claim, Granted, Pending, grant};
+use crate::guard::{Granted, Leftover, Pending, grant};
 use crate::node::{NodeKind, SINGLE_NODE};
 use crate::queue::{CREATE_ATTEMPTS, Place, RETRY_PAUSE, name_and_backend};
 use crate::session::Session;
@@ -58,7 +58,7 @@ impl ZkLock {
         let uuid = Uuid::new_v4();
         let path = format!("{}/{SINGLE_NODE}", place.dir);
         let options = CreateMode::Ephemeral.with_acls(session.acls);
-        let mut pending = Pending::new(session, &place.dir, Claim::Single { uuid });
+        let mut pending = Pending::new(session, &place.dir, Leftover::Single { uuid });
         let mut wakeups = Wakeups::new(&place.shared.metrics);
         let mut unknown = 0;
         loop {

@@ -8,7 +8,7 @@ use lock_core::kit::{SemaphoreAttempt, Wakeups};
 use lock_core::{Deadline, Guard, LockError};
 use uuid::Uuid;
 
-use crate::guard::{Claim, Granted, Pending, grant};
+use crate::guard::{Granted, Leftover, Pending, grant};
 use crate::node::{NodeKind, contenders};
 use crate::queue::{Place, name_and_backend};
 use crate::session::Session;
@@ -79,11 +79,11 @@ impl SemaphoreAttempt for ZkSemaphore {
             return Ok(None);
         };
         // Given up on every way out of here: at once, or in the background after a cancel.
-        let claim = Claim::Granted {
+        let leftover = Leftover::Granted {
             path: mutex.path,
             czxid: mutex.czxid,
         };
-        let mut mutex = Pending::new(&session, &self.locks.dir, claim);
+        let mut mutex = Pending::new(&session, &self.locks.dir, leftover);
         let lease = self.wait_for_lease(&session, uuid, deadline).await;
         mutex.remove_now(&place.shared.metrics).await;
         // The lease stays armed for removal until here: a cancel while the mutex was being
@@ -119,7 +119,11 @@ impl ZkSemaphore {
         deadline: Deadline,
     ) -> Result<Option<(Granted, Pending)>, LockError> {
         let place = &self.leases;
-        let mut pending = Pending::new(session, &place.dir, Claim::Sequential { uuid, node: None });
+        let mut pending = Pending::new(
+            session,
+            &place.dir,
+            Leftover::Sequential { uuid, node: None },
+        );
         let (node, czxid) = place
             .create_sequential(session, uuid, NodeKind::Lease)
             .await?;
@@ -134,7 +138,7 @@ impl ZkSemaphore {
             let leases = contenders(children);
             if !leases.iter().any(|(_, child)| *child == node) {
                 pending.disarm();
-                return Err(place.node_deleted(&node));
+                return Err(place.place_gone(&node));
             }
             if leases.len() <= self.permits as usize {
                 let granted = Granted::new(format!("{}/{node}", place.dir), czxid, asked, None);

@@ -148,7 +148,7 @@ impl Place {
     }
 
     /// The error of a waiter or holder whose node another client deleted.
-    pub(crate) fn node_deleted(&self, node: &str) -> LockError {
+    pub(crate) fn place_gone(&self, node: &str) -> LockError {
         let message = format!("this waiter's node {node} was deleted by another client");
         LockError::other(BACKEND, message)
             .retryable(true)

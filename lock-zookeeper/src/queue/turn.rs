@@ -14,7 +14,7 @@ use zookeeper_client::{Error as ZkError, EventType, WatchedEvent};
 
 use super::{Listing, Place};
 use crate::config::ZkStrategy;
-use crate::guard::{Claim, Granted, OwnNodeWatch, Pending, grant};
+use crate::guard::{Granted, Leftover, OwnNodeWatch, Pending, grant};
 use crate::node::{NodeKind, contenders, is_reader};
 use crate::session::Session;
 
@@ -154,7 +154,11 @@ impl Place {
         let waiting = Waiting::of(self.shared.config.strategy, kind);
         // Armed from before the create is sent: dropping this future at any point removes
         // whatever the server made of it.
-        let mut pending = Pending::new(session, &self.dir, Claim::Sequential { uuid, node: None });
+        let mut pending = Pending::new(
+            session,
+            &self.dir,
+            Leftover::Sequential { uuid, node: None },
+        );
         let (node, czxid, mut first) = self.create_and_list(session, uuid, kind, waiting).await?;
         pending.set_node(node.clone());
         let path = format!("{}/{node}", self.dir);
@@ -169,7 +173,7 @@ impl Place {
             let queue = contenders(listing.children);
             let Some(position) = queue.iter().position(|(_, child)| *child == node) else {
                 pending.disarm();
-                return Err(self.node_deleted(&node));
+                return Err(self.place_gone(&node));
             };
             let Some(blocker) = role.blocker(&queue, position) else {
                 pending.disarm();
@@ -198,7 +202,7 @@ impl Place {
                 }
                 Wake::OwnNodeDeleted => {
                     pending.disarm();
-                    return Err(self.node_deleted(&node));
+                    return Err(self.place_gone(&node));
                 }
                 Wake::BlockerDeleted { asked } if alone => {
                     wakeups.woke();
