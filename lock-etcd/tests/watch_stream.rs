@@ -24,7 +24,7 @@ use std::time::Duration;
 use common::{Proxies, admin_client, contenders};
 use etcd_client::Client as EtcdClient;
 use lock_conformance::{ClientFaults, Occupancy, observe_until, unique_name};
-use lock_core::{DistributedLock, LockProvider};
+use lock_core::{DistributedLock, LockError, LockProvider};
 use lock_etcd::{EtcdConfig, EtcdLockProvider};
 use lock_testbed::servers::containers::{self, EtcdContainerCluster};
 use lock_testbed::servers::{EtcdCluster, EtcdOptions, etcd_metric, shared_etcd};
@@ -78,15 +78,7 @@ async fn served_in_order(
                     .push((place, guard.fencing_token().0));
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            match guard.release().await {
-                // Sent to a member cut off from its leader, say: the key is deleted in the
-                // background, and the next waiter waits for that.
-                Err(error) if error.is_retryable() => {
-                    eprintln!("waiter {place}'s release failed, retryably: {error}");
-                    Ok(())
-                }
-                released => released,
-            }
+            released(guard.release().await, &format!("waiter {place}"))
         }));
         observe_until(
             Duration::from_secs(10),
@@ -100,7 +92,10 @@ async fn served_in_order(
     fault.await;
     let began = Instant::now();
     let first_token = holder.fencing_token().0;
-    holder.release().await.expect("the holder kept its lock");
+    let release = holder.release().await;
+    // A release that failed left the key to the guard: dropped, it goes in the background.
+    drop(holder);
+    released(release, "the holder").expect("the holder kept its lock");
     for (place, waiter) in queued.into_iter().enumerate() {
         tokio::time::timeout(SERVED_BOUND, waiter)
             .await
@@ -130,6 +125,19 @@ async fn served_in_order(
     )
     .await
     .unwrap();
+}
+
+/// A release's outcome, with a retryable failure taken as done once its guard is dropped:
+/// sent to a member cut off from its leader, or while the members elect one, the key is
+/// then deleted in the background, and the next waiter waits for that.
+fn released(release: Result<(), LockError>, who: &str) -> Result<(), LockError> {
+    match release {
+        Err(error) if error.is_retryable() => {
+            eprintln!("{who}'s release failed, retryably: {error}");
+            Ok(())
+        }
+        released => released,
+    }
 }
 
 /// The watch streams each member among `endpoints` serves.
