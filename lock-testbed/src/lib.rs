@@ -24,11 +24,12 @@
 //!   through the engine (a paused, killed and restarted container).
 //!
 //! A test that starts its servers with [`servers::Target::start`] (for instance
-//! [`servers::RedisTarget::start`]), or uses the process-wide [`servers::shared_zk`] and
-//! [`servers::shared_redis`], follows that setting without a change. `LOCK_TEST_ZK` and
-//! `LOCK_TEST_REDIS` point those at external servers instead. With the `testcontainers`
-//! feature, [`servers::containers`] also offers the containers directly, among them a
-//! ZooKeeper ensemble on its own network whose members can be partitioned and healed.
+//! [`servers::RedisTarget::start`]), or uses the process-wide [`servers::shared_zk`],
+//! [`servers::shared_redis`] and [`servers::shared_etcd`], follows that setting without a
+//! change. `LOCK_TEST_ZK`, `LOCK_TEST_REDIS` and `LOCK_TEST_ETCD` point those at external
+//! servers instead. With the `testcontainers` feature, [`servers::containers`] also offers
+//! the containers directly, among them a ZooKeeper ensemble and an etcd cluster on networks
+//! of their own whose members can be partitioned and healed.
 //!
 //! ```no_run
 //! use lock_testbed::servers::{RedisOptions, RedisTarget, shared_zk};

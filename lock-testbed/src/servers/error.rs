@@ -6,8 +6,8 @@ use std::time::Duration;
 /// Why a server could not be started, reached or manipulated.
 ///
 /// The type is `Clone` (I/O errors are shared behind an [`Arc`]) so that the process-wide
-/// [`shared_zk`](super::shared_zk) and [`shared_redis`](super::shared_redis) can hand the
-/// same start-up failure to every caller.
+/// [`shared_zk`](super::shared_zk), [`shared_redis`](super::shared_redis) and
+/// [`shared_etcd`](super::shared_etcd) can hand the same start-up failure to every caller.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServerError {

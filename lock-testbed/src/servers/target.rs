@@ -15,18 +15,19 @@ pub trait TargetServer: LocalServer + Send + Sized {
     /// The server's name in logs, e.g. `ZooKeeper`.
     const NAME: &'static str;
 
-    /// The environment variable naming an external server: [`ZK_ENV`](super::ZK_ENV) or
-    /// [`REDIS_ENV`](super::REDIS_ENV).
+    /// The environment variable naming an external server: [`ZK_ENV`](super::ZK_ENV),
+    /// [`REDIS_ENV`](super::REDIS_ENV) or [`ETCD_ENV`](super::ETCD_ENV).
     const ENV: &'static str;
 
-    /// How to start one: [`ZkOptions`](super::ZkOptions) or
-    /// [`RedisOptions`](super::RedisOptions).
+    /// How to start one: [`ZkOptions`](super::ZkOptions),
+    /// [`RedisOptions`](super::RedisOptions) or [`EtcdOptions`](super::EtcdOptions).
     type Options: Send;
 
     /// Starts one with `opts` and waits until it serves (the type's own `start`).
     fn start_local(opts: Self::Options) -> impl Future<Output = Result<Self, ServerError>> + Send;
 
-    /// What clients are given to reach it: ZooKeeper's connect string, Redis's URL.
+    /// What clients are given to reach it: ZooKeeper's connect string, Redis's URL, etcd's
+    /// endpoint.
     fn client_address(&self) -> String;
 
     /// Starts one in a container with `opts` and waits until it serves; what clients are
@@ -38,8 +39,8 @@ pub trait TargetServer: LocalServer + Send + Sized {
 }
 
 /// Either an external server (named by [`S::ENV`](TargetServer::ENV)) or one started here,
-/// as a process or in a container (see [`ServerMode`]): see [`ZkTarget`](super::ZkTarget)
-/// and [`RedisTarget`](super::RedisTarget).
+/// as a process or in a container (see [`ServerMode`]): see [`ZkTarget`](super::ZkTarget),
+/// [`RedisTarget`](super::RedisTarget) and [`EtcdTarget`](super::EtcdTarget).
 ///
 /// Fault injection (pause, resume, kill, restart) needs a server started here: a process
 /// is signalled, a container is paused, stopped and started through the engine. With an

@@ -1,4 +1,5 @@
-//! ZooKeeper and Redis in containers, through `testcontainers` (feature `testcontainers`).
+//! ZooKeeper, Redis and etcd in containers, through `testcontainers` (feature
+//! `testcontainers`).
 //!
 //! For users with a Docker-compatible engine. Where no engine answers, every start returns
 //! [`ServerError::NoContainerEngine`] within a few seconds (the engine is probed with a
@@ -6,8 +7,9 @@
 //! report as a skip: see [`ServerError::is_no_container_engine`]. The engine is spoken to
 //! through `bollard`, the engine client testcontainers uses.
 //!
-//! Images: [`DEFAULT_ZK_IMAGE`] and [`DEFAULT_REDIS_IMAGE`], overridable by the environment
-//! variables [`ZK_IMAGE_ENV`] and [`REDIS_IMAGE_ENV`] (`name[:tag]`). The default is one
+//! Images: [`DEFAULT_ZK_IMAGE`], [`DEFAULT_REDIS_IMAGE`] and [`DEFAULT_ETCD_IMAGE`],
+//! overridable by the environment variables [`ZK_IMAGE_ENV`], [`REDIS_IMAGE_ENV`] and
+//! [`ETCD_IMAGE_ENV`] (`name[:tag]`). The default is one
 //! image with Debian's `zookeeper`, `redis-server`, `etcd-server` and a JRE, built from
 //! Debian packages by the repository's `scripts/ensure-docker` (no registry needed). It
 //! has no entrypoint: this module gives each container its command line, so an override
@@ -220,8 +222,8 @@ impl ContainerEngine {
 }
 
 /// Checks, within a few seconds, that servers can run in containers here: an engine answers
-/// (else [`ServerError::NoContainerEngine`]) and has the ZooKeeper and Redis images (else
-/// [`ServerError::MissingImage`]). Tests skip with the error as the reason, except under
+/// (else [`ServerError::NoContainerEngine`]) and has the ZooKeeper, Redis and etcd images
+/// (else [`ServerError::MissingImage`]). Tests skip with the error as the reason, except under
 /// `LOCK_CONFORMANCE_STRICT`.
 ///
 /// ```no_run
@@ -240,13 +242,16 @@ pub async fn check_ready() -> Result<(), ServerError> {
     engine
         .require_image((REDIS_IMAGE_ENV, DEFAULT_REDIS_IMAGE))
         .await?;
+    engine
+        .require_image((ETCD_IMAGE_ENV, DEFAULT_ETCD_IMAGE))
+        .await?;
     Ok(())
 }
 
 /// How to get a missing image, for [`ServerError::MissingImage`].
 const IMAGE_HINT: &str = "build the default image with scripts/ensure-docker (in the distlock \
     repository), or name an image the engine has, laid out as Debian's packages, in \
-    LOCK_TEST_ZK_IMAGE / LOCK_TEST_REDIS_IMAGE";
+    LOCK_TEST_ZK_IMAGE / LOCK_TEST_REDIS_IMAGE / LOCK_TEST_ETCD_IMAGE";
 
 /// Checks, within a few seconds, that the container engine found by
 /// [`ContainerEngine::from_env`] answers `GET /_ping`.
