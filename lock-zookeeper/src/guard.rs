@@ -160,6 +160,32 @@ fn clean_up_in_background(session: Weak<Session>, dir: String, leftover: Leftove
     });
 }
 
+/// Deletes a granted sequential node, which only this session made: the delete is sent
+/// before this returns, so that it goes ahead of any later request of the session (the next
+/// acquisition's create among them), as a release's would. Only an unknown outcome leaves
+/// the node to [`clean_up_in_background`].
+fn delete_now(session: Weak<Session>, dir: String, leftover: Leftover) {
+    let (Some(live), Ok(runtime), Leftover::Granted { path, .. }) = (
+        session.upgrade().filter(|session| !session.is_over()),
+        tokio::runtime::Handle::try_current(),
+        &leftover,
+    ) else {
+        clean_up_in_background(session, dir, leftover);
+        return;
+    };
+    let deleting = live.client.delete(path, None);
+    runtime.spawn(async move {
+        match deleting.await {
+            Ok(()) | Err(ZkError::NoNode) => {}
+            Err(error) if session_over(&error) => {}
+            Err(error) => {
+                tracing::debug!(%error, ?leftover, "zookeeper: delete of a dropped guard's node failed; retrying in the background");
+                clean_up_in_background(session, dir, leftover);
+            }
+        }
+    });
+}
+
 /// A watch on a waiter's own node, set while it queues and handed on to its guard.
 pub(crate) type OwnNodeWatch = Pin<Box<dyn Future<Output = WatchedEvent> + Send>>;
 
@@ -317,7 +343,11 @@ impl HeldEntry for HeldNode {
             path: self.path,
             czxid: self.czxid,
         };
-        clean_up_in_background(self.session, dir, leftover);
+        if self.checked {
+            clean_up_in_background(self.session, dir, leftover);
+        } else {
+            delete_now(self.session, dir, leftover);
+        }
     }
 
     fn is_suspect(&self) -> bool {

@@ -48,6 +48,9 @@
 //!   sent) returns a retryable error; retried, it returns `Ok` when the node is gone — the
 //!   delete was ours, as Curator's guaranteed delete assumes — unless a loss was signalled
 //!   before; the deletion does not fire the lost signal.
+//! - A guard dropped without release sends its node's delete as it drops, so the delete goes
+//!   ahead of the session's next request (a next acquisition of the same lock finds no node
+//!   of its own ahead); only a delete whose outcome is unknown is retried in the background.
 //! - A held guard never moves to a new session; the provider opens a new session only for
 //!   new acquisitions.
 //!

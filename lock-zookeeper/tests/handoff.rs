@@ -246,6 +246,38 @@ async fn a_waiter_behind_the_holder_holds_on_its_deletion_without_listing() {
     drop(holder);
 }
 
+/// A guard dropped without release: its node's delete is sent as the guard drops, ahead of
+/// anything the session asks next, so the session's next acquisition of the lock finds no
+/// node ahead of its own and holds at once; nothing is left once that one is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_guards_node_goes_ahead_of_the_sessions_next_acquisition() {
+    let h = harness().await;
+    let name = unique_name("handoff-drop");
+    let dir = dir(&name);
+    let (contender, mut held) = Contender::holding(&h, &name, Side::Mutex).await;
+    let lock = contender.client.provider.lock(&name).unwrap();
+    for _ in 0..20 {
+        let before = contender.provider.metrics();
+        drop(held);
+        let guard = tokio::time::timeout(STEP, lock.try_acquire())
+            .await
+            .expect("a try within the step")
+            .unwrap()
+            .expect("the dropped guard's node is gone before the try's create");
+        let counted = contender.provider.metrics().since(&before);
+        assert_eq!(counted.wakeups, 0, "the try never waited");
+        held = guard;
+    }
+    drop(held);
+    wait_until(
+        STEP,
+        "the last dropped guard's node is deleted",
+        || async { h.owned_queue(&dir).await },
+        |queue| queue.is_empty(),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_blocker_gave_up_behind_the_holder_lists_again() {
     let h = harness().await;
