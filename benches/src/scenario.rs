@@ -675,6 +675,28 @@ pub struct Floors {
     pub physical_p50_us: f64,
 }
 
+/// Runs the floors' operations (see [`floors`]) on `backend` for `duration`, unmeasured.
+///
+/// A server started a moment ago answers slower than one that has served a while (above all
+/// ZooKeeper, whose JVM compiles its request paths as they run hot: a thousand lock cycles
+/// take a third less time once it has), so without this the first strategy measured on a
+/// fresh server would pay for the warm-up that the next ones profit from.
+///
+/// # Errors
+///
+/// Connection errors.
+pub async fn warm_up(
+    backend: Backend,
+    servers: &Servers,
+    duration: Duration,
+) -> Result<(), LockError> {
+    let until = Instant::now() + duration;
+    while Instant::now() < until {
+        floors(backend, servers, 100, 10, Duration::ZERO).await?;
+    }
+    Ok(())
+}
+
 /// The floors of a backend (see [`Floors`]), each over `rounds` rounds after a few
 /// unmeasured ones, with as many nodes in the ZooKeeper directory as `contenders` would
 /// make. Each round starts after a pause of `hold`, as a release comes after a hold: on an

@@ -56,6 +56,10 @@ struct Args {
     /// Rounds of the floor measurement per backend.
     #[arg(long, default_value_t = 100)]
     floor_rounds: usize,
+    /// Seconds each server is warmed up for before the first measured run (the floors'
+    /// operations, unmeasured): a freshly started server is slower at first.
+    #[arg(long, default_value_t = 5.0)]
+    warm_up_seconds: f64,
     /// An existing ZooKeeper (`zk://host:port,…` or `host:port,…`) instead of a local one.
     #[arg(long, conflicts_with = "zk_ensemble")]
     zk: Option<String>,
@@ -201,6 +205,19 @@ async fn comparison(args: &Args, servers: &Servers) -> (Vec<Measurement>, Vec<St
     let total = args.strategies.len() * args.contenders.len();
     let mut results = Vec::with_capacity(total);
     let mut failures = Vec::new();
+    let mut backends: Vec<Backend> = Vec::new();
+    for backend in args.strategies.iter().map(|strategy| strategy.backend()) {
+        if !backends.contains(&backend) {
+            backends.push(backend);
+        }
+    }
+    for backend in backends {
+        progress(0, total, &format!("warming up {}", backend.as_str()));
+        let warm_up = Duration::from_secs_f64(args.warm_up_seconds);
+        if let Err(e) = scenario::warm_up(backend, servers, warm_up).await {
+            eprintln!("\nherd: warming up {}: {e}", backend.as_str());
+        }
+    }
     for strategy in &args.strategies {
         for &n in &args.contenders {
             progress(
