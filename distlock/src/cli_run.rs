@@ -464,7 +464,7 @@ impl Connection {
         }
     }
 
-    pub(crate) fn from_zookeeper(provider: distlock::zookeeper::ZkLockProvider) -> Self {
+    fn from_zookeeper(provider: distlock::zookeeper::ZkLockProvider) -> Self {
         let closed = match provider.client() {
             Some(client) => {
                 let mut states = client.state_watcher();
@@ -479,13 +479,6 @@ impl Connection {
         Connection {
             provider: Arc::new(provider),
             closed,
-        }
-    }
-
-    pub(crate) fn from_provider(provider: impl LockProvider + 'static) -> Self {
-        Connection {
-            provider: Arc::new(provider),
-            closed: Closed::Tasks,
         }
     }
 

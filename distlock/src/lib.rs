@@ -93,6 +93,8 @@ pub use backend::BackendConfig;
 pub use backend::MemoryConfig;
 
 // The contract, for applications.
+/// Who holds a lock and who waits: [`DistributedLock::queue`]'s answer.
+pub use lock_core::queue;
 pub use lock_core::{
     Capabilities, Deadline, DistributedLock, Election, Fencing, FencingToken, Guard, LeaderInfo,
     LeaderWatch, Leadership, LockError, LockName, LockProvider, LossReason, LostSignal,

@@ -987,12 +987,15 @@ async fn zookeeper_holders_lists_the_holder_and_the_queue_in_order() {
         "ordered by sequence: {before}"
     );
     assert!(
-        before["path"].as_str().unwrap().starts_with("/distlock/"),
+        before["location"]
+            .as_str()
+            .unwrap()
+            .starts_with("/distlock/"),
         "{before}"
     );
     // The first waiter listed is the next holder: its node, its czxid as the token.
     assert_eq!(
-        after["holder"]["node"], waiters[0]["node"],
+        after["holder"]["place"], waiters[0]["place"],
         "{before} {after}"
     );
     assert_eq!(
@@ -1000,11 +1003,11 @@ async fn zookeeper_holders_lists_the_holder_and_the_queue_in_order() {
         "{before} {after}"
     );
     assert_eq!(
-        after["waiters"][0]["node"], waiters[1]["node"],
+        after["waiters"][0]["place"], waiters[1]["place"],
         "{before} {after}"
     );
     for entry in [&before["holder"], &waiters[0], &waiters[1]] {
-        let node = entry["node"].as_str().unwrap();
+        let node = entry["place"].as_str().unwrap();
         assert!(node.starts_with("_c_") && node.contains("-lock-"), "{node}");
         assert!(
             entry["session"].as_str().unwrap().starts_with("0x"),
@@ -1017,15 +1020,18 @@ async fn zookeeper_holders_lists_the_holder_and_the_queue_in_order() {
 async fn redis_holders_lists_the_holder_and_the_queue_in_order() {
     let (before, after) = holders_lists_the_queue(&redis_url(), "redis").await;
     let waiters = before["waiters"].as_array().unwrap();
-    assert_eq!(before["strategy"], "queue", "{before}");
-    assert!(before["holder"]["ttl_ms"].as_u64().unwrap() > 0, "{before}");
+    assert_eq!(before["waiters_recorded"], true, "{before}");
+    assert!(
+        before["holder"]["lease_left_ms"].as_u64().unwrap() > 0,
+        "{before}"
+    );
     // The first waiter listed is the next holder, the second is next in line.
     assert_eq!(
-        after["holder"]["owner"], waiters[0]["owner"],
+        after["holder"]["place"], waiters[0]["place"],
         "{before} {after}"
     );
     assert_eq!(
-        after["waiters"][0]["owner"], waiters[1]["owner"],
+        after["waiters"][0]["place"], waiters[1]["place"],
         "{before} {after}"
     );
     assert!(
@@ -1046,7 +1052,7 @@ async fn etcd_holders_lists_the_holder_and_the_queue_in_order() {
     );
     // The first waiter listed is the next holder, its create revision the token.
     assert_eq!(
-        after["holder"]["key"], waiters[0]["key"],
+        after["holder"]["place"], waiters[0]["place"],
         "{before} {after}"
     );
     assert_eq!(
@@ -1054,13 +1060,13 @@ async fn etcd_holders_lists_the_holder_and_the_queue_in_order() {
         "{before} {after}"
     );
     assert_eq!(
-        after["waiters"][0]["key"], waiters[1]["key"],
+        after["waiters"][0]["place"], waiters[1]["place"],
         "{before} {after}"
     );
     // Keys are named by their session's lease, in hex, as etcd's own mutex names them.
     for entry in [&before["holder"], &waiters[0], &waiters[1]] {
-        let key = entry["key"].as_str().unwrap();
-        let lease = entry["lease"].as_str().unwrap();
+        let key = entry["place"].as_str().unwrap();
+        let lease = entry["session"].as_str().unwrap();
         assert!(
             key.starts_with("/distlock/") && key.ends_with(lease),
             "{entry}"

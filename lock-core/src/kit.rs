@@ -107,6 +107,7 @@ pub fn unpoisoned<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 use crate::election::{LeaderSource, check_value, follow};
+use crate::queue::LockQueue;
 use crate::{
     Deadline, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Guard,
     LeaderInfo, LeaderWatch, Leadership, LockError, LockName, LossReason, LostNotifier, Metrics,
@@ -128,6 +129,15 @@ pub trait MutexAttempt: Send + Sync + fmt::Debug {
 
     /// Takes the lock, or gives up at `deadline` with `Ok(None)`.
     async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError>;
+
+    /// Who holds the lock and who waits: [`DistributedLock::queue`]. Unsupported unless
+    /// the backend lists its contenders.
+    async fn queue(&self) -> Result<LockQueue, LockError> {
+        Err(LockError::Unsupported {
+            backend: self.backend(),
+            what: "listing a lock's contenders".into(),
+        })
+    }
 }
 
 #[async_trait]
@@ -144,6 +154,10 @@ impl<T: MutexAttempt> DistributedLock for T {
         self.attempt(Deadline::after(timeout))
             .await?
             .ok_or_else(|| LockError::timed_out(self.backend(), MutexAttempt::name(self), timeout))
+    }
+
+    async fn queue(&self) -> Result<LockQueue, LockError> {
+        MutexAttempt::queue(self).await
     }
 }
 

@@ -70,6 +70,7 @@
 //! - **queue**: the contenders of one lock on the server, in arrival order (ZooKeeper's
 //!   sequential nodes, etcd's keys by create revision, Redis's waiter list); a contender's
 //!   **place** is its entry there, and a place is **gone** when someone else deletes it.
+//!   [`DistributedLock::queue`] lists a lock's queue as a [`queue::LockQueue`].
 //! - **blocker**: the one earlier contender whose departure can let a waiter in (its
 //!   predecessor, or for a reader the nearest earlier writer). The herd-free strategies
 //!   watch the blocker only; the herd strategies (ZooKeeper's `SingleNode` and
@@ -109,6 +110,7 @@ pub mod lost;
 pub mod memory;
 pub mod metrics;
 pub mod name;
+pub mod queue;
 pub mod url;
 
 pub use capabilities::{Capabilities, Fencing, WaitKind};
@@ -282,6 +284,29 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// client's session ends while waiting (the waiter never wins later); connection,
     /// authentication and backend errors.
     async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError>;
+
+    /// Who holds this lock and who waits for it, as the server shows it now (one look, no
+    /// entry made): what `distlock holders` prints, the same for every backend.
+    ///
+    /// ```
+    /// # async fn demo(lock: &dyn lock_core::DistributedLock) -> Result<(), lock_core::LockError> {
+    /// let queue = lock.queue().await?;
+    /// if let Some(holder) = queue.holder() {
+    ///     println!("held ({:?}), {} waiting", holder.fencing_token, queue.waiters().count());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unsupported`] where the backend cannot list its contenders (the
+    /// default); connection and backend errors.
+    async fn queue(&self) -> Result<queue::LockQueue, LockError> {
+        Err(LockError::Unsupported {
+            backend: "this backend",
+            what: "listing a lock's contenders".into(),
+        })
+    }
 }
 
 /// A named read-write lock: readers share it, a writer excludes everyone.

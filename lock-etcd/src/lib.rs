@@ -59,6 +59,7 @@
 //! ```
 
 mod config;
+mod contenders;
 mod election;
 mod error;
 mod guard;
@@ -71,8 +72,9 @@ mod session;
 mod watches;
 
 pub use config::{EtcdConfig, EtcdStrategy};
+pub use contenders::EtcdContender;
 pub use election::EtcdElection;
 pub use lock::EtcdLock;
-pub use provider::{EtcdContender, EtcdLockProvider};
+pub use provider::EtcdLockProvider;
 pub use rwlock::EtcdRwLock;
 pub use semaphore::EtcdSemaphore;

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnResponse};
 use lock_core::kit::{Cleanup, MutexAttempt, Wakeups};
+use lock_core::queue::LockQueue;
 use lock_core::{Deadline, Guard, LockError, LockName};
 
 use crate::config::EtcdStrategy;
@@ -54,11 +55,6 @@ impl EtcdLock {
     }
 }
 
-/// The directory of the lock `name` under `prefix`.
-pub(crate) fn lock_dir(prefix: &str, name: &LockName) -> String {
-    format!("{prefix}/{}/", name.escaped())
-}
-
 #[async_trait]
 impl MutexAttempt for EtcdLock {
     fn name(&self) -> &LockName {
@@ -88,6 +84,10 @@ impl MutexAttempt for EtcdLock {
             None => Ok(None),
         };
         place.settle(&session, pending, turn).await
+    }
+
+    async fn queue(&self) -> Result<LockQueue, LockError> {
+        self.place.queue().await
     }
 }
 

@@ -3,17 +3,18 @@
 use std::fmt;
 use std::sync::Arc;
 
-use etcd_client::{GetOptions, SortOrder, SortTarget};
 use lock_core::kit::SessionOwner;
 use lock_core::{
     Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Fencing,
-    FencingToken, LockError, LockName, LockProvider, MetricsSnapshot, WaitKind,
+    LockError, LockName, LockProvider, MetricsSnapshot, WaitKind,
 };
 
 use crate::config::{EtcdConfig, EtcdStrategy};
+use crate::contenders::EtcdContender;
 use crate::election::EtcdElection;
 use crate::error::BACKEND;
-use crate::lock::{EtcdLock, lock_dir};
+use crate::lock::EtcdLock;
+use crate::queue::Place;
 use crate::rwlock::EtcdRwLock;
 use crate::semaphore::EtcdSemaphore;
 use crate::session::Shared;
@@ -89,43 +90,9 @@ impl EtcdLockProvider {
     /// once the provider's session is over and no new one can be opened.
     pub async fn contenders(&self, name: &str) -> Result<Vec<EtcdContender>, LockError> {
         let name = LockName::new(name)?;
-        let session = self.shared.session(&name).await?;
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend);
-        let dir = lock_dir(&self.shared.config.prefix, &name);
-        let mut kv = session.client.kv_client();
-        let found = session
-            .ask(name.as_str(), kv.get(dir, Some(options)))
-            .await?;
-        Ok(found
-            .kvs()
-            .iter()
-            .map(|kv| EtcdContender {
-                key: String::from_utf8_lossy(kv.key()).into_owned(),
-                lease: kv.lease(),
-                create_revision: kv.create_revision(),
-            })
-            .collect())
-    }
-}
-
-/// A contender of an etcd lock, as [`EtcdLockProvider::contenders`] finds it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct EtcdContender {
-    /// The key.
-    pub key: String,
-    /// The lease the key hangs on: the contender's session.
-    pub lease: i64,
-    /// The key's create revision: its place in the queue.
-    pub create_revision: i64,
-}
-
-impl EtcdContender {
-    /// The fencing token this contender holds (or will hold): its create revision.
-    pub fn fencing_token(&self) -> FencingToken {
-        FencingToken(u64::try_from(self.create_revision).unwrap_or_default())
+        Place::new(Arc::clone(&self.shared), name, "")
+            .contenders()
+            .await
     }
 }
 

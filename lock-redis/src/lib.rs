@@ -151,6 +151,7 @@ mod config;
 mod connection;
 mod election;
 mod error;
+mod holders;
 mod keys;
 mod lock;
 mod node;
@@ -166,7 +167,8 @@ pub use config::{
     RedlockConfig,
 };
 pub use election::RedisElection;
+pub use holders::RedisHolders;
 pub use lock::RedisLock;
 pub use permits::{RedisRwLock, RedisSemaphore};
-pub use provider::{RedisHolders, RedisLockProvider};
+pub use provider::RedisLockProvider;
 pub use redlock::{RedlockLock, RedlockProvider};

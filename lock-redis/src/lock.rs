@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::kit::{Cleanup, MutexAttempt, Renewal, Wakeups, lease_guard};
+use lock_core::queue::LockQueue;
 use lock_core::{Deadline, FencingToken, Guard, LockError, LockName};
 use tokio::time::Instant;
 
@@ -15,6 +16,7 @@ use crate::claim::{
 };
 use crate::config::RedisStrategy;
 use crate::error::BACKEND;
+use crate::holders::RedisHolders;
 use crate::keys::LockKeys;
 use crate::session::Session;
 use crate::subscriber::Heard;
@@ -94,6 +96,11 @@ impl MutexAttempt for RedisLock {
 
     async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
         self.attempt_with(None, deadline).await
+    }
+
+    async fn queue(&self) -> Result<LockQueue, LockError> {
+        let holders = RedisHolders::read(&self.shared, &self.name, &self.keys).await?;
+        Ok(holders.queue(self.strategy, &self.keys.owner))
     }
 }
 

@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use lock_core::kit::{Closed, SessionOwner};
 use lock_core::{
@@ -15,6 +14,7 @@ use crate::config::{RedisConfig, RedisStrategy};
 use crate::connection::Settings;
 use crate::election::RedisElection;
 use crate::error::BACKEND;
+use crate::holders::RedisHolders;
 use crate::keys::LockKeys;
 use crate::lock::RedisLock;
 use crate::node::Node;
@@ -134,41 +134,8 @@ impl RedisLockProvider {
     pub async fn holders(&self, name: &str) -> Result<RedisHolders, LockError> {
         let name = LockName::new(name)?;
         let keys = LockKeys::new(&self.shared.config.lease.key_prefix, &name);
-        let mut pipeline = redis::pipe();
-        pipeline
-            .atomic()
-            .get(&keys.owner)
-            .pttl(&keys.owner)
-            .lrange(&keys.queue, 0, -1)
-            .get(&keys.fence);
-        let (owner, pttl, queue, fence): (Option<String>, i64, Vec<String>, Option<u64>) =
-            self.shared.node.query(&pipeline, name.as_str()).await?;
-        Ok(RedisHolders {
-            owner_ttl: owner
-                .as_ref()
-                .and_then(|_| u64::try_from(pttl).ok())
-                .map(Duration::from_millis),
-            owner,
-            queue,
-            fence: fence.unwrap_or_default(),
-        })
+        RedisHolders::read(&self.shared, &name, &keys).await
     }
-}
-
-/// Who holds a Redis lock and who waits for it: [`RedisLockProvider::holders`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RedisHolders {
-    /// The holder's owner id, or `None` when the lock is free.
-    pub owner: Option<String>,
-    /// The lease left on the holder's key, when the server reports one.
-    pub owner_ttl: Option<Duration>,
-    /// The waiters' owner ids, first in line first (queue strategy only). Waiters whose
-    /// deadline has passed stay listed until a grant or a release drops them.
-    pub queue: Vec<String>,
-    /// The last fencing token handed out for this name (the holder's, while it is held);
-    /// 0 when none ever was.
-    pub fence: u64,
 }
 
 impl fmt::Debug for RedisLockProvider {

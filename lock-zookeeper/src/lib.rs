@@ -70,6 +70,7 @@
 //! ```
 
 mod config;
+mod contenders;
 mod election;
 mod error;
 mod guard;
@@ -82,8 +83,9 @@ mod semaphore;
 mod session;
 
 pub use config::{AclPolicy, DigestAuth, NodeNameFormat, ZkConfig, ZkStrategy};
+pub use contenders::Contender;
 pub use election::ZkElection;
 pub use lock::ZkLock;
-pub use provider::{Contender, ZkLockProvider};
+pub use provider::ZkLockProvider;
 pub use rwlock::ZkRwLock;
 pub use semaphore::ZkSemaphore;

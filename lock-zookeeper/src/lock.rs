@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lock_core::kit::{MutexAttempt, Wakeups};
+use lock_core::queue::LockQueue;
 use lock_core::{Deadline, Guard, LockError};
 use uuid::Uuid;
 use zookeeper_client::{CreateMode, Error as ZkError};
@@ -44,6 +45,10 @@ impl MutexAttempt for ZkLock {
         let session = place.shared.session(&place.name, deadline).await?;
         let granted = self.single_node(&session, deadline).await?;
         Ok(granted.map(|granted| grant(&place.shared, &session, &place.name, granted)))
+    }
+
+    async fn queue(&self) -> Result<LockQueue, LockError> {
+        self.place.queue().await
     }
 }
 

@@ -6,15 +6,15 @@ use std::sync::Arc;
 use lock_core::kit::{Closed, SessionOwner, SessionSlot};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, DistributedRwLock, DistributedSemaphore, Election,
-    Fencing, FencingToken, LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
+    Fencing, LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
 };
-use zookeeper_client::Error as ZkError;
 
 use crate::config::{ZkConfig, ZkStrategy};
+use crate::contenders::Contender;
 use crate::election::ZkElection;
 use crate::error::BACKEND;
 use crate::lock::ZkLock;
-use crate::node::{SINGLE_NODE, contenders, lock_dir, token};
+use crate::node::lock_dir;
 use crate::queue::Place;
 use crate::rwlock::ZkRwLock;
 use crate::semaphore::ZkSemaphore;
@@ -132,47 +132,7 @@ impl ZkLockProvider {
     /// [`LockError::PermissionDenied`] when the directory's ACL does not let this client
     /// read it.
     pub async fn contenders(&self, name: &str) -> Result<Vec<Contender>, LockError> {
-        let place = self.place(name, "")?;
-        let session = place
-            .shared
-            .session(&place.name, Deadline::after(None))
-            .await?;
-        let children = match session.client.list_children(&place.dir).await {
-            Ok(children) => children,
-            Err(ZkError::NoNode) => return Ok(Vec::new()),
-            Err(other) => return Err(place.error(other)),
-        };
-        let single = children
-            .iter()
-            .any(|child| child == SINGLE_NODE)
-            .then(|| (None, SINGLE_NODE.to_owned()));
-        let ordered = single.into_iter().chain(
-            contenders(children)
-                .into_iter()
-                .map(|(sequence, node)| (Some(sequence), node)),
-        );
-        // Every request is sent before the first reply is awaited: one round trip in all.
-        let requests: Vec<_> = ordered
-            .map(|(sequence, node)| {
-                let stat = session.client.check_stat(&format!("{}/{node}", place.dir));
-                (sequence, node, stat)
-            })
-            .collect();
-        let mut found = Vec::with_capacity(requests.len());
-        for (sequence, node, stat) in requests {
-            match stat.await {
-                Ok(Some(stat)) => found.push(Contender {
-                    node,
-                    sequence,
-                    session_id: stat.ephemeral_owner,
-                    czxid: stat.czxid,
-                }),
-                // Left since the listing.
-                Ok(None) | Err(ZkError::NoNode) => {}
-                Err(other) => return Err(place.error(other)),
-            }
-        }
-        Ok(found)
+        self.place(name, "")?.contenders().await
     }
 
     /// Where the lock kind whose directories end in `suffix` keeps `name`.
@@ -184,33 +144,6 @@ impl ZkLockProvider {
             name,
             data: Arc::from(&[][..]),
         })
-    }
-}
-
-/// One contender for a ZooKeeper mutex, from [`ZkLockProvider::contenders`]: a node in the
-/// lock's directory.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Contender {
-    /// The node's name in the lock directory, such as `_c_<uuid>-lock-0000000007`
-    /// (distlock and Curator), `<hex>__lock__0000000007` (kazoo), or `lock` (the holder
-    /// under the `SingleNode` strategy).
-    pub node: String,
-    /// The sequence number the node's name ends with, which orders the contenders; `None`
-    /// for the `SingleNode` strategy's `lock` node.
-    pub sequence: Option<i64>,
-    /// The session that owns the node (its `ephemeralOwner`); 0 for a node that is not
-    /// ephemeral.
-    pub session_id: i64,
-    /// The zxid of the node's creation.
-    pub czxid: i64,
-}
-
-impl Contender {
-    /// The fencing token of the grant this node stands for, as the lock hands it out to
-    /// its holder: the node's creation zxid.
-    pub fn fencing_token(&self) -> FencingToken {
-        token(self.czxid)
     }
 }
 

@@ -5,13 +5,14 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::server::{Entry, Grant, LockKey, Mode, Refusal, ServerInner, Withdrawal};
+use super::server::{Entry, Grant, LockKey, LockState, Mode, Refusal, ServerInner, Withdrawal};
 use super::{BACKEND, ProviderShared};
 use crate::election::LeaderSource;
 use crate::kit::{
     Abandon, Cleanup, ElectionAttempt, MutexAttempt, RwAttempt, RwSide, SemaphoreAttempt,
     unpoisoned,
 };
+use crate::queue::LockQueue;
 use crate::{
     Deadline, Guard, GuardBackend, LeaderInfo, LockError, LockName, LossReason, LostSignal, Metrics,
 };
@@ -146,7 +147,18 @@ impl MutexAttempt for MemoryLock {
     async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
         self.0.attempt(Mode::Exclusive, no_value(), deadline).await
     }
+
+    /// The server's own view, which only this process shares.
+    async fn queue(&self) -> Result<LockQueue, LockError> {
+        let state = self.0.provider.server.state();
+        let queue = state.locks.get(&self.0.key).map(LockState::queue);
+        Ok(queue.unwrap_or_default().with_note(ONE_PROCESS))
+    }
 }
+
+/// What a listing of an in-memory lock cannot show.
+const ONE_PROCESS: &str = "only this process's own view: the in-memory backend does not \
+                           reach across processes, so another process's locks are never shown";
 
 /// A read-write lock from a [`MemoryLockProvider`](super::MemoryLockProvider).
 #[derive(Debug)]

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{oneshot, watch};
 
 use crate::kit::unpoisoned;
+use crate::queue::{LockQueue, QueuedContender};
 use crate::{
     FencingToken, LeaderInfo, LockName, LossReason, LostNotifier, LostSignal, lost_signal,
 };
@@ -324,6 +325,20 @@ impl ServerState {
 impl LockState {
     pub(super) fn is_idle(&self) -> bool {
         self.holders.is_empty() && self.waiters.is_empty()
+    }
+
+    /// The holders, then the waiters in line, each named by its id on this server.
+    pub(super) fn queue(&self) -> LockQueue {
+        let holders = self.holders.iter().map(|holder| {
+            QueuedContender::holder(format!("#{}", holder.id))
+                .with_session(format!("{:x}", holder.session))
+                .with_fencing_token(holder.token)
+        });
+        let waiters = self.waiters.iter().map(|waiter| {
+            QueuedContender::waiter(format!("#{}", waiter.id))
+                .with_session(format!("{:x}", waiter.session))
+        });
+        LockQueue::new(holders.chain(waiters).collect())
     }
 
     /// Whether the current holders allow a grant of `mode`.

@@ -111,6 +111,49 @@ async fn waiters_are_granted_in_fifo_order() {
 }
 
 #[tokio::test]
+async fn the_queue_lists_the_holder_then_the_waiters_in_line() {
+    let server = MemoryServer::new();
+    let holder = server.provider();
+    let lock = holder.lock("listed").unwrap();
+    let free = lock.queue().await.unwrap();
+    assert!(
+        free.contenders.is_empty() && free.waiters_recorded,
+        "{free:?}"
+    );
+    let mut guard = held(&holder, "listed").await;
+    let mut waiting = Vec::new();
+    for count in 1..=2 {
+        let provider = server.provider();
+        waiting.push(tokio::spawn(async move {
+            let lock = provider.lock("listed").unwrap();
+            lock.acquire(None).await.unwrap().release().await.unwrap();
+        }));
+        until_waiters(&holder, "listed", count).await;
+    }
+    let queue = lock.queue().await.unwrap();
+    let held_by = queue.holder().expect("a holder");
+    assert_eq!(held_by.fencing_token, Some(guard.fencing_token()));
+    let waiters: Vec<_> = queue.waiters().map(|w| w.place.clone()).collect();
+    assert_eq!(waiters.len(), 2, "{queue:?}");
+    let first_waiter = waiters[0].clone();
+    guard.release().await.unwrap();
+    // The first waiter listed is the next holder (it may have released already).
+    let next = lock.queue().await.unwrap();
+    let places: Vec<_> = next.contenders.iter().map(|c| c.place.clone()).collect();
+    assert!(!places.contains(&held_by.place), "{next:?}");
+    if let Some(holder) = next.holder() {
+        assert!(
+            holder.place == first_waiter || holder.place == waiters[1],
+            "{next:?}"
+        );
+    }
+    for task in waiting {
+        task.await.unwrap();
+    }
+    assert!(lock.queue().await.unwrap().contenders.is_empty());
+}
+
+#[tokio::test]
 async fn timeout_bounds_and_no_residue() {
     let server = MemoryServer::new();
     let (a, b) = (server.provider(), server.provider());
