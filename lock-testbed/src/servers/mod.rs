@@ -36,9 +36,13 @@
 //! and [`SERVERS_ENV`] (`LOCK_TEST_SERVERS=containers`) makes every [`Target::start`] (the
 //! shared servers too) start a container instead of a process: see [`ServerMode`].
 //!
+//! Layout: each server kind is a module of its own ([`zookeeper`](ZkServer),
+//! [`redis`](RedisServer), [`etcd`](EtcdServer)) with its options, its configuration text,
+//! its process, its ensemble or cluster, and (`container.rs`) its container; the runners
+//! they share, `process` and [`containers`], know no server kind.
+//!
 //! All traffic stays on `127.0.0.1`. Nothing here prints; logs go through `tracing`.
 
-mod cluster;
 mod error;
 mod etcd;
 mod local;
@@ -46,7 +50,6 @@ mod mode;
 mod probe;
 mod process;
 mod redis;
-mod sentinel;
 mod target;
 mod zookeeper;
 
@@ -56,14 +59,15 @@ pub mod containers;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-pub use cluster::{RedisClusterOptions, RedisClusterSet};
 pub use error::ServerError;
 pub use etcd::{ETCD_ENV, EtcdCluster, EtcdOptions, EtcdServer, EtcdTarget, etcd_metric};
 pub use local::{LocalServer, ServerProcess};
 pub use mode::{SERVERS_ENV, ServerMode};
 pub use process::free_port;
-pub use redis::{REDIS_ENV, RedisOptions, RedisServer, RedisTarget};
-pub use sentinel::{RedisSentinelOptions, RedisSentinelSet};
+pub use redis::{
+    REDIS_ENV, RedisClusterOptions, RedisClusterSet, RedisOptions, RedisSentinelOptions,
+    RedisSentinelSet, RedisServer, RedisTarget,
+};
 pub use target::{Target, TargetServer};
 pub use zookeeper::{ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget};
 

@@ -10,7 +10,6 @@
 //! [`heal`](ContainerCluster::heal) connects it again.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use testcontainers::bollard::Docker;
 use testcontainers::bollard::models::{
@@ -18,13 +17,10 @@ use testcontainers::bollard::models::{
 };
 use tracing::info;
 
-use super::{Container, Etcd, EtcdContainer, LABEL, ZkContainer, ZooKeeper};
+use super::{Container, Etcd, LABEL, ZooKeeper};
 use super::{container_error, label_value};
+use crate::servers::ServerError;
 use crate::servers::process::Watchdog;
-use crate::servers::{EtcdOptions, ServerError, ZkOptions, etcd, zookeeper};
-
-const QUORUM_PORT: u16 = 2888;
-const ELECTION_PORT: u16 = 3888;
 
 /// The watchdog script: wait until the test process is gone (its end of the pipe on our
 /// stdin closes), then remove the network, retrying while the members' own watchdogs are
@@ -53,7 +49,7 @@ const NETWORK_WATCHDOG_SCRIPT: &str = "read -r _ignored; n=0; \
 #[derive(Debug)]
 pub struct ContainerCluster<K> {
     // Declared first: removed before the network.
-    members: Vec<Container<K>>,
+    pub(crate) members: Vec<Container<K>>,
     network: String,
     docker: Docker,
     network_watchdog: Option<Watchdog>,
@@ -68,13 +64,13 @@ pub type ZkContainerEnsemble = ContainerCluster<ZooKeeper>;
 pub type EtcdContainerCluster = ContainerCluster<Etcd>;
 
 /// Member `index`'s name on a cluster's network whose hosts are `hosts1`, `hosts2`, ...
-fn host_name(hosts: &str, index: usize) -> String {
+pub(crate) fn host_name(hosts: &str, index: usize) -> String {
     format!("{hosts}{}", index + 1)
 }
 
 impl<K> ContainerCluster<K> {
     /// An empty cluster on a new network.
-    async fn on_new_network(n: usize, hosts: &'static str) -> Result<Self, ServerError> {
+    pub(crate) async fn on_new_network(n: usize, hosts: &'static str) -> Result<Self, ServerError> {
         let docker = Docker::connect_with_defaults().map_err(container_error)?;
         let network = format!(
             "distlock-test-{}-{:08x}",
@@ -93,13 +89,13 @@ impl<K> ContainerCluster<K> {
     }
 
     /// Adds `member` to the cluster and to its network.
-    async fn join(&mut self, member: Container<K>) -> Result<(), ServerError> {
+    pub(crate) async fn join(&mut self, member: Container<K>) -> Result<(), ServerError> {
         self.members.push(member);
         self.heal(self.members.len() - 1).await
     }
 
     /// Waits until every member serves.
-    async fn wait_ready(&self) -> Result<(), ServerError> {
+    pub(crate) async fn wait_ready(&self) -> Result<(), ServerError> {
         for member in &self.members {
             member.wait_ready().await?;
         }
@@ -149,7 +145,7 @@ impl<K> ContainerCluster<K> {
     }
 
     /// Every member's index and client address.
-    fn all_members(&self) -> Vec<(usize, std::net::SocketAddr)> {
+    pub(crate) fn all_members(&self) -> Vec<(usize, std::net::SocketAddr)> {
         self.members
             .iter()
             .enumerate()
@@ -214,132 +210,6 @@ impl<K> ContainerCluster<K> {
     /// Continues member `index` after [`pause`](Self::pause).
     pub async fn resume(&self, index: usize) -> Result<(), ServerError> {
         self.member(index)?.resume().await
-    }
-}
-
-impl ContainerCluster<ZooKeeper> {
-    /// Starts `n` members (3 is the usual size) on a new network and waits until every one
-    /// serves (a leader is elected and every follower has joined), each bounded by
-    /// [`ZkOptions::startup_timeout`]. `opts.config` gets `quorumListenOnAllIPs=true`: a
-    /// member's address on the ensemble's network may change when it is healed.
-    pub async fn start(n: usize, opts: ZkOptions) -> Result<Self, ServerError> {
-        if n == 0 {
-            return Err(ServerError::Startup {
-                server: "ZooKeeper ensemble (containers)".to_owned(),
-                detail: "an ensemble needs at least one member".to_owned(),
-                log_tail: String::new(),
-            });
-        }
-        let mut ensemble = Self::on_new_network(n, "zk").await?;
-        let servers: Vec<String> = (0..n)
-            .map(|i| format!("{}:{QUORUM_PORT}:{ELECTION_PORT}", host_name("zk", i)))
-            .collect();
-        let opts = opts.with_config("quorumListenOnAllIPs", "true");
-        for index in 0..n {
-            ensemble
-                .join(ZkContainer::create_member(&opts, &servers, index).await?)
-                .await?;
-        }
-        ensemble.wait_ready().await?;
-        info!(network = %ensemble.network, members = n, "ZooKeeper ensemble (containers) serves");
-        Ok(ensemble)
-    }
-
-    /// Member `index`'s client address (`127.0.0.1:port`).
-    pub fn address(&self, index: usize) -> Result<String, ServerError> {
-        Ok(self.member(index)?.connect_string())
-    }
-
-    /// All members: `127.0.0.1:p1,127.0.0.1:p2,...`.
-    pub fn connect_string(&self) -> String {
-        self.members
-            .iter()
-            .map(ZkContainer::connect_string)
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
-    /// Sends a four-letter word to member `index` (bounded by 5 s).
-    pub async fn four_letter(&self, index: usize, word: &str) -> Result<String, ServerError> {
-        self.member(index)?.four_letter(word).await
-    }
-
-    /// Member `index`'s role from `srvr`'s `Mode:` line (`leader`, `follower`, ...), or
-    /// `Ok(None)` when it does not answer within 1 s or is not serving (electing, cut off
-    /// from a quorum, killed, paused).
-    pub async fn mode(&self, index: usize) -> Result<Option<String>, ServerError> {
-        let address = self.address(index)?;
-        Ok(zookeeper::mode_of(&address, Duration::from_secs(1)).await)
-    }
-
-    /// The index of the member that reports `Mode: leader`; `None` while there is none.
-    pub async fn leader(&self) -> Option<usize> {
-        zookeeper::leader_of(self.member_addresses()).await
-    }
-
-    /// Polls [`leader`](Self::leader) until a leader is reported; [`ServerError::Timeout`]
-    /// after `timeout`.
-    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<usize, ServerError> {
-        zookeeper::wait_for_leader_of(timeout, || self.member_addresses()).await
-    }
-
-    /// Waits until every member runs and serves under a leader (none electing or cut off),
-    /// as after a fault has healed; returns the leader, or [`ServerError::Timeout`] after
-    /// `timeout`.
-    pub async fn wait_until_whole(&self, timeout: Duration) -> Result<usize, ServerError> {
-        zookeeper::wait_until_whole_of(timeout, || self.member_addresses()).await
-    }
-
-    fn member_addresses(&self) -> Vec<(usize, String)> {
-        let members = self.all_members().into_iter();
-        members.map(|(i, a)| (i, a.to_string())).collect()
-    }
-}
-
-impl ContainerCluster<Etcd> {
-    /// Starts `n` members (3 is the usual size) on a new network and waits until every one
-    /// is healthy (a leader is elected and every member knows it), each bounded by
-    /// [`EtcdOptions::startup_timeout`].
-    pub async fn start(n: usize, opts: EtcdOptions) -> Result<Self, ServerError> {
-        if n == 0 {
-            return Err(ServerError::Startup {
-                server: "etcd cluster (containers)".to_owned(),
-                detail: "a cluster needs at least one member".to_owned(),
-                log_tail: String::new(),
-            });
-        }
-        let mut cluster = Self::on_new_network(n, "etcd").await?;
-        let hosts: Vec<String> = (0..n).map(|i| host_name("etcd", i)).collect();
-        for index in 0..n {
-            cluster
-                .join(EtcdContainer::create_member(&opts, &hosts, index).await?)
-                .await?;
-        }
-        cluster.wait_ready().await?;
-        info!(network = %cluster.network, members = n, "etcd cluster (containers) serves");
-        Ok(cluster)
-    }
-
-    /// Every member's client endpoint, `http://127.0.0.1:port`.
-    pub fn endpoints(&self) -> Vec<String> {
-        self.members.iter().map(EtcdContainer::endpoint).collect()
-    }
-
-    /// The index of the member that says it leads; `None` while there is none.
-    pub async fn leader(&self) -> Option<usize> {
-        etcd::leader_of(self.all_members()).await
-    }
-
-    /// Polls [`leader`](Self::leader) until a leader is reported and every running member
-    /// is healthy; [`ServerError::Timeout`] after `timeout`.
-    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<usize, ServerError> {
-        let mut running = Vec::with_capacity(self.members.len());
-        for (index, addr) in self.all_members() {
-            if self.member(index)?.is_running().await? {
-                running.push((index, addr));
-            }
-        }
-        etcd::wait_for_leader_of(timeout, || running.clone()).await
     }
 }
 

@@ -1,5 +1,13 @@
 //! Redis 7 from the Debian package, without persistence.
 
+mod cluster;
+mod sentinel;
+
+pub use cluster::{RedisClusterOptions, RedisClusterSet};
+pub use sentinel::{RedisSentinelOptions, RedisSentinelSet};
+
+#[cfg(feature = "testcontainers")]
+mod container;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -9,10 +9,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::info;
 
-use super::probe::{Probe, redis_query};
-use super::process::{Instance, Launch, free_port, loopback, require_program};
-use super::redis::encode_userinfo;
-use super::{
+use super::encode_userinfo;
+use crate::servers::probe::{Probe, redis_query};
+use crate::servers::process::{Instance, Launch, free_port, loopback, require_program};
+use crate::servers::{
     DEFAULT_STARTUP_TIMEOUT, RedisOptions, RedisServer, RedisTarget, ServerError, ServerMode,
     ServerProcess,
 };
@@ -101,7 +101,7 @@ pub struct RedisSentinelSet {
 enum SentinelNode {
     Process(Box<ServerProcess>),
     #[cfg(feature = "testcontainers")]
-    Container(Box<super::containers::SentinelContainer>),
+    Container(Box<crate::servers::containers::SentinelContainer>),
 }
 
 impl SentinelNode {
@@ -124,7 +124,8 @@ async fn start_data_server(
         #[cfg(feature = "testcontainers")]
         ServerMode::Containers => {
             let container =
-                super::containers::RedisContainer::start_on_host(&server, free_port()?).await?;
+                crate::servers::containers::RedisContainer::start_on_host(&server, free_port()?)
+                    .await?;
             Ok(RedisTarget::in_container(
                 container.url(),
                 Box::new(container),
@@ -607,8 +608,11 @@ async fn start_sentinel_container(
 ) -> Result<SentinelNode, ServerError> {
     let config = |port| sentinel_config(opts, port, "/tmp", primary_port, known);
     let port = known.peers[known.me].0;
-    let starting =
-        super::containers::SentinelContainer::start_on_host(config, port, opts.startup_timeout);
+    let starting = crate::servers::containers::SentinelContainer::start_on_host(
+        config,
+        port,
+        opts.startup_timeout,
+    );
     let container = starting.await?;
     Ok(SentinelNode::Container(Box::new(container)))
 }

@@ -10,10 +10,12 @@ use tokio::process::Command;
 use tokio::time::Instant;
 use tracing::info;
 
-use super::probe::redis_query;
-use super::process::require_program;
-use super::redis::encode_userinfo;
-use super::{DEFAULT_STARTUP_TIMEOUT, LocalServer, RedisOptions, RedisServer, ServerError};
+use super::encode_userinfo;
+use crate::servers::probe::redis_query;
+use crate::servers::process::require_program;
+use crate::servers::{
+    DEFAULT_STARTUP_TIMEOUT, LocalServer, RedisOptions, RedisServer, ServerError,
+};
 
 const CLUSTER: &str = "Redis Cluster";
 /// How long one question to a server may take.

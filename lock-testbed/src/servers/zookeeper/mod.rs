@@ -1,5 +1,8 @@
 //! ZooKeeper 3.8 from the Debian package, standalone or as an ensemble on one host.
 
+#[cfg(feature = "testcontainers")]
+mod container;
+
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

@@ -1,5 +1,8 @@
 //! etcd 3.4 from the Debian package: a single-member cluster, or a cluster of several.
 
+#[cfg(feature = "testcontainers")]
+mod container;
+
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

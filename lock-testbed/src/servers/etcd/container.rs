@@ -1,0 +1,182 @@
+//! etcd in containers (feature `testcontainers`): a single-member cluster, or a cluster on
+//! a network of its own.
+
+use std::time::Duration;
+
+use testcontainers::{GenericImage, ImageExt};
+use tracing::info;
+
+use super::{EtcdOptions, leader_of, wait_for_leader_of};
+use crate::servers::ServerError;
+use crate::servers::containers::{
+    Container, ContainerCluster, DEFAULT_ETCD_IMAGE, ETCD_IMAGE_ENV, Etcd, EtcdContainer,
+    ServerSpec, host_name,
+};
+use crate::servers::probe::Probe;
+
+/// Where etcd keeps its data in a container (it survives a restart of the container).
+const ETCD_DATA_DIR: &str = "/var/tmp/etcd";
+
+/// What an etcd container is, for [`Container::create`].
+fn etcd_spec(server: String, opts: &EtcdOptions) -> ServerSpec {
+    ServerSpec {
+        server,
+        image: (ETCD_IMAGE_ENV, DEFAULT_ETCD_IMAGE),
+        internal: 2379,
+        probe: Probe::EtcdHealth,
+        startup_timeout: opts.startup_timeout,
+        host_port: None,
+    }
+}
+
+/// The command line of the member `name` of `cluster` (name, peer URL), listening for
+/// peers on `listen_peer` and known to them as `advertise_peer`; its clients reach it
+/// through the published port.
+fn etcd_command(
+    opts: &EtcdOptions,
+    name: &str,
+    listen_peer: &str,
+    advertise_peer: &str,
+    cluster: &[(&str, String)],
+) -> Vec<String> {
+    let initial_cluster = cluster
+        .iter()
+        .map(|(name, peer)| format!("{name}={peer}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut cmd: Vec<String> = vec![
+        "etcd".into(),
+        format!("--name={name}"),
+        format!("--data-dir={ETCD_DATA_DIR}"),
+        "--listen-client-urls=http://0.0.0.0:2379".into(),
+        "--advertise-client-urls=http://127.0.0.1:2379".into(),
+        format!("--listen-peer-urls={listen_peer}"),
+        format!("--initial-advertise-peer-urls={advertise_peer}"),
+        format!("--initial-cluster={initial_cluster}"),
+        "--initial-cluster-state=new".into(),
+        format!(
+            "--heartbeat-interval={}",
+            opts.heartbeat_interval.as_millis().max(1)
+        ),
+        format!(
+            "--election-timeout={}",
+            opts.election_timeout.as_millis().max(1)
+        ),
+    ];
+    cmd.extend(opts.extra_args.iter().cloned());
+    cmd
+}
+
+impl Container<Etcd> {
+    /// Starts the image from [`ETCD_IMAGE_ENV`] (default [`DEFAULT_ETCD_IMAGE`]) as a
+    /// single-member cluster with the heartbeat, election timeout and extra arguments of
+    /// `opts`, and waits (bounded by `opts.startup_timeout`) until `GET /health` says it is
+    /// healthy. `opts.binary` is ignored.
+    pub async fn start(opts: &EtcdOptions) -> Result<Self, ServerError> {
+        let cmd = etcd_command(
+            opts,
+            "n1",
+            "http://127.0.0.1:2380",
+            "http://127.0.0.1:2380",
+            &[("n1", "http://127.0.0.1:2380".to_owned())],
+        );
+        let configure = |image: GenericImage| image.with_cmd(cmd.clone());
+        Self::launch(etcd_spec("etcd".to_owned(), opts), configure, Etcd).await
+    }
+
+    /// Creates cluster member `index` of the cluster whose members are `hosts` on its
+    /// network (member `i` named `n{i + 1}`), without waiting for it: it starts etcd once
+    /// every host resolves, i.e. once every member is on the cluster's network.
+    pub(crate) async fn create_member(
+        opts: &EtcdOptions,
+        hosts: &[String],
+        index: usize,
+    ) -> Result<Self, ServerError> {
+        let peer_url = |host: &str| format!("http://{host}:2380");
+        let names: Vec<String> = (1..=hosts.len()).map(|i| format!("n{i}")).collect();
+        let cluster: Vec<(&str, String)> = names
+            .iter()
+            .zip(hosts)
+            .map(|(name, host)| (name.as_str(), peer_url(host)))
+            .collect();
+        let (name, host) = match (names.get(index), hosts.get(index)) {
+            (Some(name), Some(host)) => (name, host),
+            _ => {
+                return Err(ServerError::NoSuchMember {
+                    index,
+                    len: hosts.len(),
+                });
+            }
+        };
+        let cmd = etcd_command(opts, name, "http://0.0.0.0:2380", &peer_url(host), &cluster);
+        // Bounded: a member whose network never comes exits, and its start-up probe says so.
+        let script = format!(
+            "n=0; until getent hosts {hosts} >/dev/null 2>&1; do n=$((n+1)); \
+             if [ $n -ge 600 ]; then echo 'the cluster network never came' >&2; exit 1; fi; \
+             sleep 0.1; done; exec {cmd}",
+            hosts = hosts.join(" "),
+            cmd = cmd.join(" "),
+        );
+        let configure = |image: GenericImage| {
+            image.with_cmd(["sh".to_owned(), "-c".to_owned(), script.clone()])
+        };
+        Self::create(
+            etcd_spec(format!("etcd member {index}"), opts),
+            configure,
+            Etcd,
+        )
+        .await
+    }
+
+    /// `http://127.0.0.1:port`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.socket_addr())
+    }
+}
+
+impl ContainerCluster<Etcd> {
+    /// Starts `n` members (3 is the usual size) on a new network and waits until every one
+    /// is healthy (a leader is elected and every member knows it), each bounded by
+    /// [`EtcdOptions::startup_timeout`].
+    pub async fn start(n: usize, opts: EtcdOptions) -> Result<Self, ServerError> {
+        if n == 0 {
+            return Err(ServerError::Startup {
+                server: "etcd cluster (containers)".to_owned(),
+                detail: "a cluster needs at least one member".to_owned(),
+                log_tail: String::new(),
+            });
+        }
+        let mut cluster = Self::on_new_network(n, "etcd").await?;
+        let hosts: Vec<String> = (0..n).map(|i| host_name("etcd", i)).collect();
+        for index in 0..n {
+            cluster
+                .join(EtcdContainer::create_member(&opts, &hosts, index).await?)
+                .await?;
+        }
+        cluster.wait_ready().await?;
+        info!(network = %cluster.network(), members = n, "etcd cluster (containers) serves");
+        Ok(cluster)
+    }
+
+    /// Every member's client endpoint, `http://127.0.0.1:port`.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(EtcdContainer::endpoint).collect()
+    }
+
+    /// The index of the member that says it leads; `None` while there is none.
+    pub async fn leader(&self) -> Option<usize> {
+        leader_of(self.all_members()).await
+    }
+
+    /// Polls [`leader`](Self::leader) until a leader is reported and every running member
+    /// is healthy; [`ServerError::Timeout`] after `timeout`.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<usize, ServerError> {
+        let mut running = Vec::with_capacity(self.members.len());
+        for (index, addr) in self.all_members() {
+            if self.member(index)?.is_running().await? {
+                running.push((index, addr));
+            }
+        }
+        wait_for_leader_of(timeout, || running.clone()).await
+    }
+}
