@@ -26,8 +26,8 @@ use etcd_client::Client as EtcdClient;
 use lock_conformance::{ClientFaults, Occupancy, observe_until, unique_name};
 use lock_core::{DistributedLock, LockError, LockProvider};
 use lock_etcd::{EtcdConfig, EtcdLockProvider};
-use lock_testbed::servers::containers::{self, EtcdContainerCluster};
-use lock_testbed::servers::{EtcdCluster, EtcdOptions, etcd_metric, shared_etcd};
+use lock_testbed::servers::containers;
+use lock_testbed::servers::{EtcdCluster, EtcdOptions, ServerMode, etcd_metric, shared_etcd};
 use tokio::time::Instant;
 
 const PREFIX: &str = EtcdConfig::DEFAULT_PREFIX;
@@ -262,7 +262,7 @@ async fn a_dead_member_loses_no_waiter() {
     let admin = EtcdClient::connect(others.clone(), None).await.unwrap();
     let holders = provider(others).await;
     served_in_order(&admin, &holders, &waiters, &name, async {
-        cluster.kill(serving).unwrap();
+        cluster.kill(serving).await.unwrap();
         eprintln!("killed member {serving}, which served the waiters' stream");
         // The holder's release needs a leader (the killed member may have led).
         cluster
@@ -286,7 +286,7 @@ async fn a_member_cut_off_loses_no_waiter() {
         eprintln!("skip reason: {why}");
         return;
     }
-    let cluster = EtcdContainerCluster::start(3, cluster_options())
+    let cluster = EtcdCluster::start_in(ServerMode::Containers, 3, cluster_options())
         .await
         .unwrap();
     cluster

@@ -293,8 +293,13 @@ async fn zk_ensemble_elects_fails_over_and_rejoins() {
     assert_eq!(followers, 2, "one leader ({leader}) and two followers");
 
     let killed_at = Instant::now();
-    ensemble.kill(leader).unwrap();
+    ensemble.kill(leader).await.unwrap();
     assert!(ensemble.pid(leader).unwrap().is_none());
+    assert!(!ensemble.is_running(leader).await.unwrap());
+    assert!(matches!(
+        ensemble.partition(leader).await,
+        Err(ServerError::Unsupported { .. })
+    ));
     let new_leader = ensemble
         .wait_for_leader(Duration::from_secs(15))
         .await
@@ -1210,15 +1215,15 @@ fn no_leftover_containers_after_sigkill() {
 #[cfg(feature = "testcontainers")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn container_ensemble_partitions_and_heals() {
-    use lock_testbed::servers::containers::ZkContainerEnsemble;
-
     if !containers_available().await {
         return;
     }
     let began = Instant::now();
-    let ensemble = ZkContainerEnsemble::start(3, fast_zk()).await.unwrap();
+    let ensemble = ZkEnsemble::start_in(ServerMode::Containers, 3, fast_zk())
+        .await
+        .unwrap();
     eprintln!("startup: ensemble of 3 containers in {:?}", began.elapsed());
-    let network = ensemble.network().to_owned();
+    let network = ensemble.network().expect("a network of its own").to_owned();
     let old = ensemble
         .wait_for_leader(Duration::from_secs(30))
         .await

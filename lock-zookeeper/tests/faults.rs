@@ -220,7 +220,7 @@ async fn leader_failover_keeps_the_holder_and_serves_each_waiter_once() {
         .await
         .expect("a leader");
     let killed = Instant::now();
-    ensemble.kill(leader).expect("killing the leader");
+    ensemble.kill(leader).await.expect("killing the leader");
     let failover = async {
         let new_leader = ensemble
             .wait_for_leader(Duration::from_secs(30))

@@ -22,7 +22,8 @@ use std::time::Duration;
 use common::{admin_client, children, lock_dir, zk_options};
 use lock_conformance::observe_until;
 use lock_core::{Guard, LockError, LockProvider};
-use lock_testbed::servers::containers::{self, ZkContainerEnsemble};
+use lock_testbed::servers::containers;
+use lock_testbed::servers::{ServerMode, ZkEnsemble};
 use lock_zookeeper::{ZkConfig, ZkLockProvider, ZkStrategy};
 use tokio::time::Instant;
 
@@ -46,8 +47,8 @@ async fn containers_available() -> bool {
     }
 }
 
-async fn ensemble() -> ZkContainerEnsemble {
-    let ensemble = ZkContainerEnsemble::start(3, zk_options())
+async fn ensemble() -> ZkEnsemble {
+    let ensemble = ZkEnsemble::start_in(ServerMode::Containers, 3, zk_options())
         .await
         .expect("a three-member ensemble in containers");
     ensemble
@@ -63,13 +64,13 @@ async fn ensemble() -> ZkContainerEnsemble {
 const LONG_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A client that can reach only the members `members` of `ensemble`.
-async fn client_of(ensemble: &ZkContainerEnsemble, members: &[usize]) -> ZkLockProvider {
+async fn client_of(ensemble: &ZkEnsemble, members: &[usize]) -> ZkLockProvider {
     client_with_session(ensemble, members, SESSION_TIMEOUT).await
 }
 
 /// [`client_of`] with the session timeout `session`.
 async fn client_with_session(
-    ensemble: &ZkContainerEnsemble,
+    ensemble: &ZkEnsemble,
     members: &[usize],
     session: Duration,
 ) -> ZkLockProvider {
@@ -178,7 +179,7 @@ async fn queue_reaches(admin: &zookeeper_client::Client, dir: &str, len: usize, 
 
 /// Every member serves again, and a fresh client on each member alone can take and give
 /// back the lock; nothing of it is left on the servers afterwards.
-async fn everyone_can_lock_again(ensemble: &ZkContainerEnsemble, name: &str) {
+async fn everyone_can_lock_again(ensemble: &ZkEnsemble, name: &str) {
     for index in 0..ensemble.len() {
         observe_until(
             Duration::from_secs(30),

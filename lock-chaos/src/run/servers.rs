@@ -7,7 +7,7 @@ use std::time::Duration;
 use distlock::redis::LeaseOptions;
 use lock_core::LockName;
 use lock_core::memory::MemoryServer;
-use lock_testbed::servers::containers::{self, EtcdContainerCluster, ZkContainerEnsemble};
+use lock_testbed::servers::containers;
 use lock_testbed::servers::{
     EtcdCluster, EtcdOptions, LocalServer, RedisClusterOptions, RedisClusterSet, RedisOptions,
     RedisSentinelOptions, RedisSentinelSet, RedisServer, ServerError, ServerMode, ZkEnsemble,
@@ -21,15 +21,14 @@ const ELECTION_BOUND: Duration = Duration::from_secs(30);
 
 /// The servers of a run.
 pub(super) enum Servers {
+    /// Processes or containers, as the run's mode says.
     Zookeeper(ZkEnsemble),
-    ZookeeperContainers(ZkContainerEnsemble),
     Redis(Vec<RedisServer>),
     /// The data servers (members) and their sentinels.
     RedisSentinel(RedisSentinelSet),
     /// Three primaries and their replicas (members).
     RedisCluster(RedisClusterSet),
     Etcd(EtcdCluster),
-    EtcdContainers(EtcdContainerCluster),
     /// The memory backend's server, inside the run's own process.
     Memory(MemoryServer),
 }
@@ -52,23 +51,13 @@ impl Servers {
         }
         let zk_options = || ZkOptions::default().with_tick_time(Duration::from_millis(500));
         Ok(match (backend, mode) {
-            (Backend::Zookeeper, ServerMode::Containers) => {
-                let ensemble = ZkContainerEnsemble::start(3, zk_options()).await?;
-                ensemble.wait_for_leader(ELECTION_BOUND).await?;
-                Servers::ZookeeperContainers(ensemble)
-            }
             (Backend::Zookeeper, _) => {
-                let ensemble = ZkEnsemble::start(3, zk_options()).await?;
+                let ensemble = ZkEnsemble::start_in(mode, 3, zk_options()).await?;
                 ensemble.wait_for_leader(ELECTION_BOUND).await?;
                 Servers::Zookeeper(ensemble)
             }
-            (Backend::Etcd, ServerMode::Containers) => {
-                let cluster = EtcdContainerCluster::start(3, EtcdOptions::default()).await?;
-                cluster.wait_for_leader(ELECTION_BOUND).await?;
-                Servers::EtcdContainers(cluster)
-            }
             (Backend::Etcd, _) => {
-                let cluster = EtcdCluster::start(3, EtcdOptions::default()).await?;
+                let cluster = EtcdCluster::start_in(mode, 3, EtcdOptions::default()).await?;
                 cluster.wait_for_leader(ELECTION_BOUND).await?;
                 Servers::Etcd(cluster)
             }
@@ -95,14 +84,8 @@ impl Servers {
 
     /// The members' client addresses (none for the memory backend).
     pub(super) fn addresses(&self) -> Vec<SocketAddr> {
-        let parse = |address: String| address.trim_start_matches("http://").parse().ok();
         match self {
-            Servers::Zookeeper(ensemble) => (0..ensemble.len())
-                .filter_map(|index| ensemble.address(index).ok().and_then(parse))
-                .collect(),
-            Servers::ZookeeperContainers(ensemble) => (0..ensemble.len())
-                .filter_map(|index| ensemble.address(index).ok().and_then(parse))
-                .collect(),
+            Servers::Zookeeper(ensemble) => ensemble.addresses(),
             Servers::Redis(servers) => servers.iter().map(LocalServer::socket_addr).collect(),
             // The clients ask the sentinels for the primary.
             Servers::RedisSentinel(set) => set
@@ -116,10 +99,7 @@ impl Servers {
                 .into_iter()
                 .filter_map(|address| address.parse().ok())
                 .collect(),
-            Servers::Etcd(cluster) => cluster.endpoints().into_iter().filter_map(parse).collect(),
-            Servers::EtcdContainers(cluster) => {
-                cluster.endpoints().into_iter().filter_map(parse).collect()
-            }
+            Servers::Etcd(cluster) => cluster.addresses(),
             Servers::Memory(_) => Vec::new(),
         }
     }
@@ -127,14 +107,10 @@ impl Servers {
     /// Pauses member `index` (`pause`), or lets it go on.
     pub(super) async fn pause(&mut self, index: usize, pause: bool) -> Result<(), ServerError> {
         match (self, pause) {
-            (Servers::Zookeeper(ensemble), true) => ensemble.pause(index),
-            (Servers::Zookeeper(ensemble), false) => ensemble.resume(index),
-            (Servers::ZookeeperContainers(ensemble), true) => ensemble.pause(index).await,
-            (Servers::ZookeeperContainers(ensemble), false) => ensemble.resume(index).await,
-            (Servers::Etcd(cluster), true) => cluster.pause(index),
-            (Servers::Etcd(cluster), false) => cluster.resume(index),
-            (Servers::EtcdContainers(cluster), true) => cluster.pause(index).await,
-            (Servers::EtcdContainers(cluster), false) => cluster.resume(index).await,
+            (Servers::Zookeeper(ensemble), true) => ensemble.pause(index).await,
+            (Servers::Zookeeper(ensemble), false) => ensemble.resume(index).await,
+            (Servers::Etcd(cluster), true) => cluster.pause(index).await,
+            (Servers::Etcd(cluster), false) => cluster.resume(index).await,
             (Servers::Redis(servers), true) => member(servers, index)?.pause(),
             (Servers::Redis(servers), false) => member(servers, index)?.resume(),
             (Servers::RedisSentinel(set), true) => {
@@ -152,10 +128,8 @@ impl Servers {
     /// Kills member `index`; [`restart`](Self::restart) starts it again.
     pub(super) async fn kill(&mut self, index: usize) -> Result<(), ServerError> {
         match self {
-            Servers::Zookeeper(ensemble) => ensemble.kill(index),
-            Servers::ZookeeperContainers(ensemble) => ensemble.kill(index).await,
-            Servers::Etcd(cluster) => cluster.kill(index),
-            Servers::EtcdContainers(cluster) => cluster.kill(index).await,
+            Servers::Zookeeper(ensemble) => ensemble.kill(index).await,
+            Servers::Etcd(cluster) => cluster.kill(index).await,
             Servers::Redis(servers) => {
                 member(servers, index)?.kill();
                 Ok(())
@@ -194,9 +168,7 @@ impl Servers {
     pub(super) async fn restart(&mut self, index: usize) -> Result<(), ServerError> {
         match self {
             Servers::Zookeeper(ensemble) => ensemble.restart(index).await,
-            Servers::ZookeeperContainers(ensemble) => ensemble.restart(index).await,
             Servers::Etcd(cluster) => cluster.restart(index).await,
-            Servers::EtcdContainers(cluster) => cluster.restart(index).await,
             Servers::Redis(servers) => member(servers, index)?.restart().await,
             Servers::RedisSentinel(set) => set.rejoin(index).await,
             Servers::RedisCluster(set) => set.rejoin(index).await,
@@ -211,11 +183,7 @@ impl Servers {
     pub(super) async fn wait_until_whole(&self) -> Result<(), ServerError> {
         match self {
             Servers::Zookeeper(ensemble) => ensemble.wait_until_whole(ELECTION_BOUND).await,
-            Servers::ZookeeperContainers(ensemble) => {
-                ensemble.wait_until_whole(ELECTION_BOUND).await
-            }
             Servers::Etcd(cluster) => cluster.wait_for_leader(ELECTION_BOUND).await,
-            Servers::EtcdContainers(cluster) => cluster.wait_for_leader(ELECTION_BOUND).await,
             Servers::Redis(_)
             | Servers::RedisSentinel(_)
             | Servers::RedisCluster(_)
@@ -228,10 +196,18 @@ impl Servers {
     /// connects it again: only an ensemble in containers can be partitioned.
     pub(super) async fn partition(&mut self, index: usize, cut: bool) -> Result<(), ServerError> {
         match (self, cut) {
-            (Servers::ZookeeperContainers(ensemble), true) => ensemble.partition(index).await,
-            (Servers::ZookeeperContainers(ensemble), false) => ensemble.heal(index).await,
-            (Servers::EtcdContainers(cluster), true) => cluster.partition(index).await,
-            (Servers::EtcdContainers(cluster), false) => cluster.heal(index).await,
+            (Servers::Zookeeper(ensemble), true) if ensemble.network().is_some() => {
+                ensemble.partition(index).await
+            }
+            (Servers::Zookeeper(ensemble), false) if ensemble.network().is_some() => {
+                ensemble.heal(index).await
+            }
+            (Servers::Etcd(cluster), true) if cluster.network().is_some() => {
+                cluster.partition(index).await
+            }
+            (Servers::Etcd(cluster), false) if cluster.network().is_some() => {
+                cluster.heal(index).await
+            }
             _ => Err(ServerError::InvalidSetting {
                 variable: "faults".to_owned(),
                 value: "member-partition".to_owned(),
@@ -249,9 +225,7 @@ impl Servers {
                 set.owner_of(slot).await.ok()
             }
             Servers::Zookeeper(ensemble) => ensemble.leader().await,
-            Servers::ZookeeperContainers(ensemble) => ensemble.leader().await,
             Servers::Etcd(cluster) => cluster.leader().await,
-            Servers::EtcdContainers(cluster) => cluster.leader().await,
             Servers::RedisSentinel(set) => set.primary_index().await.ok(),
             Servers::Redis(_) | Servers::Memory(_) => None,
         }

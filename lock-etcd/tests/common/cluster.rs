@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_conformance::{FaultError, FaultResult};
-use lock_testbed::servers::containers::EtcdContainerCluster;
 use lock_testbed::servers::{EtcdCluster, EtcdOptions, ServerError, ServerMode};
 
 /// How long a cluster may take to elect a leader after a fault.
@@ -15,81 +14,15 @@ const ELECTION_BOUND: Duration = Duration::from_secs(20);
 
 /// The members of a [`SharedCluster`]: processes, or containers as `LOCK_TEST_SERVERS`
 /// says.
-pub(crate) enum Members {
-    Processes(EtcdCluster),
-    Containers(EtcdContainerCluster),
-}
+pub(crate) type Members = EtcdCluster;
 
-impl Members {
-    async fn start(n: usize) -> Result<Self, ServerError> {
-        // etcd's own defaults: the test servers' 10 ms heartbeats would make a member that
-        // a busy machine starves for 100 ms call an election, with no fault injected.
-        let mut opts = EtcdOptions::default();
-        opts.heartbeat_interval = Duration::from_millis(100);
-        opts.election_timeout = Duration::from_millis(1000);
-        Ok(match ServerMode::from_env()? {
-            ServerMode::Containers => {
-                Members::Containers(EtcdContainerCluster::start(n, opts).await?)
-            }
-            _ => Members::Processes(EtcdCluster::start(n, opts).await?),
-        })
-    }
-
-    fn endpoints(&self) -> Vec<String> {
-        match self {
-            Members::Processes(members) => members.endpoints(),
-            Members::Containers(members) => members.endpoints(),
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            Members::Processes(members) => members.len(),
-            Members::Containers(members) => members.len(),
-        }
-    }
-
-    async fn is_running(&self, index: usize) -> Result<bool, ServerError> {
-        match self {
-            Members::Processes(members) => Ok(members.pid(index)?.is_some()),
-            Members::Containers(members) => members.is_running(index).await,
-        }
-    }
-
-    async fn restart(&mut self, index: usize) -> Result<(), ServerError> {
-        match self {
-            Members::Processes(members) => members.restart(index).await,
-            Members::Containers(members) => members.restart(index).await,
-        }
-    }
-
-    async fn kill(&mut self, index: usize) -> Result<(), ServerError> {
-        match self {
-            Members::Processes(members) => members.kill(index),
-            Members::Containers(members) => members.kill(index).await,
-        }
-    }
-
-    async fn pause(&self, index: usize) -> Result<(), ServerError> {
-        match self {
-            Members::Processes(members) => members.pause(index),
-            Members::Containers(members) => members.pause(index).await,
-        }
-    }
-
-    async fn resume(&self, index: usize) -> Result<(), ServerError> {
-        match self {
-            Members::Processes(members) => members.resume(index),
-            Members::Containers(members) => members.resume(index).await,
-        }
-    }
-
-    async fn wait_for_leader(&self) -> Result<usize, ServerError> {
-        match self {
-            Members::Processes(members) => members.wait_for_leader(ELECTION_BOUND).await,
-            Members::Containers(members) => members.wait_for_leader(ELECTION_BOUND).await,
-        }
-    }
+async fn start_members(n: usize) -> Result<Members, ServerError> {
+    // etcd's own defaults: the test servers' 10 ms heartbeats would make a member that
+    // a busy machine starves for 100 ms call an election, with no fault injected.
+    let mut opts = EtcdOptions::default();
+    opts.heartbeat_interval = Duration::from_millis(100);
+    opts.election_timeout = Duration::from_millis(1000);
+    EtcdCluster::start_in(ServerMode::from_env()?, n, opts).await
 }
 
 /// A cluster that lives as long as the test binary, its cases taking turns.
@@ -118,7 +51,7 @@ impl SharedCluster {
             .map_err(ServerError::from)?;
         let started = std::thread::scope(|scope| {
             scope
-                .spawn(|| runtime.block_on(Members::start(n)))
+                .spawn(|| runtime.block_on(start_members(n)))
                 .join()
                 .unwrap_or_else(|_| {
                     Err(ServerError::Startup {
@@ -173,7 +106,7 @@ impl SharedCluster {
                         members.restart(index).await?;
                     }
                 }
-                members.wait_for_leader().await.map(drop)
+                members.wait_for_leader(ELECTION_BOUND).await.map(drop)
             })
         })
         .await
@@ -190,7 +123,7 @@ impl SharedCluster {
                 for index in 0..members.len() {
                     members.resume(index).await?;
                 }
-                members.wait_for_leader().await.map(drop)
+                members.wait_for_leader(ELECTION_BOUND).await.map(drop)
             })
         })
         .await
@@ -201,12 +134,12 @@ impl SharedCluster {
     pub(crate) async fn kill_leader(&'static self) -> FaultResult {
         self.on_members(|members| {
             Box::pin(async move {
-                let leader = members.wait_for_leader().await?;
+                let leader = members.wait_for_leader(ELECTION_BOUND).await?;
                 members.kill(leader).await?;
-                let new_leader = members.wait_for_leader().await?;
+                let new_leader = members.wait_for_leader(ELECTION_BOUND).await?;
                 tracing::info!(leader, new_leader, "etcd cluster: a new leader");
                 members.restart(leader).await?;
-                members.wait_for_leader().await.map(drop)
+                members.wait_for_leader(ELECTION_BOUND).await.map(drop)
             })
         })
         .await
@@ -218,14 +151,14 @@ impl SharedCluster {
     pub(crate) async fn restart(&'static self) -> FaultResult {
         self.on_members(|members| {
             Box::pin(async move {
-                let leader = members.wait_for_leader().await?;
+                let leader = members.wait_for_leader(ELECTION_BOUND).await?;
                 let order: Vec<usize> = (0..members.len())
                     .filter(|&index| index != leader)
                     .chain(std::iter::once(leader))
                     .collect();
                 for index in order {
                     members.restart(index).await?;
-                    members.wait_for_leader().await?;
+                    members.wait_for_leader(ELECTION_BOUND).await?;
                 }
                 Ok(())
             })

@@ -46,6 +46,7 @@
 mod error;
 mod etcd;
 mod local;
+mod members;
 mod mode;
 mod probe;
 mod process;
@@ -62,6 +63,7 @@ use std::time::Duration;
 pub use error::ServerError;
 pub use etcd::{ETCD_ENV, EtcdCluster, EtcdOptions, EtcdServer, EtcdTarget, etcd_metric};
 pub use local::{LocalServer, ServerProcess};
+pub use members::Members;
 pub use mode::{SERVERS_ENV, ServerMode};
 pub use process::free_port;
 pub use redis::{

@@ -23,7 +23,6 @@ use lock_conformance::{
 use lock_core::LockProvider;
 use lock_core::{LockError, LockName};
 use lock_testbed::proxy::{FaultProxy, ProxyGroup, ReplyKind, SwallowHandle};
-use lock_testbed::servers::containers::ZkContainerEnsemble;
 use lock_testbed::servers::{ServerError, ServerMode, ZkEnsemble, ZkOptions, free_port, shared_zk};
 use lock_zookeeper::{AclPolicy, DigestAuth, ZkConfig, ZkLockProvider, ZkStrategy};
 use zookeeper_client::{Client as ZkClient, Error as ZkError};
@@ -326,71 +325,13 @@ impl ClientFaults for Proxies {
 }
 
 /// The members of a shared ensemble: processes, or containers (`LOCK_TEST_SERVERS`).
-enum Members {
-    Processes(ZkEnsemble),
-    Containers(ZkContainerEnsemble),
-}
+type Members = ZkEnsemble;
 
-impl Members {
-    async fn start(n: usize) -> Result<Self, ServerError> {
-        Ok(match ServerMode::from_env()? {
-            ServerMode::Containers => {
-                Members::Containers(ZkContainerEnsemble::start(n, zk_options()).await?)
-            }
-            _ => Members::Processes(ZkEnsemble::start(n, zk_options()).await?),
-        })
-    }
+/// How long the shared ensemble may take to elect a leader.
+const ELECTION_BOUND: Duration = Duration::from_secs(30);
 
-    fn len(&self) -> usize {
-        match self {
-            Members::Processes(members) => members.len(),
-            Members::Containers(members) => members.len(),
-        }
-    }
-
-    fn address(&self, index: usize) -> Result<String, ServerError> {
-        match self {
-            Members::Processes(members) => members.address(index),
-            Members::Containers(members) => members.address(index),
-        }
-    }
-
-    async fn is_running(&self, index: usize) -> Result<bool, ServerError> {
-        match self {
-            Members::Processes(members) => Ok(members.pid(index)?.is_some()),
-            Members::Containers(members) => members.is_running(index).await,
-        }
-    }
-
-    async fn four_letter(&self, index: usize, word: &str) -> Result<String, ServerError> {
-        match self {
-            Members::Processes(members) => members.four_letter(index, word).await,
-            Members::Containers(members) => members.four_letter(index, word).await,
-        }
-    }
-
-    async fn wait_for_leader(&self) -> Result<usize, ServerError> {
-        let bound = Duration::from_secs(30);
-        match self {
-            Members::Processes(members) => members.wait_for_leader(bound).await,
-            Members::Containers(members) => members.wait_for_leader(bound).await,
-        }
-    }
-
-    /// Kills member `index` at once (`SIGKILL`; a container is stopped without grace).
-    async fn kill(&mut self, index: usize) -> Result<(), ServerError> {
-        match self {
-            Members::Processes(members) => members.kill(index),
-            Members::Containers(members) => members.kill(index).await,
-        }
-    }
-
-    async fn restart(&mut self, index: usize) -> Result<(), ServerError> {
-        match self {
-            Members::Processes(members) => members.restart(index).await,
-            Members::Containers(members) => members.restart(index).await,
-        }
-    }
+async fn start_members(n: usize) -> Result<Members, ServerError> {
+    ZkEnsemble::start_in(ServerMode::from_env()?, n, zk_options()).await
 }
 
 /// An ensemble shared by the tests of one binary, and the turn they take on it.
@@ -422,7 +363,7 @@ impl SharedEnsemble {
             .expect("a runtime for the shared ensemble");
         let started = std::thread::scope(|scope| {
             scope
-                .spawn(|| runtime.block_on(Members::start(n)))
+                .spawn(|| runtime.block_on(start_members(n)))
                 .join()
                 .expect("the thread starting the ensemble")
         });
@@ -557,7 +498,10 @@ impl ZkHarness {
                     }
                     // A case before may have paused or killed the leader: this one starts
                     // once the ensemble serves again.
-                    members.wait_for_leader().await.expect("an ensemble leader");
+                    members
+                        .wait_for_leader(ELECTION_BOUND)
+                        .await
+                        .expect("an ensemble leader");
                 })
             })
             .await;
@@ -785,7 +729,7 @@ impl Faults for ZkHarness {
             .on_members(|members: &mut Members| {
                 Box::pin(async move {
                     let leader = members
-                        .wait_for_leader()
+                        .wait_for_leader(ELECTION_BOUND)
                         .await
                         .map_err(failed("the leader before the restart"))?;
                     let order: Vec<usize> = (0..members.len())
@@ -798,7 +742,7 @@ impl Faults for ZkHarness {
                             .await
                             .map_err(failed("restarting a member"))?;
                         members
-                            .wait_for_leader()
+                            .wait_for_leader(ELECTION_BOUND)
                             .await
                             .map_err(failed("a leader during the rolling restart"))?;
                     }
@@ -813,7 +757,7 @@ impl Faults for ZkHarness {
             .on_members(|members: &mut Members| {
                 Box::pin(async move {
                     let leader = members
-                        .wait_for_leader()
+                        .wait_for_leader(ELECTION_BOUND)
                         .await
                         .map_err(failed("the leader to kill"))?;
                     members
@@ -821,7 +765,7 @@ impl Faults for ZkHarness {
                         .await
                         .map_err(failed("killing the leader"))?;
                     let new_leader = members
-                        .wait_for_leader()
+                        .wait_for_leader(ELECTION_BOUND)
                         .await
                         .map_err(failed("a new leader"))?;
                     if new_leader == leader {

@@ -70,7 +70,7 @@ const WATCHDOG_SCRIPT: &str = "read -r _ignored; \
     [ -z \"$ids\" ] || docker rm --force --volumes $ids >/dev/null 2>&1; exit 0";
 
 /// Polls `probe` until it passes; a [`ServerError::Startup`] after `timeout`.
-async fn wait_ready(
+pub(crate) async fn wait_ready(
     server: &str,
     probe: &Probe,
     addr: SocketAddr,

@@ -93,11 +93,10 @@ pub type SentinelContainer = Container<Sentinel>;
 
 mod container;
 mod engine;
-mod ensemble;
+mod network;
 
 pub use container::{Container, ServerContainer};
-pub(crate) use container::{ServerSpec, on_free_port};
+pub(crate) use container::{ServerSpec, on_free_port, wait_ready};
 pub use engine::{ContainerEngine, check_engine, check_ready};
 
-pub(crate) use ensemble::host_name;
-pub use ensemble::{ContainerCluster, EtcdContainerCluster, ZkContainerEnsemble};
+pub(crate) use network::{ClusterNetwork, host_name};

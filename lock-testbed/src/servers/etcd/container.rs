@@ -1,17 +1,15 @@
 //! etcd in containers (feature `testcontainers`): a single-member cluster, or a cluster on
 //! a network of its own.
 
-use std::time::Duration;
-
 use testcontainers::{GenericImage, ImageExt};
-use tracing::info;
 
-use super::{EtcdOptions, leader_of, wait_for_leader_of};
+use super::EtcdOptions;
 use crate::servers::ServerError;
 use crate::servers::containers::{
-    Container, ContainerCluster, DEFAULT_ETCD_IMAGE, ETCD_IMAGE_ENV, Etcd, EtcdContainer,
-    ServerSpec, host_name,
+    ClusterNetwork, Container, DEFAULT_ETCD_IMAGE, ETCD_IMAGE_ENV, Etcd, EtcdContainer, ServerSpec,
+    host_name, wait_ready,
 };
+use crate::servers::members::Members;
 use crate::servers::probe::Probe;
 
 /// Where etcd keeps its data in a container (it survives a restart of the container).
@@ -134,49 +132,20 @@ impl Container<Etcd> {
     }
 }
 
-impl ContainerCluster<Etcd> {
-    /// Starts `n` members (3 is the usual size) on a new network and waits until every one
-    /// is healthy (a leader is elected and every member knows it), each bounded by
-    /// [`EtcdOptions::startup_timeout`].
-    pub async fn start(n: usize, opts: EtcdOptions) -> Result<Self, ServerError> {
-        if n == 0 {
-            return Err(ServerError::Startup {
-                server: "etcd cluster (containers)".to_owned(),
-                detail: "a cluster needs at least one member".to_owned(),
-                log_tail: String::new(),
-            });
-        }
-        let mut cluster = Self::on_new_network(n, "etcd").await?;
-        let hosts: Vec<String> = (0..n).map(|i| host_name("etcd", i)).collect();
-        for index in 0..n {
-            cluster
-                .join(EtcdContainer::create_member(&opts, &hosts, index).await?)
-                .await?;
-        }
-        cluster.wait_ready().await?;
-        info!(network = %cluster.network(), members = n, "etcd cluster (containers) serves");
-        Ok(cluster)
+/// `n` members on a new network, each started once it joined, then waited for (each
+/// bounded by [`EtcdOptions::startup_timeout`]).
+pub(super) async fn start_cluster(n: usize, opts: &EtcdOptions) -> Result<Members, ServerError> {
+    let mut members = Members::on_network(ClusterNetwork::create("etcd").await?);
+    let hosts: Vec<String> = (0..n).map(|i| host_name("etcd", i)).collect();
+    let mut started = Vec::with_capacity(n);
+    for index in 0..n {
+        let member = EtcdContainer::create_member(opts, &hosts, index).await?;
+        started.push(member.socket_addr());
+        members.join(member).await?;
     }
-
-    /// Every member's client endpoint, `http://127.0.0.1:port`.
-    pub fn endpoints(&self) -> Vec<String> {
-        self.members.iter().map(EtcdContainer::endpoint).collect()
+    for addr in started {
+        let server = format!("etcd member at {addr}");
+        wait_ready(&server, &Probe::EtcdHealth, addr, opts.startup_timeout).await?;
     }
-
-    /// The index of the member that says it leads; `None` while there is none.
-    pub async fn leader(&self) -> Option<usize> {
-        leader_of(self.all_members()).await
-    }
-
-    /// Polls [`leader`](Self::leader) until a leader is reported and every running member
-    /// is healthy; [`ServerError::Timeout`] after `timeout`.
-    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<usize, ServerError> {
-        let mut running = Vec::with_capacity(self.members.len());
-        for (index, addr) in self.all_members() {
-            if self.member(index)?.is_running().await? {
-                running.push((index, addr));
-            }
-        }
-        wait_for_leader_of(timeout, || running.clone()).await
-    }
+    Ok(members)
 }

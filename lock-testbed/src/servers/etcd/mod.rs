@@ -1,20 +1,20 @@
 //! etcd 3.4 from the Debian package: a single-member cluster, or a cluster of several.
 
+mod cluster;
 #[cfg(feature = "testcontainers")]
 mod container;
+
+pub use cluster::EtcdCluster;
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nix::sys::signal::Signal;
 use tracing::info;
 
 use super::probe::{Probe, http_get};
-use super::process::{
-    Instance, Launch, ScratchDir, free_port, loopback, require_program, retry_port_clash,
-};
+use super::process::{Instance, Launch, free_port, loopback, require_program};
 use super::target::{Target, TargetServer};
 use super::{DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess};
 
@@ -262,193 +262,6 @@ fn member_launch(
     }
 }
 
-/// An etcd cluster of `n` members on 127.0.0.1, each a child process with its own client
-/// and peer ports and data directory. Members are indexed from 0 (named `n1`, `n2`, ...).
-///
-/// Dropping it kills every member and removes their directories.
-#[derive(Debug)]
-pub struct EtcdCluster {
-    nodes: Vec<Instance>,
-    dir: ScratchDir,
-}
-
-impl EtcdCluster {
-    /// Starts `n` members (3 is the usual size) and waits until every one is healthy (a
-    /// leader has been elected and every member knows it), bounded by
-    /// [`EtcdOptions::startup_timeout`] for the whole cluster.
-    pub async fn start(n: usize, opts: EtcdOptions) -> Result<Self, ServerError> {
-        if n == 0 {
-            return Err(ServerError::Startup {
-                server: "etcd cluster".to_owned(),
-                detail: "a cluster needs at least one member".to_owned(),
-                log_tail: String::new(),
-            });
-        }
-        let program = require_program("etcd", &opts.binary, "etcd-server")?;
-        retry_port_clash("etcd cluster", || Self::try_start(n, &opts, &program)).await
-    }
-
-    /// One attempt; on failure also says whether a member reported a port clash.
-    async fn try_start(
-        n: usize,
-        opts: &EtcdOptions,
-        program: &Path,
-    ) -> Result<Self, (ServerError, bool)> {
-        let no_clash = |err: ServerError| (err, false);
-        let dir = ScratchDir::new("lock-etcd-cluster-").map_err(no_clash)?;
-        let mut members = Vec::with_capacity(n);
-        for _ in 0..n {
-            members.push(MemberPorts {
-                client: free_port().map_err(no_clash)?,
-                peer: free_port().map_err(no_clash)?,
-                tls: None,
-            });
-        }
-        let mut nodes = Vec::with_capacity(n);
-        for (index, member) in members.iter().enumerate() {
-            let node_dir = dir.path().join(format!("n{}", index + 1));
-            std::fs::create_dir_all(&node_dir).map_err(|e| no_clash(e.into()))?;
-            let launch = member_launch(program, opts, &node_dir, index, &members);
-            nodes.push(Instance::new(
-                format!("etcd cluster member {index}"),
-                launch,
-                node_dir.join("server.log"),
-                loopback(member.client),
-                Probe::EtcdHealth,
-                opts.startup_timeout,
-            ));
-        }
-        let began = Instant::now();
-        let mut cluster = Self { nodes, dir };
-        for node in &mut cluster.nodes {
-            node.spawn().map_err(no_clash)?;
-        }
-        let deadline = began + opts.startup_timeout;
-        for index in 0..cluster.nodes.len() {
-            if let Err(err) = cluster.nodes[index].wait_ready(deadline).await {
-                let clash = cluster.nodes.iter().any(|node| node.port_clash(&err));
-                return Err((err, clash));
-            }
-        }
-        info!(n, took = ?began.elapsed(), endpoints = ?cluster.endpoints(), "etcd cluster started");
-        Ok(cluster)
-    }
-
-    /// The number of members.
-    pub fn len(&self) -> usize {
-        self.nodes.len()
-    }
-
-    /// True for a cluster without members (never, once started).
-    pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
-    }
-
-    fn node(&self, index: usize) -> Result<&Instance, ServerError> {
-        self.nodes.get(index).ok_or(ServerError::NoSuchMember {
-            index,
-            len: self.nodes.len(),
-        })
-    }
-
-    fn node_mut(&mut self, index: usize) -> Result<&mut Instance, ServerError> {
-        let len = self.nodes.len();
-        self.nodes
-            .get_mut(index)
-            .ok_or(ServerError::NoSuchMember { index, len })
-    }
-
-    /// Every member's client endpoint, `http://127.0.0.1:port`.
-    pub fn endpoints(&self) -> Vec<String> {
-        self.nodes
-            .iter()
-            .map(|node| format!("http://{}", node.addr()))
-            .collect()
-    }
-
-    /// Member `index`'s pid, `Ok(None)` while it is killed.
-    pub fn pid(&self, index: usize) -> Result<Option<u32>, ServerError> {
-        Ok(self.node(index)?.pid())
-    }
-
-    /// The cluster's directory (one `nN` directory per member); removed on drop.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// The index of the member that says it leads (`etcd_server_is_leader 1` in its
-    /// metrics), asking every running member at once (1 s bound each); `None` while there
-    /// is no leader.
-    pub async fn leader(&self) -> Option<usize> {
-        leader_of(self.running_members()).await
-    }
-
-    /// Polls [`leader`](Self::leader) until a leader is reported and every running member
-    /// is healthy; [`ServerError::Timeout`] after `timeout`.
-    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<usize, ServerError> {
-        wait_for_leader_of(timeout, || self.running_members()).await
-    }
-
-    /// The index and client address of every member not killed.
-    fn running_members(&self) -> Vec<(usize, SocketAddr)> {
-        self.nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, node)| node.pid().is_some())
-            .map(|(index, node)| (index, node.addr()))
-            .collect()
-    }
-
-    /// Kills member `index` (`SIGKILL` to its process group) and reaps it; its ports and
-    /// data are kept for [`restart`](Self::restart).
-    pub fn kill(&mut self, index: usize) -> Result<(), ServerError> {
-        self.node_mut(index)?.kill();
-        Ok(())
-    }
-
-    /// Kills member `index` if running, starts it again with the same ports and data, and
-    /// waits (bounded by [`EtcdOptions::startup_timeout`]) until it is healthy again, i.e.
-    /// has rejoined the cluster.
-    pub async fn restart(&mut self, index: usize) -> Result<(), ServerError> {
-        self.node_mut(index)?.restart().await
-    }
-
-    /// Freezes member `index` (`SIGSTOP`); returns once its threads are stopped.
-    pub fn pause(&self, index: usize) -> Result<(), ServerError> {
-        self.node(index)?.signal(Signal::SIGSTOP)
-    }
-
-    /// Continues member `index` (`SIGCONT`).
-    pub fn resume(&self, index: usize) -> Result<(), ServerError> {
-        self.node(index)?.signal(Signal::SIGCONT)
-    }
-}
-
-/// The index of the member among `members` (index, client address) that says it leads
-/// (`etcd_server_is_leader 1` in its metrics), asking all at once (1 s bound each); `None`
-/// while there is no leader.
-pub(crate) async fn leader_of(members: Vec<(usize, SocketAddr)>) -> Option<usize> {
-    let mut asking = tokio::task::JoinSet::new();
-    for (index, addr) in members {
-        asking.spawn(async move {
-            let metrics = http_get(addr, "/metrics", Duration::from_secs(1)).await;
-            let leads = metrics.is_ok_and(|metrics| {
-                metrics
-                    .lines()
-                    .any(|line| line.trim() == "etcd_server_is_leader 1")
-            });
-            (index, leads)
-        });
-    }
-    let mut leader = None;
-    while let Some(answer) = asking.join_next().await {
-        if let Ok((index, true)) = answer {
-            leader = Some(index);
-        }
-    }
-    leader
-}
-
 /// The value of the metric `name` (a line `name value`, no labels) that the etcd member
 /// at `endpoint` (`http://host:port` or `host:port`) reports, within 1 s; `None` when it
 /// does not report it. For instance `etcd_debugging_mvcc_watch_stream_total`, the watch
@@ -466,44 +279,6 @@ pub async fn etcd_metric(endpoint: &str, name: &str) -> Result<Option<f64>, Serv
             .then(|| value.trim().parse().ok())
             .flatten()
     }))
-}
-
-/// Polls [`leader_of`] until a leader is reported and every one of `members` is healthy;
-/// [`ServerError::Timeout`] after `timeout`.
-pub(crate) async fn wait_for_leader_of(
-    timeout: Duration,
-    members: impl Fn() -> Vec<(usize, SocketAddr)>,
-) -> Result<usize, ServerError> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let running = members();
-        if let Some(leader) = leader_of(running.clone()).await
-            && all_healthy(&running).await
-        {
-            return Ok(leader);
-        }
-        if Instant::now() >= deadline {
-            return Err(ServerError::Timeout {
-                what: "an etcd cluster leader".to_owned(),
-                after: timeout,
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Whether every one of `members` says it is healthy.
-async fn all_healthy(members: &[(usize, SocketAddr)]) -> bool {
-    for (_, addr) in members {
-        if Probe::EtcdHealth
-            .check(*addr, Duration::from_secs(1))
-            .await
-            .is_err()
-        {
-            return false;
-        }
-    }
-    true
 }
 
 /// Either an external etcd (from [`ETCD_ENV`], an endpoint) or an [`EtcdServer`] started

@@ -5,16 +5,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use testcontainers::{ContainerRequest, GenericImage, ImageExt};
-use tracing::info;
 
-use super::{
-    MAIN_CLASS, ZkOptions, leader_of, mode_of, wait_for_leader_of, wait_until_whole_of, zoo_cfg,
-};
+use super::{MAIN_CLASS, ZkOptions, zoo_cfg};
 use crate::servers::ServerError;
 use crate::servers::containers::{
-    Container, ContainerCluster, DEFAULT_ZK_IMAGE, ServerSpec, ZK_IMAGE_ENV, ZkContainer,
-    ZooKeeper, host_name,
+    ClusterNetwork, Container, DEFAULT_ZK_IMAGE, ServerSpec, ZK_IMAGE_ENV, ZkContainer, ZooKeeper,
+    host_name, wait_ready,
 };
+use crate::servers::members::Members;
 use crate::servers::probe::{Probe, four_letter};
 
 /// The quorum and election ports of a member on the ensemble's network.
@@ -120,81 +118,28 @@ impl Container<ZooKeeper> {
     }
 }
 
-impl ContainerCluster<ZooKeeper> {
-    /// Starts `n` members (3 is the usual size) on a new network and waits until every one
-    /// serves (a leader is elected and every follower has joined), each bounded by
-    /// [`ZkOptions::startup_timeout`]. `opts.config` gets `quorumListenOnAllIPs=true`: a
-    /// member's address on the ensemble's network may change when it is healed.
-    pub async fn start(n: usize, opts: ZkOptions) -> Result<Self, ServerError> {
-        if n == 0 {
-            return Err(ServerError::Startup {
-                server: "ZooKeeper ensemble (containers)".to_owned(),
-                detail: "an ensemble needs at least one member".to_owned(),
-                log_tail: String::new(),
-            });
-        }
-        let mut ensemble = Self::on_new_network(n, "zk").await?;
-        let servers: Vec<String> = (0..n)
-            .map(|i| format!("{}:{QUORUM_PORT}:{ELECTION_PORT}", host_name("zk", i)))
-            .collect();
-        let opts = opts.with_config("quorumListenOnAllIPs", "true");
-        for index in 0..n {
-            ensemble
-                .join(ZkContainer::create_member(&opts, &servers, index).await?)
-                .await?;
-        }
-        ensemble.wait_ready().await?;
-        info!(network = %ensemble.network(), members = n, "ZooKeeper ensemble (containers) serves");
-        Ok(ensemble)
+/// `n` members on a new network, each started once it joined, then waited for (each
+/// bounded by [`ZkOptions::startup_timeout`]).
+pub(super) async fn start_ensemble(n: usize, opts: ZkOptions) -> Result<Members, ServerError> {
+    let mut members = Members::on_network(ClusterNetwork::create("zk").await?);
+    let servers: Vec<String> = (0..n)
+        .map(|i| format!("{}:{QUORUM_PORT}:{ELECTION_PORT}", host_name("zk", i)))
+        .collect();
+    let opts = opts.with_config("quorumListenOnAllIPs", "true");
+    let mut started = Vec::with_capacity(n);
+    for index in 0..n {
+        let member = ZkContainer::create_member(&opts, &servers, index).await?;
+        started.push(member.socket_addr());
+        members.join(member).await?;
     }
-
-    /// Member `index`'s client address (`127.0.0.1:port`).
-    pub fn address(&self, index: usize) -> Result<String, ServerError> {
-        Ok(self.member(index)?.connect_string())
+    for addr in started {
+        wait_ready(
+            &format!("ZooKeeper member at {addr}"),
+            &Probe::ZkServing,
+            addr,
+            opts.startup_timeout,
+        )
+        .await?;
     }
-
-    /// All members: `127.0.0.1:p1,127.0.0.1:p2,...`.
-    pub fn connect_string(&self) -> String {
-        self.members
-            .iter()
-            .map(ZkContainer::connect_string)
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
-    /// Sends a four-letter word to member `index` (bounded by 5 s).
-    pub async fn four_letter(&self, index: usize, word: &str) -> Result<String, ServerError> {
-        self.member(index)?.four_letter(word).await
-    }
-
-    /// Member `index`'s role from `srvr`'s `Mode:` line (`leader`, `follower`, ...), or
-    /// `Ok(None)` when it does not answer within 1 s or is not serving (electing, cut off
-    /// from a quorum, killed, paused).
-    pub async fn mode(&self, index: usize) -> Result<Option<String>, ServerError> {
-        let address = self.address(index)?;
-        Ok(mode_of(&address, Duration::from_secs(1)).await)
-    }
-
-    /// The index of the member that reports `Mode: leader`; `None` while there is none.
-    pub async fn leader(&self) -> Option<usize> {
-        leader_of(self.member_addresses()).await
-    }
-
-    /// Polls [`leader`](Self::leader) until a leader is reported; [`ServerError::Timeout`]
-    /// after `timeout`.
-    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<usize, ServerError> {
-        wait_for_leader_of(timeout, || self.member_addresses()).await
-    }
-
-    /// Waits until every member runs and serves under a leader (none electing or cut off),
-    /// as after a fault has healed; returns the leader, or [`ServerError::Timeout`] after
-    /// `timeout`.
-    pub async fn wait_until_whole(&self, timeout: Duration) -> Result<usize, ServerError> {
-        wait_until_whole_of(timeout, || self.member_addresses()).await
-    }
-
-    fn member_addresses(&self) -> Vec<(usize, String)> {
-        let members = self.all_members().into_iter();
-        members.map(|(i, a)| (i, a.to_string())).collect()
-    }
+    Ok(members)
 }

@@ -1,0 +1,329 @@
+//! A set of servers of one kind that serve together — a ZooKeeper ensemble, an etcd cluster —
+//! whose members run as processes or as containers, and the faults a test puts on one
+//! member. A server kind adds how its members start and who leads
+//! ([`ZkEnsemble`](super::ZkEnsemble), [`EtcdCluster`](super::EtcdCluster)); everything
+//! else is here, the same on either runner.
+
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use nix::sys::signal::Signal;
+
+use super::ServerError;
+use super::process::{Instance, ScratchDir};
+
+/// One member, whichever runner runs it.
+#[async_trait]
+pub(crate) trait Member: Send + Sync + fmt::Debug {
+    /// Its client address on `127.0.0.1`.
+    fn socket_addr(&self) -> SocketAddr;
+    /// Its pid, while it runs as a process.
+    fn pid(&self) -> Option<u32> {
+        None
+    }
+    /// Its container's id, for a container.
+    fn container_id(&self) -> Option<&str> {
+        None
+    }
+    async fn is_running(&self) -> Result<bool, ServerError>;
+    async fn kill(&mut self) -> Result<(), ServerError>;
+    async fn restart(&mut self) -> Result<(), ServerError>;
+    async fn pause(&self) -> Result<(), ServerError>;
+    async fn resume(&self) -> Result<(), ServerError>;
+}
+
+#[async_trait]
+impl Member for Instance {
+    fn socket_addr(&self) -> SocketAddr {
+        self.addr()
+    }
+
+    fn pid(&self) -> Option<u32> {
+        Instance::pid(self)
+    }
+
+    async fn is_running(&self) -> Result<bool, ServerError> {
+        Ok(Instance::pid(self).is_some())
+    }
+
+    async fn kill(&mut self) -> Result<(), ServerError> {
+        Instance::kill(self);
+        Ok(())
+    }
+
+    async fn restart(&mut self) -> Result<(), ServerError> {
+        Instance::restart(self).await
+    }
+
+    async fn pause(&self) -> Result<(), ServerError> {
+        self.signal(Signal::SIGSTOP)
+    }
+
+    async fn resume(&self) -> Result<(), ServerError> {
+        self.signal(Signal::SIGCONT)
+    }
+}
+
+#[cfg(feature = "testcontainers")]
+#[async_trait]
+impl<K: Send + Sync + fmt::Debug> Member for super::containers::Container<K> {
+    fn socket_addr(&self) -> SocketAddr {
+        super::containers::Container::socket_addr(self)
+    }
+
+    fn container_id(&self) -> Option<&str> {
+        Some(self.id())
+    }
+
+    async fn is_running(&self) -> Result<bool, ServerError> {
+        super::containers::Container::is_running(self).await
+    }
+
+    async fn kill(&mut self) -> Result<(), ServerError> {
+        super::containers::Container::kill(self).await
+    }
+
+    async fn restart(&mut self) -> Result<(), ServerError> {
+        super::containers::Container::restart(self).await
+    }
+
+    async fn pause(&self) -> Result<(), ServerError> {
+        super::containers::Container::pause(self).await
+    }
+
+    async fn resume(&self) -> Result<(), ServerError> {
+        super::containers::Container::resume(self).await
+    }
+}
+
+/// The members of an ensemble or a cluster, indexed from 0: child processes (with their
+/// directories) or containers (on a network of their own, so that a member can be cut off
+/// from the others).
+///
+/// Dropping it stops every member, then removes their network or their directories.
+#[derive(Debug)]
+pub struct Members {
+    // Declared first: dropped before the network and the directories.
+    members: Vec<Box<dyn Member>>,
+    #[cfg(feature = "testcontainers")]
+    network: Option<super::containers::ClusterNetwork>,
+    dir: Option<ScratchDir>,
+}
+
+impl Members {
+    /// Processes, their directories under `dir`.
+    pub(crate) fn processes(members: Vec<Instance>, dir: ScratchDir) -> Self {
+        Members {
+            members: members
+                .into_iter()
+                .map(|member| Box::new(member) as Box<dyn Member>)
+                .collect(),
+            #[cfg(feature = "testcontainers")]
+            network: None,
+            dir: Some(dir),
+        }
+    }
+
+    /// No containers yet, on `network`: see [`join`](Self::join).
+    #[cfg(feature = "testcontainers")]
+    pub(crate) fn on_network(network: super::containers::ClusterNetwork) -> Self {
+        Members {
+            members: Vec::new(),
+            network: Some(network),
+            dir: None,
+        }
+    }
+
+    /// Adds `container` as the next member, on the network.
+    #[cfg(feature = "testcontainers")]
+    pub(crate) async fn join<K: Send + Sync + fmt::Debug + 'static>(
+        &mut self,
+        container: super::containers::Container<K>,
+    ) -> Result<(), ServerError> {
+        let index = self.members.len();
+        if let Some(network) = &self.network {
+            network.heal(container.id(), index).await?;
+        }
+        self.members.push(Box::new(container));
+        Ok(())
+    }
+
+    /// The number of members.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// True without members (never, once started).
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    fn member(&self, index: usize) -> Result<&dyn Member, ServerError> {
+        let len = self.members.len();
+        match self.members.get(index) {
+            Some(member) => Ok(member.as_ref()),
+            None => Err(ServerError::NoSuchMember { index, len }),
+        }
+    }
+
+    fn member_mut(&mut self, index: usize) -> Result<&mut Box<dyn Member>, ServerError> {
+        let len = self.members.len();
+        self.members
+            .get_mut(index)
+            .ok_or(ServerError::NoSuchMember { index, len })
+    }
+
+    /// Member `index`'s client address, `127.0.0.1:port`.
+    pub fn socket_addr(&self, index: usize) -> Result<SocketAddr, ServerError> {
+        Ok(self.member(index)?.socket_addr())
+    }
+
+    /// Member `index`'s client address as text.
+    pub fn address(&self, index: usize) -> Result<String, ServerError> {
+        Ok(self.socket_addr(index)?.to_string())
+    }
+
+    /// Member `index`'s client port.
+    pub fn port(&self, index: usize) -> Result<u16, ServerError> {
+        Ok(self.socket_addr(index)?.port())
+    }
+
+    /// Every member's client address, in order.
+    pub fn addresses(&self) -> Vec<SocketAddr> {
+        self.members.iter().map(|m| m.socket_addr()).collect()
+    }
+
+    /// Member `index`'s pid: `Ok(None)` while it is killed, and for a container.
+    pub fn pid(&self, index: usize) -> Result<Option<u32>, ServerError> {
+        Ok(self.member(index)?.pid())
+    }
+
+    /// Member `index`'s container id; `Ok(None)` for a process.
+    pub fn container_id(&self, index: usize) -> Result<Option<&str>, ServerError> {
+        Ok(self.member(index)?.container_id())
+    }
+
+    /// The processes' directory (one directory per member), removed on drop; `None` for
+    /// containers.
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_ref().map(ScratchDir::path)
+    }
+
+    /// The containers' own network; `None` for processes.
+    pub fn network(&self) -> Option<&str> {
+        #[cfg(feature = "testcontainers")]
+        if let Some(network) = &self.network {
+            return Some(network.name());
+        }
+        None
+    }
+
+    /// Whether member `index` runs (not killed; a paused member runs).
+    pub async fn is_running(&self, index: usize) -> Result<bool, ServerError> {
+        self.member(index)?.is_running().await
+    }
+
+    /// Kills member `index` at once (`SIGKILL` to its process group; a container is
+    /// stopped without grace). Its ports and data are kept for [`restart`](Self::restart).
+    pub async fn kill(&mut self, index: usize) -> Result<(), ServerError> {
+        self.member_mut(index)?.kill().await
+    }
+
+    /// Kills member `index` if it runs, starts it again with the same ports and data, and
+    /// waits (bounded by the start-up timeout) until it serves again: it has rejoined.
+    pub async fn restart(&mut self, index: usize) -> Result<(), ServerError> {
+        self.member_mut(index)?.restart().await
+    }
+
+    /// Freezes member `index` (`SIGSTOP`, or `docker pause`); returns once it is frozen.
+    pub async fn pause(&self, index: usize) -> Result<(), ServerError> {
+        self.member(index)?.pause().await
+    }
+
+    /// Continues member `index` after [`pause`](Self::pause).
+    pub async fn resume(&self, index: usize) -> Result<(), ServerError> {
+        self.member(index)?.resume().await
+    }
+
+    /// Cuts member `index` off from the others while its clients stay connected to it
+    /// (containers only: `docker network disconnect` from the members' network).
+    pub async fn partition(&self, index: usize) -> Result<(), ServerError> {
+        let member = self.member(index)?;
+        #[cfg(feature = "testcontainers")]
+        if let (Some(network), Some(id)) = (&self.network, member.container_id()) {
+            return network.partition(id, index).await;
+        }
+        let _ = member;
+        Err(no_network("partition"))
+    }
+
+    /// Connects member `index` to the others again after [`partition`](Self::partition).
+    pub async fn heal(&self, index: usize) -> Result<(), ServerError> {
+        let member = self.member(index)?;
+        #[cfg(feature = "testcontainers")]
+        if let (Some(network), Some(id)) = (&self.network, member.container_id()) {
+            return network.heal(id, index).await;
+        }
+        let _ = member;
+        Err(no_network("heal"))
+    }
+
+    /// The index and client address of every member that runs.
+    pub(crate) async fn running(&self) -> Vec<(usize, SocketAddr)> {
+        let mut running = Vec::with_capacity(self.members.len());
+        for (index, member) in self.members.iter().enumerate() {
+            if member.is_running().await.unwrap_or(false) {
+                running.push((index, member.socket_addr()));
+            }
+        }
+        running
+    }
+
+    /// The index and client address of every member, running or not.
+    pub(crate) fn indexed(&self) -> Vec<(usize, SocketAddr)> {
+        self.addresses().into_iter().enumerate().collect()
+    }
+}
+
+/// The error of a set asked for in containers without the `testcontainers` feature.
+#[cfg(not(feature = "testcontainers"))]
+pub(crate) fn no_containers(what: &str) -> ServerError {
+    ServerError::Unsupported {
+        operation: format!("starting {what} in containers"),
+        reason: "lock-testbed was built without its `testcontainers` feature".to_owned(),
+    }
+}
+
+fn no_network(operation: &str) -> ServerError {
+    ServerError::Unsupported {
+        operation: operation.to_owned(),
+        reason: "members run as processes on one host, with no network between them to cut"
+            .to_owned(),
+    }
+}
+
+/// `look`'s answer once it has one, asking every 100 ms; [`ServerError::Timeout`], waiting
+/// for `what`, after `timeout`.
+pub(crate) async fn poll_until<T, F: Future<Output = Option<T>>>(
+    timeout: Duration,
+    what: &str,
+    mut look: impl FnMut() -> F,
+) -> Result<T, ServerError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(found) = look().await {
+            return Ok(found);
+        }
+        if Instant::now() >= deadline {
+            return Err(ServerError::Timeout {
+                what: what.to_owned(),
+                after: timeout,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

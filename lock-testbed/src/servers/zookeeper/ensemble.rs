@@ -1,0 +1,227 @@
+//! A ZooKeeper ensemble: members as processes on 127.0.0.1 or as containers on a network
+//! of their own, and who leads it.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::ops::{Deref, DerefMut};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info};
+
+use super::{FOUR_LETTER_TIMEOUT, MemberPorts, ZkOptions, new_instance, prepare_node};
+use crate::servers::members::{Members, poll_until};
+use crate::servers::probe::four_letter;
+use crate::servers::process::{ScratchDir, free_port, retry_port_clash};
+use crate::servers::{ServerError, ServerMode};
+
+/// A ZooKeeper ensemble of `n` members, each with its own ports, data and `myid`: child
+/// processes on 127.0.0.1, or containers on a network of their own (where a member can be
+/// [partitioned](Members::partition)). Members are indexed from 0 (`myid` is index + 1);
+/// the faults on a member are [`Members`]'.
+///
+/// Dropping it stops every member and removes their directories or their network.
+///
+/// ```no_run
+/// use lock_testbed::servers::{ServerMode, ZkEnsemble, ZkOptions};
+///
+/// # async fn demo() -> Result<(), lock_testbed::servers::ServerError> {
+/// let ensemble = ZkEnsemble::start_in(ServerMode::Containers, 3, ZkOptions::default()).await?;
+/// let leader = ensemble.wait_for_leader(std::time::Duration::from_secs(30)).await?;
+/// ensemble.partition(leader).await?; // the leader loses its followers
+/// ensemble.heal(leader).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct ZkEnsemble {
+    members: Members,
+}
+
+impl Deref for ZkEnsemble {
+    type Target = Members;
+
+    fn deref(&self) -> &Members {
+        &self.members
+    }
+}
+
+impl DerefMut for ZkEnsemble {
+    fn deref_mut(&mut self) -> &mut Members {
+        &mut self.members
+    }
+}
+
+impl ZkEnsemble {
+    /// Starts `n` members (3 is the usual size) as processes and waits until every one
+    /// serves (a leader has been elected and all followers have joined), bounded by
+    /// [`ZkOptions::startup_timeout`] for the whole ensemble.
+    pub async fn start(n: usize, opts: ZkOptions) -> Result<Self, ServerError> {
+        Self::start_in(ServerMode::Processes, n, opts).await
+    }
+
+    /// [`start`](Self::start)s the members where `mode` says: in containers (feature
+    /// `testcontainers`), `opts.config` gets `quorumListenOnAllIPs=true`, as a member's
+    /// address on the ensemble's network may change when it is healed.
+    pub async fn start_in(
+        mode: ServerMode,
+        n: usize,
+        opts: ZkOptions,
+    ) -> Result<Self, ServerError> {
+        if n == 0 {
+            return Err(ServerError::Startup {
+                server: "ZooKeeper ensemble".to_owned(),
+                detail: "an ensemble needs at least one member".to_owned(),
+                log_tail: String::new(),
+            });
+        }
+        let members = match mode {
+            #[cfg(not(feature = "testcontainers"))]
+            ServerMode::Containers => {
+                return Err(crate::servers::members::no_containers(
+                    "a ZooKeeper ensemble",
+                ));
+            }
+            #[cfg(feature = "testcontainers")]
+            ServerMode::Containers => super::container::start_ensemble(n, opts).await?,
+            _ => {
+                let (java, classpath) = opts.resolve()?;
+                retry_port_clash("ZooKeeper ensemble", || {
+                    start_processes(n, &opts, &java, &classpath)
+                })
+                .await?
+            }
+        };
+        let ensemble = ZkEnsemble { members };
+        info!(n, connect = %ensemble.connect_string(), "ZooKeeper ensemble serves");
+        Ok(ensemble)
+    }
+
+    /// All members: `127.0.0.1:p1,127.0.0.1:p2,...`.
+    pub fn connect_string(&self) -> String {
+        let addresses = self.addresses().into_iter().map(|a| a.to_string());
+        addresses.collect::<Vec<_>>().join(",")
+    }
+
+    /// Sends a four-letter word to member `index` (bounded by 5 s).
+    pub async fn four_letter(&self, index: usize, word: &str) -> Result<String, ServerError> {
+        four_letter(&self.address(index)?, word, FOUR_LETTER_TIMEOUT).await
+    }
+
+    /// Member `index`'s role from `srvr`'s `Mode:` line (`leader`, `follower`, ...), or
+    /// `Ok(None)` when it does not answer within 1 s or is not serving (electing, cut off
+    /// from a quorum, killed, paused).
+    pub async fn mode(&self, index: usize) -> Result<Option<String>, ServerError> {
+        Ok(mode_of(&self.address(index)?, Duration::from_secs(1)).await)
+    }
+
+    /// The index of the member that reports `Mode: leader`, asking every member at once
+    /// (1 s bound each); `None` while there is no leader.
+    pub async fn leader(&self) -> Option<usize> {
+        leader_among(&modes_of(self.indexed()).await)
+    }
+
+    /// Polls [`leader`](Self::leader) until a leader is reported; [`ServerError::Timeout`]
+    /// after `timeout`.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<usize, ServerError> {
+        poll_until(timeout, "a ZooKeeper ensemble leader", || self.leader()).await
+    }
+
+    /// Waits until every member runs and serves under a leader (none electing or cut off),
+    /// as after a fault has healed; returns the leader, or [`ServerError::Timeout`] after
+    /// `timeout`.
+    pub async fn wait_until_whole(&self, timeout: Duration) -> Result<usize, ServerError> {
+        let whole = || async {
+            let modes = modes_of(self.indexed()).await;
+            let serving = modes.iter().all(|(_, mode)| mode.is_some());
+            serving.then(|| leader_among(&modes))?
+        };
+        poll_until(
+            timeout,
+            "every ZooKeeper member serving under a leader",
+            whole,
+        )
+        .await
+    }
+}
+
+/// One attempt at `n` member processes; on failure also says whether a member reported a
+/// port clash.
+async fn start_processes(
+    n: usize,
+    opts: &ZkOptions,
+    java: &Path,
+    classpath: &OsString,
+) -> Result<Members, (ServerError, bool)> {
+    let no_clash = |err: ServerError| (err, false);
+    let dir = ScratchDir::new("lock-zk-ensemble-").map_err(no_clash)?;
+    let mut ports = Vec::with_capacity(n);
+    for _ in 0..n {
+        ports.push(MemberPorts {
+            client: free_port().map_err(no_clash)?,
+            quorum: free_port().map_err(no_clash)?,
+            election: free_port().map_err(no_clash)?,
+        });
+    }
+    let mut nodes = Vec::with_capacity(n);
+    for (i, member) in ports.iter().enumerate() {
+        let node_dir = dir.path().join(format!("node{}", i + 1));
+        std::fs::create_dir_all(&node_dir).map_err(|e| no_clash(e.into()))?;
+        let launch = prepare_node(
+            opts,
+            java,
+            classpath,
+            &node_dir,
+            Some(i + 1),
+            member.client,
+            &ports,
+        )
+        .map_err(no_clash)?;
+        let name = format!("ZooKeeper ensemble member {i}");
+        nodes.push(new_instance(name, launch, &node_dir, member.client, opts));
+    }
+    let began = Instant::now();
+    for node in &mut nodes {
+        node.spawn().map_err(no_clash)?;
+    }
+    let deadline = began + opts.startup_timeout;
+    for index in 0..nodes.len() {
+        if let Err(err) = nodes[index].wait_ready(deadline).await {
+            let clash = nodes.iter().any(|node| node.port_clash(&err));
+            return Err((err, clash));
+        }
+    }
+    debug!(n, took = ?began.elapsed(), "ZooKeeper ensemble processes serve");
+    Ok(Members::processes(nodes, dir))
+}
+
+/// Every member's `srvr` mode, asking all at once (1 s bound each).
+async fn modes_of(members: Vec<(usize, SocketAddr)>) -> Vec<(usize, Option<String>)> {
+    let mut set = tokio::task::JoinSet::new();
+    for (i, addr) in members {
+        set.spawn(async move { (i, mode_of(&addr.to_string(), Duration::from_secs(1)).await) });
+    }
+    let mut modes = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        if let Ok((i, mode)) = joined {
+            debug!(member = i, ?mode, "ensemble member mode");
+            modes.push((i, mode));
+        }
+    }
+    modes
+}
+
+fn leader_among(modes: &[(usize, Option<String>)]) -> Option<usize> {
+    modes
+        .iter()
+        .find(|(_, mode)| mode.as_deref() == Some("leader"))
+        .map(|(i, _)| *i)
+}
+
+/// `srvr`'s `Mode:` value, or `None` when there is no answer or no mode.
+pub(crate) async fn mode_of(addr: &str, timeout: Duration) -> Option<String> {
+    let answer = four_letter(addr, "srvr", timeout).await.ok()?;
+    answer
+        .lines()
+        .find_map(|l| l.strip_prefix("Mode:"))
+        .map(|m| m.trim().to_owned())
+}
