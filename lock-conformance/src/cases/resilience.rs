@@ -251,12 +251,14 @@ pub async fn h5_leader_failover(h: &dyn Harness) -> CaseResult {
         let lock = client.provider.lock(&name)?;
         let occupancy = occupancy.clone();
         waiters.push(tokio::spawn(async move {
-            let mut guard = lock.acquire(None).await?;
+            let waiting = lock.acquire(None).await;
+            let mut guard = waiting.map_err(|e| CaseFailure::new(format!("a waiter's acquire: {e}")))?;
             {
                 let _inside = occupancy.enter();
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            guard.release().await
+            let released = guard.release().await;
+            released.map_err(|e| CaseFailure::new(format!("a waiter's release: {e}")))
         }));
         clients.push(client);
     }
