@@ -252,7 +252,8 @@ pub async fn h5_leader_failover(h: &dyn Harness) -> CaseResult {
         let occupancy = occupancy.clone();
         waiters.push(tokio::spawn(async move {
             let waiting = lock.acquire(None).await;
-            let mut guard = waiting.map_err(|e| CaseFailure::new(format!("a waiter's acquire: {e}")))?;
+            let mut guard =
+                waiting.map_err(|e| CaseFailure::new(format!("a waiter's acquire: {e}")))?;
             {
                 let _inside = occupancy.enter();
                 tokio::time::sleep(Duration::from_millis(20)).await;

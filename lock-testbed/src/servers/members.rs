@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -100,21 +101,32 @@ impl<K: Send + Sync + fmt::Debug> Member for super::containers::Container<K> {
     }
 }
 
-/// The members of an ensemble or a cluster, indexed from 0: child processes (with their
-/// directories) or containers (on a network of their own, so that a member can be cut off
-/// from the others).
+/// The members of an ensemble or a cluster of the server kind `K`, indexed from 0: child
+/// processes (with their directories) or containers (on a network of their own, so that a
+/// member can be cut off from the others). What starts them, and who leads, is the kind's:
+/// [`ZkEnsemble`](super::ZkEnsemble), [`EtcdCluster`](super::EtcdCluster).
 ///
 /// Dropping it stops every member, then removes their network or their directories.
-#[derive(Debug)]
-pub struct Members {
+pub struct Members<K> {
     // Declared first: dropped before the network and the directories.
     members: Vec<Box<dyn Member>>,
     #[cfg(feature = "testcontainers")]
     network: Option<super::containers::ClusterNetwork>,
     dir: Option<ScratchDir>,
+    kind: PhantomData<fn() -> K>,
 }
 
-impl Members {
+impl<K> fmt::Debug for Members<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Members")
+            .field("members", &self.members)
+            .field("network", &self.network())
+            .field("dir", &self.dir())
+            .finish()
+    }
+}
+
+impl<K> Members<K> {
     /// Processes, their directories under `dir`.
     pub(crate) fn processes(members: Vec<Instance>, dir: ScratchDir) -> Self {
         Members {
@@ -125,6 +137,7 @@ impl Members {
             #[cfg(feature = "testcontainers")]
             network: None,
             dir: Some(dir),
+            kind: PhantomData,
         }
     }
 
@@ -135,14 +148,15 @@ impl Members {
             members: Vec::new(),
             network: Some(network),
             dir: None,
+            kind: PhantomData,
         }
     }
 
     /// Adds `container` as the next member, on the network.
     #[cfg(feature = "testcontainers")]
-    pub(crate) async fn join<K: Send + Sync + fmt::Debug + 'static>(
+    pub(crate) async fn join<C: Send + Sync + fmt::Debug + 'static>(
         &mut self,
-        container: super::containers::Container<K>,
+        container: super::containers::Container<C>,
     ) -> Result<(), ServerError> {
         let index = self.members.len();
         if let Some(network) = &self.network {
@@ -287,6 +301,18 @@ impl Members {
     pub(crate) fn indexed(&self) -> Vec<(usize, SocketAddr)> {
         self.addresses().into_iter().enumerate().collect()
     }
+}
+
+/// Refuses a set of no members.
+pub(crate) fn refuse_empty(n: usize, what: &str) -> Result<(), ServerError> {
+    if n > 0 {
+        return Ok(());
+    }
+    Err(ServerError::Startup {
+        server: what.to_owned(),
+        detail: "it needs at least one member".to_owned(),
+        log_tail: String::new(),
+    })
 }
 
 /// The error of a set asked for in containers without the `testcontainers` feature.

@@ -45,6 +45,7 @@
 
 mod error;
 mod etcd;
+mod kind;
 mod local;
 mod members;
 mod mode;
@@ -62,6 +63,7 @@ use std::time::Duration;
 
 pub use error::ServerError;
 pub use etcd::{ETCD_ENV, EtcdCluster, EtcdOptions, EtcdServer, EtcdTarget, etcd_metric};
+pub use kind::{Etcd, ZooKeeper};
 pub use local::{LocalServer, ServerProcess};
 pub use members::Members;
 pub use mode::{SERVERS_ENV, ServerMode};

@@ -17,6 +17,7 @@
 //! cannot pull it is [`ServerError::MissingImage`], naming the image.
 
 use super::ServerError;
+pub use super::kind::{Etcd, ZooKeeper};
 
 /// The environment variable overriding the ZooKeeper image (`name[:tag]`).
 pub const ZK_IMAGE_ENV: &str = "LOCK_TEST_ZK_IMAGE";
@@ -58,21 +59,11 @@ fn label_value() -> String {
         .unwrap_or_else(|| std::process::id().to_string())
 }
 
-/// The kind of a [`ZkContainer`].
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct ZooKeeper;
-
 /// The kind of a [`RedisContainer`]: Redis, with the default user's password (for its URL).
 #[derive(Debug)]
 pub struct Redis {
     pub(crate) password: Option<String>,
 }
-
-/// The kind of an [`EtcdContainer`].
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct Etcd;
 
 /// ZooKeeper in a container (removed when dropped).
 pub type ZkContainer = Container<ZooKeeper>;

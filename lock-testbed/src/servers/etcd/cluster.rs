@@ -2,19 +2,18 @@
 //! their own, and who leads it.
 
 use std::net::SocketAddr;
-use std::ops::{Deref, DerefMut};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info};
 
 use super::{EtcdOptions, MemberPorts, member_launch};
-use crate::servers::members::{Members, poll_until};
+use crate::servers::members::{Members, poll_until, refuse_empty};
 use crate::servers::probe::{Probe, http_get};
 use crate::servers::process::{
     Instance, ScratchDir, free_port, loopback, require_program, retry_port_clash,
 };
-use crate::servers::{ServerError, ServerMode};
+use crate::servers::{Etcd, ServerError, ServerMode};
 
 /// An etcd cluster of `n` members, each with its own ports and data: child processes on
 /// 127.0.0.1, or containers on a network of their own (where a member can be
@@ -22,26 +21,9 @@ use crate::servers::{ServerError, ServerMode};
 /// the faults on a member are [`Members`]'.
 ///
 /// Dropping it stops every member and removes their directories or their network.
-#[derive(Debug)]
-pub struct EtcdCluster {
-    members: Members,
-}
+pub type EtcdCluster = Members<Etcd>;
 
-impl Deref for EtcdCluster {
-    type Target = Members;
-
-    fn deref(&self) -> &Members {
-        &self.members
-    }
-}
-
-impl DerefMut for EtcdCluster {
-    fn deref_mut(&mut self) -> &mut Members {
-        &mut self.members
-    }
-}
-
-impl EtcdCluster {
+impl Members<Etcd> {
     /// Starts `n` members (3 is the usual size) as processes and waits until every one is
     /// healthy (a leader has been elected and every member knows it), bounded by
     /// [`EtcdOptions::startup_timeout`] for the whole cluster.
@@ -56,13 +38,7 @@ impl EtcdCluster {
         n: usize,
         opts: EtcdOptions,
     ) -> Result<Self, ServerError> {
-        if n == 0 {
-            return Err(ServerError::Startup {
-                server: "etcd cluster".to_owned(),
-                detail: "a cluster needs at least one member".to_owned(),
-                log_tail: String::new(),
-            });
-        }
+        refuse_empty(n, "etcd cluster")?;
         let members = match mode {
             #[cfg(not(feature = "testcontainers"))]
             ServerMode::Containers => {
@@ -75,7 +51,7 @@ impl EtcdCluster {
                 retry_port_clash("etcd cluster", || start_processes(n, &opts, &program)).await?
             }
         };
-        let cluster = EtcdCluster { members };
+        let cluster = members;
         info!(n, endpoints = ?cluster.endpoints(), "etcd cluster serves");
         Ok(cluster)
     }
@@ -111,7 +87,7 @@ async fn start_processes(
     n: usize,
     opts: &EtcdOptions,
     program: &Path,
-) -> Result<Members, (ServerError, bool)> {
+) -> Result<Members<Etcd>, (ServerError, bool)> {
     let no_clash = |err: ServerError| (err, false);
     let dir = ScratchDir::new("lock-etcd-cluster-").map_err(no_clash)?;
     let mut ports = Vec::with_capacity(n);

@@ -134,7 +134,10 @@ impl Container<Etcd> {
 
 /// `n` members on a new network, each started once it joined, then waited for (each
 /// bounded by [`EtcdOptions::startup_timeout`]).
-pub(super) async fn start_cluster(n: usize, opts: &EtcdOptions) -> Result<Members, ServerError> {
+pub(super) async fn start_cluster(
+    n: usize,
+    opts: &EtcdOptions,
+) -> Result<Members<Etcd>, ServerError> {
     let mut members = Members::on_network(ClusterNetwork::create("etcd").await?);
     let hosts: Vec<String> = (0..n).map(|i| host_name("etcd", i)).collect();
     let mut started = Vec::with_capacity(n);

@@ -120,7 +120,10 @@ impl Container<ZooKeeper> {
 
 /// `n` members on a new network, each started once it joined, then waited for (each
 /// bounded by [`ZkOptions::startup_timeout`]).
-pub(super) async fn start_ensemble(n: usize, opts: ZkOptions) -> Result<Members, ServerError> {
+pub(super) async fn start_ensemble(
+    n: usize,
+    opts: ZkOptions,
+) -> Result<Members<ZooKeeper>, ServerError> {
     let mut members = Members::on_network(ClusterNetwork::create("zk").await?);
     let servers: Vec<String> = (0..n)
         .map(|i| format!("{}:{QUORUM_PORT}:{ELECTION_PORT}", host_name("zk", i)))

@@ -3,17 +3,16 @@
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
-use std::ops::{Deref, DerefMut};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info};
 
 use super::{FOUR_LETTER_TIMEOUT, MemberPorts, ZkOptions, new_instance, prepare_node};
-use crate::servers::members::{Members, poll_until};
+use crate::servers::members::{Members, poll_until, refuse_empty};
 use crate::servers::probe::four_letter;
 use crate::servers::process::{ScratchDir, free_port, retry_port_clash};
-use crate::servers::{ServerError, ServerMode};
+use crate::servers::{ServerError, ServerMode, ZooKeeper};
 
 /// A ZooKeeper ensemble of `n` members, each with its own ports, data and `myid`: child
 /// processes on 127.0.0.1, or containers on a network of their own (where a member can be
@@ -32,26 +31,9 @@ use crate::servers::{ServerError, ServerMode};
 /// ensemble.heal(leader).await?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug)]
-pub struct ZkEnsemble {
-    members: Members,
-}
+pub type ZkEnsemble = Members<ZooKeeper>;
 
-impl Deref for ZkEnsemble {
-    type Target = Members;
-
-    fn deref(&self) -> &Members {
-        &self.members
-    }
-}
-
-impl DerefMut for ZkEnsemble {
-    fn deref_mut(&mut self) -> &mut Members {
-        &mut self.members
-    }
-}
-
-impl ZkEnsemble {
+impl Members<ZooKeeper> {
     /// Starts `n` members (3 is the usual size) as processes and waits until every one
     /// serves (a leader has been elected and all followers have joined), bounded by
     /// [`ZkOptions::startup_timeout`] for the whole ensemble.
@@ -67,13 +49,7 @@ impl ZkEnsemble {
         n: usize,
         opts: ZkOptions,
     ) -> Result<Self, ServerError> {
-        if n == 0 {
-            return Err(ServerError::Startup {
-                server: "ZooKeeper ensemble".to_owned(),
-                detail: "an ensemble needs at least one member".to_owned(),
-                log_tail: String::new(),
-            });
-        }
+        refuse_empty(n, "ZooKeeper ensemble")?;
         let members = match mode {
             #[cfg(not(feature = "testcontainers"))]
             ServerMode::Containers => {
@@ -91,7 +67,7 @@ impl ZkEnsemble {
                 .await?
             }
         };
-        let ensemble = ZkEnsemble { members };
+        let ensemble = members;
         info!(n, connect = %ensemble.connect_string(), "ZooKeeper ensemble serves");
         Ok(ensemble)
     }
@@ -151,7 +127,7 @@ async fn start_processes(
     opts: &ZkOptions,
     java: &Path,
     classpath: &OsString,
-) -> Result<Members, (ServerError, bool)> {
+) -> Result<Members<ZooKeeper>, (ServerError, bool)> {
     let no_clash = |err: ServerError| (err, false);
     let dir = ScratchDir::new("lock-zk-ensemble-").map_err(no_clash)?;
     let mut ports = Vec::with_capacity(n);
