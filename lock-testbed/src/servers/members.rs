@@ -128,7 +128,7 @@ impl<K> fmt::Debug for Members<K> {
 
 impl<K> Members<K> {
     /// Processes, their directories under `dir`.
-    pub(crate) fn processes(members: Vec<Instance>, dir: ScratchDir) -> Self {
+    fn processes(members: Vec<Instance>, dir: ScratchDir) -> Self {
         Members {
             members: members
                 .into_iter()
@@ -139,6 +139,42 @@ impl<K> Members<K> {
             dir: Some(dir),
             kind: PhantomData,
         }
+    }
+
+    /// Spawns every one of `nodes`, the members' processes (their directories under `dir`),
+    /// then waits until each serves, all within `timeout`; on failure also says whether a
+    /// member reported a port clash (see `retry_port_clash`).
+    pub(crate) async fn spawn_all(
+        mut nodes: Vec<Instance>,
+        dir: ScratchDir,
+        timeout: Duration,
+    ) -> Result<Self, (ServerError, bool)> {
+        let deadline = Instant::now() + timeout;
+        for node in &mut nodes {
+            node.spawn().map_err(|err| (err, false))?;
+        }
+        for index in 0..nodes.len() {
+            if let Err(err) = nodes[index].wait_ready(deadline).await {
+                let clash = nodes.iter().any(|node| node.port_clash(&err));
+                return Err((err, clash));
+            }
+        }
+        Ok(Self::processes(nodes, dir))
+    }
+
+    /// Waits until every member serves as `probe` tells, each within `timeout`: containers
+    /// that [joined](Self::join) the network before any could start.
+    #[cfg(feature = "testcontainers")]
+    pub(crate) async fn wait_all(
+        &self,
+        probe: &super::probe::Probe,
+        timeout: Duration,
+    ) -> Result<(), ServerError> {
+        for addr in self.addresses() {
+            let member = format!("member at {addr}");
+            super::containers::wait_ready(&member, probe, addr, timeout).await?;
+        }
+        Ok(())
     }
 
     /// No containers yet, on `network`: see [`join`](Self::join).

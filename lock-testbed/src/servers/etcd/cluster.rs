@@ -3,9 +3,9 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tracing::{debug, info};
+use tracing::info;
 
 use super::{EtcdOptions, MemberPorts, member_launch};
 use crate::servers::members::{Members, poll_until, refuse_empty};
@@ -111,19 +111,7 @@ async fn start_processes(
             opts.startup_timeout,
         ));
     }
-    let began = Instant::now();
-    for node in &mut nodes {
-        node.spawn().map_err(no_clash)?;
-    }
-    let deadline = began + opts.startup_timeout;
-    for index in 0..nodes.len() {
-        if let Err(err) = nodes[index].wait_ready(deadline).await {
-            let clash = nodes.iter().any(|node| node.port_clash(&err));
-            return Err((err, clash));
-        }
-    }
-    debug!(n, took = ?began.elapsed(), "etcd cluster processes serve");
-    Ok(Members::processes(nodes, dir))
+    Members::spawn_all(nodes, dir, opts.startup_timeout).await
 }
 
 /// The index of the member among `members` (index, client address) that says it leads

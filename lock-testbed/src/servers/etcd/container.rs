@@ -7,7 +7,7 @@ use super::EtcdOptions;
 use crate::servers::ServerError;
 use crate::servers::containers::{
     ClusterNetwork, Container, DEFAULT_ETCD_IMAGE, ETCD_IMAGE_ENV, Etcd, EtcdContainer, ServerSpec,
-    host_name, wait_ready,
+    host_name,
 };
 use crate::servers::members::Members;
 use crate::servers::probe::Probe;
@@ -140,15 +140,13 @@ pub(super) async fn start_cluster(
 ) -> Result<Members<Etcd>, ServerError> {
     let mut members = Members::on_network(ClusterNetwork::create("etcd").await?);
     let hosts: Vec<String> = (0..n).map(|i| host_name("etcd", i)).collect();
-    let mut started = Vec::with_capacity(n);
     for index in 0..n {
-        let member = EtcdContainer::create_member(opts, &hosts, index).await?;
-        started.push(member.socket_addr());
-        members.join(member).await?;
+        members
+            .join(EtcdContainer::create_member(opts, &hosts, index).await?)
+            .await?;
     }
-    for addr in started {
-        let server = format!("etcd member at {addr}");
-        wait_ready(&server, &Probe::EtcdHealth, addr, opts.startup_timeout).await?;
-    }
+    members
+        .wait_all(&Probe::EtcdHealth, opts.startup_timeout)
+        .await?;
     Ok(members)
 }

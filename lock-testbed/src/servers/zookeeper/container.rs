@@ -10,7 +10,7 @@ use super::{MAIN_CLASS, ZkOptions, zoo_cfg};
 use crate::servers::ServerError;
 use crate::servers::containers::{
     ClusterNetwork, Container, DEFAULT_ZK_IMAGE, ServerSpec, ZK_IMAGE_ENV, ZkContainer, ZooKeeper,
-    host_name, wait_ready,
+    host_name,
 };
 use crate::servers::members::Members;
 use crate::servers::probe::{Probe, four_letter};
@@ -129,20 +129,13 @@ pub(super) async fn start_ensemble(
         .map(|i| format!("{}:{QUORUM_PORT}:{ELECTION_PORT}", host_name("zk", i)))
         .collect();
     let opts = opts.with_config("quorumListenOnAllIPs", "true");
-    let mut started = Vec::with_capacity(n);
     for index in 0..n {
-        let member = ZkContainer::create_member(&opts, &servers, index).await?;
-        started.push(member.socket_addr());
-        members.join(member).await?;
+        members
+            .join(ZkContainer::create_member(&opts, &servers, index).await?)
+            .await?;
     }
-    for addr in started {
-        wait_ready(
-            &format!("ZooKeeper member at {addr}"),
-            &Probe::ZkServing,
-            addr,
-            opts.startup_timeout,
-        )
+    members
+        .wait_all(&Probe::ZkServing, opts.startup_timeout)
         .await?;
-    }
     Ok(members)
 }

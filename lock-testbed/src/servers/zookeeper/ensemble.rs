@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tracing::{debug, info};
 
@@ -155,19 +155,7 @@ async fn start_processes(
         let name = format!("ZooKeeper ensemble member {i}");
         nodes.push(new_instance(name, launch, &node_dir, member.client, opts));
     }
-    let began = Instant::now();
-    for node in &mut nodes {
-        node.spawn().map_err(no_clash)?;
-    }
-    let deadline = began + opts.startup_timeout;
-    for index in 0..nodes.len() {
-        if let Err(err) = nodes[index].wait_ready(deadline).await {
-            let clash = nodes.iter().any(|node| node.port_clash(&err));
-            return Err((err, clash));
-        }
-    }
-    debug!(n, took = ?began.elapsed(), "ZooKeeper ensemble processes serve");
-    Ok(Members::processes(nodes, dir))
+    Members::spawn_all(nodes, dir, opts.startup_timeout).await
 }
 
 /// Every member's `srvr` mode, asking all at once (1 s bound each).
