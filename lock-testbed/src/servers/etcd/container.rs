@@ -3,7 +3,7 @@
 
 use testcontainers::{GenericImage, ImageExt};
 
-use super::EtcdOptions;
+use super::{EtcdOptions, MemberLayout, member_args};
 use crate::servers::ServerError;
 use crate::servers::containers::{
     ClusterNetwork, Container, DEFAULT_ETCD_IMAGE, ETCD_IMAGE_ENV, Etcd, EtcdContainer, ServerSpec,
@@ -27,7 +27,7 @@ fn etcd_spec(server: String, opts: &EtcdOptions) -> ServerSpec {
     }
 }
 
-/// The command line of the member `name` of `cluster` (name, peer URL), listening for
+/// The command line of the member `name` of `cluster` (names and peer URLs), listening for
 /// peers on `listen_peer` and known to them as `advertise_peer`; its clients reach it
 /// through the published port.
 fn etcd_command(
@@ -35,33 +35,19 @@ fn etcd_command(
     name: &str,
     listen_peer: &str,
     advertise_peer: &str,
-    cluster: &[(&str, String)],
+    cluster: &[(String, String)],
 ) -> Vec<String> {
-    let initial_cluster = cluster
-        .iter()
-        .map(|(name, peer)| format!("{name}={peer}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut cmd: Vec<String> = vec![
-        "etcd".into(),
-        format!("--name={name}"),
-        format!("--data-dir={ETCD_DATA_DIR}"),
-        "--listen-client-urls=http://0.0.0.0:2379".into(),
-        "--advertise-client-urls=http://127.0.0.1:2379".into(),
-        format!("--listen-peer-urls={listen_peer}"),
-        format!("--initial-advertise-peer-urls={advertise_peer}"),
-        format!("--initial-cluster={initial_cluster}"),
-        "--initial-cluster-state=new".into(),
-        format!(
-            "--heartbeat-interval={}",
-            opts.heartbeat_interval.as_millis().max(1)
-        ),
-        format!(
-            "--election-timeout={}",
-            opts.election_timeout.as_millis().max(1)
-        ),
-    ];
-    cmd.extend(opts.extra_args.iter().cloned());
+    let layout = MemberLayout {
+        name,
+        data_dir: ETCD_DATA_DIR,
+        listen_client: "http://0.0.0.0:2379",
+        advertise_client: "http://127.0.0.1:2379",
+        listen_peer,
+        advertise_peer,
+        cluster,
+    };
+    let mut cmd = vec!["etcd".to_owned()];
+    cmd.extend(member_args(opts, &layout, None));
     cmd
 }
 
@@ -76,7 +62,7 @@ impl Container<Etcd> {
             "n1",
             "http://127.0.0.1:2380",
             "http://127.0.0.1:2380",
-            &[("n1", "http://127.0.0.1:2380".to_owned())],
+            &[("n1".to_owned(), "http://127.0.0.1:2380".to_owned())],
         );
         let configure = |image: GenericImage| image.with_cmd(cmd.clone());
         Self::launch(etcd_spec("etcd".to_owned(), opts), configure, Etcd).await
@@ -91,14 +77,12 @@ impl Container<Etcd> {
         index: usize,
     ) -> Result<Self, ServerError> {
         let peer_url = |host: &str| format!("http://{host}:2380");
-        let names: Vec<String> = (1..=hosts.len()).map(|i| format!("n{i}")).collect();
-        let cluster: Vec<(&str, String)> = names
-            .iter()
+        let cluster: Vec<(String, String)> = (1..=hosts.len())
             .zip(hosts)
-            .map(|(name, host)| (name.as_str(), peer_url(host)))
+            .map(|(i, host)| (format!("n{i}"), peer_url(host)))
             .collect();
-        let (name, host) = match (names.get(index), hosts.get(index)) {
-            (Some(name), Some(host)) => (name, host),
+        let (name, host) = match (cluster.get(index), hosts.get(index)) {
+            (Some((name, _)), Some(host)) => (name, host),
             _ => {
                 return Err(ServerError::NoSuchMember {
                     index,

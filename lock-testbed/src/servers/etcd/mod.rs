@@ -206,36 +206,42 @@ struct MemberPorts {
     tls: Option<u16>,
 }
 
-/// The command line of member `index` (named `n{index + 1}`) of the cluster `members`, its
-/// data in `dir/data`.
-fn member_launch(
-    program: &Path,
+/// Where one etcd member keeps its data and listens, and the cluster it starts in: the
+/// same for a process and a container.
+pub(crate) struct MemberLayout<'a> {
+    /// `n1`, `n2`, ...
+    pub(crate) name: &'a str,
+    pub(crate) data_dir: &'a str,
+    /// Where it serves clients, and where it tells them it does.
+    pub(crate) listen_client: &'a str,
+    pub(crate) advertise_client: &'a str,
+    /// Where it serves its peers, and where it tells them it does.
+    pub(crate) listen_peer: &'a str,
+    pub(crate) advertise_peer: &'a str,
+    /// Every member's name and peer URL.
+    pub(crate) cluster: &'a [(String, String)],
+}
+
+/// etcd's arguments for the member `layout` describes, then the timing, `tls` (a
+/// certificate and its key) and extra arguments of `opts`.
+pub(crate) fn member_args(
     opts: &EtcdOptions,
-    dir: &Path,
-    index: usize,
-    members: &[MemberPorts],
-) -> Launch {
-    let peer_url = |ports: &MemberPorts| format!("http://127.0.0.1:{}", ports.peer);
-    let initial_cluster = members
+    layout: &MemberLayout<'_>,
+    tls: Option<&(PathBuf, PathBuf)>,
+) -> Vec<String> {
+    let initial_cluster = layout
+        .cluster
         .iter()
-        .enumerate()
-        .map(|(i, ports)| format!("n{}={}", i + 1, peer_url(ports)))
+        .map(|(name, peer)| format!("{name}={peer}"))
         .collect::<Vec<_>>()
         .join(",");
-    let me = members[index];
-    let mut client_url = format!("http://127.0.0.1:{}", me.client);
-    if let Some(port) = me.tls {
-        client_url.push_str(&format!(",https://127.0.0.1:{port}"));
-    }
-    let mut args: Vec<OsString> = [
-        "--name".to_owned(),
-        format!("n{}", index + 1),
-        "--data-dir".to_owned(),
-        dir.join("data").display().to_string(),
-        format!("--listen-client-urls={client_url}"),
-        format!("--advertise-client-urls={client_url}"),
-        format!("--listen-peer-urls={}", peer_url(&me)),
-        format!("--initial-advertise-peer-urls={}", peer_url(&me)),
+    let mut args = vec![
+        format!("--name={}", layout.name),
+        format!("--data-dir={}", layout.data_dir),
+        format!("--listen-client-urls={}", layout.listen_client),
+        format!("--advertise-client-urls={}", layout.advertise_client),
+        format!("--listen-peer-urls={}", layout.listen_peer),
+        format!("--initial-advertise-peer-urls={}", layout.advertise_peer),
         format!("--initial-cluster={initial_cluster}"),
         "--initial-cluster-state=new".to_owned(),
         format!(
@@ -246,18 +252,50 @@ fn member_launch(
             "--election-timeout={}",
             opts.election_timeout.as_millis().max(1)
         ),
-    ]
-    .into_iter()
-    .map(OsString::from)
-    .collect();
-    if let Some((cert, key)) = &opts.tls {
-        args.push(format!("--cert-file={}", cert.display()).into());
-        args.push(format!("--key-file={}", key.display()).into());
+    ];
+    if let Some((cert, key)) = tls {
+        args.push(format!("--cert-file={}", cert.display()));
+        args.push(format!("--key-file={}", key.display()));
     }
-    args.extend(opts.extra_args.iter().map(OsString::from));
+    args.extend(opts.extra_args.iter().cloned());
+    args
+}
+
+/// The command line of member `index` (named `n{index + 1}`) of the cluster `members`, its
+/// data in `dir/data`.
+fn member_launch(
+    program: &Path,
+    opts: &EtcdOptions,
+    dir: &Path,
+    index: usize,
+    members: &[MemberPorts],
+) -> Launch {
+    let peer_url = |ports: &MemberPorts| format!("http://127.0.0.1:{}", ports.peer);
+    let cluster: Vec<(String, String)> = members
+        .iter()
+        .enumerate()
+        .map(|(i, ports)| (format!("n{}", i + 1), peer_url(ports)))
+        .collect();
+    let me = members[index];
+    let mut client_url = format!("http://127.0.0.1:{}", me.client);
+    if let Some(port) = me.tls {
+        client_url.push_str(&format!(",https://127.0.0.1:{port}"));
+    }
+    let layout = MemberLayout {
+        name: &cluster[index].0,
+        data_dir: &dir.join("data").display().to_string(),
+        listen_client: &client_url,
+        advertise_client: &client_url,
+        listen_peer: &peer_url(&me),
+        advertise_peer: &peer_url(&me),
+        cluster: &cluster,
+    };
     Launch {
         program: program.to_path_buf(),
-        args,
+        args: member_args(opts, &layout, opts.tls.as_ref())
+            .into_iter()
+            .map(OsString::from)
+            .collect(),
         cwd: dir.to_path_buf(),
     }
 }
