@@ -27,9 +27,10 @@
 //! [`servers::RedisTarget::start`]), or uses the process-wide [`servers::shared_zk`],
 //! [`servers::shared_redis`] and [`servers::shared_etcd`], follows that setting without a
 //! change. `LOCK_TEST_ZK`, `LOCK_TEST_REDIS` and `LOCK_TEST_ETCD` point those at external
-//! servers instead. With the `testcontainers` feature, [`servers::containers`] also offers
-//! the containers directly, among them a ZooKeeper ensemble and an etcd cluster on networks
-//! of their own whose members can be partitioned and healed.
+//! servers instead. A ZooKeeper ensemble ([`servers::ZkEnsemble`]) or an etcd cluster
+//! ([`servers::EtcdCluster`]) runs as processes or, with the `testcontainers` feature, as
+//! containers on a network of their own whose members can be partitioned and healed; the
+//! faults on a member are [`servers::Members`]', the same on either runner.
 //!
 //! ```no_run
 //! use lock_testbed::servers::{RedisOptions, RedisTarget, shared_zk};
