@@ -1321,7 +1321,7 @@ async fn kazoo_and_distlock_exclude_each_other() {
         .await;
     tried.expect_error(BUSY);
     let view = holders(&scratch, &url, &name).await;
-    let node = view["holder"]["node"].as_str().unwrap_or_default();
+    let node = view["holder"]["place"].as_str().unwrap_or_default();
     assert!(node.contains("__lock__"), "kazoo's node holds: {view}");
     let run = scratch.spawn(&[
         "run", "--url", &url, "--name", &name, "--", "sh", "-c", SECTION,
