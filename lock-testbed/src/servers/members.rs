@@ -302,24 +302,32 @@ impl<K> Members<K> {
     /// Cuts member `index` off from the others while its clients stay connected to it
     /// (containers only: `docker network disconnect` from the members' network).
     pub async fn partition(&self, index: usize) -> Result<(), ServerError> {
-        let member = self.member(index)?;
         #[cfg(feature = "testcontainers")]
-        if let (Some(network), Some(id)) = (&self.network, member.container_id()) {
+        if let Some((network, id)) = self.networked(index)? {
             return network.partition(id, index).await;
         }
-        let _ = member;
+        self.member(index)?;
         Err(no_network("partition"))
     }
 
     /// Connects member `index` to the others again after [`partition`](Self::partition).
     pub async fn heal(&self, index: usize) -> Result<(), ServerError> {
-        let member = self.member(index)?;
         #[cfg(feature = "testcontainers")]
-        if let (Some(network), Some(id)) = (&self.network, member.container_id()) {
+        if let Some((network, id)) = self.networked(index)? {
             return network.heal(id, index).await;
         }
-        let _ = member;
+        self.member(index)?;
         Err(no_network("heal"))
+    }
+
+    /// The members' network and member `index`'s container on it, for containers.
+    #[cfg(feature = "testcontainers")]
+    fn networked(
+        &self,
+        index: usize,
+    ) -> Result<Option<(&super::containers::ClusterNetwork, &str)>, ServerError> {
+        let id = self.member(index)?.container_id();
+        Ok(self.network.as_ref().zip(id))
     }
 
     /// The index and client address of every member that runs.

@@ -51,9 +51,8 @@ impl Members<Etcd> {
                 retry_port_clash("etcd cluster", || start_processes(n, &opts, &program)).await?
             }
         };
-        let cluster = members;
-        info!(n, endpoints = ?cluster.endpoints(), "etcd cluster serves");
-        Ok(cluster)
+        info!(n, endpoints = ?members.endpoints(), "etcd cluster serves");
+        Ok(members)
     }
 
     /// Every member's client endpoint, `http://127.0.0.1:port`.

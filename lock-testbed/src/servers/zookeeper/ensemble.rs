@@ -67,9 +67,8 @@ impl Members<ZooKeeper> {
                 .await?
             }
         };
-        let ensemble = members;
-        info!(n, connect = %ensemble.connect_string(), "ZooKeeper ensemble serves");
-        Ok(ensemble)
+        info!(n, connect = %members.connect_string(), "ZooKeeper ensemble serves");
+        Ok(members)
     }
 
     /// All members: `127.0.0.1:p1,127.0.0.1:p2,...`.
