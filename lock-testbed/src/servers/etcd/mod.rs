@@ -244,6 +244,9 @@ pub(crate) fn member_args(
         format!("--initial-advertise-peer-urls={}", layout.advertise_peer),
         format!("--initial-cluster={initial_cluster}"),
         "--initial-cluster-state=new".to_owned(),
+        // As ZooKeeper's `forceSync=no`: a test member's data need not survive the machine,
+        // only the member (a killed member keeps what reached the OS).
+        "--unsafe-no-fsync".to_owned(),
         format!(
             "--heartbeat-interval={}",
             opts.heartbeat_interval.as_millis().max(1)
