@@ -2,7 +2,7 @@
 //! error, or a guard dropped without release.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -295,10 +295,25 @@ impl HeldEntry for HeldKey {
                 self.revision,
             )])
             .and_then([TxnOp::delete(key, None)]);
-        let mut kv = session.client.kv_client();
+        // The conditional delete is safe to send twice: asked again while its error may
+        // pass (a member that was killed, an election) for at most the lease's ttl, so a
+        // release does not fail on the member it happened to reach. A key found gone
+        // after a try whose answer was lost was most likely deleted by that try.
+        let tries = AtomicU32::new(0);
         sent.store(true, Ordering::Release);
-        match session.ask(&self.name, kv.txn(txn)).await {
-            Ok(answer) if answer.succeeded() => Ok(Removal::Removed),
+        let (session, name) = (&session, self.name.as_str());
+        let answer = session
+            .again(name, &Deadline::after(None), || {
+                tries.fetch_add(1, Ordering::Relaxed);
+                let mut kv = session.client.kv_client();
+                let txn = txn.clone();
+                async move { session.ask(name, kv.txn(txn)).await }
+            })
+            .await;
+        match answer {
+            Ok(answer) if answer.succeeded() || tries.load(Ordering::Relaxed) > 1 => {
+                Ok(Removal::Removed)
+            }
             Ok(_) => Ok(Removal::Gone),
             Err(error @ LockError::Connection { .. }) => Err(RemovalError::Unknown(error)),
             Err(error) => Err(RemovalError::Failed(error)),
