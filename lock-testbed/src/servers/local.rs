@@ -56,6 +56,11 @@ impl ServerProcess {
     pub(crate) fn node_addr(&self) -> SocketAddr {
         self.node.addr()
     }
+
+    /// Sends `signal` to the server's process group (see [`LocalServer::pause`]).
+    pub(crate) fn node_signal(&self, signal: Signal) -> Result<(), ServerError> {
+        self.node.signal(signal)
+    }
 }
 
 /// A server started here as a child process on 127.0.0.1: [`ZkServer`], [`RedisServer`] or

@@ -1,10 +1,11 @@
-//! Real servers (ZooKeeper, Redis, etcd) run as child processes for tests.
+//! Real servers (ZooKeeper, Redis, etcd, PostgreSQL) run as child processes for tests.
 //!
 //! Every server gets free loopback ports, its own temporary directory (removed when the
 //! handle is dropped), its own process group, and a log file (stdout and stderr) in that
 //! directory whose last lines are quoted when start-up fails. Start-up waits until the
 //! server really serves (ZooKeeper: `srvr` reports a `Mode:`; Redis: `PING` answers `PONG`;
-//! etcd: `GET /health` says `"health":"true"`), bounded by a configurable timeout
+//! etcd: `GET /health` says `"health":"true"`; PostgreSQL: a start-up message is answered
+//! with an authentication request), bounded by a configurable timeout
 //! (30 s by default). Dropping a handle kills the whole process group with `SIGKILL` and
 //! reaps it.
 //!
@@ -49,6 +50,7 @@ mod kind;
 mod local;
 mod members;
 mod mode;
+mod postgres;
 mod probe;
 mod process;
 mod redis;
@@ -67,6 +69,9 @@ pub use kind::{Etcd, ZooKeeper};
 pub use local::{LocalServer, ServerProcess};
 pub use members::Members;
 pub use mode::{SERVERS_ENV, ServerMode};
+pub use postgres::{
+    POSTGRES_ENV, POSTGRES_SUPERUSER, PostgresOptions, PostgresServer, PostgresTarget,
+};
 pub use process::free_port;
 pub use redis::{
     REDIS_ENV, RedisClusterOptions, RedisClusterSet, RedisOptions, RedisSentinelOptions,
@@ -85,6 +90,7 @@ pub const SHARED_ZK_TICK_TIME: Duration = Duration::from_millis(500);
 static SHARED_ZK: OnceLock<Result<ZkTarget, ServerError>> = OnceLock::new();
 static SHARED_REDIS: OnceLock<Result<RedisTarget, ServerError>> = OnceLock::new();
 static SHARED_ETCD: OnceLock<Result<EtcdTarget, ServerError>> = OnceLock::new();
+static SHARED_POSTGRES: OnceLock<Result<PostgresTarget, ServerError>> = OnceLock::new();
 
 /// One ZooKeeper per test binary: the external server named by [`ZK_ENV`] if set,
 /// otherwise a standalone server (tick time [`SHARED_ZK_TICK_TIME`]) started on first use.
@@ -118,6 +124,15 @@ pub fn shared_redis() -> Result<&'static RedisTarget, ServerError> {
 /// the test binary exits, start-up failure remembered.
 pub fn shared_etcd() -> Result<&'static EtcdTarget, ServerError> {
     shared(&SHARED_ETCD, EtcdOptions::default)
+}
+
+/// One PostgreSQL per test binary: the external server named by [`POSTGRES_ENV`] if set,
+/// otherwise a fresh cluster (every role trusted) started on first use.
+///
+/// Same lifetime rules as [`shared_zk`]: process-wide, runtime-independent, killed when
+/// the test binary exits, start-up failure remembered.
+pub fn shared_postgres() -> Result<&'static PostgresTarget, ServerError> {
+    shared(&SHARED_POSTGRES, PostgresOptions::default)
 }
 
 /// The target in `cell`, made on first use by [`Target::from_env_or_start`] with `opts()`

@@ -18,6 +18,9 @@ pub(crate) enum Probe {
     RedisPing { password: Option<String> },
     /// etcd's `GET /health` says `"health":"true"`.
     EtcdHealth,
+    /// PostgreSQL answers a start-up message with an authentication request, not with an
+    /// error (such as "the database system is starting up").
+    PostgresStartup,
 }
 
 impl Probe {
@@ -27,6 +30,7 @@ impl Probe {
             Self::ZkServing => Duration::from_millis(100),
             Self::RedisPing { .. } => Duration::from_millis(20),
             Self::EtcdHealth => Duration::from_millis(50),
+            Self::PostgresStartup => Duration::from_millis(50),
         }
     }
 
@@ -56,6 +60,9 @@ impl Probe {
                     Err(format!("GET /health answered {:?}", answer.trim()))
                 }
             }
+            Self::PostgresStartup => postgres_startup(addr, timeout)
+                .await
+                .map_err(|e| e.to_string()),
         }
     }
 }
@@ -249,4 +256,32 @@ pub(crate) async fn http_get(
     let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: */*\r\n\r\n");
     let what = || format!("the answer to GET {path} from {addr}");
     tcp_exchange(addr, request.as_bytes(), what, timeout).await
+}
+
+/// Sends PostgreSQL a start-up message (protocol 3.0, user and database `postgres`) and
+/// reads the first byte of the answer: `R` (an authentication request, or its success)
+/// means the server takes connections.
+async fn postgres_startup(addr: SocketAddr, timeout: Duration) -> Result<(), ServerError> {
+    let what = || format!("PostgreSQL's answer to a start-up message at {addr}");
+    bounded(what, timeout, async {
+        let mut body = 196_608_u32.to_be_bytes().to_vec();
+        body.extend_from_slice(b"user\0postgres\0database\0postgres\0\0");
+        let length = u32::try_from(body.len() + 4).unwrap_or(u32::MAX);
+        let mut message = length.to_be_bytes().to_vec();
+        message.extend_from_slice(&body);
+        let mut stream = TcpStream::connect(addr).await?;
+        stream.write_all(&message).await?;
+        let mut first = [0_u8; 1];
+        stream.read_exact(&mut first).await?;
+        if first[0] == b'R' {
+            return Ok(());
+        }
+        let mut rest = Vec::new();
+        let _ = stream.read_to_end(&mut rest).await;
+        Err(ServerError::from(std::io::Error::other(format!(
+            "PostgreSQL is not ready: {}",
+            String::from_utf8_lossy(&rest).trim_matches(char::from(0))
+        ))))
+    })
+    .await
 }

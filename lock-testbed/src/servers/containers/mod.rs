@@ -1,4 +1,4 @@
-//! ZooKeeper, Redis and etcd in containers, through `testcontainers` (feature
+//! ZooKeeper, Redis, etcd and PostgreSQL in containers, through `testcontainers` (feature
 //! `testcontainers`).
 //!
 //! For users with a Docker-compatible engine. Where no engine answers, every start returns
@@ -7,10 +7,11 @@
 //! report as a skip: see [`ServerError::is_no_container_engine`]. The engine is spoken to
 //! through `bollard`, the engine client testcontainers uses.
 //!
-//! Images: [`DEFAULT_ZK_IMAGE`], [`DEFAULT_REDIS_IMAGE`] and [`DEFAULT_ETCD_IMAGE`],
-//! overridable by the environment variables [`ZK_IMAGE_ENV`], [`REDIS_IMAGE_ENV`] and
-//! [`ETCD_IMAGE_ENV`] (`name[:tag]`). The default is one
-//! image with Debian's `zookeeper`, `redis-server`, `etcd-server` and a JRE, built from
+//! Images: [`DEFAULT_ZK_IMAGE`], [`DEFAULT_REDIS_IMAGE`], [`DEFAULT_ETCD_IMAGE`] and
+//! [`DEFAULT_POSTGRES_IMAGE`], overridable by the environment variables [`ZK_IMAGE_ENV`],
+//! [`REDIS_IMAGE_ENV`], [`ETCD_IMAGE_ENV`] and [`POSTGRES_IMAGE_ENV`] (`name[:tag]`). The
+//! default is one image with Debian's `zookeeper`, `redis-server`, `etcd-server`,
+//! `postgresql` and a JRE, built from
 //! Debian packages by the repository's `scripts/ensure-docker` (no registry needed). It
 //! has no entrypoint: this module gives each container its command line, so an override
 //! must lay the servers out as Debian's packages do. An engine that lacks the image and
@@ -25,15 +26,19 @@ pub const ZK_IMAGE_ENV: &str = "LOCK_TEST_ZK_IMAGE";
 pub const REDIS_IMAGE_ENV: &str = "LOCK_TEST_REDIS_IMAGE";
 /// The environment variable overriding the etcd image (`name[:tag]`).
 pub const ETCD_IMAGE_ENV: &str = "LOCK_TEST_ETCD_IMAGE";
+/// The environment variable overriding the PostgreSQL image (`name[:tag]`).
+pub const POSTGRES_IMAGE_ENV: &str = "LOCK_TEST_POSTGRES_IMAGE";
 /// The image `scripts/ensure-docker` builds: Debian bookworm's ZooKeeper 3.8, Redis 7,
-/// etcd 3.4 and a JRE, without an entrypoint.
-pub const DEFAULT_IMAGE: &str = "distlock-test/servers:bookworm";
+/// etcd 3.4, PostgreSQL 15 and a JRE, without an entrypoint.
+pub const DEFAULT_IMAGE: &str = "distlock-test/servers:bookworm-pg";
 /// The default ZooKeeper image: [`DEFAULT_IMAGE`].
 pub const DEFAULT_ZK_IMAGE: &str = DEFAULT_IMAGE;
 /// The default Redis image: [`DEFAULT_IMAGE`].
 pub const DEFAULT_REDIS_IMAGE: &str = DEFAULT_IMAGE;
 /// The default etcd image: [`DEFAULT_IMAGE`].
 pub const DEFAULT_ETCD_IMAGE: &str = DEFAULT_IMAGE;
+/// The default PostgreSQL image: [`DEFAULT_IMAGE`].
+pub const DEFAULT_POSTGRES_IMAGE: &str = DEFAULT_IMAGE;
 
 pub(crate) fn container_error(err: impl std::fmt::Display) -> ServerError {
     ServerError::Container {
@@ -64,6 +69,16 @@ fn label_value() -> String {
 pub struct Redis {
     pub(crate) password: Option<String>,
 }
+
+/// The kind of a [`PostgresContainer`]: PostgreSQL, with the superuser's password (for its
+/// URL).
+#[derive(Debug)]
+pub struct Postgres {
+    pub(crate) password: Option<String>,
+}
+
+/// PostgreSQL in a container (removed when dropped).
+pub type PostgresContainer = Container<Postgres>;
 
 /// ZooKeeper in a container (removed when dropped).
 pub type ZkContainer = Container<ZooKeeper>;
