@@ -1,0 +1,278 @@
+//! Configuration of the PostgreSQL backend.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use lock_core::LockError;
+use serde::{Deserialize, Serialize};
+
+/// The longest timeout or keepalive accepted: an hour.
+const MAX_DURATION: Duration = Duration::from_secs(60 * 60);
+
+fn config_error(message: impl std::fmt::Display) -> LockError {
+    LockError::config(format!("postgres: {message}"))
+}
+
+/// How waiters wait for a lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum PostgresStrategy {
+    /// The server's own queue: a waiter's `pg_advisory_lock` blocks on the server, which
+    /// grants the lock to the waiters in the order they asked, and wakes one per release
+    /// (herd-free, FIFO).
+    #[default]
+    Advisory,
+    /// Waiters `LISTEN` on the lock's channel and try again when a release notifies it:
+    /// every release wakes every waiter (a herd).
+    Notify,
+    /// Waiters try again every [`poll_interval`](PostgresConfig::poll_interval), with
+    /// jitter: a release wakes nobody.
+    Polling,
+}
+
+impl FromStr for PostgresStrategy {
+    type Err = LockError;
+
+    fn from_str(value: &str) -> Result<Self, LockError> {
+        match value {
+            "advisory" => Ok(PostgresStrategy::Advisory),
+            "notify" => Ok(PostgresStrategy::Notify),
+            "polling" => Ok(PostgresStrategy::Polling),
+            other => Err(config_error(format!(
+                "strategy={other:?}: expected advisory, notify or polling"
+            ))),
+        }
+    }
+}
+
+/// How to reach PostgreSQL and how to lock there.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_postgres::{PostgresConfig, PostgresStrategy};
+///
+/// let config = PostgresConfig::from_url(
+///     "postgres://locker@10.0.0.1:5432/app?schema=locks&keepalive=3s&application_name=jobs",
+/// )?;
+/// assert_eq!(config.connection, "postgres://locker@10.0.0.1:5432/app?application_name=jobs");
+/// assert_eq!(config.schema, "locks");
+/// assert_eq!(config.keepalive, Duration::from_secs(3));
+/// assert_eq!(config.strategy, PostgresStrategy::Advisory);
+/// # Ok::<(), lock_core::LockError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct PostgresConfig {
+    /// The server and the role, as libpq takes them: a `postgres://` URL or `key=value`
+    /// pairs, read by tokio-postgres (`host`, `port`, `user`, `password`, `dbname`,
+    /// `application_name`, `options`, ...).
+    pub connection: String,
+    /// The schema of the fencing table `distlock_fencing` (created if missing). Locks of
+    /// two schemas never exclude each other.
+    pub schema: String,
+    /// How waiters wait.
+    pub strategy: PostgresStrategy,
+    /// How soon a dead peer is noticed. The holder's connection is checked every third of
+    /// it, and the server is asked to probe the client's socket after it (TCP keepalives,
+    /// whole seconds): a holder that vanished without closing its connection frees its
+    /// locks within 2 × keepalive + 1 s.
+    #[serde(with = "lock_core::url::duration")]
+    pub keepalive: Duration,
+    /// The bound on connecting and on every request that does not wait for a lock.
+    #[serde(with = "lock_core::url::duration")]
+    pub timeout: Duration,
+    /// How often a waiter of the `polling` strategy tries again (with up to a half of it
+    /// added at random).
+    #[serde(with = "lock_core::url::duration")]
+    pub poll_interval: Duration,
+}
+
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        PostgresConfig {
+            connection: "postgres://localhost/postgres".to_owned(),
+            schema: Self::DEFAULT_SCHEMA.to_owned(),
+            strategy: PostgresStrategy::default(),
+            keepalive: Self::DEFAULT_KEEPALIVE,
+            timeout: Self::DEFAULT_TIMEOUT,
+            poll_interval: Self::DEFAULT_POLL_INTERVAL,
+        }
+    }
+}
+
+impl PostgresConfig {
+    /// The default schema: `public`.
+    pub const DEFAULT_SCHEMA: &'static str = "public";
+    /// The default keepalive: 5 s.
+    pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(5);
+    /// The default bound on connecting and on a request: 5 s.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// The default polling interval: 50 ms.
+    pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+    /// The server `connection` (a `postgres://` URL or libpq's `key=value` pairs), every
+    /// other setting at its default.
+    pub fn new(connection: impl Into<String>) -> Self {
+        PostgresConfig {
+            connection: connection.into(),
+            ..PostgresConfig::default()
+        }
+    }
+
+    /// Parses a `postgres://` (or `postgresql://`) URL: libpq's URL, whose query may also
+    /// hold this backend's `schema`, `strategy` (`advisory`, `notify`, `polling`),
+    /// `keepalive`, `timeout` and `poll_interval` (durations such as `500ms` or `5s`). The
+    /// rest of the URL is left to tokio-postgres.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] naming what is wrong: another scheme, a bad value of ours, a
+    /// URL tokio-postgres rejects, or what [`validate`](Self::validate) rejects.
+    pub fn from_url(url: &str) -> Result<PostgresConfig, LockError> {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(config_error(
+                "the URL must begin with postgres:// or postgresql://",
+            ));
+        }
+        let mut config = PostgresConfig::default();
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut kept = Vec::new();
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let duration = || {
+                humantime::parse_duration(value)
+                    .map_err(|e| config_error(format!("{key}={value:?}: not a duration ({e})")))
+            };
+            match key {
+                "schema" => config.schema = value.to_owned(),
+                "strategy" => config.strategy = value.parse()?,
+                "keepalive" => config.keepalive = duration()?,
+                "timeout" => config.timeout = duration()?,
+                "poll_interval" => config.poll_interval = duration()?,
+                _ => kept.push(pair),
+            }
+        }
+        config.connection = if kept.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every setting: the connection string as tokio-postgres reads it, the schema
+    /// (an SQL identifier: letters, digits and `_`, not starting with a digit, at most 63
+    /// bytes), and the durations (above zero, at most an hour; the keepalive at least
+    /// 1 s, the server's unit).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] naming the setting.
+    pub fn validate(&self) -> Result<(), LockError> {
+        self.pg_config()?;
+        let schema = self.schema.as_bytes();
+        let identifier = !schema.is_empty()
+            && schema.len() <= 63
+            && !schema[0].is_ascii_digit()
+            && schema
+                .iter()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_');
+        if !identifier {
+            return Err(config_error(format!(
+                "schema={:?}: expected lower-case letters, digits and _, not starting with a \
+                 digit, at most 63 bytes",
+                self.schema
+            )));
+        }
+        for (key, value, least) in [
+            ("keepalive", self.keepalive, Duration::from_secs(1)),
+            ("timeout", self.timeout, Duration::from_millis(1)),
+            (
+                "poll_interval",
+                self.poll_interval,
+                Duration::from_millis(1),
+            ),
+        ] {
+            if value < least || value > MAX_DURATION {
+                return Err(config_error(format!(
+                    "{key}={value:?}: expected {least:?} to {MAX_DURATION:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The connection string as tokio-postgres reads it, with the timeouts and keepalives
+    /// of this configuration.
+    pub(crate) fn pg_config(&self) -> Result<tokio_postgres::Config, LockError> {
+        let mut pg = tokio_postgres::Config::from_str(&self.connection)
+            .map_err(|error| config_error(format!("the connection string: {error}")))?;
+        let seconds = self.keepalive.as_secs().max(1);
+        // The server probes an idle client after `keepalive`, then every second, and gives
+        // up after `keepalive` seconds more: a vanished holder's locks are freed within
+        // 2 × keepalive + 1 s (on TCP connections; a Unix socket's peer closes for sure).
+        let server_keepalives = format!(
+            "-c tcp_keepalives_idle={seconds} -c tcp_keepalives_interval=1 \
+             -c tcp_keepalives_count={seconds}"
+        );
+        let options = match pg.get_options() {
+            Some(theirs) => format!("{theirs} {server_keepalives}"),
+            None => server_keepalives,
+        };
+        pg.options(options)
+            .connect_timeout(self.timeout)
+            .keepalives(true)
+            .keepalives_idle(self.keepalive)
+            .keepalives_interval(Duration::from_secs(1))
+            .keepalives_retries(u32::try_from(seconds).unwrap_or(u32::MAX));
+        if pg.get_application_name().is_none() {
+            pg.application_name("distlock");
+        }
+        Ok(pg)
+    }
+
+    /// The bound a crashed holder's locks are freed within: 2 × keepalive + 1 s.
+    pub(crate) fn crash_release_bound(&self) -> Duration {
+        self.keepalive * 2 + Duration::from_secs(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_parameters_are_taken_out_of_the_url() {
+        let config =
+            PostgresConfig::from_url("postgresql://a:b@h/db?strategy=polling&poll_interval=20ms")
+                .map_err(|e| e.to_string());
+        let config = config.as_ref().map(|c| (c.connection.as_str(), c.strategy));
+        assert_eq!(
+            config,
+            Ok(("postgresql://a:b@h/db", PostgresStrategy::Polling))
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_setting() {
+        for (url, named) in [
+            ("redis://h", "postgres://"),
+            ("postgres://h?strategy=fast", "strategy"),
+            ("postgres://h?schema=Bad-Name", "schema"),
+            ("postgres://h?keepalive=0s", "keepalive"),
+            ("postgres://h?timeout=2h", "timeout"),
+            ("postgres://h?sslmode=sometimes", "connection string"),
+        ] {
+            let error = PostgresConfig::from_url(url)
+                .map(drop)
+                .map_err(|e| e.to_string());
+            assert!(
+                matches!(&error, Err(message) if message.contains(named)),
+                "{url}: {error:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! The backend's name in errors, and how the client's errors become [`LockError`]s.
+
+use lock_core::LockError;
+use tokio_postgres::error::SqlState;
+
+/// The backend's name, as in [`LockError`] messages.
+pub(crate) const BACKEND: &str = "postgres";
+
+/// `error`, from a request about `what`, as a [`LockError`]: refused credentials are
+/// [`LockError::Auth`], a missing right [`LockError::PermissionDenied`], a broken or closed
+/// connection [`LockError::Connection`] (retryable), anything else a backend error,
+/// retryable when the server says it may pass (a cancelled statement, a server shutting
+/// down, a deadlock, a serialization failure).
+pub(crate) fn from_pg(error: tokio_postgres::Error, what: &str) -> LockError {
+    let code = error.code().cloned();
+    let message = match error.as_db_error() {
+        Some(db) => format!("{what}: {} ({})", db.message(), db.code().code()),
+        None => format!("{what}: {error}"),
+    };
+    match code {
+        Some(SqlState::INVALID_PASSWORD | SqlState::INVALID_AUTHORIZATION_SPECIFICATION) => {
+            LockError::Auth {
+                backend: BACKEND,
+                message,
+            }
+        }
+        Some(SqlState::INSUFFICIENT_PRIVILEGE) => LockError::PermissionDenied {
+            backend: BACKEND,
+            name: None,
+            message,
+        },
+        Some(
+            SqlState::QUERY_CANCELED
+            | SqlState::ADMIN_SHUTDOWN
+            | SqlState::CRASH_SHUTDOWN
+            | SqlState::CANNOT_CONNECT_NOW
+            | SqlState::T_R_DEADLOCK_DETECTED
+            | SqlState::T_R_SERIALIZATION_FAILURE
+            | SqlState::TOO_MANY_CONNECTIONS,
+        ) => LockError::other(BACKEND, message)
+            .retryable(true)
+            .with_source(error),
+        Some(_) => LockError::other(BACKEND, message).with_source(error),
+        None => LockError::connection(BACKEND, message).with_source(error),
+    }
+}
+
+/// The error of a request to the server that had no answer within `timeout`.
+pub(crate) fn no_answer(what: &str, timeout: std::time::Duration) -> LockError {
+    LockError::connection(BACKEND, format!("{what}: no answer within {timeout:?}"))
+}

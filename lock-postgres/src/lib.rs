@@ -1,0 +1,39 @@
+//! PostgreSQL backend for distlock: the server's advisory locks, fenced by a counter row.
+//!
+//! - **Locks belong to connections.** A contender takes a connection of its own for as long
+//!   as it waits or holds; the server frees a session-level advisory lock when its
+//!   connection ends (the client crashed, an administrator ran `pg_terminate_backend`, the
+//!   server restarted), and the holder's guard then reports the loss. A holder's connection
+//!   is checked every third of the [`keepalive`](PostgresConfig::keepalive), and the server
+//!   probes it by TCP keepalives: a holder gone without a word frees its locks within
+//!   2 × keepalive + 1 s. distlock locks are not re-entrant: two acquires of one name by one
+//!   provider use two connections, and the second waits.
+//! - **Fencing.** The statement that takes the lock also raises the name's row in
+//!   `{schema}.distlock_fencing` (`INSERT ... ON CONFLICT DO UPDATE ... RETURNING`): one round
+//!   trip, and tokens that strictly increase across holders and survive restarts (the row
+//!   is committed before the grant is answered).
+//! - **Strategies** ([`PostgresStrategy`]): `advisory` waits in the server's own queue
+//!   (FIFO, one waiter woken per release), `notify` on `LISTEN`/`NOTIFY` (every waiter woken:
+//!   the herd), `polling` on a timer.
+//! - **Cancel-safety.** A waiter that gives up (timeout, dropped future) cancels its
+//!   statement on the server and closes its connection: nothing of it can be granted later.
+//! - **Interoperation.** The mutex `N` of schema `S` is the advisory lock
+//!   `hashtextextended('S/N', 0)`, so `SELECT pg_advisory_lock(hashtextextended('public/N', 0))`
+//!   in psql excludes distlock's holders of `N` (and the other way round); the read-write
+//!   lock uses the key `hashtextextended('S/N', 1)`.
+//!
+//! Connection poolers that hand a client's statements to any server connection (PgBouncer
+//! in transaction or statement mode) break session locks: connect directly, or through a
+//! pool in session mode.
+
+mod config;
+mod connection;
+mod error;
+mod lock;
+mod provider;
+mod shared;
+
+pub use config::{PostgresConfig, PostgresStrategy};
+pub use lock::{PostgresLock, PostgresRwLock};
+pub use provider::PostgresLockProvider;
+pub use shared::FENCING_TABLE;

@@ -1,0 +1,482 @@
+//! The mutex and the read-write lock: PostgreSQL's session-level advisory locks, one
+//! connection per contender, and a counter row per name for the fencing token.
+//!
+//! A contender takes a connection and sends one statement that takes the advisory lock
+//! and raises the name's counter row (`INSERT ... ON CONFLICT DO UPDATE ... RETURNING`):
+//! the lock is granted and the token known in one round trip, and the token is raised
+//! only by a holder. The first statement only tries (`pg_try_advisory_lock`, which fails
+//! while anyone waits, so a newcomer never passes the queue); a busy lock is then waited
+//! for as the strategy says:
+//!
+//! - `advisory`: `pg_advisory_lock` blocks on the server, which queues the waiters in the
+//!   order they asked and grants the next one at each release;
+//! - `notify`: the waiter listens on the lock's channel, and tries again at each release's
+//!   `pg_notify` (every waiter does: a herd), or after `keepalive` (a holder that died
+//!   notifies nobody);
+//! - `polling`: the waiter tries again every `poll_interval`, with jitter.
+//!
+//! A waiter given up (deadline, dropped future, error) cancels its statement on the
+//! server and closes its connection, so nothing of it can be granted later. The read-write
+//! lock is the same with `pg_advisory_lock_shared` for readers, and always waits in the
+//! server's queue, whatever the strategy: the server makes a reader that comes after a
+//! waiting writer wait too (a request conflicting with a waiter's joins the queue), so
+//! writers are not starved; a writer waiting at home would be.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use lock_core::kit::{
+    HeldEntry, MutexAttempt, Removal, RemovalError, RwAttempt, RwSide, Wakeups, entry_guard,
+};
+use lock_core::{
+    Deadline, FencingToken, Guard, LockError, LockName, LossReason, LostNotifier, lost_signal,
+};
+use tokio::sync::watch;
+use tokio_postgres::types::Type;
+
+use crate::config::PostgresStrategy;
+use crate::connection::Conn;
+use crate::error::BACKEND;
+use crate::shared::{Mode, Shared};
+
+/// Which advisory lock of a name a kind of lock takes (the second argument of
+/// `hashtextextended`): a mutex and a read-write lock of one name never exclude each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Mutex = 0,
+    RwLock = 1,
+}
+
+/// One lock of a name: the key text its advisory lock is hashed from, and its channel.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    pub(crate) name: LockName,
+    /// `{schema}/{name}`: the advisory lock's key is `hashtextextended(key, kind)`.
+    pub(crate) key: String,
+    pub(crate) kind: Kind,
+    /// The channel a release notifies (`notify` strategy).
+    pub(crate) channel: String,
+}
+
+impl Target {
+    pub(crate) fn new(schema: &str, name: LockName, kind: Kind) -> Self {
+        let key = format!("{schema}/{}", name.as_str());
+        let channel = format!("distlock_{:016x}_{}", fnv1a(&key), kind as i64);
+        Target {
+            name,
+            key,
+            kind,
+            channel,
+        }
+    }
+}
+
+/// FNV-1a, 64 bits: a channel name of fixed length for any key.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// A contender's connection while it waits: given up (dropped) before the grant, it is
+/// cancelled and closed, so that no request of it stays queued on the server.
+struct Waiting {
+    conn: Arc<Conn>,
+    armed: bool,
+}
+
+impl Waiting {
+    fn new(conn: Arc<Conn>) -> Self {
+        Waiting { conn, armed: true }
+    }
+
+    /// The connection, no longer cancelled on drop.
+    fn settle(mut self) -> Arc<Conn> {
+        self.armed = false;
+        Arc::clone(&self.conn)
+    }
+
+    /// Closes the connection, which runs no statement.
+    fn discard(self) {
+        self.settle().close();
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.armed {
+            Arc::clone(&self.conn).cancel_and_close();
+        }
+    }
+}
+
+/// Takes `target` in `mode`, or gives up at `deadline` with `Ok(None)`.
+pub(crate) async fn contend(
+    shared: &Arc<Shared>,
+    target: &Target,
+    mode: Mode,
+    deadline: Deadline,
+) -> Result<Option<Guard>, LockError> {
+    shared.closed.check(BACKEND, &target.name)?;
+    let statements = shared.statements(mode);
+    // A read-write lock's waiters always queue on the server: a waiting writer holds back
+    // the readers that come after it only there.
+    let strategy = match target.kind {
+        Kind::Mutex => shared.config.strategy,
+        Kind::RwLock => PostgresStrategy::Advisory,
+    };
+    let waiting = Waiting::new(shared.pool.get().await?);
+    let conn = Arc::clone(&waiting.conn);
+    let key: &str = &target.key;
+    let kind = target.kind as i64;
+    let row: &str = target.name.as_str();
+    let grant_params = [
+        (
+            &key as &(dyn tokio_postgres::types::ToSql + Sync),
+            Type::TEXT,
+        ),
+        (&kind, Type::INT8),
+        (&row, Type::TEXT),
+    ];
+    let listen = format!("LISTEN {}", target.channel);
+    let listening = strategy == PostgresStrategy::Notify && !deadline.is_immediate();
+    let first = if listening {
+        // Listening before the first try: a release in between is not missed.
+        let (listened, tried) = tokio::join!(
+            conn.run(&listen),
+            conn.ask(&statements.try_grant, &grant_params)
+        );
+        listened?;
+        tried?
+    } else {
+        conn.ask(&statements.try_grant, &grant_params).await?
+    };
+    if let Some(token) = token_of(&first) {
+        return Ok(Some(grant(
+            shared,
+            target,
+            mode,
+            waiting.settle(),
+            token,
+            listening,
+        )));
+    }
+    let mut wakeups = Wakeups::new(&shared.metrics);
+    loop {
+        wakeups.busy();
+        if deadline.is_immediate() || deadline.has_passed() {
+            if listening {
+                // The connection listens: it goes, rather than back to the pool.
+                waiting.discard();
+                return Ok(None);
+            }
+            shared.pool.put(waiting.settle());
+            return Ok(None);
+        }
+        let rows = match strategy {
+            PostgresStrategy::Advisory => {
+                let granted = conn.wait(&statements.grant, &grant_params);
+                match deadline.remaining() {
+                    None => granted.await?,
+                    Some(left) => match tokio::time::timeout(left, granted).await {
+                        Ok(rows) => rows?,
+                        // Cancelled and closed as `waiting` drops.
+                        Err(_) => return Ok(None),
+                    },
+                }
+            }
+            PostgresStrategy::Notify => {
+                conn.notification(deadline.cap(shared.config.keepalive))
+                    .await;
+                conn.ask(&statements.try_grant, &grant_params).await?
+            }
+            PostgresStrategy::Polling => {
+                let interval = shared.config.poll_interval;
+                let jitter = interval.mul_f64(fastrand::f64() / 2.0);
+                tokio::time::sleep(deadline.cap(interval + jitter)).await;
+                conn.ask(&statements.try_grant, &grant_params).await?
+            }
+        };
+        wakeups.woke();
+        if let Some(token) = token_of(&rows) {
+            return Ok(Some(grant(
+                shared,
+                target,
+                mode,
+                waiting.settle(),
+                token,
+                listening,
+            )));
+        }
+    }
+}
+
+/// The token a granting statement returned, if it granted.
+fn token_of(rows: &[tokio_postgres::Row]) -> Option<i64> {
+    rows.first().and_then(|row| row.try_get::<_, i64>(0).ok())
+}
+
+/// The guard of a lock granted on `conn`: released by unlocking on that connection, lost
+/// when the connection ends or stops answering.
+fn grant(
+    shared: &Arc<Shared>,
+    target: &Target,
+    mode: Mode,
+    conn: Arc<Conn>,
+    token: i64,
+    listening: bool,
+) -> Guard {
+    shared.metrics.record_grant();
+    let (notifier, lost) = lost_signal();
+    let (done, released) = watch::channel(false);
+    let watched = watch_holder(
+        Arc::clone(&conn),
+        Arc::clone(shared),
+        released,
+        notifier.clone(),
+    );
+    let held = HeldLock {
+        conn: Some(conn),
+        shared: Arc::clone(shared),
+        target: target.clone(),
+        mode,
+        listening,
+        notifies: target.kind == Kind::Mutex && shared.config.strategy == PostgresStrategy::Notify,
+        done,
+    };
+    let token = FencingToken(u64::try_from(token).unwrap_or_default());
+    entry_guard(&target.name, token, held, (notifier, lost), watched)
+}
+
+/// Watches a holder's connection until the grant ends (`released`): fires the lost signal
+/// when the connection ends (its server process was terminated, the server restarted), when
+/// a check (`SELECT 1` every third of the keepalive) has no answer within the keepalive, or
+/// when the provider is closed; the connection is then closed, which frees the lock on the
+/// server. Resolves to `false`: the signal is fired here, with its reason.
+async fn watch_holder(
+    conn: Arc<Conn>,
+    shared: Arc<Shared>,
+    mut released: watch::Receiver<bool>,
+    notifier: LostNotifier,
+) -> bool {
+    let keepalive = shared.config.keepalive;
+    let reason = loop {
+        tokio::select! {
+            () = conn.closed() => break LossReason::SessionExpired,
+            _ = async { released.wait_for(|released| *released).await.map(drop) } => return false,
+            () = shared.closed.wait() => break LossReason::SessionExpired,
+            () = tokio::time::sleep(keepalive / 3) => {
+                if conn.within(keepalive, "SELECT 1", &[]).await.is_err() {
+                    break LossReason::Disconnected;
+                }
+            }
+        }
+    };
+    conn.close();
+    if !*released.borrow() {
+        tracing::debug!(pid = conn.pid, %reason, "postgres: a held lock is lost");
+        notifier.fire(reason);
+    }
+    false
+}
+
+/// A granted lock, as its guard releases it.
+struct HeldLock {
+    /// The holder's connection, until the release hands it back.
+    conn: Option<Arc<Conn>>,
+    shared: Arc<Shared>,
+    target: Target,
+    mode: Mode,
+    /// Whether the connection listens on the lock's channel (`notify`).
+    listening: bool,
+    /// Whether its release notifies the lock's channel (`notify`, for a mutex).
+    notifies: bool,
+    /// Set once the grant is over: the holder's watch stops.
+    done: watch::Sender<bool>,
+}
+
+impl fmt::Debug for HeldLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HeldLock")
+            .field("key", &self.target.key)
+            .field("mode", &self.mode)
+            .field("pid", &self.conn.as_ref().map(|conn| conn.pid))
+            .finish()
+    }
+}
+
+impl HeldLock {
+    /// Hands the holder's connection back to the pool, unlistening first if it listens.
+    fn give_back(&self, conn: Arc<Conn>) {
+        let shared = Arc::clone(&self.shared);
+        if !self.listening {
+            shared.pool.put(conn);
+            return;
+        }
+        tokio::spawn(async move {
+            if conn.run("UNLISTEN *").await.is_ok() {
+                shared.pool.put(conn);
+            } else {
+                conn.close();
+            }
+        });
+    }
+}
+
+#[async_trait]
+impl HeldEntry for HeldLock {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn remove(&mut self, sent: &AtomicBool) -> Result<Removal, RemovalError> {
+        let Some(conn) = self.conn.clone().filter(|conn| !conn.is_closed()) else {
+            // The server frees a closed connection's locks.
+            return Err(RemovalError::SessionOver);
+        };
+        let statements = self.shared.statements(self.mode);
+        let key: &str = &self.target.key;
+        let kind = self.target.kind as i64;
+        let channel: &str = &self.target.channel;
+        sent.store(true, Ordering::Release);
+        let answer = if self.notifies {
+            let params = [
+                (
+                    &key as &(dyn tokio_postgres::types::ToSql + Sync),
+                    Type::TEXT,
+                ),
+                (&kind, Type::INT8),
+                (&channel, Type::TEXT),
+            ];
+            conn.ask(&statements.unlock_and_notify, &params).await
+        } else {
+            let params = [
+                (
+                    &key as &(dyn tokio_postgres::types::ToSql + Sync),
+                    Type::TEXT,
+                ),
+                (&kind, Type::INT8),
+            ];
+            conn.ask(&statements.unlock, &params).await
+        };
+        match answer {
+            Ok(rows) => {
+                self.done.send_replace(true);
+                self.conn = None;
+                let unlocked = rows.first().and_then(|row| row.try_get::<_, bool>(0).ok());
+                if unlocked == Some(true) {
+                    self.give_back(conn);
+                    Ok(Removal::Removed)
+                } else {
+                    conn.close();
+                    Ok(Removal::Gone)
+                }
+            }
+            Err(_) if conn.is_closed() => Err(RemovalError::SessionOver),
+            Err(error @ LockError::Connection { .. }) => Err(RemovalError::Unknown(error)),
+            Err(error) => Err(RemovalError::Failed(error)),
+        }
+    }
+
+    fn forget(&self) {}
+
+    /// Closes the holder's connection: the server ends its process, which frees the lock.
+    fn abandon(self: Box<Self>) {
+        self.done.send_replace(true);
+        if let Some(conn) = &self.conn {
+            conn.close();
+        }
+    }
+
+    fn is_suspect(&self) -> bool {
+        false
+    }
+}
+
+/// A mutex from a [`PostgresLockProvider`](crate::PostgresLockProvider): the advisory lock
+/// `hashtextextended('{schema}/{name}', 0)`.
+pub struct PostgresLock {
+    shared: Arc<Shared>,
+    target: Target,
+}
+
+impl PostgresLock {
+    pub(crate) fn new(shared: Arc<Shared>, name: LockName) -> Self {
+        let target = Target::new(&shared.config.schema, name, Kind::Mutex);
+        PostgresLock { shared, target }
+    }
+}
+
+impl fmt::Debug for PostgresLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresLock")
+            .field("name", &self.target.name)
+            .field("key", &self.target.key)
+            .field("strategy", &self.shared.config.strategy)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl MutexAttempt for PostgresLock {
+    fn name(&self) -> &LockName {
+        &self.target.name
+    }
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
+        contend(&self.shared, &self.target, Mode::Exclusive, deadline)
+            .await
+            .map_err(|error| error.for_lock(&self.target.name))
+    }
+}
+
+/// A read-write lock from a [`PostgresLockProvider`](crate::PostgresLockProvider): the
+/// advisory lock `hashtextextended('{schema}/{name}', 1)`, shared by readers, exclusive for
+/// the writer.
+pub struct PostgresRwLock {
+    shared: Arc<Shared>,
+    target: Target,
+}
+
+impl PostgresRwLock {
+    pub(crate) fn new(shared: Arc<Shared>, name: LockName) -> Self {
+        let target = Target::new(&shared.config.schema, name, Kind::RwLock);
+        PostgresRwLock { shared, target }
+    }
+}
+
+impl fmt::Debug for PostgresRwLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresRwLock")
+            .field("name", &self.target.name)
+            .field("key", &self.target.key)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl RwAttempt for PostgresRwLock {
+    fn name(&self) -> &LockName {
+        &self.target.name
+    }
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn attempt(&self, side: RwSide, deadline: Deadline) -> Result<Option<Guard>, LockError> {
+        let mode = match side {
+            RwSide::Read => Mode::Shared,
+            RwSide::Write => Mode::Exclusive,
+        };
+        contend(&self.shared, &self.target, mode, deadline)
+            .await
+            .map_err(|error| error.for_lock(&self.target.name))
+    }
+}

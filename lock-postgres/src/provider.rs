@@ -1,0 +1,189 @@
+//! The provider: the configuration, the connection pool, the fencing table's statements.
+
+use std::fmt;
+use std::sync::Arc;
+
+use lock_core::kit::{Closed, SessionOwner};
+use lock_core::{
+    Capabilities, DistributedLock, DistributedRwLock, Fencing, LockError, LockName, LockProvider,
+    Metrics, MetricsSnapshot, WaitKind,
+};
+
+use crate::config::{PostgresConfig, PostgresStrategy};
+use crate::connection::{Conn, Pool};
+use crate::error::BACKEND;
+use crate::lock::{PostgresLock, PostgresRwLock};
+use crate::shared::{FENCING_TABLE, Mode, Shared, Statements};
+
+/// A distlock provider over a PostgreSQL server: its advisory locks, one connection per
+/// contender while it waits or holds (a lock belongs to the connection that took it, and
+/// the server frees it when that connection ends), fenced by a counter row per name in the
+/// table `distlock_fencing` of the configured schema (created at connect if missing).
+///
+/// Dropping the last handle closes every connection, which frees every lock it held and
+/// fires their guards' lost signals.
+///
+/// ```no_run
+/// use lock_core::LockProvider;
+/// use lock_postgres::PostgresLockProvider;
+///
+/// # async fn demo() -> Result<(), lock_core::LockError> {
+/// let locks = PostgresLockProvider::connect_url("postgres://locker@127.0.0.1/app").await?;
+/// let mut guard = locks.lock("billing")?.acquire(None).await?;
+/// // ... pass guard.fencing_token() with every write; watch guard.lost() ...
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PostgresLockProvider {
+    shared: Arc<Shared>,
+    _owner: SessionOwner,
+}
+
+impl PostgresLockProvider {
+    /// Connects (within the configured timeout) and makes sure the fencing table exists.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] for an invalid configuration; [`LockError::Connection`]
+    /// (retryable) when the server does not answer in time; [`LockError::Auth`] for refused
+    /// credentials; [`LockError::PermissionDenied`] naming the statement an administrator
+    /// must run when the role may not create the missing fencing table.
+    pub async fn connect(config: PostgresConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let pool = Pool::new(config.pg_config()?, config.timeout);
+        let first = pool.get().await?;
+        let table = format!("{}.{FENCING_TABLE}", config.schema);
+        ensure_fencing_table(&first, &table).await?;
+        pool.put(first);
+        let shared = Arc::new(Shared {
+            exclusive: Statements::new(&table, Mode::Exclusive),
+            shared: Statements::new(&table, Mode::Shared),
+            config,
+            pool,
+            closed: Closed::new(),
+            metrics: Metrics::new(),
+        });
+        let closing = Arc::clone(&shared);
+        Ok(PostgresLockProvider {
+            _owner: SessionOwner::new(move || {
+                closing.closed.close();
+                closing.pool.clear();
+            }),
+            shared,
+        })
+    }
+
+    /// Parses a `postgres://` URL (see [`PostgresConfig::from_url`]) and connects.
+    ///
+    /// # Errors
+    ///
+    /// As for [`PostgresConfig::from_url`] and [`connect`](Self::connect).
+    pub async fn connect_url(url: &str) -> Result<Self, LockError> {
+        Self::connect(PostgresConfig::from_url(url)?).await
+    }
+
+    /// The configuration the provider was made with.
+    pub fn config(&self) -> &PostgresConfig {
+        &self.shared.config
+    }
+}
+
+/// The statement that makes the fencing table `table`.
+fn create_table(table: &str) -> String {
+    format!("CREATE TABLE IF NOT EXISTS {table} (name text PRIMARY KEY, token bigint NOT NULL)")
+}
+
+/// Creates the fencing table if it is missing. A role that may not create it can still
+/// lock once an administrator has: the server refuses `CREATE` before it looks whether the
+/// table exists, so a refusal is followed by a look.
+async fn ensure_fencing_table(conn: &Conn, table: &str) -> Result<(), LockError> {
+    let create = create_table(table);
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let error = match conn.run(&create).await {
+            Ok(()) => return Ok(()),
+            Err(error) => error,
+        };
+        // Two providers creating the table at once: one of them may meet the other's
+        // half-made type (a unique violation); the next try finds the table.
+        let refused = matches!(error, LockError::PermissionDenied { .. });
+        if !refused && !error.is_retryable() && tries < 3 {
+            continue;
+        }
+        if error.is_retryable() {
+            return Err(error);
+        }
+        let exists = conn
+            .ask(
+                "SELECT to_regclass($1) IS NOT NULL",
+                &[(&table, tokio_postgres::types::Type::TEXT)],
+            )
+            .await?
+            .first()
+            .and_then(|row| row.try_get::<_, bool>(0).ok())
+            .unwrap_or(false);
+        if exists {
+            return Ok(());
+        }
+        return Err(LockError::PermissionDenied {
+            backend: BACKEND,
+            name: None,
+            message: format!(
+                "the fencing table {table} is missing and could not be created ({error}); an \
+                 administrator can run: {create}; GRANT SELECT, INSERT, UPDATE ON {table} TO \
+                 <the role>"
+            ),
+        });
+    }
+}
+
+impl fmt::Debug for PostgresLockProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresLockProvider")
+            .field("schema", &self.shared.config.schema)
+            .field("strategy", &self.shared.config.strategy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockProvider for PostgresLockProvider {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let config = &self.shared.config;
+        let (wait, fifo) = match config.strategy {
+            PostgresStrategy::Advisory => (WaitKind::NotifyOne, true),
+            PostgresStrategy::Notify => (WaitKind::NotifyAll, false),
+            PostgresStrategy::Polling => (WaitKind::Poll, false),
+        };
+        Capabilities::new(wait)
+            .with_fencing(Fencing::Monotonic)
+            .with_lost_detection(true)
+            .with_fifo(fifo)
+            .with_reader_writer(true)
+            .with_crash_release_bound(Some(config.crash_release_bound()))
+    }
+
+    /// The mutex `name`; see [`PostgresLock`].
+    fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
+        let name = LockName::new(name)?;
+        Ok(Arc::new(PostgresLock::new(Arc::clone(&self.shared), name)))
+    }
+
+    fn metrics(&self) -> MetricsSnapshot {
+        self.shared.metrics.snapshot()
+    }
+
+    /// The read-write lock `name`; see [`PostgresRwLock`].
+    fn rw_lock(&self, name: &str) -> Result<Arc<dyn DistributedRwLock>, LockError> {
+        let name = LockName::new(name)?;
+        Ok(Arc::new(PostgresRwLock::new(
+            Arc::clone(&self.shared),
+            name,
+        )))
+    }
+}

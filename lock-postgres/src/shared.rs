@@ -1,0 +1,82 @@
+//! What a provider's locks share: the configuration, the connection pool, and the
+//! statements over the fencing table.
+
+use lock_core::Metrics;
+use lock_core::kit::Closed;
+
+use crate::config::PostgresConfig;
+use crate::connection::Pool;
+
+/// The fencing table's name within its schema.
+pub const FENCING_TABLE: &str = "distlock_fencing";
+
+/// What a provider's locks share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) config: PostgresConfig,
+    pub(crate) pool: Pool,
+    pub(crate) closed: Closed,
+    pub(crate) metrics: Metrics,
+    pub(crate) exclusive: Statements,
+    pub(crate) shared: Statements,
+}
+
+impl Shared {
+    /// The statements of `mode`.
+    pub(crate) fn statements(&self, mode: Mode) -> &Statements {
+        match mode {
+            Mode::Exclusive => &self.exclusive,
+            Mode::Shared => &self.shared,
+        }
+    }
+}
+
+/// Exclusive, or shared with other shared holders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Exclusive,
+    Shared,
+}
+
+impl Mode {
+    /// The suffix of the advisory lock functions for this mode.
+    fn suffix(self) -> &'static str {
+        match self {
+            Mode::Exclusive => "",
+            Mode::Shared => "_shared",
+        }
+    }
+}
+
+/// The statements of one mode, for the fencing table of one schema. Parameters: `$1` the
+/// lock's key text, `$2` its kind (the hash's seed), `$3` the counter row's name (grants)
+/// or the channel to notify (`unlock_and_notify`).
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) try_grant: String,
+    pub(crate) grant: String,
+    pub(crate) unlock: String,
+    pub(crate) unlock_and_notify: String,
+}
+
+impl Statements {
+    pub(crate) fn new(table: &str, mode: Mode) -> Self {
+        let suffix = mode.suffix();
+        let raise = "ON CONFLICT (name) DO UPDATE SET token = f.token + 1 RETURNING token";
+        let insert = format!("INSERT INTO {table} AS f (name, token)");
+        Statements {
+            try_grant: format!(
+                "{insert} SELECT $3, 1 WHERE pg_try_advisory_lock{suffix}(hashtextextended($1, \
+                 $2)) {raise}"
+            ),
+            grant: format!(
+                "{insert} SELECT $3, 1 FROM (SELECT pg_advisory_lock{suffix}(hashtextextended($1, \
+                 $2))) AS granted {raise}"
+            ),
+            unlock: format!("SELECT pg_advisory_unlock{suffix}(hashtextextended($1, $2))"),
+            unlock_and_notify: format!(
+                "SELECT pg_advisory_unlock{suffix}(hashtextextended($1, $2)), pg_notify($3, '')"
+            ),
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! Faults the conformance cases do not look into, on real servers: a holder's server
+//! process terminated, a server restarted or paused, a role without rights, and psql on the
+//! other side of a lock.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed set-up or check must fail the test"
+)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{
+    KEEPALIVE, PgHarness, admin_client, advisory_locks, server_address, terminate_holders,
+};
+use lock_conformance::unique_name;
+use lock_core::{LockError, LockProvider, LossReason};
+use lock_postgres::{PostgresConfig, PostgresLockProvider, PostgresStrategy};
+use lock_testbed::servers::{PostgresOptions, PostgresTarget};
+
+/// A provider of the server at `url` (the superuser), with the harness's keepalive.
+async fn provider_of(url: &str) -> PostgresLockProvider {
+    let mut config = PostgresConfig::new(url);
+    config.keepalive = KEEPALIVE;
+    config.timeout = Duration::from_secs(2);
+    PostgresLockProvider::connect(config).await.unwrap()
+}
+
+/// Waits until `check` holds, for at most `bound`.
+async fn eventually<F, Fut>(bound: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + bound;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within {bound:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `pg_terminate_backend` on the holder: its lost signal fires, its release says the lock
+/// was lost, the waiter is granted with a larger token, and nothing is left on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_holder_loses_and_the_waiter_gets_a_larger_token() {
+    let h = PgHarness::new(PostgresStrategy::Advisory).await;
+    let (first, second) = (provider_of(h.url()).await, provider_of(h.url()).await);
+    let name = unique_name("terminated");
+    let mut holder = first.lock(&name).unwrap().acquire(None).await.unwrap();
+    let lost = holder.lost();
+    let lock = second.lock(&name).unwrap();
+    let waiter = tokio::spawn(async move { lock.acquire(Some(Duration::from_secs(10))).await });
+    eventually(Duration::from_secs(5), "the waiter queues", || async {
+        advisory_locks(h.admin(), "public", &name).await == (1, 1)
+    })
+    .await;
+    assert_eq!(terminate_holders(h.admin(), "public", &name).await, 1);
+    let reason = tokio::time::timeout(KEEPALIVE * 3, lost.wait()).await;
+    assert_eq!(reason.ok().flatten(), Some(LossReason::SessionExpired));
+    let mut next = waiter.await.unwrap().unwrap();
+    assert!(next.fencing_token() > holder.fencing_token());
+    assert!(matches!(
+        holder.release().await,
+        Err(LockError::Lost { .. })
+    ));
+    next.release().await.unwrap();
+    eventually(Duration::from_secs(5), "nothing is left", || async {
+        advisory_locks(h.admin(), "public", &name).await == (0, 0)
+    })
+    .await;
+}
+
+/// A restart of the server: the holder's lost signal fires, and tokens keep increasing
+/// (the counter row is committed before a grant is answered); the provider's next acquire
+/// works on a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_increasing_across_a_restart() {
+    let mut server = PostgresTarget::start(PostgresOptions::default())
+        .await
+        .unwrap();
+    let provider = provider_of(&server.url()).await;
+    let lock = provider.lock("restarted").unwrap();
+    let mut before = lock.acquire(None).await.unwrap();
+    let lost = before.lost();
+    server.restart().await.unwrap();
+    let reason = tokio::time::timeout(KEEPALIVE * 3, lost.wait()).await;
+    assert!(reason.is_ok(), "the holder did not learn of the restart");
+    assert!(before.release().await.is_err());
+    let mut after = None;
+    for _ in 0..3 {
+        match lock.acquire(Some(Duration::from_secs(5))).await {
+            Ok(guard) => {
+                after = Some(guard);
+                break;
+            }
+            Err(error) => assert!(error.is_retryable(), "{error}"),
+        }
+    }
+    let mut after = after.expect("an acquire after the restart");
+    assert!(after.fencing_token() > before.fencing_token());
+    after.release().await.unwrap();
+}
+
+/// A server that stops answering (SIGSTOP) for longer than the keepalive: the holder's lost
+/// signal fires within three keepalives, and once the server goes on, the lock is free
+/// again (the holder closed its connection) within the crash bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_server_makes_the_holder_lose() {
+    let server = PostgresTarget::start(PostgresOptions::default())
+        .await
+        .unwrap();
+    let provider = provider_of(&server.url()).await;
+    let name = "paused";
+    let holder = provider.lock(name).unwrap().acquire(None).await.unwrap();
+    let lost = holder.lost();
+    server.pause().await.unwrap();
+    let reason = tokio::time::timeout(KEEPALIVE * 3, lost.wait()).await;
+    server.resume().await.unwrap();
+    assert_eq!(reason.ok().flatten(), Some(LossReason::Disconnected));
+    let other = provider_of(&server.url()).await;
+    let bound = provider.capabilities().crash_release_bound.unwrap();
+    let mut next = other
+        .lock(name)
+        .unwrap()
+        .acquire(Some(bound))
+        .await
+        .unwrap();
+    assert!(next.fencing_token() > holder.fencing_token());
+    next.release().await.unwrap();
+}
+
+/// psql and distlock exclude each other on the documented key, both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psql_and_distlock_exclude_each_other() {
+    let h = PgHarness::new(PostgresStrategy::Advisory).await;
+    let provider = provider_of(h.url()).await;
+    let name = unique_name("psql");
+    let key = format!("hashtextextended('public/{name}', 0)");
+    let psql = |statements: Vec<String>| {
+        let mut command = tokio::process::Command::new("psql");
+        command.arg(h.url()).args(["-X", "-q", "-t", "-A"]);
+        for statement in statements {
+            command.arg("-c").arg(statement);
+        }
+        command.kill_on_drop(true);
+        command
+    };
+    // psql holds: distlock's try finds the lock busy, and takes it once psql is done.
+    let mut holding = psql(vec![
+        format!("SELECT pg_advisory_lock({key})"),
+        "SELECT pg_sleep(2)".to_owned(),
+    ])
+    .stdout(std::process::Stdio::null())
+    .spawn()
+    .expect("psql runs (Debian's postgresql-client)");
+    eventually(Duration::from_secs(5), "psql holds", || async {
+        advisory_locks(h.admin(), "public", &name).await == (1, 0)
+    })
+    .await;
+    let lock = provider.lock(&name).unwrap();
+    assert!(lock.try_acquire().await.unwrap().is_none());
+    let mut guard = lock.acquire(Some(Duration::from_secs(10))).await.unwrap();
+    assert!(holding.wait().await.unwrap().success());
+    // distlock holds: psql's try fails.
+    let tried = psql(vec![format!("SELECT pg_try_advisory_lock({key})")])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&tried.stdout).trim(), "f");
+    guard.release().await.unwrap();
+    let tried = psql(vec![format!("SELECT pg_try_advisory_lock({key})")])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&tried.stdout).trim(), "t");
+}
+
+/// A role that may not create the fencing table is told the statements an administrator
+/// must run; once they have run, it locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_create_is_told_what_to_run() {
+    let h = PgHarness::new(PostgresStrategy::Advisory).await;
+    let schema = format!("locked_{}", uuid::Uuid::new_v4().simple());
+    let role = format!("role_{}", uuid::Uuid::new_v4().simple());
+    h.admin()
+        .batch_execute(&format!(
+            "CREATE SCHEMA {schema}; CREATE ROLE {role} LOGIN; \
+             GRANT USAGE ON SCHEMA {schema} TO {role};"
+        ))
+        .await
+        .unwrap();
+    let address = server_address(h.url());
+    let mut config = PostgresConfig::new(format!("postgres://{role}@{address}/postgres"));
+    config.schema = schema.clone();
+    let refused = PostgresLockProvider::connect(config.clone()).await;
+    let Err(LockError::PermissionDenied { message, .. }) = refused else {
+        panic!("expected a refusal, got {refused:?}");
+    };
+    let create = format!(
+        "CREATE TABLE IF NOT EXISTS {schema}.distlock_fencing (name text PRIMARY KEY, token \
+         bigint NOT NULL)"
+    );
+    assert!(message.contains(&create), "{message}");
+    let admin = admin_client(h.url()).await;
+    admin
+        .batch_execute(&format!(
+            "{create}; GRANT SELECT, INSERT, UPDATE ON {schema}.distlock_fencing TO {role}"
+        ))
+        .await
+        .unwrap();
+    let provider = PostgresLockProvider::connect(config).await.unwrap();
+    let mut guard = provider.lock("jobs").unwrap().acquire(None).await.unwrap();
+    assert_eq!(guard.fencing_token().0, 1);
+    guard.release().await.unwrap();
+}
