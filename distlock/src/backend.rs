@@ -15,6 +15,8 @@ const ENABLED_FEATURES: &[&str] = &[
     "redis",
     #[cfg(feature = "etcd")]
     "etcd",
+    #[cfg(feature = "postgres")]
+    "postgres",
 ];
 
 /// The configuration of one backend: what [`BackendConfig::from_url`] makes of a URL.
@@ -52,11 +54,16 @@ pub enum BackendConfig {
     #[cfg(feature = "etcd")]
     #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
     Etcd(lock_etcd::EtcdConfig),
+    /// The PostgreSQL backend (`postgres://`, `postgresql://`).
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    Postgres(lock_postgres::PostgresConfig),
 }
 
 impl BackendConfig {
     /// Parses and validates a connection URL, choosing the backend by its scheme:
-    /// `memory`, `zk` or `zookeeper`, `redis` or `rediss`, `redlock`, `etcd`. See the
+    /// `memory`, `zk` or `zookeeper`, `redis` or `rediss`, `redlock`, `etcd`, `postgres` or
+    /// `postgresql`. See the
     /// [crate docs](crate#connection-urls) for each form.
     ///
     /// # Errors
@@ -72,16 +79,19 @@ impl BackendConfig {
             "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => redis_from_url(url, &scheme),
             "redlock" => redlock_from_url(url, &scheme),
             "etcd" | "etcds" => etcd_from_url(url, &scheme),
+            "postgres" | "postgresql" => postgres_from_url(url, &scheme),
             _ => Err(LockError::config(format!(
                 "unknown URL scheme {scheme:?}; distlock supports memory://, zk:// (or \
                  zookeeper://), redis://, rediss://, redis+sentinel://, redis+cluster://, \
-                 redlock://, etcd:// and etcds:// (enabled features: {})",
+                 redlock://, etcd://, etcds:// and postgres:// (or postgresql://) (enabled \
+                 features: {})",
                 enabled_features()
             ))),
         }
     }
 
-    /// The backend's name: `"memory"`, `"zookeeper"`, `"redis"`, `"redlock"` or `"etcd"`.
+    /// The backend's name: `"memory"`, `"zookeeper"`, `"redis"`, `"redlock"`, `"etcd"` or
+    /// `"postgres"`.
     pub fn backend(&self) -> &'static str {
         match *self {
             #[cfg(feature = "memory")]
@@ -94,6 +104,8 @@ impl BackendConfig {
             BackendConfig::Redlock(_) => "redlock",
             #[cfg(feature = "etcd")]
             BackendConfig::Etcd(_) => "etcd",
+            #[cfg(feature = "postgres")]
+            BackendConfig::Postgres(_) => "postgres",
         }
     }
 
@@ -123,6 +135,10 @@ impl BackendConfig {
             BackendConfig::Etcd(config) => Ok(Arc::new(
                 lock_etcd::EtcdLockProvider::connect(config).await?,
             )),
+            #[cfg(feature = "postgres")]
+            BackendConfig::Postgres(config) => Ok(Arc::new(
+                lock_postgres::PostgresLockProvider::connect(config).await?,
+            )),
         }
     }
 }
@@ -139,7 +155,8 @@ fn enabled_features() -> String {
     not(feature = "memory"),
     not(feature = "zookeeper"),
     not(feature = "redis"),
-    not(feature = "etcd")
+    not(feature = "etcd"),
+    not(feature = "postgres")
 ))]
 fn feature_off(scheme: &str, feature: &str) -> LockError {
     LockError::config(format!(
@@ -196,6 +213,16 @@ fn etcd_from_url(url: &str, _scheme: &str) -> Result<BackendConfig, LockError> {
 #[cfg(not(feature = "etcd"))]
 fn etcd_from_url(_url: &str, scheme: &str) -> Result<BackendConfig, LockError> {
     Err(feature_off(scheme, "etcd"))
+}
+
+#[cfg(feature = "postgres")]
+fn postgres_from_url(url: &str, _scheme: &str) -> Result<BackendConfig, LockError> {
+    lock_postgres::PostgresConfig::from_url(url).map(BackendConfig::Postgres)
+}
+
+#[cfg(not(feature = "postgres"))]
+fn postgres_from_url(_url: &str, scheme: &str) -> Result<BackendConfig, LockError> {
+    Err(feature_off(scheme, "postgres"))
 }
 
 /// The configuration of the in-memory backend.

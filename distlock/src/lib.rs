@@ -39,6 +39,7 @@
 //! | `zookeeper` | no | the ZooKeeper backend (`zk://`, `zookeeper://`) as the `zookeeper` module |
 //! | `redis` | no | the Redis backend (`redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`, `redlock://`) as the `redis` module |
 //! | `etcd` | no | the etcd backend (`etcd://`, `etcds://`) as the `etcd` module; building it needs `protoc` |
+//! | `postgres` | no | the PostgreSQL backend (`postgres://`, `postgresql://`) as the `postgres` module |
 //! | `cli` | no | the `distlock` command-line tool, with every backend |
 //!
 //! A URL whose backend is not compiled in fails with a [`LockError::Config`] that names the
@@ -63,6 +64,7 @@
 //! | `redis+cluster` | `redis+cluster://[user[:password]@]node1[:port],node2[:port]` (port 6379): a Redis Cluster, each lock on the primary serving its slot, following `MOVED` and `ASK` | as `redis`, without `tls_ca` or `wait_replicas`; `strategy` = `polling`\|`queue`; no `/db`, no TLS |
 //! | `redlock` | `redlock://[user:password@]h1[:p],h2,h3[/db]` — independent servers, quorum N/2+1 | `prefix` (`lock`), `ttl` (`30s`), `retry_count` (`3`), `retry_delay` (`200ms`), `drift_factor` (`0.01`), `tls` (`false`), `tls_ca`, `timeout` (`5s`) |
 //! | `etcd` | `etcd://[user:password@]h1:2379,h2:2379[/prefix]` (port 2379, prefix `/distlock`); `etcds://` for TLS | `lease_ttl` (`10s`, whole seconds from 2 s), `strategy` = `single`\|`prefix`\|`predecessor` (`predecessor`), `timeout` (`5s`), `tls_ca` (a PEM file; the system's authorities by default) |
+//! | `postgres`, `postgresql` | libpq's URL, `postgres://[user[:password]@]host[:port][/dbname]`, read by tokio-postgres with its own parameters (`application_name`, `sslmode`, …) | `schema` (`public`), `strategy` = `advisory`\|`notify`\|`polling` (`advisory`), `keepalive` (`5s`, from 1 s), `timeout` (`5s`), `poll_interval` (`50ms`) |
 //!
 //! # Command line
 //!
@@ -124,6 +126,12 @@ pub use lock_redis as redis;
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub use lock_etcd as etcd;
+
+/// The PostgreSQL backend: its configuration,
+/// [`PostgresConfig`](lock_postgres::PostgresConfig).
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use lock_postgres as postgres;
 
 /// Connects to the backend named by `url` and returns its lock provider.
 ///

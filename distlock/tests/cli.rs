@@ -22,7 +22,8 @@ use lock_conformance::{eventually, unique_name};
 use lock_testbed::proxy::FaultProxy;
 use lock_testbed::servers::{
     LocalServer, RedisClusterOptions, RedisClusterSet, RedisOptions, RedisSentinelOptions,
-    RedisSentinelSet, RedisServer, free_port, shared_etcd, shared_redis, shared_zk,
+    RedisSentinelSet, RedisServer, free_port, shared_etcd, shared_postgres, shared_redis,
+    shared_zk,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -90,6 +91,14 @@ fn etcd_url() -> String {
         .client_address();
     let address = endpoint.trim_start_matches("http://");
     format!("etcd://{address}?lease_ttl=3s")
+}
+
+/// The shared PostgreSQL, with a short keepalive so that a holder cut off is noticed soon.
+fn postgres_url() -> String {
+    let url = shared_postgres()
+        .expect("a PostgreSQL server for the tests")
+        .url();
+    format!("{url}?keepalive=1s")
 }
 
 /// `url` with one more query parameter.
@@ -522,6 +531,16 @@ async fn redis_cluster_busy_lock_exits_75() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_busy_lock_exits_75() {
     busy_lock_exits_75(&etcd_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_runs_never_overlap() {
+    runs_never_overlap(&postgres_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_busy_lock_exits_75() {
+    busy_lock_exits_75(&postgres_url()).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1069,6 +1088,32 @@ async fn etcd_holders_lists_the_holder_and_the_queue_in_order() {
         let lease = entry["session"].as_str().unwrap();
         assert!(
             key.starts_with("/distlock/") && key.ends_with(lease),
+            "{entry}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_holders_lists_the_holder_and_the_queue_in_order() {
+    let (before, after) = holders_lists_the_queue(&postgres_url(), "postgres").await;
+    let waiters = before["waiters"].as_array().unwrap();
+    assert_eq!(before["waiters_recorded"], true, "{before}");
+    // The first waiter listed is the next holder (the server's queue), the second is next.
+    assert_eq!(
+        after["holder"]["place"], waiters[0]["place"],
+        "{before} {after}"
+    );
+    assert_eq!(
+        after["waiters"][0]["place"], waiters[1]["place"],
+        "{before} {after}"
+    );
+    assert!(
+        after["holder"]["fencing_token"].as_u64() > before["holder"]["fencing_token"].as_u64(),
+        "{before} {after}"
+    );
+    for entry in [&before["holder"], &waiters[0], &waiters[1]] {
+        assert!(
+            entry["place"].as_str().unwrap().starts_with("pid "),
             "{entry}"
         );
     }

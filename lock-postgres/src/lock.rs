@@ -30,6 +30,7 @@ use async_trait::async_trait;
 use lock_core::kit::{
     HeldEntry, MutexAttempt, Removal, RemovalError, RwAttempt, RwSide, Wakeups, entry_guard,
 };
+use lock_core::queue::{LockQueue, QueuedContender};
 use lock_core::{
     Deadline, FencingToken, Guard, LockError, LockName, LossReason, LostNotifier, lost_signal,
 };
@@ -433,6 +434,59 @@ impl MutexAttempt for PostgresLock {
         contend(&self.shared, &self.target, Mode::Exclusive, deadline)
             .await
             .map_err(|error| error.for_lock(&self.target.name))
+    }
+
+    /// The holder and the waiters from `pg_locks` (with `pg_stat_activity`'s
+    /// `application_name` as the session): the waiters in the order they began to wait,
+    /// which is the order the server grants them in. Only `advisory` waiters wait on the
+    /// server; the other strategies' are not seen.
+    async fn queue(&self) -> Result<LockQueue, LockError> {
+        let conn = self.shared.pool.get().await?;
+        let key: &str = &self.target.key;
+        let kind = self.target.kind as i64;
+        let row: &str = self.target.name.as_str();
+        let params = [
+            (
+                &key as &(dyn tokio_postgres::types::ToSql + Sync),
+                Type::TEXT,
+            ),
+            (&kind, Type::INT8),
+            (&row, Type::TEXT),
+        ];
+        let rows = conn
+            .ask(&self.shared.statements(Mode::Exclusive).queue, &params)
+            .await
+            .map_err(|error| error.for_lock(&self.target.name))?;
+        self.shared.pool.put(conn);
+        let contenders = rows
+            .iter()
+            .map(|row| {
+                let pid: i32 = row.get(0);
+                let granted: bool = row.get(1);
+                let place = format!("pid {pid}");
+                let mut contender = if granted {
+                    QueuedContender::holder(place)
+                } else {
+                    QueuedContender::waiter(place)
+                };
+                if let Ok(Some(application)) = row.try_get::<_, Option<String>>(2) {
+                    contender = contender.with_session(application);
+                }
+                if let (true, Ok(Some(token))) = (granted, row.try_get::<_, Option<i64>>(3)) {
+                    contender = contender
+                        .with_fencing_token(FencingToken(u64::try_from(token).unwrap_or(0)));
+                }
+                contender.with_detail("pid", pid)
+            })
+            .collect();
+        let queue = LockQueue::new(contenders).at(format!(
+            "advisory lock hashtextextended('{}', {kind})",
+            self.target.key
+        ));
+        Ok(match self.shared.config.strategy {
+            PostgresStrategy::Advisory => queue,
+            _ => queue.without_recorded_waiters(),
+        })
     }
 }
 

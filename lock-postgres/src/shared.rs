@@ -57,6 +57,9 @@ pub(crate) struct Statements {
     pub(crate) grant: String,
     pub(crate) unlock: String,
     pub(crate) unlock_and_notify: String,
+    /// The holders and waiters (pid, granted, application, the holder's token), the
+    /// holders first, then the waiters in the order they began to wait.
+    pub(crate) queue: String,
 }
 
 impl Statements {
@@ -74,6 +77,16 @@ impl Statements {
                  $2))) AS granted {raise}"
             ),
             unlock: format!("SELECT pg_advisory_unlock{suffix}(hashtextextended($1, $2))"),
+            queue: format!(
+                "SELECT l.pid, l.granted, a.application_name, \
+                 CASE WHEN l.granted THEN (SELECT token FROM {table} WHERE name = $3) END \
+                 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+                 WHERE l.locktype = 'advisory' AND l.objsubid = 1 \
+                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND l.classid = ((hashtextextended($1, $2) >> 32) & 4294967295)::oid \
+                 AND l.objid = (hashtextextended($1, $2) & 4294967295)::oid \
+                 ORDER BY l.granted DESC, l.waitstart NULLS LAST, l.pid"
+            ),
             unlock_and_notify: format!(
                 "SELECT pg_advisory_unlock{suffix}(hashtextextended($1, $2)), pg_notify($3, '')"
             ),
