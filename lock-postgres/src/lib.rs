@@ -21,6 +21,9 @@
 //!   `hashtextextended('S/N', 0)`, so `SELECT pg_advisory_lock(hashtextextended('public/N', 0))`
 //!   in psql excludes distlock's holders of `N` (and the other way round); the read-write
 //!   lock uses the key `hashtextextended('S/N', 1)`.
+//! - **Semaphores** queue on the server too (`hashtextextended('S/N', 2)`); the head takes
+//!   the first free permit (`hashtextextended('S/N/i', 3)`) and only it waits for a
+//!   permit's release ([`PostgresSemaphore`]).
 //!
 //! Connection poolers that hand a client's statements to any server connection (PgBouncer
 //! in transaction or statement mode) break session locks: connect directly, or through a
@@ -31,9 +34,11 @@ mod connection;
 mod error;
 mod lock;
 mod provider;
+mod semaphore;
 mod shared;
 
 pub use config::{PostgresConfig, PostgresStrategy};
 pub use lock::{PostgresLock, PostgresRwLock};
 pub use provider::PostgresLockProvider;
+pub use semaphore::PostgresSemaphore;
 pub use shared::FENCING_TABLE;

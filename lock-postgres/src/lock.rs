@@ -48,6 +48,10 @@ use crate::shared::{Mode, Shared};
 pub(crate) enum Kind {
     Mutex = 0,
     RwLock = 1,
+    /// A semaphore's queue: its head looks for a free permit.
+    SemaphoreQueue = 2,
+    /// One of a semaphore's permits, `{schema}/{name}/{index}`.
+    Permit = 3,
 }
 
 /// One lock of a name: the key text its advisory lock is hashed from, and its channel.
@@ -83,24 +87,24 @@ fn fnv1a(text: &str) -> u64 {
 
 /// A contender's connection while it waits: given up (dropped) before the grant, it is
 /// cancelled and closed, so that no request of it stays queued on the server.
-struct Waiting {
-    conn: Arc<Conn>,
+pub(crate) struct Waiting {
+    pub(crate) conn: Arc<Conn>,
     armed: bool,
 }
 
 impl Waiting {
-    fn new(conn: Arc<Conn>) -> Self {
+    pub(crate) fn new(conn: Arc<Conn>) -> Self {
         Waiting { conn, armed: true }
     }
 
     /// The connection, no longer cancelled on drop.
-    fn settle(mut self) -> Arc<Conn> {
+    pub(crate) fn settle(mut self) -> Arc<Conn> {
         self.armed = false;
         Arc::clone(&self.conn)
     }
 
     /// Closes the connection, which runs no statement.
-    fn discard(self) {
+    pub(crate) fn discard(self) {
         self.settle().close();
     }
 }
@@ -126,7 +130,7 @@ pub(crate) async fn contend(
     // the readers that come after it only there.
     let strategy = match target.kind {
         Kind::Mutex => shared.config.strategy,
-        Kind::RwLock => PostgresStrategy::Advisory,
+        Kind::RwLock | Kind::SemaphoreQueue | Kind::Permit => PostgresStrategy::Advisory,
     };
     let waiting = Waiting::new(shared.pool.get().await?);
     let conn = Arc::clone(&waiting.conn);
@@ -142,7 +146,8 @@ pub(crate) async fn contend(
         (&row, Type::TEXT),
     ];
     let listen = format!("LISTEN {}", target.channel);
-    let listening = strategy == PostgresStrategy::Notify && !deadline.is_immediate();
+    let notifies = strategy == PostgresStrategy::Notify;
+    let listening = notifies && !deadline.is_immediate();
     let first = if listening {
         // Listening before the first try: a release in between is not missed.
         let (listened, tried) = tokio::join!(
@@ -161,7 +166,7 @@ pub(crate) async fn contend(
             mode,
             waiting.settle(),
             token,
-            listening,
+            (listening, notifies),
         )));
     }
     let mut wakeups = Wakeups::new(&shared.metrics);
@@ -208,26 +213,26 @@ pub(crate) async fn contend(
                 mode,
                 waiting.settle(),
                 token,
-                listening,
+                (listening, notifies),
             )));
         }
     }
 }
 
 /// The token a granting statement returned, if it granted.
-fn token_of(rows: &[tokio_postgres::Row]) -> Option<i64> {
+pub(crate) fn token_of(rows: &[tokio_postgres::Row]) -> Option<i64> {
     rows.first().and_then(|row| row.try_get::<_, i64>(0).ok())
 }
 
 /// The guard of a lock granted on `conn`: released by unlocking on that connection, lost
 /// when the connection ends or stops answering.
-fn grant(
+pub(crate) fn grant(
     shared: &Arc<Shared>,
     target: &Target,
     mode: Mode,
     conn: Arc<Conn>,
     token: i64,
-    listening: bool,
+    (listening, notifies): (bool, bool),
 ) -> Guard {
     shared.metrics.record_grant();
     let (notifier, lost) = lost_signal();
@@ -244,7 +249,7 @@ fn grant(
         target: target.clone(),
         mode,
         listening,
-        notifies: target.kind == Kind::Mutex && shared.config.strategy == PostgresStrategy::Notify,
+        notifies,
         done,
     };
     let token = FencingToken(u64::try_from(token).unwrap_or_default());
@@ -292,7 +297,7 @@ struct HeldLock {
     mode: Mode,
     /// Whether the connection listens on the lock's channel (`notify`).
     listening: bool,
-    /// Whether its release notifies the lock's channel (`notify`, for a mutex).
+    /// Whether its release notifies the lock's channel (a `notify` mutex, a permit).
     notifies: bool,
     /// Set once the grant is over: the holder's watch stops.
     done: watch::Sender<bool>,

@@ -5,15 +5,19 @@ use std::sync::Arc;
 
 use lock_core::kit::{Closed, SessionOwner};
 use lock_core::{
-    Capabilities, DistributedLock, DistributedRwLock, Fencing, LockError, LockName, LockProvider,
-    Metrics, MetricsSnapshot, WaitKind,
+    Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Fencing, LockError,
+    LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
 };
 
 use crate::config::{PostgresConfig, PostgresStrategy};
 use crate::connection::{Conn, Pool};
 use crate::error::BACKEND;
 use crate::lock::{PostgresLock, PostgresRwLock};
+use crate::semaphore::PostgresSemaphore;
 use crate::shared::{FENCING_TABLE, Mode, Shared, Statements};
+
+/// The most permits a semaphore may have: each is an advisory lock a taker may try.
+const MAX_PERMITS: u32 = 10_000;
 
 /// A distlock provider over a PostgreSQL server: its advisory locks, one connection per
 /// contender while it waits or holds (a lock belongs to the connection that took it, and
@@ -61,6 +65,7 @@ impl PostgresLockProvider {
             shared: Statements::new(&table, Mode::Shared),
             config,
             pool,
+            table,
             closed: Closed::new(),
             metrics: Metrics::new(),
         });
@@ -165,6 +170,7 @@ impl LockProvider for PostgresLockProvider {
             .with_lost_detection(true)
             .with_fifo(fifo)
             .with_reader_writer(true)
+            .with_semaphore(true)
             .with_crash_release_bound(Some(config.crash_release_bound()))
     }
 
@@ -184,6 +190,28 @@ impl LockProvider for PostgresLockProvider {
         Ok(Arc::new(PostgresRwLock::new(
             Arc::clone(&self.shared),
             name,
+        )))
+    }
+
+    /// The semaphore `name` with `permits` permits; see [`PostgresSemaphore`].
+    fn semaphore(
+        &self,
+        name: &str,
+        permits: u32,
+    ) -> Result<Arc<dyn DistributedSemaphore>, LockError> {
+        let name = LockName::new(name)?;
+        if permits == 0 || permits > MAX_PERMITS {
+            return Err(LockError::InvalidArgument {
+                backend: BACKEND,
+                message: format!(
+                    "semaphore {name:?} needs 1 to {MAX_PERMITS} permits, not {permits}"
+                ),
+            });
+        }
+        Ok(Arc::new(PostgresSemaphore::new(
+            Arc::clone(&self.shared),
+            name,
+            permits,
         )))
     }
 }

@@ -17,6 +17,8 @@ pub(crate) struct Shared {
     pub(crate) pool: Pool,
     pub(crate) closed: Closed,
     pub(crate) metrics: Metrics,
+    /// The fencing table, `{schema}.distlock_fencing`.
+    pub(crate) table: String,
     pub(crate) exclusive: Statements,
     pub(crate) shared: Statements,
 }

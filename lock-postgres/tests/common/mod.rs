@@ -72,6 +72,31 @@ pub(crate) async fn advisory_locks(
     (count(0), count(1))
 }
 
+/// The semaphore `name` in `schema`, as `pg_locks` shows it: how many of its first 100
+/// permits are held, and how many contenders its queue has (granted or waiting).
+pub(crate) async fn semaphore_locks(
+    admin: &tokio_postgres::Client,
+    schema: &str,
+    name: &str,
+) -> (usize, usize) {
+    let key = format!("{schema}/{name}");
+    let row = admin
+        .query_one(
+            "SELECT count(*) FILTER (WHERE k.permit AND l.granted), count(*) FILTER (WHERE NOT \
+             k.permit) FROM pg_locks l \
+             CROSS JOIN (SELECT hashtextextended($1, 2) AS key, false AS permit UNION ALL \
+             SELECT hashtextextended($1 || '/' || i, 3), true FROM generate_series(0, 99) i) \
+             AS k WHERE l.locktype = 'advisory' AND l.objsubid = 1 \
+             AND l.classid = ((k.key >> 32) & 4294967295)::oid \
+             AND l.objid = (k.key & 4294967295)::oid",
+            &[&key],
+        )
+        .await
+        .expect("a look at pg_locks");
+    let count = |i| usize::try_from(row.get::<_, i64>(i)).unwrap_or_default();
+    (count(0), count(1))
+}
+
 /// Terminates the server processes that hold an advisory lock of `name` in `schema`;
 /// returns how many there were.
 pub(crate) async fn terminate_holders(
@@ -329,12 +354,16 @@ impl Faults for PgHarness {
 
 #[async_trait]
 impl Inspector for PgHarness {
-    /// The advisory locks of the mutex and the read-write lock called `name` together: a
-    /// case uses one kind per name.
+    /// The advisory locks of the mutex, the read-write lock and the semaphore called
+    /// `name` together (a case uses one kind per name): a semaphore's permits held are its
+    /// holders, and every contender of its queue (its head, which looks for a permit, too)
+    /// waits.
     async fn entries(&self, name: &str) -> Result<Entries, LockError> {
         let (holders, waiters) =
             advisory_locks(&self.admin, PostgresConfig::DEFAULT_SCHEMA, name).await;
-        Ok(Entries::new(holders, waiters))
+        let (permits, queued) =
+            semaphore_locks(&self.admin, PostgresConfig::DEFAULT_SCHEMA, name).await;
+        Ok(Entries::new(holders + permits, waiters + queued))
     }
 
     /// Only the server's queue records waiters: the mutex's with `advisory`, and the
