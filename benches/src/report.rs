@@ -247,6 +247,9 @@ fn colour(name: &str, index: usize) -> RGBColor {
         "etcd-prefix" => RGBColor(0xF0, 0xE4, 0x42),
         "etcd-predecessor" => RGBColor(0x33, 0x22, 0x88),
         "etcd-v3lock" => RGBColor(0x88, 0xCC, 0xEE),
+        "pg-advisory" => RGBColor(0x11, 0x77, 0x33),
+        "pg-notify" => RGBColor(0xAA, 0x44, 0x99),
+        "pg-polling" => RGBColor(0x44, 0x44, 0x44),
         _ => PALETTE[index % PALETTE.len()],
     }
 }

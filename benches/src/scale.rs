@@ -157,6 +157,8 @@ enum LeftoverCheck {
         client: Box<etcd_client::Client>,
         prefix: String,
     },
+    /// Every advisory lock on the server (the run's server is the benchmark's own).
+    Postgres { client: tokio_postgres::Client },
     /// No server to ask.
     Nothing,
 }
@@ -189,6 +191,12 @@ impl LeftoverCheck {
                     prefix: format!("{}/scale-{run}-", lock_etcd::EtcdConfig::DEFAULT_PREFIX),
                 })
             }
+            Backend::Postgres => match servers.postgres.as_deref() {
+                Some(url) => Ok(LeftoverCheck::Postgres {
+                    client: crate::scenario::pg_connect(url).await?,
+                }),
+                None => Ok(LeftoverCheck::Nothing),
+            },
         }
     }
 
@@ -217,6 +225,11 @@ impl LeftoverCheck {
                         .await
                         .map_err(|e| bench_error(e.to_string()))?;
                     u64::try_from(found.count()).unwrap_or_default()
+                }
+                LeftoverCheck::Postgres { client } => {
+                    crate::scenario::pg_advisory_holders(client, None)
+                        .await?
+                        .len() as u64
                 }
                 LeftoverCheck::Nothing => 0,
             };

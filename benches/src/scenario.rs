@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use etcd_client::{DeleteOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp, WatchOptions};
 use lock_core::{LockError, LockName, LockProvider, MetricsSnapshot};
 use lock_etcd::EtcdConfig;
+use lock_postgres::PostgresConfig;
 use lock_testbed::servers::ZkTarget;
 use redis::AsyncCommands;
 
@@ -443,6 +444,9 @@ pub async fn server_requests(backend: Backend, servers: &Servers) -> Option<u64>
                     .sum::<f64>() as u64,
             )
         }
+        // PostgreSQL's statement counters (pg_stat_database) are flushed to the view every
+        // second or so, too late to be read right after a run.
+        Backend::Postgres => None,
         // Every server's, a cluster's nodes together.
         Backend::Redis => {
             let mut total = 0;
@@ -559,6 +563,11 @@ enum LeftoverCheck {
         client: Box<etcd_client::Client>,
         dir: String,
     },
+    /// The advisory locks of the lock's key, held or awaited.
+    Postgres {
+        client: tokio_postgres::Client,
+        key: String,
+    },
     /// No server to ask.
     Nothing,
 }
@@ -609,6 +618,15 @@ impl LeftoverCheck {
                     dir: format!("{prefix}/{escaped}/"),
                 })
             }
+            Backend::Postgres => {
+                let Some(url) = servers.postgres.as_deref() else {
+                    return Ok(LeftoverCheck::Nothing);
+                };
+                Ok(LeftoverCheck::Postgres {
+                    client: pg_connect(url).await?,
+                    key: format!("{}/{name}", PostgresConfig::DEFAULT_SCHEMA),
+                })
+            }
         }
     }
 
@@ -634,6 +652,10 @@ impl LeftoverCheck {
                     .iter()
                     .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
                     .collect())
+            }
+            LeftoverCheck::Postgres { client, key } => {
+                let holders = pg_advisory_holders(client, Some(key)).await?;
+                Ok(holders.iter().map(|pid| format!("pid {pid}")).collect())
             }
             LeftoverCheck::Nothing => Ok(Vec::new()),
         }
@@ -723,6 +745,7 @@ pub async fn floors(
     match backend {
         Backend::ZooKeeper => zk_floors(servers, rounds, contenders).await,
         Backend::Etcd => etcd_floors(servers, rounds, contenders).await,
+        Backend::Postgres => pg_floors(servers, rounds).await,
         Backend::Redis => {
             let physical = redis_floor(servers, rounds).await?;
             Ok(Floors {
@@ -901,6 +924,132 @@ async fn etcd_floors(
     Ok(Floors {
         chain_p50_us: quantile_us(&mut chain, 0.5),
         physical_p50_us: quantile_us(&mut physical, 0.5),
+    })
+}
+
+/// A connection to the PostgreSQL at `url`, its driver in a task of its own.
+///
+/// # Errors
+///
+/// Connection errors.
+pub async fn pg_connect(url: &str) -> Result<tokio_postgres::Client, LockError> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .map_err(|e| bench_error(format!("connecting to PostgreSQL: {e}")))?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+/// The server processes that hold or await an advisory lock: of the distlock mutex whose
+/// key text is `key` (`{schema}/{name}`), or of any key.
+///
+/// # Errors
+///
+/// Connection errors.
+pub async fn pg_advisory_holders(
+    client: &tokio_postgres::Client,
+    key: Option<&str>,
+) -> Result<Vec<i32>, LockError> {
+    let rows = client
+        .query(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND ($1::text IS NULL OR \
+             (objsubid = 1 AND classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::oid \
+             AND objid = (hashtextextended($1, 0) & 4294967295)::oid))",
+            &[&key],
+        )
+        .await
+        .map_err(|e| bench_error(format!("reading pg_locks: {e}")))?;
+    Ok(rows.iter().map(|row| row.get(0)).collect())
+}
+
+/// PostgreSQL: one connection holds an advisory lock, another waits for it in the server's
+/// queue: unlock → the waiter's statement returns (physical), and the same with the
+/// waiter's statement raising a counter row as it is granted, as distlock's does (chain).
+/// Statements are sent as distlock sends them: unnamed, one round trip each.
+async fn pg_floors(servers: &Servers, rounds: Rounds) -> Result<Floors, LockError> {
+    use tokio_postgres::types::Type;
+    let url = servers
+        .postgres
+        .as_deref()
+        .ok_or_else(|| bench_error("no PostgreSQL server"))?;
+    let (holder, waiter, watcher) = (
+        pg_connect(url).await?,
+        Arc::new(pg_connect(url).await?),
+        pg_connect(url).await?,
+    );
+    let failed = |e: tokio_postgres::Error| floor_error(&e);
+    let waiter_pid: i32 = waiter
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .map_err(failed)?
+        .get(0);
+    waiter
+        .batch_execute(
+            "CREATE TEMP TABLE distlock_floor (name text PRIMARY KEY, token bigint NOT NULL)",
+        )
+        .await
+        .map_err(failed)?;
+    let key: i64 = fastrand::i64(..);
+    let physical_statement = "SELECT pg_advisory_lock($1)";
+    let chain_statement = "INSERT INTO distlock_floor AS f (name, token) SELECT 'n', 1 FROM \
+                           (SELECT pg_advisory_lock($1)) AS granted ON CONFLICT (name) DO \
+                           UPDATE SET token = f.token + 1 RETURNING token";
+    let mut medians = Vec::new();
+    for statement in [physical_statement, chain_statement] {
+        let mut samples = Vec::with_capacity(rounds.measured);
+        for round in 0..rounds.measured + rounds.warmup {
+            holder
+                .query_typed("SELECT pg_advisory_lock($1)", &[(&key, Type::INT8)])
+                .await
+                .map_err(failed)?;
+            let waiting = tokio::spawn({
+                let waiter = Arc::clone(&waiter);
+                async move {
+                    let answer = waiter.query_typed(statement, &[(&key, Type::INT8)]).await;
+                    answer.map(|_| Instant::now())
+                }
+            });
+            // The round starts once the waiter is queued on the server.
+            let queued = Instant::now() + Duration::from_secs(5);
+            loop {
+                let row = watcher
+                    .query_one(
+                        "SELECT count(*) FROM pg_locks WHERE pid = $1 AND NOT granted",
+                        &[&waiter_pid],
+                    )
+                    .await
+                    .map_err(failed)?;
+                if row.get::<_, i64>(0) > 0 {
+                    break;
+                }
+                if Instant::now() > queued {
+                    return Err(bench_error("floor: the waiter did not queue"));
+                }
+                tokio::task::yield_now().await;
+            }
+            hold_for(rounds.hold).await;
+            let started = Instant::now();
+            holder
+                .query_typed("SELECT pg_advisory_unlock($1)", &[(&key, Type::INT8)])
+                .await
+                .map_err(failed)?;
+            let granted = waiting
+                .await
+                .map_err(|e| bench_error(format!("floor: {e}")))?
+                .map_err(failed)?;
+            if round >= rounds.warmup {
+                samples.push(granted.saturating_duration_since(started));
+            }
+            waiter
+                .query_typed("SELECT pg_advisory_unlock($1)", &[(&key, Type::INT8)])
+                .await
+                .map_err(failed)?;
+        }
+        medians.push(quantile_us(&mut samples, 0.5));
+    }
+    Ok(Floors {
+        physical_p50_us: medians[0],
+        chain_p50_us: medians[1],
     })
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use lock_core::{LockError, LockProvider};
 use lock_etcd::{EtcdConfig, EtcdLockProvider, EtcdStrategy};
+use lock_postgres::{PostgresConfig, PostgresLockProvider, PostgresStrategy};
 use lock_redis::{RedisConfig, RedisLockProvider, RedisStrategy};
 use lock_zookeeper::{ZkConfig, ZkLockProvider, ZkStrategy};
 
@@ -42,11 +43,17 @@ pub enum Strategy {
     EtcdPredecessor,
     /// The peer: etcd's own lock service (`v3lock`, `concurrency.Mutex` run by the server).
     EtcdV3Lock,
+    /// PostgreSQL, waiters queue on the server's advisory lock (herd-free).
+    PgAdvisory,
+    /// PostgreSQL, a release notifies and every waiter tries again (herd).
+    PgNotify,
+    /// PostgreSQL, retry with jittered back-off.
+    PgPolling,
 }
 
 impl Strategy {
     /// Every strategy, in the order reports list them.
-    pub const ALL: [Strategy; 11] = [
+    pub const ALL: [Strategy; 14] = [
         Strategy::ZkSingle,
         Strategy::ZkChildren,
         Strategy::ZkPredecessor,
@@ -58,6 +65,9 @@ impl Strategy {
         Strategy::EtcdPrefix,
         Strategy::EtcdPredecessor,
         Strategy::EtcdV3Lock,
+        Strategy::PgAdvisory,
+        Strategy::PgNotify,
+        Strategy::PgPolling,
     ];
 
     /// The name on the command line and in reports, e.g. `zk-predecessor`.
@@ -74,6 +84,9 @@ impl Strategy {
             Strategy::EtcdPrefix => "etcd-prefix",
             Strategy::EtcdPredecessor => "etcd-predecessor",
             Strategy::EtcdV3Lock => "etcd-v3lock",
+            Strategy::PgAdvisory => "pg-advisory",
+            Strategy::PgNotify => "pg-notify",
+            Strategy::PgPolling => "pg-polling",
         }
     }
 
@@ -89,6 +102,7 @@ impl Strategy {
             | Strategy::EtcdPrefix
             | Strategy::EtcdPredecessor
             | Strategy::EtcdV3Lock => Backend::Etcd,
+            Strategy::PgAdvisory | Strategy::PgNotify | Strategy::PgPolling => Backend::Postgres,
         }
     }
 
@@ -106,6 +120,7 @@ impl Strategy {
                 | Strategy::RedisQueue
                 | Strategy::EtcdPredecessor
                 | Strategy::EtcdV3Lock
+                | Strategy::PgAdvisory
         )
     }
 
@@ -119,6 +134,7 @@ impl Strategy {
                 | Strategy::RedisPubSub
                 | Strategy::EtcdSingle
                 | Strategy::EtcdPrefix
+                | Strategy::PgNotify
         )
     }
 
@@ -179,6 +195,20 @@ impl Strategy {
                 .with_lease_ttl(ETCD_LEASE_TTL);
             return Ok(Arc::new(EtcdLockProvider::connect(config).await?));
         }
+        let postgres_strategy = match self {
+            Strategy::PgAdvisory => Some(PostgresStrategy::Advisory),
+            Strategy::PgNotify => Some(PostgresStrategy::Notify),
+            Strategy::PgPolling => Some(PostgresStrategy::Polling),
+            _ => None,
+        };
+        if let Some(strategy) = postgres_strategy {
+            let url = servers.postgres.clone().ok_or_else(|| LockError::Config {
+                message: format!("{self} needs a PostgreSQL server"),
+            })?;
+            let mut config = PostgresConfig::new(url);
+            config.strategy = strategy;
+            return Ok(Arc::new(PostgresLockProvider::connect(config).await?));
+        }
         match self {
             Strategy::EtcdV3Lock => Ok(Arc::new(
                 V3LockProvider::connect(&etcd()?, ETCD_LEASE_TTL).await?,
@@ -218,20 +248,24 @@ pub enum Backend {
     Redis,
     /// etcd.
     Etcd,
+    /// PostgreSQL.
+    Postgres,
 }
 
 impl Backend {
-    /// `zookeeper`, `redis` or `etcd`.
+    /// `zookeeper`, `redis`, `etcd` or `postgres`.
     pub fn as_str(self) -> &'static str {
         match self {
             Backend::ZooKeeper => "zookeeper",
             Backend::Redis => "redis",
             Backend::Etcd => "etcd",
+            Backend::Postgres => "postgres",
         }
     }
 }
 
-/// Where the servers are: a ZooKeeper connect string, a Redis URL and an etcd endpoint.
+/// Where the servers are: a ZooKeeper connect string, a Redis URL, an etcd endpoint and a
+/// PostgreSQL URL.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct Servers {
@@ -241,16 +275,25 @@ pub struct Servers {
     pub redis: Option<String>,
     /// `http://host:port`.
     pub etcd: Option<String>,
+    /// `postgres://user@host:port/db`.
+    pub postgres: Option<String>,
 }
 
 impl Servers {
-    /// The servers at `zk` (a connect string) and `redis` (a URL), no etcd.
+    /// The servers at `zk` (a connect string) and `redis` (a URL), no etcd, no PostgreSQL.
     pub fn new(zk: Option<String>, redis: Option<String>) -> Self {
         Servers {
             zk,
             redis,
             etcd: None,
+            postgres: None,
         }
+    }
+
+    /// The same, with PostgreSQL at `url`.
+    pub fn with_postgres(mut self, url: Option<String>) -> Self {
+        self.postgres = url;
+        self
     }
 
     /// The same, with etcd at `endpoint`.

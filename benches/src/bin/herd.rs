@@ -16,15 +16,15 @@ use distlock_benches::scenario::{self, RunOptions};
 use distlock_benches::strategy::{Backend, Servers, Strategy};
 use distlock_benches::{Measurement, ScaleMeasurement, report, scale};
 use lock_testbed::servers::{
-    EtcdServer, RedisClusterOptions, RedisClusterSet, RedisOptions, RedisServer, ZkEnsemble,
-    ZkOptions, ZkServer,
+    EtcdServer, PostgresOptions, PostgresServer, RedisClusterOptions, RedisClusterSet,
+    RedisOptions, RedisServer, ZkEnsemble, ZkOptions, ZkServer,
 };
 
 /// The herd comparison: N contenders, each its own client, pass one lock around.
 ///
 /// For every strategy and every N it measures throughput, handoff latency (p50, p99)
 /// against the floor of raw client operations, wake-ups and futile wake-ups per handoff,
-/// server requests per handoff, and fairness. Without --zk, --redis or --etcd it starts the
+/// server requests per handoff, and fairness. Without --zk, --redis, --etcd or --postgres it starts the
 /// servers it needs on free loopback ports and stops them at the end.
 #[derive(Debug, Parser)]
 #[command(
@@ -34,11 +34,11 @@ use lock_testbed::servers::{
 struct Args {
     /// Strategies, comma-separated: zk-single, zk-children, zk-predecessor, zk-recipe,
     /// redis-polling, redis-pubsub, redis-queue, etcd-single, etcd-prefix,
-    /// etcd-predecessor, etcd-v3lock.
+    /// etcd-predecessor, etcd-v3lock, pg-advisory, pg-notify, pg-polling.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "zk-single,zk-children,zk-predecessor,zk-recipe,redis-polling,redis-pubsub,redis-queue,etcd-single,etcd-prefix,etcd-predecessor,etcd-v3lock"
+        default_value = "zk-single,zk-children,zk-predecessor,zk-recipe,redis-polling,redis-pubsub,redis-queue,etcd-single,etcd-prefix,etcd-predecessor,etcd-v3lock,pg-advisory,pg-notify,pg-polling"
     )]
     strategies: Vec<Strategy>,
     /// Numbers of contenders, comma-separated.
@@ -79,6 +79,9 @@ struct Args {
     /// An existing etcd (`http://host:port`) instead of a local one.
     #[arg(long)]
     etcd: Option<String>,
+    /// An existing PostgreSQL (`postgres://user@host:port/db`) instead of a local one.
+    #[arg(long)]
+    postgres: Option<String>,
     /// Write the measurements as a JSON array to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -98,6 +101,7 @@ struct Started {
     _redis: Option<RedisServer>,
     _redis_cluster: Option<RedisClusterSet>,
     _etcd: Option<EtcdServer>,
+    _postgres: Option<PostgresServer>,
 }
 
 async fn servers(args: &Args) -> Result<Started, String> {
@@ -109,6 +113,7 @@ async fn servers(args: &Args) -> Result<Started, String> {
         _redis: None,
         _redis_cluster: None,
         _etcd: None,
+        _postgres: None,
     };
     let zk = match (&args.zk, args.zk_ensemble) {
         (Some(url), _) => Some(
@@ -179,7 +184,24 @@ async fn servers(args: &Args) -> Result<Started, String> {
         }
         None => None,
     };
-    started.servers = Servers::new(zk, redis).with_etcd(etcd);
+    let postgres = match &args.postgres {
+        Some(url) => Some(url.clone()),
+        None if wants(Backend::Postgres) => {
+            eprintln!("starting PostgreSQL ...");
+            // Every contender holds a connection of its own while it waits.
+            let options = PostgresOptions::default().with_setting("max_connections", "1000");
+            let server = PostgresServer::start(options)
+                .await
+                .map_err(|e| format!("starting PostgreSQL: {e}"))?;
+            let url = server.url();
+            started._postgres = Some(server);
+            Some(url)
+        }
+        None => None,
+    };
+    started.servers = Servers::new(zk, redis)
+        .with_etcd(etcd)
+        .with_postgres(postgres);
     Ok(started)
 }
 
