@@ -1568,6 +1568,11 @@ async fn etcd_elect_hands_over_and_leader_follows() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_elect_hands_over_and_leader_follows() {
+    elect_hands_over(&postgres_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_elect_hands_over_and_leader_follows() {
     elect_hands_over(&redis_url()).await;
 }

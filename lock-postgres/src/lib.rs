@@ -24,6 +24,9 @@
 //! - **Semaphores** queue on the server too (`hashtextextended('S/N', 2)`); the head takes
 //!   the first free permit (`hashtextextended('S/N/i', 3)`) and only it waits for a
 //!   permit's release ([`PostgresSemaphore`]).
+//! - **Elections** queue on the server (`hashtextextended('S/N', 4)`); the grant writes the
+//!   leader's row in `S.distlock_leaders`, which observers read while its process holds the
+//!   lock ([`PostgresElection`]).
 //!
 //! Connection poolers that hand a client's statements to any server connection (PgBouncer
 //! in transaction or statement mode) break session locks: connect directly, or through a
@@ -31,6 +34,7 @@
 
 mod config;
 mod connection;
+mod election;
 mod error;
 mod lock;
 mod provider;
@@ -38,7 +42,8 @@ mod semaphore;
 mod shared;
 
 pub use config::{PostgresConfig, PostgresStrategy};
+pub use election::{OBSERVE_INTERVAL, PostgresElection};
 pub use lock::{PostgresLock, PostgresRwLock};
 pub use provider::PostgresLockProvider;
 pub use semaphore::PostgresSemaphore;
-pub use shared::FENCING_TABLE;
+pub use shared::{FENCING_TABLE, LEADERS_TABLE};

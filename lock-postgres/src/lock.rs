@@ -52,6 +52,8 @@ pub(crate) enum Kind {
     SemaphoreQueue = 2,
     /// One of a semaphore's permits, `{schema}/{name}/{index}`.
     Permit = 3,
+    /// An election: its holder leads.
+    Election = 4,
 }
 
 /// One lock of a name: the key text its advisory lock is hashed from, and its channel.
@@ -117,27 +119,34 @@ impl Drop for Waiting {
     }
 }
 
-/// Takes `target` in `mode`, or gives up at `deadline` with `Ok(None)`.
+/// Takes `target` in `mode`, or gives up at `deadline` with `Ok(None)`. A campaign gives
+/// its `value`, which the grant writes as the leader's.
 pub(crate) async fn contend(
     shared: &Arc<Shared>,
     target: &Target,
     mode: Mode,
+    value: Option<&[u8]>,
     deadline: Deadline,
 ) -> Result<Option<Guard>, LockError> {
     shared.closed.check(BACKEND, &target.name)?;
-    let statements = shared.statements(mode);
+    let statements = match value {
+        Some(_) => &shared.election,
+        None => shared.statements(mode),
+    };
     // A read-write lock's waiters always queue on the server: a waiting writer holds back
     // the readers that come after it only there.
     let strategy = match target.kind {
         Kind::Mutex => shared.config.strategy,
-        Kind::RwLock | Kind::SemaphoreQueue | Kind::Permit => PostgresStrategy::Advisory,
+        Kind::RwLock | Kind::SemaphoreQueue | Kind::Permit | Kind::Election => {
+            PostgresStrategy::Advisory
+        }
     };
     let waiting = Waiting::new(shared.pool.get().await?);
     let conn = Arc::clone(&waiting.conn);
     let key: &str = &target.key;
     let kind = target.kind as i64;
     let row: &str = target.name.as_str();
-    let grant_params = [
+    let mut grant_params = vec![
         (
             &key as &(dyn tokio_postgres::types::ToSql + Sync),
             Type::TEXT,
@@ -145,11 +154,44 @@ pub(crate) async fn contend(
         (&kind, Type::INT8),
         (&row, Type::TEXT),
     ];
-    let listen = format!("LISTEN {}", target.channel);
+    if let Some(value) = &value {
+        grant_params.push((value, Type::BYTEA));
+    }
     let notifies = strategy == PostgresStrategy::Notify;
     let listening = notifies && !deadline.is_immediate();
+    let granted = |rows: &[tokio_postgres::Row], waiting: Waiting| {
+        let token = token_of(rows)?;
+        let conn = waiting.settle();
+        Some(grant(
+            shared,
+            target,
+            mode,
+            conn,
+            token,
+            (listening, notifies),
+        ))
+    };
+    let mut wakeups = Wakeups::new(&shared.metrics);
+    if strategy == PostgresStrategy::Advisory && !deadline.is_immediate() {
+        // One statement that tries, and queues on the server only if the lock is busy:
+        // waiters are granted in the order their one statement arrived.
+        let queued = conn.wait(&statements.grant, &grant_params);
+        let rows = match deadline.remaining() {
+            None => queued.await?,
+            Some(left) => match tokio::time::timeout(left, queued).await {
+                Ok(rows) => rows?,
+                // Cancelled and closed as `waiting` drops.
+                Err(_) => return Ok(None),
+            },
+        };
+        if rows.first().and_then(|row| row.try_get::<_, bool>(1).ok()) == Some(true) {
+            wakeups.woke();
+        }
+        return Ok(granted(&rows, waiting));
+    }
     let first = if listening {
         // Listening before the first try: a release in between is not missed.
+        let listen = format!("LISTEN {}", target.channel);
         let (listened, tried) = tokio::join!(
             conn.run(&listen),
             conn.ask(&statements.try_grant, &grant_params)
@@ -159,62 +201,32 @@ pub(crate) async fn contend(
     } else {
         conn.ask(&statements.try_grant, &grant_params).await?
     };
-    if let Some(token) = token_of(&first) {
-        return Ok(Some(grant(
-            shared,
-            target,
-            mode,
-            waiting.settle(),
-            token,
-            (listening, notifies),
-        )));
+    if token_of(&first).is_some() {
+        return Ok(granted(&first, waiting));
     }
-    let mut wakeups = Wakeups::new(&shared.metrics);
     loop {
         wakeups.busy();
         if deadline.is_immediate() || deadline.has_passed() {
             if listening {
                 // The connection listens: it goes, rather than back to the pool.
                 waiting.discard();
-                return Ok(None);
+            } else {
+                shared.pool.put(waiting.settle());
             }
-            shared.pool.put(waiting.settle());
             return Ok(None);
         }
-        let rows = match strategy {
-            PostgresStrategy::Advisory => {
-                let granted = conn.wait(&statements.grant, &grant_params);
-                match deadline.remaining() {
-                    None => granted.await?,
-                    Some(left) => match tokio::time::timeout(left, granted).await {
-                        Ok(rows) => rows?,
-                        // Cancelled and closed as `waiting` drops.
-                        Err(_) => return Ok(None),
-                    },
-                }
-            }
-            PostgresStrategy::Notify => {
-                conn.notification(deadline.cap(shared.config.keepalive))
-                    .await;
-                conn.ask(&statements.try_grant, &grant_params).await?
-            }
-            PostgresStrategy::Polling => {
-                let interval = shared.config.poll_interval;
-                let jitter = interval.mul_f64(fastrand::f64() / 2.0);
-                tokio::time::sleep(deadline.cap(interval + jitter)).await;
-                conn.ask(&statements.try_grant, &grant_params).await?
-            }
-        };
+        if strategy == PostgresStrategy::Notify {
+            conn.notification(deadline.cap(shared.config.keepalive))
+                .await;
+        } else {
+            let interval = shared.config.poll_interval;
+            let jitter = interval.mul_f64(fastrand::f64() / 2.0);
+            tokio::time::sleep(deadline.cap(interval + jitter)).await;
+        }
         wakeups.woke();
-        if let Some(token) = token_of(&rows) {
-            return Ok(Some(grant(
-                shared,
-                target,
-                mode,
-                waiting.settle(),
-                token,
-                (listening, notifies),
-            )));
+        let rows = conn.ask(&statements.try_grant, &grant_params).await?;
+        if token_of(&rows).is_some() {
+            return Ok(granted(&rows, waiting));
         }
     }
 }
@@ -436,7 +448,7 @@ impl MutexAttempt for PostgresLock {
     }
 
     async fn attempt(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
-        contend(&self.shared, &self.target, Mode::Exclusive, deadline)
+        contend(&self.shared, &self.target, Mode::Exclusive, None, deadline)
             .await
             .map_err(|error| error.for_lock(&self.target.name))
     }
@@ -534,7 +546,7 @@ impl RwAttempt for PostgresRwLock {
             RwSide::Read => Mode::Shared,
             RwSide::Write => Mode::Exclusive,
         };
-        contend(&self.shared, &self.target, mode, deadline)
+        contend(&self.shared, &self.target, mode, None, deadline)
             .await
             .map_err(|error| error.for_lock(&self.target.name))
     }

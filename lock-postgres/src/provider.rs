@@ -5,16 +5,17 @@ use std::sync::Arc;
 
 use lock_core::kit::{Closed, SessionOwner};
 use lock_core::{
-    Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Fencing, LockError,
-    LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
+    Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Fencing,
+    LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
 };
 
 use crate::config::{PostgresConfig, PostgresStrategy};
 use crate::connection::{Conn, Pool};
+use crate::election::PostgresElection;
 use crate::error::BACKEND;
 use crate::lock::{PostgresLock, PostgresRwLock};
 use crate::semaphore::PostgresSemaphore;
-use crate::shared::{FENCING_TABLE, Mode, Shared, Statements};
+use crate::shared::{FENCING_TABLE, LEADERS_TABLE, Mode, Shared, Statements};
 
 /// The most permits a semaphore may have: each is an advisory lock a taker may try.
 const MAX_PERMITS: u32 = 10_000;
@@ -22,7 +23,8 @@ const MAX_PERMITS: u32 = 10_000;
 /// A distlock provider over a PostgreSQL server: its advisory locks, one connection per
 /// contender while it waits or holds (a lock belongs to the connection that took it, and
 /// the server frees it when that connection ends), fenced by a counter row per name in the
-/// table `distlock_fencing` of the configured schema (created at connect if missing).
+/// table `distlock_fencing` of the configured schema; elections write their leaders in
+/// `distlock_leaders` (both created at connect if missing).
 ///
 /// Dropping the last handle closes every connection, which frees every lock it held and
 /// fires their guards' lost signals.
@@ -58,11 +60,13 @@ impl PostgresLockProvider {
         let pool = Pool::new(config.pg_config()?, config.timeout);
         let first = pool.get().await?;
         let table = format!("{}.{FENCING_TABLE}", config.schema);
-        ensure_fencing_table(&first, &table).await?;
+        let leaders = format!("{}.{LEADERS_TABLE}", config.schema);
+        ensure_tables(&first, &[&table, &leaders]).await?;
         pool.put(first);
         let shared = Arc::new(Shared {
             exclusive: Statements::new(&table, Mode::Exclusive),
             shared: Statements::new(&table, Mode::Shared),
+            election: Statements::election(&table, &leaders),
             config,
             pool,
             table,
@@ -94,16 +98,26 @@ impl PostgresLockProvider {
     }
 }
 
-/// The statement that makes the fencing table `table`.
-fn create_table(table: &str) -> String {
-    format!("CREATE TABLE IF NOT EXISTS {table} (name text PRIMARY KEY, token bigint NOT NULL)")
+/// The statements that make the fencing table `tables[0]` and the leaders' table
+/// `tables[1]`, each if missing.
+fn create_tables(tables: &[&str]) -> String {
+    let columns = [
+        "name text PRIMARY KEY, token bigint NOT NULL",
+        "name text PRIMARY KEY, term bigint NOT NULL, value bytea NOT NULL, pid integer NOT NULL",
+    ];
+    tables
+        .iter()
+        .zip(columns)
+        .map(|(table, columns)| format!("CREATE TABLE IF NOT EXISTS {table} ({columns})"))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
-/// Creates the fencing table if it is missing. A role that may not create it can still
-/// lock once an administrator has: the server refuses `CREATE` before it looks whether the
-/// table exists, so a refusal is followed by a look.
-async fn ensure_fencing_table(conn: &Conn, table: &str) -> Result<(), LockError> {
-    let create = create_table(table);
+/// Creates the fencing and leaders' tables if they are missing. A role that may not create
+/// them can still lock once an administrator has: the server refuses `CREATE` before it
+/// looks whether the table exists, so a refusal is followed by a look.
+async fn ensure_tables(conn: &Conn, tables: &[&str]) -> Result<(), LockError> {
+    let create = create_tables(tables);
     let mut tries = 0;
     loop {
         tries += 1;
@@ -111,7 +125,7 @@ async fn ensure_fencing_table(conn: &Conn, table: &str) -> Result<(), LockError>
             Ok(()) => return Ok(()),
             Err(error) => error,
         };
-        // Two providers creating the table at once: one of them may meet the other's
+        // Two providers creating a table at once: one of them may meet the other's
         // half-made type (a unique violation); the next try finds the table.
         let refused = matches!(error, LockError::PermissionDenied { .. });
         if !refused && !error.is_retryable() && tries < 3 {
@@ -120,25 +134,33 @@ async fn ensure_fencing_table(conn: &Conn, table: &str) -> Result<(), LockError>
         if error.is_retryable() {
             return Err(error);
         }
-        let exists = conn
-            .ask(
-                "SELECT to_regclass($1) IS NOT NULL",
-                &[(&table, tokio_postgres::types::Type::TEXT)],
-            )
-            .await?
-            .first()
-            .and_then(|row| row.try_get::<_, bool>(0).ok())
-            .unwrap_or(false);
-        if exists {
+        let mut missing = Vec::new();
+        for table in tables {
+            let exists = conn
+                .ask(
+                    "SELECT to_regclass($1) IS NOT NULL",
+                    &[(table, tokio_postgres::types::Type::TEXT)],
+                )
+                .await?
+                .first()
+                .and_then(|row| row.try_get::<_, bool>(0).ok())
+                .unwrap_or(false);
+            if !exists {
+                missing.push(*table);
+            }
+        }
+        if missing.is_empty() {
             return Ok(());
         }
         return Err(LockError::PermissionDenied {
             backend: BACKEND,
             name: None,
             message: format!(
-                "the fencing table {table} is missing and could not be created ({error}); an \
-                 administrator can run: {create}; GRANT SELECT, INSERT, UPDATE ON {table} TO \
-                 <the role>"
+                "the tables {} are missing and could not be created ({error}); an \
+                 administrator can run: {create}; GRANT SELECT, INSERT, UPDATE ON {} TO \
+                 <the role>",
+                missing.join(", "),
+                tables.join(", ")
             ),
         });
     }
@@ -171,6 +193,7 @@ impl LockProvider for PostgresLockProvider {
             .with_fifo(fifo)
             .with_reader_writer(true)
             .with_semaphore(true)
+            .with_elections(true)
             .with_crash_release_bound(Some(config.crash_release_bound()))
     }
 
@@ -188,6 +211,15 @@ impl LockProvider for PostgresLockProvider {
     fn rw_lock(&self, name: &str) -> Result<Arc<dyn DistributedRwLock>, LockError> {
         let name = LockName::new(name)?;
         Ok(Arc::new(PostgresRwLock::new(
+            Arc::clone(&self.shared),
+            name,
+        )))
+    }
+
+    /// The election `name`; see [`PostgresElection`].
+    fn election(&self, name: &str) -> Result<Arc<dyn Election>, LockError> {
+        let name = LockName::new(name)?;
+        Ok(Arc::new(PostgresElection::new(
             Arc::clone(&self.shared),
             name,
         )))

@@ -10,6 +10,9 @@ use crate::connection::Pool;
 /// The fencing table's name within its schema.
 pub const FENCING_TABLE: &str = "distlock_fencing";
 
+/// The table of elections' leaders (name, term, value, server process), within the schema.
+pub const LEADERS_TABLE: &str = "distlock_leaders";
+
 /// What a provider's locks share.
 #[derive(Debug)]
 pub(crate) struct Shared {
@@ -21,6 +24,8 @@ pub(crate) struct Shared {
     pub(crate) table: String,
     pub(crate) exclusive: Statements,
     pub(crate) shared: Statements,
+    /// A campaign's: the grant also writes the leader's row.
+    pub(crate) election: Statements,
 }
 
 impl Shared {
@@ -52,7 +57,9 @@ impl Mode {
 
 /// The statements of one mode, for the fencing table of one schema. Parameters: `$1` the
 /// lock's key text, `$2` its kind (the hash's seed), `$3` the counter row's name (grants)
-/// or the channel to notify (`unlock_and_notify`).
+/// or the channel to notify (`unlock_and_notify`). `try_grant` returns the token if it took
+/// the lock; `grant` takes it, queueing on the server if it is busy, and returns the token
+/// and whether it waited.
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) try_grant: String,
@@ -64,7 +71,36 @@ pub(crate) struct Statements {
     pub(crate) queue: String,
 }
 
+/// `pg_locks`' condition for the advisory lock `hashtextextended($1, $2)`, its rows as `k`.
+pub(crate) const HELD_KEY: &str = "k.locktype = 'advisory' AND k.objsubid = 1 \
+     AND k.classid = ((hashtextextended($1, $2) >> 32) & 4294967295)::oid \
+     AND k.objid = (hashtextextended($1, $2) & 4294967295)::oid";
+
 impl Statements {
+    /// An election's statements over the fencing table `table` and the leaders' table
+    /// `leaders`: as the mutex's, but the grant also writes the leader's row (its term, the
+    /// value `$4`, and the server process holding the lock), in the same statement.
+    pub(crate) fn election(table: &str, leaders: &str) -> Self {
+        let mutex = Statements::new(table, Mode::Exclusive);
+        let proclaim = |waited: &str| {
+            format!(
+                "INSERT INTO {leaders} AS l (name, term, value, pid) \
+                 SELECT $3, token, $4, pg_backend_pid() FROM raised \
+                 ON CONFLICT (name) DO UPDATE SET term = EXCLUDED.term, value = EXCLUDED.value, \
+                 pid = EXCLUDED.pid RETURNING term{waited}"
+            )
+        };
+        Statements {
+            try_grant: format!("WITH raised AS ({}) {}", mutex.try_grant, proclaim("")),
+            grant: format!(
+                "WITH raised AS ({}) {}",
+                mutex.grant,
+                proclaim(", (SELECT waited FROM raised)")
+            ),
+            ..mutex
+        }
+    }
+
     pub(crate) fn new(table: &str, mode: Mode) -> Self {
         let suffix = mode.suffix();
         let raise = "ON CONFLICT (name) DO UPDATE SET token = f.token + 1 RETURNING token";
@@ -75,8 +111,11 @@ impl Statements {
                  $2)) {raise}"
             ),
             grant: format!(
-                "{insert} SELECT $3, 1 FROM (SELECT pg_advisory_lock{suffix}(hashtextextended($1, \
-                 $2))) AS granted {raise}"
+                "WITH granted AS MATERIALIZED (SELECT CASE WHEN \
+                 pg_try_advisory_lock{suffix}(hashtextextended($1, $2)) THEN false ELSE \
+                 (SELECT true FROM (SELECT pg_advisory_lock{suffix}(hashtextextended($1, $2))) \
+                 AS queued) END AS waited) \
+                 {insert} SELECT $3, 1 FROM granted {raise}, (SELECT waited FROM granted)"
             ),
             unlock: format!("SELECT pg_advisory_unlock{suffix}(hashtextextended($1, $2))"),
             queue: format!(

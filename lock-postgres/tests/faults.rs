@@ -202,13 +202,15 @@ async fn a_role_without_create_is_told_what_to_run() {
     };
     let create = format!(
         "CREATE TABLE IF NOT EXISTS {schema}.distlock_fencing (name text PRIMARY KEY, token \
-         bigint NOT NULL)"
+         bigint NOT NULL); CREATE TABLE IF NOT EXISTS {schema}.distlock_leaders (name text \
+         PRIMARY KEY, term bigint NOT NULL, value bytea NOT NULL, pid integer NOT NULL)"
     );
     assert!(message.contains(&create), "{message}");
     let admin = admin_client(h.url()).await;
     admin
         .batch_execute(&format!(
-            "{create}; GRANT SELECT, INSERT, UPDATE ON {schema}.distlock_fencing TO {role}"
+            "{create}; GRANT SELECT, INSERT, UPDATE ON {schema}.distlock_fencing, \
+             {schema}.distlock_leaders TO {role}"
         ))
         .await
         .unwrap();

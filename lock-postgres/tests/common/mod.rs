@@ -48,7 +48,8 @@ pub(crate) fn server_address(url: &str) -> SocketAddr {
     host_port.parse().expect("a socket address")
 }
 
-/// The advisory locks of `name` in `schema` (its mutex and its read-write lock), as
+/// The advisory locks of `name` in `schema` (its mutex, its read-write lock and its
+/// election), as
 /// `pg_locks` shows them: how many are granted, and how many wait.
 pub(crate) async fn advisory_locks(
     admin: &tokio_postgres::Client,
@@ -60,7 +61,8 @@ pub(crate) async fn advisory_locks(
         .query_one(
             "SELECT count(*) FILTER (WHERE l.granted), count(*) FILTER (WHERE NOT l.granted) \
              FROM pg_locks l \
-             CROSS JOIN (VALUES (hashtextextended($1, 0)), (hashtextextended($1, 1))) AS k(key) \
+             CROSS JOIN (VALUES (hashtextextended($1, 0)), (hashtextextended($1, 1)), \
+             (hashtextextended($1, 4))) AS k(key) \
              WHERE l.locktype = 'advisory' AND l.objsubid = 1 \
              AND l.classid = ((k.key >> 32) & 4294967295)::oid \
              AND l.objid = (k.key & 4294967295)::oid",
@@ -108,7 +110,8 @@ pub(crate) async fn terminate_holders(
     let row = admin
         .query_one(
             "SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l \
-             CROSS JOIN (VALUES (hashtextextended($1, 0)), (hashtextextended($1, 1))) AS k(key) \
+             CROSS JOIN (VALUES (hashtextextended($1, 0)), (hashtextextended($1, 1)), \
+             (hashtextextended($1, 4))) AS k(key) \
              WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
              AND l.classid = ((k.key >> 32) & 4294967295)::oid \
              AND l.objid = (k.key & 4294967295)::oid",
