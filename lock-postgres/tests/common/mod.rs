@@ -48,78 +48,58 @@ pub(crate) fn server_address(url: &str) -> SocketAddr {
     host_port.parse().expect("a socket address")
 }
 
-/// The advisory locks of `name` in `schema` (its mutex, its read-write lock and its
-/// election), as
-/// `pg_locks` shows them: how many are granted, and how many wait.
+/// `pg_locks l` joined with the advisory locks `k(key, permit)` of the name whose key text
+/// is `$1`: its mutex, read-write lock and election (0, 1, 4), its semaphore's queue (2)
+/// and its semaphore's first 100 permits (3, `permit`).
+const LOCKS_OF_NAME: &str = "pg_locks l CROSS JOIN (\
+     SELECT hashtextextended($1, kind) AS key, false AS permit FROM unnest('{0,1,2,4}'::int8[]) kind \
+     UNION ALL SELECT hashtextextended($1 || '/' || i, 3), true FROM generate_series(0, 99) i\
+     ) AS k WHERE l.locktype = 'advisory' AND l.objsubid = 1 \
+     AND l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid";
+
+/// Counts (`select`) over [`LOCKS_OF_NAME`] for `name` in `schema`, of the rows that also
+/// meet `condition`.
+async fn count_locks(
+    admin: &tokio_postgres::Client,
+    (select, condition): (&str, &str),
+    schema: &str,
+    name: &str,
+) -> Vec<usize> {
+    let key = format!("{schema}/{name}");
+    let statement = format!("SELECT {select} FROM {LOCKS_OF_NAME} AND {condition}");
+    let row = admin
+        .query_one(&statement, &[&key])
+        .await
+        .expect("a look at pg_locks");
+    (0..row.len())
+        .map(|i| usize::try_from(row.get::<_, i64>(i)).unwrap_or_default())
+        .collect()
+}
+
+/// The locks of `name` in `schema`, as `pg_locks` shows them: how many are held, and how
+/// many wait. A semaphore's permits held are its holders, and every contender of its queue
+/// (its head, which looks for a permit, too) waits.
 pub(crate) async fn advisory_locks(
     admin: &tokio_postgres::Client,
     schema: &str,
     name: &str,
 ) -> (usize, usize) {
-    let key = format!("{schema}/{name}");
-    let row = admin
-        .query_one(
-            "SELECT count(*) FILTER (WHERE l.granted), count(*) FILTER (WHERE NOT l.granted) \
-             FROM pg_locks l \
-             CROSS JOIN (VALUES (hashtextextended($1, 0)), (hashtextextended($1, 1)), \
-             (hashtextextended($1, 4))) AS k(key) \
-             WHERE l.locktype = 'advisory' AND l.objsubid = 1 \
-             AND l.classid = ((k.key >> 32) & 4294967295)::oid \
-             AND l.objid = (k.key & 4294967295)::oid",
-            &[&key],
-        )
-        .await
-        .expect("a look at pg_locks");
-    let count = |i| usize::try_from(row.get::<_, i64>(i)).unwrap_or_default();
-    (count(0), count(1))
+    let select = "count(*) FILTER (WHERE l.granted AND (k.permit OR k.key <> \
+                  hashtextextended($1, 2))), count(*) FILTER (WHERE NOT l.granted OR k.key = \
+                  hashtextextended($1, 2))";
+    let counts = count_locks(admin, (select, "true"), schema, name).await;
+    (counts[0], counts[1])
 }
 
-/// The semaphore `name` in `schema`, as `pg_locks` shows it: how many of its first 100
-/// permits are held, and how many contenders its queue has (granted or waiting).
-pub(crate) async fn semaphore_locks(
-    admin: &tokio_postgres::Client,
-    schema: &str,
-    name: &str,
-) -> (usize, usize) {
-    let key = format!("{schema}/{name}");
-    let row = admin
-        .query_one(
-            "SELECT count(*) FILTER (WHERE k.permit AND l.granted), count(*) FILTER (WHERE NOT \
-             k.permit) FROM pg_locks l \
-             CROSS JOIN (SELECT hashtextextended($1, 2) AS key, false AS permit UNION ALL \
-             SELECT hashtextextended($1 || '/' || i, 3), true FROM generate_series(0, 99) i) \
-             AS k WHERE l.locktype = 'advisory' AND l.objsubid = 1 \
-             AND l.classid = ((k.key >> 32) & 4294967295)::oid \
-             AND l.objid = (k.key & 4294967295)::oid",
-            &[&key],
-        )
-        .await
-        .expect("a look at pg_locks");
-    let count = |i| usize::try_from(row.get::<_, i64>(i)).unwrap_or_default();
-    (count(0), count(1))
-}
-
-/// Terminates the server processes that hold an advisory lock of `name` in `schema`;
-/// returns how many there were.
+/// Terminates the server processes that hold a lock of `name` in `schema`; returns how
+/// many there were.
 pub(crate) async fn terminate_holders(
     admin: &tokio_postgres::Client,
     schema: &str,
     name: &str,
 ) -> usize {
-    let key = format!("{schema}/{name}");
-    let row = admin
-        .query_one(
-            "SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l \
-             CROSS JOIN (VALUES (hashtextextended($1, 0)), (hashtextextended($1, 1)), \
-             (hashtextextended($1, 4))) AS k(key) \
-             WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
-             AND l.classid = ((k.key >> 32) & 4294967295)::oid \
-             AND l.objid = (k.key & 4294967295)::oid",
-            &[&key],
-        )
-        .await
-        .expect("terminating the holders");
-    usize::try_from(row.get::<_, i64>(0)).unwrap_or_default()
+    let select = "count(pg_terminate_backend(l.pid))";
+    count_locks(admin, (select, "l.granted"), schema, name).await[0]
 }
 
 /// Terminates every connection whose `application_name` is `application`, and waits (up to
@@ -357,16 +337,12 @@ impl Faults for PgHarness {
 
 #[async_trait]
 impl Inspector for PgHarness {
-    /// The advisory locks of the mutex, the read-write lock and the semaphore called
-    /// `name` together (a case uses one kind per name): a semaphore's permits held are its
-    /// holders, and every contender of its queue (its head, which looks for a permit, too)
-    /// waits.
+    /// The locks of every kind called `name` together (a case uses one kind per name); see
+    /// [`advisory_locks`].
     async fn entries(&self, name: &str) -> Result<Entries, LockError> {
         let (holders, waiters) =
             advisory_locks(&self.admin, PostgresConfig::DEFAULT_SCHEMA, name).await;
-        let (permits, queued) =
-            semaphore_locks(&self.admin, PostgresConfig::DEFAULT_SCHEMA, name).await;
-        Ok(Entries::new(holders + permits, waiters + queued))
+        Ok(Entries::new(holders, waiters))
     }
 
     /// Only the server's queue records waiters: the mutex's with `advisory`, and the

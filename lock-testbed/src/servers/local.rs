@@ -61,6 +61,18 @@ impl ServerProcess {
     pub(crate) fn node_signal(&self, signal: Signal) -> Result<(), ServerError> {
         self.node.signal(signal)
     }
+
+    /// Kills the server's process group and reaps it (see [`LocalServer::kill`]).
+    pub(crate) fn node_kill(&mut self) {
+        self.node.kill();
+    }
+
+    /// Kills the server if running and starts it again (see [`LocalServer::restart`]).
+    pub(crate) fn node_restart(
+        &mut self,
+    ) -> impl Future<Output = Result<(), ServerError>> + Send + '_ {
+        self.node.restart()
+    }
 }
 
 /// A server started here as a child process on 127.0.0.1: [`ZkServer`], [`RedisServer`] or

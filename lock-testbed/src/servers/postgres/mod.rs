@@ -310,15 +310,66 @@ impl LocalServer for PostgresServer {
         self.signal_children(Signal::SIGCONT)?;
         self.process.node_signal(Signal::SIGCONT)
     }
+
+    /// Kills the server processes, then the postmaster: a server process left over holds
+    /// the shared memory that a restarted postmaster must find free.
+    fn kill(&mut self) {
+        self.kill_children();
+        self.process.node_kill();
+    }
+
+    /// Kills the server processes and the postmaster, and starts the server again on the
+    /// same port and data (after crash recovery).
+    fn restart(&mut self) -> impl Future<Output = Result<(), ServerError>> + Send {
+        self.kill_children();
+        self.process.node_restart()
+    }
 }
 
 impl PostgresServer {
+    /// Freezes the postmaster (it starts no more), kills every server process it started,
+    /// and waits (up to 5 s) until they have exited.
+    fn kill_children(&self) {
+        if self.process.node_signal(Signal::SIGSTOP).is_err() {
+            return;
+        }
+        let children = self.children();
+        for pid in &children {
+            let _ = nix::sys::signal::kill(*pid, Signal::SIGKILL);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        // An exited process that is not yet reaped (a zombie) holds no memory.
+        let running = |pid: &nix::unistd::Pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().next())
+                    .is_some_and(|state| state != "Z")
+            })
+        };
+        while children.iter().any(running) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Sends `signal` to every process whose parent is the postmaster.
     fn signal_children(&self, signal: Signal) -> Result<(), ServerError> {
+        for pid in self.children() {
+            // A child that exited meanwhile has nothing to stop.
+            let _ = nix::sys::signal::kill(pid, signal);
+        }
+        Ok(())
+    }
+
+    /// The processes whose parent is the postmaster: each a session of its own.
+    fn children(&self) -> Vec<nix::unistd::Pid> {
         let Some(postmaster) = self.pid() else {
-            return Ok(());
+            return Vec::new();
         };
-        for entry in std::fs::read_dir("/proc")?.flatten() {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        let mut children = Vec::new();
+        for entry in entries.flatten() {
             let Some(pid) = entry
                 .file_name()
                 .to_str()
@@ -335,11 +386,10 @@ impl PostgresServer {
                 .and_then(|(_, rest)| rest.split_whitespace().nth(1))
                 .and_then(|ppid| ppid.parse::<u32>().ok());
             if parent == Some(postmaster) {
-                // A child that exited meanwhile has nothing to stop.
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+                children.push(nix::unistd::Pid::from_raw(pid));
             }
         }
-        Ok(())
+        children
     }
 }
 
