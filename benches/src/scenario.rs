@@ -345,8 +345,11 @@ pub async fn run(
         measurement.wakeups_per_handoff = Some(per(counted.wakeups));
         measurement.futile_wakeups_per_handoff = Some(per(counted.futile_wakeups));
     }
+    // The server's own count where it keeps one; otherwise the requests the clients say they
+    // sent (PostgreSQL: every statement).
     measurement.server_requests_per_handoff = match (server_before, server_after) {
         (Some(before), Some(after)) => Some(per(after.saturating_sub(before))),
+        _ if counted.server_requests > 0 => Some(per(counted.server_requests)),
         _ => None,
     };
     measurement.min_grants = book.grants.iter().copied().min().unwrap_or_default();
@@ -445,7 +448,8 @@ pub async fn server_requests(backend: Backend, servers: &Servers) -> Option<u64>
             )
         }
         // PostgreSQL's statement counters (pg_stat_database) are flushed to the view every
-        // second or so, too late to be read right after a run.
+        // second or so, too late to be read right after a run: its clients count the
+        // statements they send instead.
         Backend::Postgres => None,
         // Every server's, a cluster's nodes together.
         Backend::Redis => {

@@ -19,6 +19,7 @@ fn enabled() -> String {
         cfg!(feature = "zookeeper").then_some("zookeeper"),
         cfg!(feature = "redis").then_some("redis"),
         cfg!(feature = "etcd").then_some("etcd"),
+        cfg!(feature = "postgres").then_some("postgres"),
     ]
     .into_iter()
     .flatten()
@@ -42,6 +43,8 @@ fn unknown_scheme_lists_the_supported_ones() {
         "rediss://",
         "redlock://",
         "etcd://",
+        "postgres://",
+        "postgresql://",
     ] {
         assert!(e.contains(scheme), "{scheme} missing from: {e}");
     }
@@ -137,6 +140,40 @@ fn etcd_urls_are_read_by_the_etcd_backend() {
     assert_eq!(config, BackendConfig::Etcd(expected));
     let e = config_error("etcd://u:topsecret@e1?lease_ttl=1s");
     assert!(e.contains("lease_ttl") && !e.contains("topsecret"), "{e}");
+}
+
+#[cfg(not(feature = "postgres"))]
+#[test]
+fn postgres_scheme_needs_its_feature() {
+    let e = config_error("postgres://localhost/app");
+    assert_eq!(
+        e,
+        format!(
+            "the \"postgres\" scheme needs the \"postgres\" feature of distlock (enabled \
+             features: {})",
+            enabled()
+        )
+    );
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_urls_are_read_by_the_postgres_backend() {
+    use distlock::postgres::{PostgresConfig, PostgresStrategy};
+    let url = "postgresql://locker@db1:5433/app?strategy=polling&application_name=jobs";
+    let config = BackendConfig::from_url(url).unwrap();
+    assert_eq!(config.backend(), "postgres");
+    let mut expected =
+        PostgresConfig::new("postgresql://locker@db1:5433/app?application_name=jobs");
+    expected.strategy = PostgresStrategy::Polling;
+    assert_eq!(config, BackendConfig::Postgres(expected));
+    let e = config_error("postgres://u:topsecret@db1?keepalive=0s");
+    assert!(e.contains("keepalive") && !e.contains("topsecret"), "{e}");
+    let e = config_error("postgres://u:topsecret@db1?no_such_option=1");
+    assert!(
+        e.contains("no_such_option") && !e.contains("topsecret"),
+        "{e}"
+    );
 }
 
 #[cfg(feature = "memory")]

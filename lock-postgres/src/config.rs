@@ -102,6 +102,29 @@ impl Default for PostgresConfig {
     }
 }
 
+/// The URL parameters tokio-postgres reads (libpq's, as far as it knows them).
+const LIBPQ_PARAMS: [&str; 19] = [
+    "user",
+    "password",
+    "dbname",
+    "options",
+    "application_name",
+    "sslmode",
+    "sslnegotiation",
+    "host",
+    "hostaddr",
+    "port",
+    "connect_timeout",
+    "tcp_user_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_retries",
+    "target_session_attrs",
+    "channel_binding",
+    "load_balance_hosts",
+];
+
 impl PostgresConfig {
     /// The default schema: `public`.
     pub const DEFAULT_SCHEMA: &'static str = "public";
@@ -128,8 +151,9 @@ impl PostgresConfig {
     ///
     /// # Errors
     ///
-    /// [`LockError::Config`] naming what is wrong: another scheme, a bad value of ours, a
-    /// URL tokio-postgres rejects, or what [`validate`](Self::validate) rejects.
+    /// [`LockError::Config`] naming what is wrong: another scheme, a parameter neither ours
+    /// nor libpq's (the known ones listed), a bad value of ours, a URL tokio-postgres
+    /// rejects, or what [`validate`](Self::validate) rejects.
     pub fn from_url(url: &str) -> Result<PostgresConfig, LockError> {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             return Err(config_error(
@@ -151,7 +175,14 @@ impl PostgresConfig {
                 "keepalive" => config.keepalive = duration()?,
                 "timeout" => config.timeout = duration()?,
                 "poll_interval" => config.poll_interval = duration()?,
-                _ => kept.push(pair),
+                _ if LIBPQ_PARAMS.contains(&key) => kept.push(pair),
+                _ => {
+                    return Err(config_error(format!(
+                        "unknown URL parameter {key:?}; known: schema, strategy, keepalive, \
+                         timeout, poll_interval, and libpq's {}",
+                        LIBPQ_PARAMS.join(", ")
+                    )));
+                }
             }
         }
         config.connection = if kept.is_empty() {
@@ -265,6 +296,7 @@ mod tests {
             ("postgres://h?keepalive=0s", "keepalive"),
             ("postgres://h?timeout=2h", "timeout"),
             ("postgres://h?sslmode=sometimes", "connection string"),
+            ("postgres://h?lease=1s", "unknown URL parameter \"lease\""),
         ] {
             let error = PostgresConfig::from_url(url)
                 .map(drop)

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::poll_fn;
-use lock_core::LockError;
 use lock_core::kit::unpoisoned;
+use lock_core::{LockError, Metrics};
 use tokio::sync::{mpsc, watch};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, NoTls, Row};
@@ -32,6 +32,8 @@ pub(crate) struct Conn {
     notified: tokio::sync::Mutex<mpsc::UnboundedReceiver<()>>,
     /// The bound on a request that does not wait for a lock.
     pub(crate) timeout: Duration,
+    /// Counts every statement sent, as the provider's server requests.
+    metrics: Arc<Metrics>,
 }
 
 impl Conn {
@@ -40,6 +42,7 @@ impl Conn {
     pub(crate) async fn open(
         pg: &tokio_postgres::Config,
         timeout: Duration,
+        metrics: Arc<Metrics>,
     ) -> Result<Conn, LockError> {
         let connecting = tokio::time::timeout(timeout, pg.connect(NoTls));
         let (client, mut connection) = connecting
@@ -76,6 +79,7 @@ impl Conn {
             close,
             notified: tokio::sync::Mutex::new(notified),
             timeout,
+            metrics,
         };
         let row = conn.ask("SELECT pg_backend_pid()", &[]).await?;
         conn.pid = row.first().map(|row| row.get(0)).unwrap_or_default();
@@ -101,6 +105,7 @@ impl Conn {
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Result<Vec<Row>, LockError>, LockError> {
         let what = statement.split_whitespace().next().unwrap_or("a statement");
+        self.metrics.record_server_requests(1);
         match tokio::time::timeout(bound, self.client.query_typed(statement, params)).await {
             Ok(answer) => Ok(answer.map_err(|error| from_pg(error, what))),
             Err(_) => Err(no_answer(what, bound)),
@@ -114,6 +119,7 @@ impl Conn {
         params: &'a [(&'a (dyn ToSql + Sync), Type)],
     ) -> impl Future<Output = Result<Vec<Row>, LockError>> + Send + 'a {
         let what = statement.split_whitespace().next().unwrap_or("a statement");
+        self.metrics.record_server_requests(1);
         async move {
             self.client
                 .query_typed(statement, params)
@@ -124,6 +130,7 @@ impl Conn {
 
     /// Runs `statements` (no parameters), as `LISTEN` and `UNLISTEN` need.
     pub(crate) async fn run(&self, statements: &str) -> Result<(), LockError> {
+        self.metrics.record_server_requests(1);
         match tokio::time::timeout(self.timeout, self.client.batch_execute(statements)).await {
             Ok(done) => done.map_err(|error| from_pg(error, "a statement")),
             Err(_) => Err(no_answer("a statement", self.timeout)),
@@ -188,14 +195,20 @@ impl Conn {
 pub(crate) struct Pool {
     pg: tokio_postgres::Config,
     timeout: Duration,
+    metrics: Arc<Metrics>,
     idle: Mutex<Vec<Arc<Conn>>>,
 }
 
 impl Pool {
-    pub(crate) fn new(pg: tokio_postgres::Config, timeout: Duration) -> Self {
+    pub(crate) fn new(
+        pg: tokio_postgres::Config,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Pool {
             pg,
             timeout,
+            metrics,
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -211,7 +224,9 @@ impl Pool {
                 return Ok(conn);
             }
         }
-        Conn::open(&self.pg, self.timeout).await.map(Arc::new)
+        Conn::open(&self.pg, self.timeout, Arc::clone(&self.metrics))
+            .await
+            .map(Arc::new)
     }
 
     /// Keeps `conn` for the next contender; it must hold no lock and listen on no channel.

@@ -57,7 +57,8 @@ impl PostgresLockProvider {
     /// must run when the role may not create the missing fencing table.
     pub async fn connect(config: PostgresConfig) -> Result<Self, LockError> {
         config.validate()?;
-        let pool = Pool::new(config.pg_config()?, config.timeout);
+        let metrics = Arc::new(Metrics::new());
+        let pool = Pool::new(config.pg_config()?, config.timeout, Arc::clone(&metrics));
         let first = pool.get().await?;
         let table = format!("{}.{FENCING_TABLE}", config.schema);
         let leaders = format!("{}.{LEADERS_TABLE}", config.schema);
@@ -71,7 +72,7 @@ impl PostgresLockProvider {
             pool,
             table,
             closed: Closed::new(),
-            metrics: Metrics::new(),
+            metrics,
         });
         let closing = Arc::clone(&shared);
         Ok(PostgresLockProvider {

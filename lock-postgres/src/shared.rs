@@ -1,6 +1,8 @@
 //! What a provider's locks share: the configuration, the connection pool, and the
 //! statements over the fencing table.
 
+use std::sync::Arc;
+
 use lock_core::Metrics;
 use lock_core::kit::Closed;
 
@@ -19,7 +21,8 @@ pub(crate) struct Shared {
     pub(crate) config: PostgresConfig,
     pub(crate) pool: Pool,
     pub(crate) closed: Closed,
-    pub(crate) metrics: Metrics,
+    /// Grants, wake-ups, and every statement sent (the server requests).
+    pub(crate) metrics: Arc<Metrics>,
     /// The fencing table, `{schema}.distlock_fencing`.
     pub(crate) table: String,
     pub(crate) exclusive: Statements,
