@@ -114,6 +114,9 @@ fn a_smoke_run_reports_every_strategy_and_the_herd() {
         "etcd-prefix",
         "etcd-predecessor",
         "etcd-v3lock",
+        "pg-advisory",
+        "pg-notify",
+        "pg-polling",
     ];
     assert_eq!(
         runs.len(),
@@ -130,12 +133,22 @@ fn a_smoke_run_reports_every_strategy_and_the_herd() {
         assert!(run["floor_p50_us"].as_f64().unwrap() > 0.0, "{run}");
     }
     // Herd-free: one wake-up per handoff; herd: more, growing with N.
-    for strategy in ["zk-predecessor", "redis-queue", "etcd-predecessor"] {
+    for strategy in [
+        "zk-predecessor",
+        "redis-queue",
+        "etcd-predecessor",
+        "pg-advisory",
+    ] {
         let w = wakeups(&runs, strategy, 5);
         assert!(w <= 1.05, "{strategy}: {w} wake-ups per handoff at N=5");
     }
     // FIFO: with 2 ms held per grant every waiter is queued long before the next release.
-    for strategy in ["zk-predecessor", "redis-queue", "etcd-predecessor"] {
+    for strategy in [
+        "zk-predecessor",
+        "redis-queue",
+        "etcd-predecessor",
+        "pg-advisory",
+    ] {
         let run = run_of(&runs, strategy, 5);
         assert_eq!(
             run["fifo_violations"].as_u64(),
@@ -149,6 +162,7 @@ fn a_smoke_run_reports_every_strategy_and_the_herd() {
         "redis-pubsub",
         "etcd-single",
         "etcd-prefix",
+        "pg-notify",
     ] {
         let w = wakeups(&runs, strategy, 5);
         assert!(
@@ -156,6 +170,12 @@ fn a_smoke_run_reports_every_strategy_and_the_herd() {
             "{strategy}: {w} wake-ups per handoff at N=5 is no herd"
         );
     }
+    // PostgreSQL keeps no request count a run can read: its clients count their statements.
+    let requests = run_of(&runs, "pg-advisory", 5)["server_requests_per_handoff"].as_f64();
+    assert!(
+        requests.is_some_and(|r| r >= 1.0),
+        "pg-advisory: {requests:?} requests per handoff"
+    );
     for file in ["summary.md", "throughput.svg", "wakeups.svg"] {
         assert!(report.join(file).exists(), "{file} not written");
     }
