@@ -102,29 +102,6 @@ impl Default for PostgresConfig {
     }
 }
 
-/// The URL parameters tokio-postgres reads (libpq's, as far as it knows them).
-const LIBPQ_PARAMS: [&str; 19] = [
-    "user",
-    "password",
-    "dbname",
-    "options",
-    "application_name",
-    "sslmode",
-    "sslnegotiation",
-    "host",
-    "hostaddr",
-    "port",
-    "connect_timeout",
-    "tcp_user_timeout",
-    "keepalives",
-    "keepalives_idle",
-    "keepalives_interval",
-    "keepalives_retries",
-    "target_session_attrs",
-    "channel_binding",
-    "load_balance_hosts",
-];
-
 impl PostgresConfig {
     /// The default schema: `public`.
     pub const DEFAULT_SCHEMA: &'static str = "public";
@@ -152,8 +129,8 @@ impl PostgresConfig {
     /// # Errors
     ///
     /// [`LockError::Config`] naming what is wrong: another scheme, a parameter neither ours
-    /// nor libpq's (the known ones listed), a bad value of ours, a URL tokio-postgres
-    /// rejects, or what [`validate`](Self::validate) rejects.
+    /// nor one tokio-postgres takes (or with a value it rejects), a bad value of ours, a URL
+    /// tokio-postgres rejects, or what [`validate`](Self::validate) rejects.
     pub fn from_url(url: &str) -> Result<PostgresConfig, LockError> {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             return Err(config_error(
@@ -175,12 +152,16 @@ impl PostgresConfig {
                 "keepalive" => config.keepalive = duration()?,
                 "timeout" => config.timeout = duration()?,
                 "poll_interval" => config.poll_interval = duration()?,
-                _ if LIBPQ_PARAMS.contains(&key) => kept.push(pair),
+                // libpq's, as tokio-postgres reads them: asked one at a time, so that the
+                // error can name the parameter (and never repeat a password).
+                _ if tokio_postgres::Config::from_str(&format!("postgres://h?{pair}")).is_ok() => {
+                    kept.push(pair);
+                }
                 _ => {
                     return Err(config_error(format!(
-                        "unknown URL parameter {key:?}; known: schema, strategy, keepalive, \
-                         timeout, poll_interval, and libpq's {}",
-                        LIBPQ_PARAMS.join(", ")
+                        "unknown or invalid URL parameter {key:?}; ours are schema, strategy, \
+                         keepalive, timeout and poll_interval, the others libpq's as \
+                         tokio-postgres reads them"
                     )));
                 }
             }
@@ -295,8 +276,14 @@ mod tests {
             ("postgres://h?schema=Bad-Name", "schema"),
             ("postgres://h?keepalive=0s", "keepalive"),
             ("postgres://h?timeout=2h", "timeout"),
-            ("postgres://h?sslmode=sometimes", "connection string"),
-            ("postgres://h?lease=1s", "unknown URL parameter \"lease\""),
+            (
+                "postgres://h?sslmode=sometimes",
+                "URL parameter \"sslmode\"",
+            ),
+            (
+                "postgres://h?lease=1s",
+                "unknown or invalid URL parameter \"lease\"",
+            ),
         ] {
             let error = PostgresConfig::from_url(url)
                 .map(drop)

@@ -49,3 +49,11 @@ pub(crate) fn from_pg(error: tokio_postgres::Error, what: &str) -> LockError {
 pub(crate) fn no_answer(what: &str, timeout: std::time::Duration) -> LockError {
     LockError::connection(BACKEND, format!("{what}: no answer within {timeout:?}"))
 }
+
+/// The SQLSTATE of the server's error behind `error`, if it has one.
+pub(crate) fn sql_state(error: &LockError) -> Option<SqlState> {
+    std::error::Error::source(error)?
+        .downcast_ref::<tokio_postgres::Error>()?
+        .code()
+        .cloned()
+}

@@ -8,11 +8,12 @@ use lock_core::{
     Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Fencing,
     LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
 };
+use tokio_postgres::error::SqlState;
 
 use crate::config::{PostgresConfig, PostgresStrategy};
 use crate::connection::{Conn, Pool};
 use crate::election::PostgresElection;
-use crate::error::BACKEND;
+use crate::error::{BACKEND, sql_state};
 use crate::lock::{PostgresLock, PostgresRwLock};
 use crate::semaphore::PostgresSemaphore;
 use crate::shared::{FENCING_TABLE, LEADERS_TABLE, Mode, Shared, Statements};
@@ -128,11 +129,10 @@ async fn ensure_tables(conn: &Conn, tables: &[&str]) -> Result<(), LockError> {
         };
         // Two providers creating a table at once: one of them may meet the other's
         // half-made type (a unique violation); the next try finds the table.
-        let refused = matches!(error, LockError::PermissionDenied { .. });
-        if !refused && !error.is_retryable() && tries < 3 {
+        if sql_state(&error) == Some(SqlState::UNIQUE_VIOLATION) && tries < 3 {
             continue;
         }
-        if error.is_retryable() {
+        if !matches!(error, LockError::PermissionDenied { .. }) {
             return Err(error);
         }
         let mut missing = Vec::new();

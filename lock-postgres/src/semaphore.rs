@@ -3,7 +3,7 @@
 //!
 //! A contender queues for the queue lock on the server (first come, first served; a
 //! release wakes one). The queue's head takes the first free permit in one statement that
-//! also raises the name's counter row, then leaves the queue; the permit is its guard's. While
+//! also raises the name's counter row and leaves the queue; the permit is its guard's. While
 //! no permit is free only the head waits for one: it listens on the semaphore's channel,
 //! which every permit's release notifies, and looks again after the keepalive anyway (a
 //! holder that died notified nobody). So a release wakes one contender, whatever the
@@ -51,16 +51,18 @@ impl PostgresSemaphore {
     }
 
     /// The statement that takes the first free permit (trying them in order, stopping at
-    /// the first taken) and raises the name's counter row: the token and the permit's
-    /// index, or no row when every permit is taken.
+    /// the first taken), raises the name's counter row and leaves the queue: the token and
+    /// the permit's index, or no row (still queued) when every permit is taken.
     fn take_permit(&self) -> String {
         format!(
             "WITH permit AS MATERIALIZED (SELECT i FROM generate_series(0, $3 - 1) AS i \
              WHERE pg_try_advisory_lock(hashtextextended($1 || '/' || i, {permit})) LIMIT 1) \
              INSERT INTO {table} AS f (name, token) SELECT $2, 1 FROM permit \
              ON CONFLICT (name) DO UPDATE SET token = f.token + 1 \
-             RETURNING token, (SELECT i FROM permit)",
+             RETURNING token, (SELECT i FROM permit), \
+             pg_advisory_unlock(hashtextextended($1, {queue}))",
             permit = Kind::Permit as i64,
+            queue = Kind::SemaphoreQueue as i64,
             table = self.shared.table,
         )
     }
@@ -163,12 +165,7 @@ impl PostgresSemaphore {
             conn.notification(deadline.cap(shared.config.keepalive))
                 .await;
         };
-        // 3. Out of the queue, the permit held.
-        conn.ask(
-            "SELECT pg_advisory_unlock(hashtextextended($1, $2))",
-            &queue_params,
-        )
-        .await?;
+        // Out of the queue (the statement left it), the permit held.
         let permit = self.permit(index);
         Ok(Some(grant(
             shared,

@@ -179,6 +179,20 @@ async fn psql_and_distlock_exclude_each_other() {
     assert_eq!(String::from_utf8_lossy(&tried.stdout).trim(), "t");
 }
 
+/// A schema that does not exist is the server's error, not a refusal to create the tables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_schema_is_named() {
+    let h = PgHarness::new(PostgresStrategy::Advisory).await;
+    let mut config = PostgresConfig::new(h.url());
+    config.schema = "no_such_schema".to_owned();
+    let error = PostgresLockProvider::connect(config).await.unwrap_err();
+    assert!(
+        !matches!(error, LockError::PermissionDenied { .. })
+            && error.to_string().contains("no_such_schema"),
+        "{error}"
+    );
+}
+
 /// A role that may not create the fencing table is told the statements an administrator
 /// must run; once they have run, it locks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -302,12 +302,13 @@ impl LocalServer for PostgresServer {
     /// session of its own, out of reach of a signal to the postmaster's group.
     fn pause(&self) -> Result<(), ServerError> {
         self.process.node_signal(Signal::SIGSTOP)?;
-        self.signal_children(Signal::SIGSTOP)
+        self.signal_children(Signal::SIGSTOP);
+        Ok(())
     }
 
     /// Lets the server processes go on, then the postmaster.
     fn resume(&self) -> Result<(), ServerError> {
-        self.signal_children(Signal::SIGCONT)?;
+        self.signal_children(Signal::SIGCONT);
         self.process.node_signal(Signal::SIGCONT)
     }
 
@@ -352,12 +353,11 @@ impl PostgresServer {
     }
 
     /// Sends `signal` to every process whose parent is the postmaster.
-    fn signal_children(&self, signal: Signal) -> Result<(), ServerError> {
+    fn signal_children(&self, signal: Signal) {
         for pid in self.children() {
             // A child that exited meanwhile has nothing to stop.
             let _ = nix::sys::signal::kill(pid, signal);
         }
-        Ok(())
     }
 
     /// The processes whose parent is the postmaster: each a session of its own.
