@@ -128,8 +128,14 @@ async fn ensure_tables(conn: &Conn, tables: &[&str]) -> Result<(), LockError> {
             Err(error) => error,
         };
         // Two providers creating a table at once: one of them may meet the other's
-        // half-made type (a unique violation); the next try finds the table.
-        if sql_state(&error) == Some(SqlState::UNIQUE_VIOLATION) && tries < 3 {
+        // half-made table or row type (a unique violation, or the type already there);
+        // the next try finds the table.
+        let concurrent = [
+            SqlState::UNIQUE_VIOLATION,
+            SqlState::DUPLICATE_OBJECT,
+            SqlState::DUPLICATE_TABLE,
+        ];
+        if sql_state(&error).is_some_and(|state| concurrent.contains(&state)) && tries < 3 {
             continue;
         }
         if !matches!(error, LockError::PermissionDenied { .. }) {

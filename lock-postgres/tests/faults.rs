@@ -179,6 +179,47 @@ async fn psql_and_distlock_exclude_each_other() {
     assert_eq!(String::from_utf8_lossy(&tried.stdout).trim(), "t");
 }
 
+/// Providers that connect at once to a schema without the tables all connect: the ones
+/// that meet another's half-made table try again and find it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn providers_creating_the_tables_at_once_all_connect() {
+    const PROVIDERS: usize = 16;
+    const ROUNDS: usize = 10;
+    let h = PgHarness::new(PostgresStrategy::Advisory).await;
+    for _ in 0..ROUNDS {
+        let schema = format!("fresh_{}", uuid::Uuid::new_v4().simple());
+        h.admin()
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .unwrap();
+        let connecting = (0..PROVIDERS).map(|_| {
+            let mut config = PostgresConfig::new(h.url());
+            config.schema = schema.clone();
+            tokio::spawn(PostgresLockProvider::connect(config))
+        });
+        for connected in futures_util::future::join_all(connecting).await {
+            let provider = connected
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{schema}: {e}"));
+            let mut guard = provider.lock("jobs").unwrap().acquire(None).await.unwrap();
+            guard.release().await.unwrap();
+        }
+        let tables: i64 = h
+            .admin()
+            .query_one(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = $1",
+                &[&schema],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            tables, 2,
+            "{schema}: the fencing and leaders' tables, once each"
+        );
+    }
+}
+
 /// A schema that does not exist is the server's error, not a refusal to create the tables.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_schema_is_named() {
