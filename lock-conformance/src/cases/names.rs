@@ -75,10 +75,11 @@ pub async fn g1_unusual_names(h: &dyn Harness) -> CaseResult {
     }
     // All held at once: none of them collided with another.
     for (name, mut guard) in held {
-        ensure!(
-            !guard.is_lost(),
-            "holding {name:?} alongside the others lost it"
-        );
+        if let Some(reason) = guard.lost().reason() {
+            return Err(CaseFailure::new(format!(
+                "holding {name:?} alongside the others lost it ({reason})"
+            )));
+        }
         guard.release().await?;
         no_residue(h, &name, &format!("after releasing {name:?}")).await?;
     }

@@ -138,13 +138,15 @@ pub async fn b4_timeout_leaves_no_residue(h: &dyn Harness) -> CaseResult {
     let mut held = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
     let lock = b.provider.lock(&name)?;
     for _ in 0..3 {
-        ensure!(
-            matches!(
-                lock.acquire(Some(timing.short_timeout)).await,
-                Err(LockError::Timeout { .. })
-            ),
-            "expected Timeout while held"
-        );
+        match lock.acquire(Some(timing.short_timeout)).await {
+            Err(LockError::Timeout { .. }) => {}
+            other => {
+                return Err(CaseFailure::new(format!(
+                    "expected Timeout while held, got {:?}",
+                    other.map(|guard| guard.fencing_token())
+                )));
+            }
+        }
     }
     expect_entries(
         h,
