@@ -322,10 +322,21 @@ pub async fn b7_cancel_racing_grant(h: &dyn Harness) -> CaseResult {
     for _round in 0..3 {
         let mut held = take(a.provider.lock(&name)?.as_ref(), "holder").await?;
         let lock_b = b.provider.lock(&name)?;
-        // B queues first and is then dropped right after the release, racing its grant.
+        // B queues first and is then dropped right after the release, racing its grant. It
+        // is polled until the server records it waiting: a slow client's first requests
+        // may take a while.
         let mut racing = Box::pin(lock_b.acquire(None));
-        let parked = tokio::time::timeout(timing.operation_slack, racing.as_mut()).await;
-        ensure!(parked.is_err(), "the first waiter got a held lock");
+        tokio::select! {
+            got = racing.as_mut() => {
+                return Err(CaseFailure::new(format!(
+                    "the first waiter got a held lock: {:?}",
+                    got.map(|guard| guard.fencing_token())
+                )));
+            }
+            queued = expect_entries(h, &name, Entries::new(1, 1), "the first waiter is queued") => {
+                queued?;
+            }
+        }
         let lock_c = c.provider.lock(&name)?;
         let behind = tokio::spawn(async move { lock_c.acquire(None).await });
         expect_entries(h, &name, Entries::new(1, 2), "both waiters are queued").await?;
