@@ -25,8 +25,10 @@ use lock_testbed::proxy::{FaultProxy, ProxyGroup, ReplyKind};
 use lock_testbed::servers::{EtcdOptions, EtcdTarget, free_port, shared_etcd};
 
 /// Short leases so that crash and expiry cases finish quickly (etcd's leases are whole
-/// seconds; its minimum is a few election timeouts, well under this).
-pub(crate) const LEASE_TTL: Duration = Duration::from_secs(2);
+/// seconds; its minimum is a few election timeouts, well under this), yet long enough that
+/// the suites' load on two cores never holds a keep-alive back for a whole lease: at 2 s,
+/// waiters' keys vanished with their expired leases there.
+pub(crate) const LEASE_TTL: Duration = Duration::from_secs(4);
 
 /// The leases over a cluster: a leader's failover (an election timeout of 1 s, and up to
 /// twice that) must fit in one, as in production.

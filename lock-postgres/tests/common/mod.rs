@@ -22,8 +22,10 @@ use lock_testbed::proxy::{FaultProxy, ProxyGroup};
 use lock_testbed::servers::{PostgresOptions, PostgresTarget, free_port, shared_postgres};
 use tokio_postgres::NoTls;
 
-/// The keepalive of the harness's clients: a lost holder is noticed within about a second.
-pub(crate) const KEEPALIVE: Duration = Duration::from_secs(1);
+/// The keepalive of the harness's clients: a lost holder is noticed within about two
+/// seconds. At 1 s, a holder's check waiting a second for its answer under the suites'
+/// load on two cores made it give up a lock it held.
+pub(crate) const KEEPALIVE: Duration = Duration::from_secs(2);
 
 /// The schema of [`Harness::client_in_other_namespace`]'s clients.
 pub(crate) const OTHER_SCHEMA: &str = "distlock_other";
