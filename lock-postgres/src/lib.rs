@@ -40,6 +40,7 @@ mod lock;
 mod provider;
 mod semaphore;
 mod shared;
+mod transaction;
 
 pub use config::{PostgresConfig, PostgresStrategy};
 pub use election::{OBSERVE_INTERVAL, PostgresElection};
@@ -47,3 +48,6 @@ pub use lock::{PostgresLock, PostgresRwLock};
 pub use provider::PostgresLockProvider;
 pub use semaphore::PostgresSemaphore;
 pub use shared::{FENCING_TABLE, LEADERS_TABLE};
+/// The PostgreSQL client whose transactions [`TransactionLock`] takes locks in.
+pub use tokio_postgres;
+pub use transaction::TransactionLock;

@@ -16,7 +16,10 @@ use crate::election::PostgresElection;
 use crate::error::{BACKEND, sql_state};
 use crate::lock::{PostgresLock, PostgresRwLock};
 use crate::semaphore::PostgresSemaphore;
-use crate::shared::{FENCING_TABLE, LEADERS_TABLE, Mode, Shared, Statements};
+use crate::shared::{
+    FENCING_TABLE, LEADERS_TABLE, Mode, Shared, Statements, TransactionStatements,
+};
+use crate::transaction::TransactionLock;
 
 /// The most permits a semaphore may have: each is an advisory lock a taker may try.
 const MAX_PERMITS: u32 = 10_000;
@@ -69,6 +72,7 @@ impl PostgresLockProvider {
             exclusive: Statements::new(&table, Mode::Exclusive),
             shared: Statements::new(&table, Mode::Shared),
             election: Statements::election(&table, &leaders),
+            transaction: TransactionStatements::new(&table),
             config,
             pool,
             table,
@@ -92,6 +96,19 @@ impl PostgresLockProvider {
     /// As for [`PostgresConfig::from_url`] and [`connect`](Self::connect).
     pub async fn connect_url(url: &str) -> Result<Self, LockError> {
         Self::connect(PostgresConfig::from_url(url)?).await
+    }
+
+    /// The mutex `name` as a lock inside a transaction the caller owns (see
+    /// [`TransactionLock`]): the same lock and fencing sequence as [`lock`](LockProvider::lock)'s.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidName`] for a name distlock does not accept.
+    pub fn transaction_lock(&self, name: &str) -> Result<TransactionLock, LockError> {
+        Ok(TransactionLock::new(
+            Arc::clone(&self.shared),
+            LockName::new(name)?,
+        ))
     }
 
     /// The configuration the provider was made with.

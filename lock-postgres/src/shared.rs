@@ -29,6 +29,8 @@ pub(crate) struct Shared {
     pub(crate) shared: Statements,
     /// A campaign's: the grant also writes the leader's row.
     pub(crate) election: Statements,
+    /// A lock's inside the caller's transaction.
+    pub(crate) transaction: TransactionStatements,
 }
 
 impl Shared {
@@ -74,6 +76,40 @@ pub(crate) struct Statements {
     pub(crate) queue: String,
 }
 
+/// The start of a statement that raises the counter row `$3` of the fencing table `table`
+/// (inserted at 1), [`RAISE_ROW`] its end.
+fn insert_row(table: &str) -> String {
+    format!("INSERT INTO {table} AS f (name, token)")
+}
+
+/// The end of a statement that raises a counter row, returning the token.
+const RAISE_ROW: &str = "ON CONFLICT (name) DO UPDATE SET token = f.token + 1 RETURNING token";
+
+/// The statements of a lock inside the caller's transaction (`pg_advisory_xact_lock`), with
+/// the parameters of [`Statements`]'s grants: `try_grant` returns the token if it took the
+/// lock, `grant` waits for it in the server's queue.
+#[derive(Debug)]
+pub(crate) struct TransactionStatements {
+    pub(crate) try_grant: String,
+    pub(crate) grant: String,
+}
+
+impl TransactionStatements {
+    pub(crate) fn new(table: &str) -> Self {
+        let insert = insert_row(table);
+        TransactionStatements {
+            try_grant: format!(
+                "{insert} SELECT $3, 1 WHERE pg_try_advisory_xact_lock(hashtextextended($1, \
+                 $2)) {RAISE_ROW}"
+            ),
+            grant: format!(
+                "{insert} SELECT $3, 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended($1, \
+                 $2))) AS granted {RAISE_ROW}"
+            ),
+        }
+    }
+}
+
 /// `pg_locks`' condition for the advisory lock `hashtextextended($1, $2)`, its rows as `k`.
 pub(crate) const HELD_KEY: &str = "k.locktype = 'advisory' AND k.objsubid = 1 \
      AND k.classid = ((hashtextextended($1, $2) >> 32) & 4294967295)::oid \
@@ -106,8 +142,7 @@ impl Statements {
 
     pub(crate) fn new(table: &str, mode: Mode) -> Self {
         let suffix = mode.suffix();
-        let raise = "ON CONFLICT (name) DO UPDATE SET token = f.token + 1 RETURNING token";
-        let insert = format!("INSERT INTO {table} AS f (name, token)");
+        let (insert, raise) = (insert_row(table), RAISE_ROW);
         Statements {
             try_grant: format!(
                 "{insert} SELECT $3, 1 WHERE pg_try_advisory_lock{suffix}(hashtextextended($1, \

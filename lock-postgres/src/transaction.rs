@@ -1,0 +1,191 @@
+//! Locks inside a transaction the caller owns: `pg_advisory_xact_lock` on the mutex's key,
+//! with the name's fencing row raised in the same statement. The lock and the token are
+//! the transaction's: both end with its commit or rollback, together with the writes the
+//! lock protects.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{FencingToken, LockError, LockName};
+use tokio_postgres::Transaction;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+
+use crate::error::{BACKEND, from_pg};
+use crate::lock::{Kind, Target, token_of};
+use crate::shared::Shared;
+
+/// The savepoint a timed wait runs in, so that a timeout leaves the transaction usable.
+const SAVEPOINT: &str = "distlock_wait";
+
+/// A mutex taken inside the caller's transaction, from
+/// [`PostgresLockProvider::transaction_lock`](crate::PostgresLockProvider::transaction_lock).
+///
+/// It is the same lock as the provider's [`PostgresLock`](crate::PostgresLock) of the name
+/// (the advisory lock `hashtextextended('{schema}/{name}', 0)`, and the same fencing row):
+/// a transaction's holder and a session's exclude each other, and their tokens share one
+/// sequence. The transaction holds the lock until it commits or rolls back; there is no
+/// release. The token is raised in the transaction, so it is committed with the writes the
+/// lock protects, or rolled back with them (the next holder may then get the same token
+/// again: hand the token only to what the transaction writes).
+///
+/// Take the lock in a transaction at `READ COMMITTED` (PostgreSQL's default): under
+/// `REPEATABLE READ` or `SERIALIZABLE`, a transaction that waited for the previous holder
+/// to commit fails when it raises the token (a serialization failure, retryable, as every
+/// such transaction must be ready for).
+///
+/// ```no_run
+/// # async fn demo(provider: lock_postgres::PostgresLockProvider) -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+///
+/// let (mut client, connection) =
+///     tokio_postgres::connect("postgres://app@localhost/app", tokio_postgres::NoTls).await?;
+/// tokio::spawn(connection);
+/// let lock = provider.transaction_lock("nightly-report")?;
+/// let mut tx = client.transaction().await?;
+/// let token = lock.lock(&mut tx, Some(Duration::from_secs(5))).await?;
+/// let token = i64::try_from(token.0)?;
+/// tx.execute("UPDATE reports SET token = $1 WHERE token < $1", &[&token]).await?;
+/// tx.commit().await?; // the write and the lock's end, at once
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct TransactionLock {
+    target: Target,
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for TransactionLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TransactionLock")
+            .field("key", &self.target.key)
+            .finish()
+    }
+}
+
+impl TransactionLock {
+    pub(crate) fn new(shared: Arc<Shared>, name: LockName) -> Self {
+        TransactionLock {
+            target: Target::new(&shared.config.schema, name, Kind::Mutex),
+            shared,
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.target.name
+    }
+
+    /// Takes the lock in `tx`, waiting in the server's queue for at most `timeout` (`None`:
+    /// as long as it takes), and returns the fencing token.
+    ///
+    /// A timed wait runs in a savepoint with the server's `lock_timeout`: when it passes,
+    /// the savepoint is rolled back and `tx` stays usable. Dropping the future does not
+    /// stop the statement the server is running in `tx`: roll the transaction back to give
+    /// the lock up for sure.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Timeout`] when the lock stayed busy for `timeout`; the server's errors
+    /// otherwise (after which `tx` is aborted, as for any failed statement), such as
+    /// [`LockError::Connection`] for a broken connection.
+    pub async fn lock(
+        &self,
+        tx: &mut Transaction<'_>,
+        timeout: Option<Duration>,
+    ) -> Result<FencingToken, LockError> {
+        let Some(timeout) = timeout else {
+            return self.granted(tx, &self.shared.transaction.grant).await;
+        };
+        if timeout.is_zero() {
+            return self
+                .try_lock(tx)
+                .await?
+                .ok_or_else(|| LockError::timed_out(BACKEND, &self.target.name, Some(timeout)));
+        }
+        // Whole milliseconds, at least one; beyond the setting's range, no limit (0).
+        let millis = timeout.as_millis().max(1);
+        let setting = i32::try_from(millis).map_or(0, |millis| millis).to_string();
+        let waiting = tx
+            .savepoint(SAVEPOINT)
+            .await
+            .map_err(|e| from_pg(e, "SAVEPOINT"))?;
+        // Local to the savepoint: rolled back with it, and set back once granted.
+        let previous = waiting
+            .query_one(
+                "SELECT current_setting('lock_timeout'), set_config('lock_timeout', $1, true)",
+                &[&setting],
+            )
+            .await
+            .map_err(|e| from_pg(e, "SELECT set_config"))?
+            .get::<_, String>(0);
+        let granted = self.granted(&waiting, &self.shared.transaction.grant).await;
+        if granted.is_err() {
+            waiting
+                .rollback()
+                .await
+                .map_err(|e| from_pg(e, "ROLLBACK TO SAVEPOINT"))?;
+            return granted.map_err(|error| match crate::error::sql_state(&error) {
+                Some(SqlState::LOCK_NOT_AVAILABLE) => {
+                    LockError::timed_out(BACKEND, &self.target.name, Some(timeout))
+                }
+                _ => error,
+            });
+        }
+        waiting
+            .execute("SELECT set_config('lock_timeout', $1, true)", &[&previous])
+            .await
+            .map_err(|e| from_pg(e, "SELECT set_config"))?;
+        waiting
+            .commit()
+            .await
+            .map_err(|e| from_pg(e, "RELEASE SAVEPOINT"))?;
+        granted
+    }
+
+    /// Takes the lock in `tx` if it is free, and returns the fencing token; `None` when it
+    /// is busy (`tx` stays usable).
+    ///
+    /// # Errors
+    ///
+    /// The server's errors (after which `tx` is aborted), such as [`LockError::Connection`]
+    /// for a broken connection.
+    pub async fn try_lock(
+        &self,
+        tx: &mut Transaction<'_>,
+    ) -> Result<Option<FencingToken>, LockError> {
+        let statement = &self.shared.transaction.try_grant;
+        match self.granted(tx, statement).await {
+            Ok(token) => Ok(Some(token)),
+            Err(LockError::Timeout { .. }) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Runs a granting statement in `tx`: its token, or [`LockError::Timeout`] when it
+    /// granted nothing.
+    async fn granted(
+        &self,
+        tx: &Transaction<'_>,
+        statement: &str,
+    ) -> Result<FencingToken, LockError> {
+        let (key, kind, row) = (
+            self.target.key.as_str(),
+            self.target.kind as i64,
+            self.target.name.as_str(),
+        );
+        let params: [(&(dyn ToSql + Sync), Type); 3] =
+            [(&key, Type::TEXT), (&kind, Type::INT8), (&row, Type::TEXT)];
+        self.shared.metrics.record_server_requests(1);
+        let what = statement.split_whitespace().next().unwrap_or("a statement");
+        let rows = tx
+            .query_typed(statement, &params)
+            .await
+            .map_err(|e| from_pg(e, what))?;
+        let token = token_of(&rows)
+            .ok_or_else(|| LockError::timed_out(BACKEND, &self.target.name, None))?;
+        self.shared.metrics.record_grant();
+        Ok(FencingToken(u64::try_from(token).unwrap_or_default()))
+    }
+}
