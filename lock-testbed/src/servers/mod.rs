@@ -70,7 +70,8 @@ pub use local::{LocalServer, ServerProcess};
 pub use members::Members;
 pub use mode::{SERVERS_ENV, ServerMode};
 pub use postgres::{
-    POSTGRES_ENV, POSTGRES_SUPERUSER, PostgresOptions, PostgresServer, PostgresTarget,
+    POSTGRES_ENV, POSTGRES_SUPERUSER, PgBouncer, PoolMode, PostgresOptions, PostgresServer,
+    PostgresTarget,
 };
 pub use process::free_port;
 pub use redis::{

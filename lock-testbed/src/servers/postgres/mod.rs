@@ -2,6 +2,9 @@
 
 #[cfg(feature = "testcontainers")]
 mod container;
+mod pgbouncer;
+
+pub use pgbouncer::{PgBouncer, PoolMode};
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
