@@ -9,6 +9,25 @@ use serde::{Deserialize, Serialize};
 /// The longest timeout or keepalive accepted: an hour.
 const MAX_DURATION: Duration = Duration::from_secs(60 * 60);
 
+/// Checks that `schema` is an SQL identifier distlock accepts: lower-case letters, digits
+/// and `_`, not starting with a digit, at most 63 bytes.
+pub(crate) fn check_schema(schema: &str) -> Result<(), LockError> {
+    let bytes = schema.as_bytes();
+    let identifier = !bytes.is_empty()
+        && bytes.len() <= 63
+        && !bytes[0].is_ascii_digit()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_');
+    if identifier {
+        return Ok(());
+    }
+    Err(config_error(format!(
+        "schema={schema:?}: expected lower-case letters, digits and _, not starting with a \
+         digit, at most 63 bytes"
+    )))
+}
+
 fn config_error(message: impl std::fmt::Display) -> LockError {
     LockError::config(format!("postgres: {message}"))
 }
@@ -185,20 +204,7 @@ impl PostgresConfig {
     /// [`LockError::Config`] naming the setting.
     pub fn validate(&self) -> Result<(), LockError> {
         self.pg_config()?;
-        let schema = self.schema.as_bytes();
-        let identifier = !schema.is_empty()
-            && schema.len() <= 63
-            && !schema[0].is_ascii_digit()
-            && schema
-                .iter()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_');
-        if !identifier {
-            return Err(config_error(format!(
-                "schema={:?}: expected lower-case letters, digits and _, not starting with a \
-                 digit, at most 63 bytes",
-                self.schema
-            )));
-        }
+        check_schema(&self.schema)?;
         for (key, value, least) in [
             ("keepalive", self.keepalive, Duration::from_secs(1)),
             ("timeout", self.timeout, Duration::from_millis(1)),

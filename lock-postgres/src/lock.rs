@@ -270,7 +270,8 @@ pub(crate) fn grant(
 
 /// Watches a holder's connection until the grant ends (`released`): fires the lost signal
 /// when the connection ends (its server process was terminated, the server restarted), when
-/// a check (`SELECT 1` every third of the keepalive) has no answer within the keepalive, or
+/// a check (`SELECT pg_backend_pid()` every third of the keepalive) has no answer within the
+/// keepalive or names another server process (a pooler moved the session), or
 /// when the provider is closed; the connection is then closed, which frees the lock on the
 /// server. Resolves to `false`: the signal is fired here, with its reason.
 async fn watch_holder(
@@ -286,8 +287,14 @@ async fn watch_holder(
             _ = async { released.wait_for(|released| *released).await.map(drop) } => return false,
             () = shared.closed.wait() => break LossReason::SessionExpired,
             () = tokio::time::sleep(keepalive / 3) => {
-                if conn.within(keepalive, "SELECT 1", &[]).await.is_err() {
-                    break LossReason::Disconnected;
+                match conn.within(keepalive, "SELECT pg_backend_pid()", &[]).await {
+                    Err(_) => break LossReason::Disconnected,
+                    // A pooler handed the connection another server session: the lock
+                    // stays with the one that took it.
+                    Ok(Ok(rows)) if backend_pid(&rows).is_some_and(|pid| pid != conn.pid) => {
+                        break LossReason::Other(MOVED_SESSION.to_owned());
+                    }
+                    Ok(_) => {}
                 }
             }
         }
@@ -298,6 +305,16 @@ async fn watch_holder(
         notifier.fire(reason);
     }
     false
+}
+
+/// The loss of a holder whose statements a pooler sent to another server session.
+const MOVED_SESSION: &str = "the holder's statements reached another server process: a \
+     pooler in transaction or statement mode (PgBouncer) holds the lock on a server \
+     connection of its own; use pool_mode=session";
+
+/// The server process a `SELECT pg_backend_pid()` named.
+fn backend_pid(rows: &[tokio_postgres::Row]) -> Option<i32> {
+    rows.first().and_then(|row| row.try_get::<_, i32>(0).ok())
 }
 
 /// A granted lock, as its guard releases it.

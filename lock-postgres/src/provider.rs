@@ -64,15 +64,18 @@ impl PostgresLockProvider {
         let metrics = Arc::new(Metrics::new());
         let pool = Pool::new(config.pg_config()?, config.timeout, Arc::clone(&metrics));
         let first = pool.get().await?;
+        let second = pool.get().await?;
+        refuse_shared_server_sessions(&first, &second)?;
         let table = format!("{}.{FENCING_TABLE}", config.schema);
         let leaders = format!("{}.{LEADERS_TABLE}", config.schema);
         ensure_tables(&first, &[&table, &leaders]).await?;
         pool.put(first);
+        pool.put(second);
         let shared = Arc::new(Shared {
             exclusive: Statements::new(&table, Mode::Exclusive),
             shared: Statements::new(&table, Mode::Shared),
             election: Statements::election(&table, &leaders),
-            transaction: TransactionStatements::new(&table),
+            transaction: Arc::new(TransactionStatements::new(&table)),
             config,
             pool,
             table,
@@ -105,8 +108,8 @@ impl PostgresLockProvider {
     ///
     /// [`LockError::InvalidName`] for a name distlock does not accept.
     pub fn transaction_lock(&self, name: &str) -> Result<TransactionLock, LockError> {
-        Ok(TransactionLock::new(
-            Arc::clone(&self.shared),
+        Ok(TransactionLock::of_provider(
+            &self.shared,
             LockName::new(name)?,
         ))
     }
@@ -115,6 +118,27 @@ impl PostgresLockProvider {
     pub fn config(&self) -> &PostgresConfig {
         &self.shared.config
     }
+}
+
+/// Refuses a pooler that hands one server session to several client connections (PgBouncer
+/// in transaction or statement mode): a session lock would be taken on one server
+/// connection and released on another. Each connection asked the server for its process at
+/// connect, the second just after the first, so through such a pooler the second gets the
+/// server connection the first just gave back (PgBouncer reuses the last one freed first):
+/// the same process. Directly, or through a pool in session mode, never.
+fn refuse_shared_server_sessions(first: &Conn, second: &Conn) -> Result<(), LockError> {
+    if first.pid != second.pid {
+        return Ok(());
+    }
+    Err(LockError::Config {
+        message: format!(
+            "two connections reached the same server process ({}): a pooler hands server \
+             sessions to any client (PgBouncer in transaction or statement mode), which breaks \
+             session locks; connect to PostgreSQL directly, or through a pool with \
+             pool_mode=session",
+            first.pid
+        ),
+    })
 }
 
 /// The statements that make the fencing table `tables[0]` and the leaders' table

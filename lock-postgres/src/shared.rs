@@ -30,7 +30,7 @@ pub(crate) struct Shared {
     /// A campaign's: the grant also writes the leader's row.
     pub(crate) election: Statements,
     /// A lock's inside the caller's transaction.
-    pub(crate) transaction: TransactionStatements,
+    pub(crate) transaction: Arc<TransactionStatements>,
 }
 
 impl Shared {

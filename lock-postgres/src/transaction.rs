@@ -7,20 +7,26 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{FencingToken, LockError, LockName};
+use lock_core::{FencingToken, LockError, LockName, Metrics};
 use tokio_postgres::Transaction;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 
+use crate::config::check_schema;
 use crate::error::{BACKEND, from_pg};
 use crate::lock::{Kind, Target, token_of};
-use crate::shared::Shared;
+use crate::shared::{FENCING_TABLE, Shared, TransactionStatements};
 
 /// The savepoint a timed wait runs in, so that a timeout leaves the transaction usable.
 const SAVEPOINT: &str = "distlock_wait";
 
-/// A mutex taken inside the caller's transaction, from
-/// [`PostgresLockProvider::transaction_lock`](crate::PostgresLockProvider::transaction_lock).
+/// A mutex taken inside the caller's transaction: [`TransactionLock::new`], or
+/// [`PostgresLockProvider::transaction_lock`](crate::PostgresLockProvider::transaction_lock)
+/// (which counts its statements in the provider's metrics).
+///
+/// It needs no connection of its own, only the caller's transaction, so it also works
+/// through a pooler in transaction mode (PgBouncer pins a server connection for a
+/// transaction), where the provider's session locks are refused.
 ///
 /// It is the same lock as the provider's [`PostgresLock`](crate::PostgresLock) of the name
 /// (the advisory lock `hashtextextended('{schema}/{name}', 0)`, and the same fencing row):
@@ -53,7 +59,9 @@ const SAVEPOINT: &str = "distlock_wait";
 #[derive(Clone)]
 pub struct TransactionLock {
     target: Target,
-    shared: Arc<Shared>,
+    statements: Arc<TransactionStatements>,
+    /// The provider's, when it made the lock.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl fmt::Debug for TransactionLock {
@@ -65,10 +73,37 @@ impl fmt::Debug for TransactionLock {
 }
 
 impl TransactionLock {
-    pub(crate) fn new(shared: Arc<Shared>, name: LockName) -> Self {
+    /// The mutex `name` of `schema` (see [`PostgresConfig::schema`](crate::PostgresConfig::schema)), for transactions on
+    /// any connection to the server. The fencing table `{schema}.distlock_fencing` must
+    /// exist: a provider's [`connect`](crate::PostgresLockProvider::connect) creates it
+    /// (or an administrator, with the statement a refused provider names).
+    ///
+    /// ```
+    /// let lock = lock_postgres::TransactionLock::new("public", "nightly-report")?;
+    /// assert_eq!(lock.name().as_str(), "nightly-report");
+    /// # Ok::<(), lock_core::LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] for a schema that is not a plain SQL identifier;
+    /// [`LockError::InvalidName`] for a name distlock does not accept.
+    pub fn new(schema: &str, name: &str) -> Result<Self, LockError> {
+        check_schema(schema)?;
+        let table = format!("{schema}.{FENCING_TABLE}");
+        Ok(TransactionLock {
+            target: Target::new(schema, LockName::new(name)?, Kind::Mutex),
+            statements: Arc::new(TransactionStatements::new(&table)),
+            metrics: None,
+        })
+    }
+
+    /// The provider's lock `name`, its statements counted in the provider's metrics.
+    pub(crate) fn of_provider(shared: &Shared, name: LockName) -> Self {
         TransactionLock {
             target: Target::new(&shared.config.schema, name, Kind::Mutex),
-            shared,
+            statements: Arc::clone(&shared.transaction),
+            metrics: Some(Arc::clone(&shared.metrics)),
         }
     }
 
@@ -96,7 +131,7 @@ impl TransactionLock {
         timeout: Option<Duration>,
     ) -> Result<FencingToken, LockError> {
         let Some(timeout) = timeout else {
-            return self.granted(tx, &self.shared.transaction.grant).await;
+            return self.granted(tx, &self.statements.grant).await;
         };
         if timeout.is_zero() {
             return self
@@ -120,7 +155,7 @@ impl TransactionLock {
             .await
             .map_err(|e| from_pg(e, "SELECT set_config"))?
             .get::<_, String>(0);
-        let granted = self.granted(&waiting, &self.shared.transaction.grant).await;
+        let granted = self.granted(&waiting, &self.statements.grant).await;
         if granted.is_err() {
             waiting
                 .rollback()
@@ -155,7 +190,7 @@ impl TransactionLock {
         &self,
         tx: &mut Transaction<'_>,
     ) -> Result<Option<FencingToken>, LockError> {
-        let statement = &self.shared.transaction.try_grant;
+        let statement = &self.statements.try_grant;
         match self.granted(tx, statement).await {
             Ok(token) => Ok(Some(token)),
             Err(LockError::Timeout { .. }) => Ok(None),
@@ -177,7 +212,9 @@ impl TransactionLock {
         );
         let params: [(&(dyn ToSql + Sync), Type); 3] =
             [(&key, Type::TEXT), (&kind, Type::INT8), (&row, Type::TEXT)];
-        self.shared.metrics.record_server_requests(1);
+        if let Some(metrics) = &self.metrics {
+            metrics.record_server_requests(1);
+        }
         let what = statement.split_whitespace().next().unwrap_or("a statement");
         let rows = tx
             .query_typed(statement, &params)
@@ -185,7 +222,9 @@ impl TransactionLock {
             .map_err(|e| from_pg(e, what))?;
         let token = token_of(&rows)
             .ok_or_else(|| LockError::timed_out(BACKEND, &self.target.name, None))?;
-        self.shared.metrics.record_grant();
+        if let Some(metrics) = &self.metrics {
+            metrics.record_grant();
+        }
         Ok(FencingToken(u64::try_from(token).unwrap_or_default()))
     }
 }
