@@ -7,6 +7,7 @@ mod pgbouncer;
 pub use pgbouncer::{PgBouncer, PoolMode};
 
 use std::ffi::OsString;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -46,6 +47,10 @@ pub struct PostgresOptions {
     pub settings: Vec<(String, String)>,
     /// The bound on start-up and restart: [`DEFAULT_STARTUP_TIMEOUT`] by default.
     pub startup_timeout: Duration,
+    /// A directory holding `server.crt` and `server.key` (as
+    /// [`certs::server_certificate`](crate::certs::server_certificate) makes them): a
+    /// [`PostgresServer`] then serves TLS with them (`ssl=on`), beside plain connections.
+    pub tls: Option<PathBuf>,
 }
 
 impl Default for PostgresOptions {
@@ -55,6 +60,7 @@ impl Default for PostgresOptions {
             password: None,
             settings: Vec::new(),
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
+            tls: None,
         }
     }
 }
@@ -88,6 +94,12 @@ impl PostgresOptions {
     /// Adds a server setting (see [`settings`](Self::settings)).
     pub fn with_setting(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.settings.push((key.into(), value.into()));
+        self
+    }
+
+    /// Sets [`tls`](Self::tls).
+    pub fn with_tls(mut self, certificates: impl Into<PathBuf>) -> Self {
+        self.tls = Some(certificates.into());
         self
     }
 
@@ -188,6 +200,25 @@ fn hand_to_postgres_user(dir: &Path) -> Result<(), ServerError> {
     Ok(())
 }
 
+/// Copies `server.crt` and `server.key` from `certificates` into the server's `dir`, the
+/// key readable by the server's user only (as the server demands), and returns the
+/// settings that serve TLS with them.
+fn serve_tls(certificates: &Path, dir: &Path) -> Result<Vec<OsString>, ServerError> {
+    let mut args = vec![OsString::from("-c"), OsString::from("ssl=on")];
+    for (file, setting) in [
+        ("server.crt", "ssl_cert_file"),
+        ("server.key", "ssl_key_file"),
+    ] {
+        let copy = dir.join(file);
+        std::fs::copy(certificates.join(file), &copy)?;
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o600))?;
+        hand_to_postgres_user(&copy)?;
+        args.push("-c".into());
+        args.push(format!("{setting}={}", copy.display()).into());
+    }
+    Ok(args)
+}
+
 /// Runs `initdb` for a cluster in `dir/data`.
 fn init_cluster(opts: &PostgresOptions, dir: &Path) -> Result<(), ServerError> {
     let initdb = require_program(SERVER, &opts.bin_dir.join("initdb"), "postgresql")?;
@@ -259,6 +290,9 @@ impl PostgresServer {
                 dir.into(),
             ];
             args.extend(opts.server_args().into_iter().map(OsString::from));
+            if let Some(certificates) = &opts.tls {
+                args.extend(serve_tls(certificates, dir)?);
+            }
             let (program, args) = as_postgres_user(&postgres, args);
             let launch = Launch {
                 program,
