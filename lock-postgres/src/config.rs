@@ -1,10 +1,12 @@
 //! Configuration of the PostgreSQL backend.
 
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
 use lock_core::LockError;
 use serde::{Deserialize, Serialize};
+use tokio_postgres::config::SslMode;
 
 /// The longest timeout or keepalive accepted: an hour.
 const MAX_DURATION: Duration = Duration::from_secs(60 * 60);
@@ -106,6 +108,12 @@ pub struct PostgresConfig {
     /// added at random).
     #[serde(with = "lock_core::url::duration")]
     pub poll_interval: Duration,
+    /// The certificates (PEM) of the authorities the server's certificate must chain to;
+    /// the system's when unset (URL: `sslrootcert`). Setting it makes TLS required. TLS is
+    /// used with `sslmode=require` (libpq's `verify-ca` and `verify-full` mean the same
+    /// here: whenever distlock uses TLS it verifies the server's certificate and host
+    /// name); `prefer`, tokio-postgres's default, connects without TLS.
+    pub ssl_root_cert: Option<PathBuf>,
 }
 
 impl Default for PostgresConfig {
@@ -117,6 +125,7 @@ impl Default for PostgresConfig {
             keepalive: Self::DEFAULT_KEEPALIVE,
             timeout: Self::DEFAULT_TIMEOUT,
             poll_interval: Self::DEFAULT_POLL_INTERVAL,
+            ssl_root_cert: None,
         }
     }
 }
@@ -171,6 +180,11 @@ impl PostgresConfig {
                 "keepalive" => config.keepalive = duration()?,
                 "timeout" => config.timeout = duration()?,
                 "poll_interval" => config.poll_interval = duration()?,
+                "sslrootcert" => config.ssl_root_cert = Some(PathBuf::from(value)),
+                // libpq's modes that verify: TLS verifies whenever distlock uses it.
+                "sslmode" if matches!(value, "verify-ca" | "verify-full") => {
+                    kept.push("sslmode=require");
+                }
                 // libpq's, as tokio-postgres reads them: asked one at a time, so that the
                 // error can name the parameter (and never repeat a password).
                 _ if tokio_postgres::Config::from_str(&format!("postgres://h?{pair}")).is_ok() => {
@@ -179,8 +193,8 @@ impl PostgresConfig {
                 _ => {
                     return Err(config_error(format!(
                         "unknown or invalid URL parameter {key:?}; ours are schema, strategy, \
-                         keepalive, timeout and poll_interval, the others libpq's as \
-                         tokio-postgres reads them"
+                         keepalive, timeout, poll_interval and sslrootcert, the others \
+                         libpq's as tokio-postgres reads them"
                     )));
                 }
             }
@@ -228,6 +242,14 @@ impl PostgresConfig {
     pub(crate) fn pg_config(&self) -> Result<tokio_postgres::Config, LockError> {
         let mut pg = tokio_postgres::Config::from_str(&self.connection)
             .map_err(|error| config_error(format!("the connection string: {error}")))?;
+        if self.ssl_root_cert.is_some() {
+            if pg.get_ssl_mode() == SslMode::Disable {
+                return Err(config_error(
+                    "sslrootcert with sslmode=disable: drop one of them",
+                ));
+            }
+            pg.ssl_mode(SslMode::Require);
+        }
         let seconds = self.keepalive.as_secs().max(1);
         // The server probes an idle client after `keepalive`, then every second, and gives
         // up after `keepalive` seconds more: a vanished holder's locks are freed within
@@ -271,6 +293,34 @@ mod tests {
         assert_eq!(
             config,
             Ok(("postgresql://a:b@h/db", PostgresStrategy::Polling))
+        );
+    }
+
+    #[test]
+    fn verifying_tls_modes_are_tls_that_verifies() {
+        for mode in ["require", "verify-ca", "verify-full"] {
+            let config = PostgresConfig::from_url(&format!(
+                "postgres://h/db?sslmode={mode}&sslrootcert=/etc/ca.crt"
+            ))
+            .map_err(|e| e.to_string());
+            let config = config
+                .as_ref()
+                .map(|c| (c.connection.as_str(), c.ssl_root_cert.as_deref()));
+            assert_eq!(
+                config,
+                Ok((
+                    "postgres://h/db?sslmode=require",
+                    Some(std::path::Path::new("/etc/ca.crt"))
+                ))
+            );
+        }
+        let contradiction =
+            PostgresConfig::from_url("postgres://h/db?sslmode=disable&sslrootcert=/etc/ca.crt")
+                .map(drop)
+                .map_err(|e| e.to_string());
+        assert!(
+            matches!(&contradiction, Err(message) if message.contains("sslmode=disable")),
+            "{contradiction:?}"
         );
     }
 

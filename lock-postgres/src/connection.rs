@@ -8,11 +8,14 @@ use std::time::Duration;
 use futures_util::future::poll_fn;
 use lock_core::kit::unpoisoned;
 use lock_core::{LockError, Metrics};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, watch};
+use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, Client, NoTls, Row};
+use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Row, Socket};
 
 use crate::error::{from_pg, no_answer};
+use crate::tls::Tls;
 
 /// How many idle connections a provider keeps.
 const MAX_IDLE: usize = 16;
@@ -22,6 +25,8 @@ const MAX_IDLE: usize = 16;
 #[derive(Debug)]
 pub(crate) struct Conn {
     client: Client,
+    /// The TLS connector it was opened with, for its cancel requests.
+    tls: Option<Tls>,
     /// The server process's id (`pg_backend_pid()`), as `pg_locks` names it.
     pub(crate) pid: i32,
     /// Set when the driver ended: the connection is closed.
@@ -37,43 +42,41 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// Connects within `timeout` and learns the server process's id. The connection's
-    /// driver runs in a task of its own until the server or [`close`](Self::close) ends it.
+    /// Connects within `timeout` (through `tls` when given) and learns the server
+    /// process's id. The connection's driver runs in a task of its own until the server or
+    /// [`close`](Self::close) ends it.
     pub(crate) async fn open(
         pg: &tokio_postgres::Config,
+        tls: Option<&Tls>,
         timeout: Duration,
         metrics: Arc<Metrics>,
     ) -> Result<Conn, LockError> {
-        let connecting = tokio::time::timeout(timeout, pg.connect(NoTls));
-        let (client, mut connection) = connecting
-            .await
-            .map_err(|_| no_answer("connecting", timeout))?
-            .map_err(|error| from_pg(error, "connecting"))?;
         let (ended_tx, ended) = watch::channel(false);
-        let (close, mut closing) = watch::channel(false);
+        let (close, closing) = watch::channel(false);
         let (notify, notified) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            loop {
-                let message = tokio::select! {
-                    message = poll_fn(|cx| connection.poll_message(cx)) => message,
-                    _ = closing.wait_for(|close| *close) => break,
-                };
-                match message {
-                    Some(Ok(AsyncMessage::Notification(_))) => {
-                        let _ = notify.send(());
-                    }
-                    Some(Ok(_)) => {}
-                    Some(Err(error)) => {
-                        tracing::debug!(%error, "postgres: the connection ended");
-                        break;
-                    }
-                    None => break,
-                }
-            }
-            ended_tx.send_replace(true);
-        });
+        let driven = Driven {
+            ended: ended_tx,
+            closing,
+            notify,
+        };
+        let connected = match tls {
+            None => connect(pg, NoTls, timeout)
+                .await
+                .map(|(client, connection)| {
+                    tokio::spawn(drive(connection, driven));
+                    client
+                }),
+            Some(tls) => connect(pg, tls.0.clone(), timeout)
+                .await
+                .map(|(client, connection)| {
+                    tokio::spawn(drive(connection, driven));
+                    client
+                }),
+        };
+        let client = connected?;
         let mut conn = Conn {
             client,
+            tls: tls.cloned(),
             pid: 0,
             ended,
             close,
@@ -181,19 +184,80 @@ impl Conn {
         };
         let cancel = self.client.cancel_token();
         runtime.spawn(async move {
-            if let Err(error) = tokio::time::timeout(self.timeout, cancel.cancel_query(NoTls)).await
-            {
-                tracing::debug!(%error, pid = self.pid, "postgres: a cancel went unanswered");
+            let cancelled = match self.tls.clone() {
+                None => tokio::time::timeout(self.timeout, cancel.cancel_query(NoTls)).await,
+                Some(tls) => tokio::time::timeout(self.timeout, cancel.cancel_query(tls.0)).await,
+            };
+            if !matches!(cancelled, Ok(Ok(()))) {
+                tracing::debug!(pid = self.pid, "postgres: a cancel went unanswered");
             }
             self.close();
         });
     }
 }
 
+/// What a connection's driver tells, and listens to.
+struct Driven {
+    /// Set when the driver ended.
+    ended: watch::Sender<bool>,
+    /// Set to close the connection.
+    closing: watch::Receiver<bool>,
+    /// One message per notification.
+    notify: mpsc::UnboundedSender<()>,
+}
+
+/// Connects within `timeout` through `tls`.
+async fn connect<T>(
+    pg: &tokio_postgres::Config,
+    tls: T,
+    timeout: Duration,
+) -> Result<(Client, Connection<Socket, T::Stream>), LockError>
+where
+    T: MakeTlsConnect<Socket>,
+{
+    tokio::time::timeout(timeout, pg.connect(tls))
+        .await
+        .map_err(|_| no_answer("connecting", timeout))?
+        .map_err(|error| from_pg(error, "connecting"))
+}
+
+/// Drives `connection` until the server ends it or it is closed: passes notifications on,
+/// and says when it ended.
+async fn drive<S, T>(mut connection: Connection<S, T>, driven: Driven)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    let Driven {
+        ended: ended_tx,
+        mut closing,
+        notify,
+    } = driven;
+    loop {
+        let message = tokio::select! {
+            message = poll_fn(|cx| connection.poll_message(cx)) => message,
+            _ = closing.wait_for(|close| *close) => break,
+        };
+        match message {
+            Some(Ok(AsyncMessage::Notification(_))) => {
+                let _ = notify.send(());
+            }
+            Some(Ok(_)) => {}
+            Some(Err(error)) => {
+                tracing::debug!(%error, "postgres: the connection ended");
+                break;
+            }
+            None => break,
+        }
+    }
+    ended_tx.send_replace(true);
+}
+
 /// The idle connections of a provider, and how to open more.
 #[derive(Debug)]
 pub(crate) struct Pool {
     pg: tokio_postgres::Config,
+    tls: Option<Tls>,
     timeout: Duration,
     metrics: Arc<Metrics>,
     idle: Mutex<Vec<Arc<Conn>>>,
@@ -201,12 +265,13 @@ pub(crate) struct Pool {
 
 impl Pool {
     pub(crate) fn new(
-        pg: tokio_postgres::Config,
+        (pg, tls): (tokio_postgres::Config, Option<Tls>),
         timeout: Duration,
         metrics: Arc<Metrics>,
     ) -> Self {
         Pool {
             pg,
+            tls,
             timeout,
             metrics,
             idle: Mutex::new(Vec::new()),
@@ -224,9 +289,14 @@ impl Pool {
                 return Ok(conn);
             }
         }
-        Conn::open(&self.pg, self.timeout, Arc::clone(&self.metrics))
-            .await
-            .map(Arc::new)
+        Conn::open(
+            &self.pg,
+            self.tls.as_ref(),
+            self.timeout,
+            Arc::clone(&self.metrics),
+        )
+        .await
+        .map(Arc::new)
     }
 
     /// Keeps `conn` for the next contender; it must hold no lock and listen on no channel.

@@ -6,8 +6,8 @@ use tokio_postgres::error::SqlState;
 /// The backend's name, as in [`LockError`] messages.
 pub(crate) const BACKEND: &str = "postgres";
 
-/// `error`, from a request about `what`, as a [`LockError`]: refused credentials are
-/// [`LockError::Auth`], a missing right [`LockError::PermissionDenied`], a broken or closed
+/// `error`, from a request about `what`, as a [`LockError`]: refused credentials and a
+/// failed TLS handshake are [`LockError::Auth`], a missing right [`LockError::PermissionDenied`], a broken or closed
 /// connection [`LockError::Connection`] (retryable), anything else a backend error,
 /// retryable when the server says it may pass (a cancelled statement, a server shutting
 /// down, a deadlock, a serialization failure).
@@ -41,8 +41,25 @@ pub(crate) fn from_pg(error: tokio_postgres::Error, what: &str) -> LockError {
             .retryable(true)
             .with_source(error),
         Some(_) => LockError::other(BACKEND, message).with_source(error),
+        // The server's certificate not trusted, or no TLS where it is required: asking
+        // again will not help.
+        None if is_tls_failure(&error) => LockError::Auth {
+            backend: BACKEND,
+            message: match std::error::Error::source(&error) {
+                Some(cause) => format!("{message}: {cause}"),
+                None => message,
+            },
+        },
         None => LockError::connection(BACKEND, message).with_source(error),
     }
+}
+
+/// Whether `error` is a failed TLS handshake (tokio-postgres keeps its kind private, and
+/// names it in the message).
+fn is_tls_failure(error: &tokio_postgres::Error) -> bool {
+    error
+        .to_string()
+        .starts_with("error performing TLS handshake")
 }
 
 /// The error of a request to the server that had no answer within `timeout`.

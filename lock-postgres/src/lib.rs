@@ -28,6 +28,11 @@
 //!   leader's row in `S.distlock_leaders`, which observers read while its process holds the
 //!   lock ([`PostgresElection`]).
 //!
+//! TLS goes through rustls when the connection string asks for it (`sslmode=require`, or
+//! libpq's `verify-ca` / `verify-full` in a URL): the server's certificate is always
+//! verified, against [`PostgresConfig::ssl_root_cert`] or the system's roots, and a failed
+//! handshake is [`LockError::Auth`](lock_core::LockError::Auth).
+//!
 //! Connection poolers that hand a client's statements to any server connection (PgBouncer
 //! in transaction or statement mode) break session locks: [`PostgresLockProvider::connect`]
 //! refuses them (two connections that reach one server process) with an error naming
@@ -43,6 +48,7 @@ mod lock;
 mod provider;
 mod semaphore;
 mod shared;
+mod tls;
 mod transaction;
 
 pub use config::{PostgresConfig, PostgresStrategy};

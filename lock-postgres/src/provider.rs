@@ -62,7 +62,9 @@ impl PostgresLockProvider {
     pub async fn connect(config: PostgresConfig) -> Result<Self, LockError> {
         config.validate()?;
         let metrics = Arc::new(Metrics::new());
-        let pool = Pool::new(config.pg_config()?, config.timeout, Arc::clone(&metrics));
+        let pg = config.pg_config()?;
+        let tls = crate::tls::connector(&config, &pg)?;
+        let pool = Pool::new((pg, tls), config.timeout, Arc::clone(&metrics));
         let first = pool.get().await?;
         let second = pool.get().await?;
         refuse_shared_server_sessions(&first, &second)?;
