@@ -12,7 +12,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{PgHarness, advisory_locks, server_address};
+use common::{PgHarness, advisory_locks, hand_over, server_address};
 use lock_conformance::unique_name;
 use lock_core::{LockError, LockProvider};
 use lock_postgres::{PostgresConfig, PostgresLockProvider, PostgresStrategy, TransactionLock};
@@ -72,16 +72,7 @@ async fn session_pooling_locks_and_frees() {
             .is_none()
     );
     assert_eq!(advisory_locks(h.admin(), "public", &name).await, (1, 0));
-    held.release().await.unwrap();
-    let mut next = two
-        .lock(&name)
-        .unwrap()
-        .try_acquire()
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(next.fencing_token() > held.fencing_token());
-    next.release().await.unwrap();
+    hand_over(&mut held, &two, &name).await;
     assert_eq!(advisory_locks(h.admin(), "public", &name).await, (0, 0));
 
     let gone = through(&bouncer).await.unwrap();

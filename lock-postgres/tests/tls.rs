@@ -13,7 +13,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{PgHarness, admin_client, server_address};
+use common::{PgHarness, admin_client, hand_over, server_address};
 use lock_conformance::unique_name;
 use lock_core::{LockError, LockProvider};
 use lock_postgres::{PostgresLockProvider, PostgresStrategy};
@@ -81,16 +81,7 @@ async fn locks_over_verified_tls() {
         assert!(Instant::now() < deadline, "the given-up waiter still waits");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    held.release().await.unwrap();
-    let mut next = other
-        .lock(&name)
-        .unwrap()
-        .try_acquire()
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(next.fencing_token() > held.fencing_token());
-    next.release().await.unwrap();
+    hand_over(&mut held, &other, &name).await;
 
     // A certificate another authority signed: refused, promptly, not retried as a network
     // error.

@@ -137,6 +137,21 @@ pub(crate) async fn terminate_application(
     )))
 }
 
+/// Releases `held`, then checks that `next` takes `name` at once, with a larger token, and
+/// releases it.
+pub(crate) async fn hand_over(held: &mut lock_core::Guard, next: &dyn LockProvider, name: &str) {
+    held.release().await.unwrap();
+    let mut taken = next
+        .lock(name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free after the release");
+    assert!(taken.fencing_token() > held.fencing_token());
+    taken.release().await.unwrap();
+}
+
 /// The conformance harness, for one strategy, over the binary's shared server.
 ///
 /// Each client reaches the server through a fault proxy of its own, with an

@@ -185,6 +185,32 @@ fn as_postgres_user(program: &Path, args: Vec<OsString>) -> (PathBuf, Vec<OsStri
     (PathBuf::from("/usr/bin/setpriv"), wrapped)
 }
 
+/// `server`'s instance: `program args` run as the `postgres` user (see
+/// [`as_postgres_user`]) in `dir`, logging to `dir/log`, ready once it answers a PostgreSQL
+/// start-up message on 127.0.0.1:`port`.
+fn postgres_user_instance(
+    server: &str,
+    (program, args): (&Path, Vec<OsString>),
+    (dir, log): (&Path, &str),
+    port: u16,
+    startup_timeout: Duration,
+) -> Instance {
+    let (program, args) = as_postgres_user(program, args);
+    let launch = Launch {
+        program,
+        args,
+        cwd: dir.to_path_buf(),
+    };
+    Instance::new(
+        server,
+        launch,
+        dir.join(log),
+        loopback(port),
+        Probe::PostgresStartup,
+        startup_timeout,
+    )
+}
+
 /// Makes `dir` the `postgres` user's when this process is root.
 fn hand_to_postgres_user(dir: &Path) -> Result<(), ServerError> {
     if !nix::unistd::geteuid().is_root() {
@@ -293,18 +319,11 @@ impl PostgresServer {
             if let Some(certificates) = &opts.tls {
                 args.extend(serve_tls(certificates, dir)?);
             }
-            let (program, args) = as_postgres_user(&postgres, args);
-            let launch = Launch {
-                program,
-                args,
-                cwd: dir.to_path_buf(),
-            };
-            let node = Instance::new(
+            let node = postgres_user_instance(
                 SERVER,
-                launch,
-                dir.join("server.log"),
-                loopback(port),
-                Probe::PostgresStartup,
+                (&postgres, args),
+                (dir, "server.log"),
+                port,
                 opts.startup_timeout,
             );
             Ok((node, ()))

@@ -8,9 +8,8 @@ use std::path::Path;
 
 use tracing::info;
 
-use super::{POSTGRES_SUPERUSER, as_postgres_user, hand_to_postgres_user, postgres_url};
-use crate::servers::probe::Probe;
-use crate::servers::process::{Instance, Launch, free_port, loopback, require_program};
+use super::{POSTGRES_SUPERUSER, hand_to_postgres_user, postgres_url, postgres_user_instance};
+use crate::servers::process::{free_port, require_program};
 use crate::servers::{DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess};
 
 const SERVER: &str = "PgBouncer";
@@ -75,18 +74,11 @@ impl PgBouncer {
                     users.display()
                 ),
             )?;
-            let (program, args) = as_postgres_user(&program, vec![OsString::from(&config)]);
-            let launch = Launch {
-                program,
-                args,
-                cwd: dir.to_path_buf(),
-            };
-            let node = Instance::new(
+            let node = postgres_user_instance(
                 SERVER,
-                launch,
-                dir.join("pgbouncer.log"),
-                loopback(port),
-                Probe::PostgresStartup,
+                (&program, vec![OsString::from(&config)]),
+                (dir, "pgbouncer.log"),
+                port,
                 DEFAULT_STARTUP_TIMEOUT,
             );
             Ok((node, ()))
