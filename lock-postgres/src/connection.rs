@@ -59,21 +59,10 @@ impl Conn {
             closing,
             notify,
         };
-        let connected = match tls {
-            None => connect(pg, NoTls, timeout)
-                .await
-                .map(|(client, connection)| {
-                    tokio::spawn(drive(connection, driven));
-                    client
-                }),
-            Some(tls) => connect(pg, tls.0.clone(), timeout)
-                .await
-                .map(|(client, connection)| {
-                    tokio::spawn(drive(connection, driven));
-                    client
-                }),
+        let client = match tls {
+            None => connect(pg, NoTls, timeout, driven).await?,
+            Some(tls) => connect(pg, tls.0.clone(), timeout, driven).await?,
         };
-        let client = connected?;
         let mut conn = Conn {
             client,
             tls: tls.cloned(),
@@ -206,19 +195,23 @@ struct Driven {
     notify: mpsc::UnboundedSender<()>,
 }
 
-/// Connects within `timeout` through `tls`.
+/// Connects within `timeout` through `tls`, and spawns the connection's driver.
 async fn connect<T>(
     pg: &tokio_postgres::Config,
     tls: T,
     timeout: Duration,
-) -> Result<(Client, Connection<Socket, T::Stream>), LockError>
+    driven: Driven,
+) -> Result<Client, LockError>
 where
     T: MakeTlsConnect<Socket>,
+    T::Stream: Send + 'static,
 {
-    tokio::time::timeout(timeout, pg.connect(tls))
+    let (client, connection) = tokio::time::timeout(timeout, pg.connect(tls))
         .await
         .map_err(|_| no_answer("connecting", timeout))?
-        .map_err(|error| from_pg(error, "connecting"))
+        .map_err(|error| from_pg(error, "connecting"))?;
+    tokio::spawn(drive(connection, driven));
+    Ok(client)
 }
 
 /// Drives `connection` until the server ends it or it is closed: passes notifications on,
@@ -265,7 +258,8 @@ pub(crate) struct Pool {
 
 impl Pool {
     pub(crate) fn new(
-        (pg, tls): (tokio_postgres::Config, Option<Tls>),
+        pg: tokio_postgres::Config,
+        tls: Option<Tls>,
         timeout: Duration,
         metrics: Arc<Metrics>,
     ) -> Self {

@@ -7,8 +7,9 @@ use tokio_postgres::error::SqlState;
 pub(crate) const BACKEND: &str = "postgres";
 
 /// `error`, from a request about `what`, as a [`LockError`]: refused credentials and a
-/// failed TLS handshake are [`LockError::Auth`], a missing right [`LockError::PermissionDenied`], a broken or closed
-/// connection [`LockError::Connection`] (retryable), anything else a backend error,
+/// failed TLS handshake are [`LockError::Auth`], a missing right
+/// [`LockError::PermissionDenied`], a broken or closed connection [`LockError::Connection`]
+/// (retryable), anything else a backend error,
 /// retryable when the server says it may pass (a cancelled statement, a server shutting
 /// down, a deadlock, a serialization failure).
 pub(crate) fn from_pg(error: tokio_postgres::Error, what: &str) -> LockError {

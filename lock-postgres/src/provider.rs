@@ -64,7 +64,7 @@ impl PostgresLockProvider {
         let metrics = Arc::new(Metrics::new());
         let pg = config.pg_config()?;
         let tls = crate::tls::connector(&config, &pg)?;
-        let pool = Pool::new((pg, tls), config.timeout, Arc::clone(&metrics));
+        let pool = Pool::new(pg, tls, config.timeout, Arc::clone(&metrics));
         let first = pool.get().await?;
         let second = pool.get().await?;
         refuse_shared_server_sessions(&first, &second)?;

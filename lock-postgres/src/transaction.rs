@@ -130,14 +130,15 @@ impl TransactionLock {
         tx: &mut Transaction<'_>,
         timeout: Option<Duration>,
     ) -> Result<FencingToken, LockError> {
+        let not_granted = || LockError::timed_out(BACKEND, &self.target.name, timeout);
         let Some(timeout) = timeout else {
-            return self.granted(tx, &self.statements.grant).await;
+            return self
+                .granted(tx, &self.statements.grant)
+                .await?
+                .ok_or_else(not_granted);
         };
         if timeout.is_zero() {
-            return self
-                .try_lock(tx)
-                .await?
-                .ok_or_else(|| LockError::timed_out(BACKEND, &self.target.name, Some(timeout)));
+            return self.try_lock(tx).await?.ok_or_else(not_granted);
         }
         // Whole milliseconds, at least one; beyond the setting's range, no limit (0).
         let millis = timeout.as_millis().max(1);
@@ -156,18 +157,19 @@ impl TransactionLock {
             .map_err(|e| from_pg(e, "SELECT set_config"))?
             .get::<_, String>(0);
         let granted = self.granted(&waiting, &self.statements.grant).await;
-        if granted.is_err() {
-            waiting
-                .rollback()
-                .await
-                .map_err(|e| from_pg(e, "ROLLBACK TO SAVEPOINT"))?;
-            return granted.map_err(|error| match crate::error::sql_state(&error) {
-                Some(SqlState::LOCK_NOT_AVAILABLE) => {
-                    LockError::timed_out(BACKEND, &self.target.name, Some(timeout))
-                }
-                _ => error,
-            });
-        }
+        let granted = match granted {
+            Ok(granted) => granted.ok_or_else(not_granted)?,
+            Err(error) => {
+                waiting
+                    .rollback()
+                    .await
+                    .map_err(|e| from_pg(e, "ROLLBACK TO SAVEPOINT"))?;
+                return Err(match crate::error::sql_state(&error) {
+                    Some(SqlState::LOCK_NOT_AVAILABLE) => not_granted(),
+                    _ => error,
+                });
+            }
+        };
         waiting
             .execute("SELECT set_config('lock_timeout', $1, true)", &[&previous])
             .await
@@ -176,7 +178,7 @@ impl TransactionLock {
             .commit()
             .await
             .map_err(|e| from_pg(e, "RELEASE SAVEPOINT"))?;
-        granted
+        Ok(granted)
     }
 
     /// Takes the lock in `tx` if it is free, and returns the fencing token; `None` when it
@@ -190,21 +192,15 @@ impl TransactionLock {
         &self,
         tx: &mut Transaction<'_>,
     ) -> Result<Option<FencingToken>, LockError> {
-        let statement = &self.statements.try_grant;
-        match self.granted(tx, statement).await {
-            Ok(token) => Ok(Some(token)),
-            Err(LockError::Timeout { .. }) => Ok(None),
-            Err(error) => Err(error),
-        }
+        self.granted(tx, &self.statements.try_grant).await
     }
 
-    /// Runs a granting statement in `tx`: its token, or [`LockError::Timeout`] when it
-    /// granted nothing.
+    /// Runs a granting statement in `tx`: its token, or `None` when it granted nothing.
     async fn granted(
         &self,
         tx: &Transaction<'_>,
         statement: &str,
-    ) -> Result<FencingToken, LockError> {
+    ) -> Result<Option<FencingToken>, LockError> {
         let (key, kind, row) = (
             self.target.key.as_str(),
             self.target.kind as i64,
@@ -220,11 +216,12 @@ impl TransactionLock {
             .query_typed(statement, &params)
             .await
             .map_err(|e| from_pg(e, what))?;
-        let token = token_of(&rows)
-            .ok_or_else(|| LockError::timed_out(BACKEND, &self.target.name, None))?;
+        let Some(token) = token_of(&rows) else {
+            return Ok(None);
+        };
         if let Some(metrics) = &self.metrics {
             metrics.record_grant();
         }
-        Ok(FencingToken(u64::try_from(token).unwrap_or_default()))
+        Ok(Some(FencingToken(u64::try_from(token).unwrap_or_default())))
     }
 }
