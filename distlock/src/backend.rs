@@ -241,10 +241,13 @@ fn postgres_from_url(_url: &str, scheme: &str) -> Result<BackendConfig, LockErro
 /// ```
 #[cfg(feature = "memory")]
 #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct MemoryConfig {
-    /// The name of the process-wide server to use, or `None` for a new private server.
+    /// The name of the process-wide server to use, or `None` for a new private server
+    /// (the URL's host).
+    #[serde(skip)]
     pub server: Option<String>,
     /// The namespace of the lock names; default `""`.
     pub namespace: String,
@@ -286,7 +289,7 @@ impl MemoryConfig {
                 url.scheme
             )));
         }
-        url.check_params(&["namespace"])?;
+        let mut config: MemoryConfig = url.query()?;
         if url.username.is_some() || url.password.is_some() {
             return Err(bad("memory:// URLs take no user name or password"));
         }
@@ -295,7 +298,7 @@ impl MemoryConfig {
                 "memory:// URLs take no path; write memory://NAME?namespace=NS",
             ));
         }
-        let server = match url.hosts.as_slice() {
+        config.server = match url.hosts.as_slice() {
             [] => None,
             [host] if host.port.is_none() => Some(host.host.clone()),
             [host] => {
@@ -310,10 +313,7 @@ impl MemoryConfig {
                 ));
             }
         };
-        Ok(MemoryConfig {
-            server,
-            namespace: url.param("namespace").unwrap_or_default().to_owned(),
-        })
+        Ok(config)
     }
 
     /// A new client (session) of the configured server.

@@ -13,10 +13,12 @@
 //! `#[serde(deny_unknown_fields)]` and reads them with [`LockUrl::query`]: values are parsed
 //! by type (numbers, `true`/`false`, enum variants by their serde names ignoring ASCII case,
 //! durations with [`duration`]), and every error names the parameter, the scheme and what
-//! was expected; an unknown parameter's error lists the known ones.
+//! was expected; an unknown parameter's error lists the known ones. The struct is best the
+//! configuration itself (its fields that are not parameters `#[serde(skip)]`), so that a
+//! parameter is declared once, where it is documented; a configuration made of several
+//! structs reads them all with [`LockUrl::query_parts`].
 
 use std::fmt;
-use std::time::Duration;
 
 use percent_encoding::percent_decode_str;
 use serde::de::{self, DeserializeOwned, IntoDeserializer, Visitor};
@@ -53,8 +55,7 @@ impl HostPort {
 /// assert_eq!(url.hosts.len(), 2);
 /// assert_eq!(url.path, "/app");
 /// assert_eq!(url.username.as_deref(), Some("alice"));
-/// assert_eq!(url.duration_param("session_timeout")?, Some(std::time::Duration::from_secs(10)));
-/// url.check_params(&["session_timeout"])?;
+/// assert_eq!(url.params, [("session_timeout".to_owned(), "10s".to_owned())]);
 /// # Ok::<(), lock_core::LockError>(())
 /// ```
 ///
@@ -203,51 +204,6 @@ impl LockUrl {
         })
     }
 
-    /// The value of parameter `key`.
-    pub fn param(&self, key: &str) -> Option<&str> {
-        self.params
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Parameter `key` as a duration such as `10s`, `500ms` or `1m 30s`.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Config`] naming the parameter when the value is not a duration.
-    pub fn duration_param(&self, key: &str) -> Result<Option<Duration>, LockError> {
-        self.param(key)
-            .map(|value| {
-                humantime::parse_duration(value).map_err(|e| {
-                    bad(format!(
-                        "parameter {key}={value:?} is not a duration such as 10s or 500ms ({e})"
-                    ))
-                })
-            })
-            .transpose()
-    }
-
-    /// Parameter `key` parsed with `FromStr`.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Config`] naming the parameter when the value does not parse; `expected`
-    /// describes the accepted values.
-    pub fn parsed_param<T: std::str::FromStr>(
-        &self,
-        key: &str,
-        expected: &str,
-    ) -> Result<Option<T>, LockError> {
-        self.param(key)
-            .map(|value| {
-                value
-                    .parse()
-                    .map_err(|_| bad(format!("parameter {key}={value:?}: expected {expected}")))
-            })
-            .transpose()
-    }
-
     /// The query parameters deserialised into `T`, typically a struct with
     /// `#[serde(default, deny_unknown_fields)]` (see the [module docs](self)).
     ///
@@ -256,25 +212,120 @@ impl LockUrl {
     /// [`LockError::Config`] naming the scheme and the parameter: an unknown one (listing
     /// the known ones), or a value that does not parse (saying what was expected).
     pub fn query<T: DeserializeOwned>(&self) -> Result<T, LockError> {
-        T::deserialize(Query { url: self, next: 0 }).map_err(bad)
+        self.read(|_| true)
     }
 
-    /// Fails on any parameter not in `known`, so that typos are not silently ignored.
+    /// The query parameters of a configuration made of several structs, each with
+    /// `#[serde(default, deny_unknown_fields)]`: every struct of the tuple `T` (of two to
+    /// four) reads the parameters that are its fields, and a parameter no struct knows is
+    /// an error listing them all.
+    ///
+    /// ```
+    /// use lock_core::url::LockUrl;
+    ///
+    /// #[derive(serde::Deserialize, Default)]
+    /// #[serde(default, deny_unknown_fields)]
+    /// struct Lease { ttl: u32 }
+    ///
+    /// #[derive(serde::Deserialize, Default)]
+    /// #[serde(default, deny_unknown_fields)]
+    /// struct Waiting { retries: u32 }
+    ///
+    /// let url = LockUrl::parse("x://h?ttl=30&retries=2")?;
+    /// let (lease, waiting): (Lease, Waiting) = url.query_parts()?;
+    /// assert_eq!((lease.ttl, waiting.retries), (30, 2));
+    /// let url = LockUrl::parse("x://h?tll=30")?;
+    /// let e = url.query_parts::<(Lease, Waiting)>().err().unwrap().to_string();
+    /// assert!(e.contains(r#"unknown parameter "tll" for x:// (known: ttl, retries)"#), "{e}");
+    /// # Ok::<(), lock_core::LockError>(())
+    /// ```
     ///
     /// # Errors
     ///
-    /// [`LockError::Config`] naming the unknown parameter and listing the known ones.
-    pub fn check_params(&self, known: &[&str]) -> Result<(), LockError> {
-        match self
-            .params
-            .iter()
-            .find(|(k, _)| !known.contains(&k.as_str()))
-        {
-            None => Ok(()),
-            Some((key, _)) => Err(bad(unknown_parameter(key, &self.scheme, known))),
-        }
+    /// As [`query`](Self::query).
+    pub fn query_parts<T: QueryParts>(&self) -> Result<T, LockError> {
+        T::read(self)
+    }
+
+    /// `T` from the parameters whose keys `take` accepts.
+    fn read<T: DeserializeOwned>(&self, take: impl Fn(&str) -> bool) -> Result<T, LockError> {
+        let params: Vec<_> = self.params.iter().filter(|(k, _)| take(k)).collect();
+        let query = Query {
+            scheme: &self.scheme,
+            params: params.into_iter(),
+            current: None,
+        };
+        T::deserialize(query).map_err(|e| match e {
+            QueryError::Unknown { key, known } => {
+                bad(unknown_parameter(&key, &self.scheme, &known))
+            }
+            QueryError::Message(message) => bad(message),
+        })
     }
 }
+
+/// The parameters a struct with `#[serde(deny_unknown_fields)]` reads, in the order of its
+/// fields (serde names them in the error for a key that is none of them); empty for a
+/// struct that accepts unknown keys.
+///
+/// ```
+/// #[derive(serde::Deserialize)]
+/// #[serde(deny_unknown_fields)]
+/// struct Params {
+///     ttl: u32,
+///     #[serde(rename = "prefix")]
+///     key_prefix: String,
+///     #[serde(skip)]
+///     hosts: Vec<String>,
+/// }
+///
+/// assert_eq!(lock_core::url::parameter_names::<Params>(), ["ttl", "prefix"]);
+/// ```
+pub fn parameter_names<T: DeserializeOwned>() -> Vec<&'static str> {
+    let probe = [("\u{0}".to_owned(), String::new())];
+    let query = Query {
+        scheme: "",
+        params: probe.iter().collect::<Vec<_>>().into_iter(),
+        current: None,
+    };
+    match T::deserialize(query) {
+        Err(QueryError::Unknown { known, .. }) => known,
+        _ => Vec::new(),
+    }
+}
+
+/// A tuple of parameter structs that [`LockUrl::query_parts`] reads from one URL.
+pub trait QueryParts: Sized {
+    /// Reads every struct of the tuple from `url`'s parameters.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockUrl::query_parts`].
+    fn read(url: &LockUrl) -> Result<Self, LockError>;
+}
+
+macro_rules! query_parts {
+    ($($part:ident),+) => {
+        impl<$($part: DeserializeOwned),+> QueryParts for ($($part,)+) {
+            fn read(url: &LockUrl) -> Result<Self, LockError> {
+                let mut known: Vec<&'static str> = Vec::new();
+                $(
+                    #[allow(non_snake_case)]
+                    let $part = parameter_names::<$part>();
+                    known.extend($part.iter().filter(|name| !known.contains(name)).collect::<Vec<_>>());
+                )+
+                if let Some((key, _)) = url.params.iter().find(|(k, _)| !known.contains(&k.as_str())) {
+                    return Err(bad(unknown_parameter(key, &url.scheme, &known)));
+                }
+                Ok(($(url.read(|key| $part.contains(&key))?,)+))
+            }
+        }
+    };
+}
+
+query_parts!(A, B);
+query_parts!(A, B, C);
+query_parts!(A, B, C, D);
 
 /// The error message for parameter `key`, not among the `known` ones of `scheme`.
 fn unknown_parameter(key: &str, scheme: &str, known: &[&str]) -> String {
@@ -358,7 +409,7 @@ fn parse_query(query: &str) -> Result<Vec<(String, String)>, LockError> {
     Ok(params)
 }
 
-/// Serde helpers for a [`Duration`] written as in `10s`, `500ms` or `1m 30s` (humantime's
+/// Serde helpers for a [`Duration`](std::time::Duration) written as in `10s`, `500ms` or `1m 30s` (humantime's
 /// format): `#[serde(with = "lock_core::url::duration")]`.
 pub mod duration {
     use std::time::Duration;
@@ -496,11 +547,14 @@ fn one_of(names: &[&str]) -> String {
     }
 }
 
-/// An error inside [`LockUrl::query`], before the scheme and the parameter are added.
+/// An error inside [`LockUrl::query`], before the scheme is added.
 #[derive(Debug)]
 enum QueryError {
-    /// A parameter that is not a field; the fields.
-    Unknown(&'static [&'static str]),
+    /// A parameter that is not a field, and the fields.
+    Unknown {
+        key: String,
+        known: Vec<&'static str>,
+    },
     /// Anything else.
     Message(String),
 }
@@ -508,7 +562,9 @@ enum QueryError {
 impl fmt::Display for QueryError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            QueryError::Unknown(known) => write!(f, "unknown parameter (known: {known:?})"),
+            QueryError::Unknown { key, known } => {
+                write!(f, "unknown parameter {key:?} (known: {known:?})")
+            }
             QueryError::Message(message) => f.write_str(message),
         }
     }
@@ -533,15 +589,20 @@ impl de::Error for QueryError {
         QueryError::Message(format!("expected {}", one_of(expected)))
     }
 
-    fn unknown_field(_: &str, expected: &'static [&'static str]) -> Self {
-        QueryError::Unknown(expected)
+    fn unknown_field(key: &str, expected: &'static [&'static str]) -> Self {
+        QueryError::Unknown {
+            key: key.to_owned(),
+            known: expected.to_vec(),
+        }
     }
 }
 
-/// The parameters of a URL as a map, for [`LockUrl::query`].
+/// The parameters of a URL (or some of them) as a map, for [`LockUrl::query`].
 struct Query<'a> {
-    url: &'a LockUrl,
-    next: usize,
+    scheme: &'a str,
+    params: std::vec::IntoIter<&'a (String, String)>,
+    /// The parameter whose value is next.
+    current: Option<&'a (String, String)>,
 }
 
 impl<'de> de::Deserializer<'de> for Query<'_> {
@@ -565,29 +626,26 @@ impl<'de> de::MapAccess<'de> for Query<'_> {
         &mut self,
         seed: K,
     ) -> Result<Option<K::Value>, QueryError> {
-        let Some((key, _)) = self.url.params.get(self.next) else {
-            return Ok(None);
-        };
-        seed.deserialize(key.as_str().into_deserializer())
-            .map(Some)
-            .map_err(|e| match e {
-                QueryError::Unknown(known) => {
-                    QueryError::Message(unknown_parameter(key, &self.url.scheme, known))
-                }
-                other => other,
-            })
+        self.current = self.params.next();
+        match self.current {
+            None => Ok(None),
+            Some((key, _)) => seed.deserialize(key.as_str().into_deserializer()).map(Some),
+        }
     }
 
     fn next_value_seed<V: de::DeserializeSeed<'de>>(
         &mut self,
         seed: V,
     ) -> Result<V::Value, QueryError> {
-        let (key, value) = &self.url.params[self.next];
-        self.next += 1;
+        let Some((key, value)) = self.current else {
+            return Err(QueryError::Message(
+                "a value without a parameter".to_owned(),
+            ));
+        };
         seed.deserialize(Value(value)).map_err(|e| {
             QueryError::Message(format!(
                 "parameter {key}={value:?} for {}://: {e}",
-                self.url.scheme
+                self.scheme
             ))
         })
     }
@@ -701,6 +759,8 @@ pub fn parse_value<T: DeserializeOwned>(key: &str, value: &str) -> Result<T, Loc
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn err(url: &str) -> String {
@@ -733,7 +793,7 @@ mod tests {
         assert_eq!(url.hosts[1].to_address(9), "[::1]:2");
         assert_eq!(url.hosts[2].to_address(9), "h3:9");
         assert_eq!(url.path, "/ch root");
-        assert_eq!(url.param("b"), Some("x y"));
+        assert_eq!(url.params[1], ("b".to_owned(), "x y".to_owned()));
         assert!(
             !format!("{url:?}").contains("p:w"),
             "password redacted in Debug"
@@ -763,34 +823,6 @@ mod tests {
         assert!(err("zk://h1?a=1&a=2").contains("given twice"));
         assert!(err("z k://h1").contains("scheme"));
         assert!(!err("nope:secret@host").contains("secret"));
-    }
-
-    #[test]
-    fn typed_params() {
-        let url = LockUrl::parse("x://h?t=250ms&n=3&bad=zz").unwrap();
-        assert_eq!(
-            url.duration_param("t").unwrap(),
-            Some(Duration::from_millis(250))
-        );
-        assert_eq!(url.duration_param("missing").unwrap(), None);
-        assert!(
-            url.duration_param("bad")
-                .unwrap_err()
-                .to_string()
-                .contains("bad=\"zz\"")
-        );
-        assert_eq!(url.parsed_param::<u32>("n", "a count").unwrap(), Some(3));
-        assert!(
-            url.parsed_param::<u32>("bad", "a count")
-                .unwrap_err()
-                .to_string()
-                .contains("expected a count")
-        );
-        let unknown = url.check_params(&["t", "n"]).unwrap_err().to_string();
-        assert!(
-            unknown.contains("unknown parameter \"bad\"") && unknown.contains("t, n"),
-            "{unknown}"
-        );
     }
 
     #[derive(Debug, PartialEq, serde::Deserialize)]
@@ -874,6 +906,54 @@ mod tests {
             assert!(e.contains("invalid connection URL: "), "{url}: {e}");
             assert!(e.contains(expected), "{url}: {e}");
         }
+    }
+
+    #[derive(Debug, Default, PartialEq, serde::Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    struct Lease {
+        #[serde(with = "duration")]
+        ttl: Duration,
+        mode: Option<Mode>,
+    }
+
+    #[derive(Debug, Default, PartialEq, serde::Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    struct Login {
+        tls: bool,
+        mode: Option<Mode>,
+    }
+
+    #[test]
+    fn query_parts_give_each_struct_its_own_parameters() {
+        let url = LockUrl::parse("x://h?count=2&tls=true&mode=fast&ttl=2s").unwrap();
+        let (lease, login, params): (Lease, Login, Params) = url.query_parts().unwrap();
+        assert_eq!(lease.ttl, Duration::from_secs(2));
+        // A parameter that two structs declare is read by both.
+        assert_eq!(
+            (lease.mode, login.mode),
+            (Some(Mode::Fast), Some(Mode::Fast))
+        );
+        assert_eq!(
+            (login.tls, params.count, params.tls),
+            (true, Some(2), Some(true))
+        );
+        let (lease, login): (Lease, Login) =
+            LockUrl::parse("x://h").unwrap().query_parts().unwrap();
+        assert_eq!((lease, login), (Lease::default(), Login::default()));
+        let parts = |url: &str| {
+            let url = LockUrl::parse(url).unwrap();
+            url.query_parts::<(Lease, Login)>().unwrap_err().to_string()
+        };
+        let e = parts("x://h?tls=true&count=1");
+        assert!(
+            e.contains(r#"unknown parameter "count" for x:// (known: ttl, mode, tls)"#),
+            "{e}"
+        );
+        let e = parts("x://h?tls=maybe");
+        assert!(
+            e.contains(r#"parameter tls="maybe" for x://: expected true or false"#),
+            "{e}"
+        );
     }
 
     #[test]

@@ -35,6 +35,9 @@ lock_core::url_enum! {
 
 /// How to reach etcd and how to lock there.
 ///
+/// `Deserialize` reads a URL's parameters: every field but the endpoints and the user, which
+/// the rest of the URL gives.
+///
 /// ```
 /// use std::time::Duration;
 /// use lock_etcd::{EtcdConfig, EtcdStrategy};
@@ -46,25 +49,33 @@ lock_core::url_enum! {
 /// assert_eq!(config.strategy, EtcdStrategy::Predecessor);
 /// # Ok::<(), lock_core::LockError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(default = "EtcdConfig::url_defaults", deny_unknown_fields)]
 #[non_exhaustive]
 pub struct EtcdConfig {
     /// The servers' client endpoints: `http://host:port`, or `https://host:port` for TLS
-    /// (`etcds://` URLs); all of one scheme.
+    /// (`etcds://` URLs); all of one scheme. In a URL, its hosts.
+    #[serde(skip)]
     pub endpoints: Vec<String>,
     /// With TLS, a PEM file of the certificate authorities to trust instead of the system's
-    /// (URL: `tls_ca=/path/ca.pem`).
+    /// (URL: `tls_ca=/path/ca.pem`). Default none.
     pub tls_ca: Option<PathBuf>,
-    /// The user and password, when the cluster has authentication on.
+    /// The user and password, when the cluster has authentication on. In a URL, its
+    /// `user:password@`.
+    #[serde(skip)]
     pub user: Option<(String, String)>,
     /// The key prefix under which every lock lives: lock `N` is `{prefix}/{N escaped}/`.
+    /// Starts with `/` and does not end with one; a URL's path, when it has one, sets it
+    /// too. Default `/distlock`.
     pub prefix: String,
     /// The lease of the provider's session: a crashed client's locks are freed this long
-    /// after its last keep-alive. Whole seconds, at least 2 s.
+    /// after its last keep-alive. Whole seconds, from 2 s to 1 h; default 10 s.
+    #[serde(with = "duration")]
     pub lease_ttl: Duration,
-    /// How waiters wait.
+    /// How waiters wait. Default [`EtcdStrategy::Predecessor`].
     pub strategy: EtcdStrategy,
-    /// The bound on connecting and on every request.
+    /// The bound on connecting and on every request: more than 0, at most 1 h; default 5 s.
+    #[serde(with = "duration")]
     pub timeout: Duration,
 }
 
@@ -84,24 +95,26 @@ impl EtcdConfig {
         S: Into<String>,
     {
         let endpoints = endpoints.into_iter().map(Into::into).map(with_scheme);
-        Self::with_params(endpoints.collect(), EtcdParams::default())
+        EtcdConfig {
+            endpoints: endpoints.collect(),
+            tls_ca: None,
+            user: None,
+            prefix: Self::DEFAULT_PREFIX.to_owned(),
+            lease_ttl: Self::DEFAULT_LEASE_TTL,
+            strategy: EtcdStrategy::default(),
+            timeout: Self::DEFAULT_TIMEOUT,
+        }
     }
 
-    fn with_params(endpoints: Vec<String>, params: EtcdParams) -> Self {
-        EtcdConfig {
-            endpoints,
-            tls_ca: params.tls_ca,
-            user: None,
-            prefix: params.prefix,
-            lease_ttl: params.lease_ttl,
-            strategy: params.strategy,
-            timeout: params.timeout,
-        }
+    /// The settings a URL's parameters start from: [`new`](Self::new)'s.
+    fn url_defaults() -> Self {
+        Self::new(Vec::<String>::new())
     }
 
     /// Parses `etcd://[user:password@]h1:2379,h2:2379[/prefix]?lease_ttl=10s&strategy=predecessor&timeout=5s`,
     /// or `etcds://...` for TLS (`&tls_ca=/path/ca.pem` to trust that authority instead of
-    /// the system's).
+    /// the system's). Each parameter sets the field of its name, with the default and bounds
+    /// that field's docs give; the path, when there is one, sets the prefix.
     ///
     /// # Errors
     ///
@@ -119,18 +132,19 @@ impl EtcdConfig {
                 )));
             }
         };
-        let mut params: EtcdParams = url.query()?;
+        let mut config: EtcdConfig = url.query()?;
         if url.hosts.is_empty() {
             return Err(config_error(
                 "the URL names no host; expected etcd://host[:port][,host[:port]...]",
             ));
         }
         if !url.path.is_empty() && url.path != "/" {
-            params.prefix = url.path.trim_end_matches('/').to_owned();
+            config.prefix = url.path.trim_end_matches('/').to_owned();
         }
         let endpoints = url.hosts.iter().map(|h| h.to_address(DEFAULT_PORT));
-        let endpoints = endpoints.map(|address| format!("{scheme}://{address}"));
-        let mut config = Self::with_params(endpoints.collect(), params);
+        config.endpoints = endpoints
+            .map(|address| format!("{scheme}://{address}"))
+            .collect();
         config.user = match (url.username, url.password) {
             (Some(user), Some(password)) => Some((user, password)),
             (None, None) => None,
@@ -254,30 +268,6 @@ fn with_scheme(endpoint: String) -> String {
         endpoint
     } else {
         format!("http://{endpoint}")
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct EtcdParams {
-    #[serde(with = "duration")]
-    lease_ttl: Duration,
-    strategy: EtcdStrategy,
-    #[serde(with = "duration")]
-    timeout: Duration,
-    prefix: String,
-    tls_ca: Option<PathBuf>,
-}
-
-impl Default for EtcdParams {
-    fn default() -> Self {
-        EtcdParams {
-            lease_ttl: EtcdConfig::DEFAULT_LEASE_TTL,
-            strategy: EtcdStrategy::default(),
-            timeout: EtcdConfig::DEFAULT_TIMEOUT,
-            prefix: EtcdConfig::DEFAULT_PREFIX.to_owned(),
-            tls_ca: None,
-        }
     }
 }
 

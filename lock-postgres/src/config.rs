@@ -5,6 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use lock_core::LockError;
+use lock_core::url::LockUrl;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::config::SslMode;
 
@@ -34,36 +35,24 @@ fn config_error(message: impl std::fmt::Display) -> LockError {
     LockError::config(format!("postgres: {message}"))
 }
 
-/// How waiters wait for a lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[non_exhaustive]
-pub enum PostgresStrategy {
-    /// The server's own queue: a waiter's `pg_advisory_lock` blocks on the server, which
-    /// grants the lock to the waiters in the order they asked, and wakes one per release
-    /// (herd-free, FIFO).
-    #[default]
-    Advisory,
-    /// Waiters `LISTEN` on the lock's channel and try again when a release notifies it:
-    /// every release wakes every waiter (a herd).
-    Notify,
-    /// Waiters try again every [`poll_interval`](PostgresConfig::poll_interval), with
-    /// jitter: a release wakes nobody.
-    Polling,
-}
-
-impl FromStr for PostgresStrategy {
-    type Err = LockError;
-
-    fn from_str(value: &str) -> Result<Self, LockError> {
-        match value {
-            "advisory" => Ok(PostgresStrategy::Advisory),
-            "notify" => Ok(PostgresStrategy::Notify),
-            "polling" => Ok(PostgresStrategy::Polling),
-            other => Err(config_error(format!(
-                "strategy={other:?}: expected advisory, notify or polling"
-            ))),
-        }
+lock_core::url_enum! {
+    /// How waiters wait for a lock.
+    ///
+    /// In a URL: `strategy=advisory`, `strategy=notify` or `strategy=polling`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    #[non_exhaustive]
+    pub enum PostgresStrategy for "strategy" {
+        /// The server's own queue: a waiter's `pg_advisory_lock` blocks on the server, which
+        /// grants the lock to the waiters in the order they asked, and wakes one per release
+        /// (herd-free, FIFO).
+        #[default]
+        Advisory = "advisory",
+        /// Waiters `LISTEN` on the lock's channel and try again when a release notifies it:
+        /// every release wakes every waiter (a herd).
+        Notify = "notify",
+        /// Waiters try again every [`poll_interval`](PostgresConfig::poll_interval), with
+        /// jitter: a release wakes nobody.
+        Polling = "polling",
     }
 }
 
@@ -91,28 +80,31 @@ pub struct PostgresConfig {
     /// `application_name`, `options`, ...).
     pub connection: String,
     /// The schema of the fencing table `distlock_fencing` (created if missing). Locks of
-    /// two schemas never exclude each other.
+    /// two schemas never exclude each other. An SQL identifier (lower-case letters, digits
+    /// and `_`, not starting with a digit, at most 63 bytes); default `public`.
     pub schema: String,
-    /// How waiters wait.
+    /// How waiters wait. Default [`PostgresStrategy::Advisory`].
     pub strategy: PostgresStrategy,
     /// How soon a dead peer is noticed. The holder's connection is checked every third of
     /// it, and the server is asked to probe the client's socket after it (TCP keepalives,
     /// whole seconds): a holder that vanished without closing its connection frees its
-    /// locks within 2 × keepalive + 1 s.
+    /// locks within 2 × keepalive + 1 s. From 1 s to 1 h; default 5 s.
     #[serde(with = "lock_core::url::duration")]
     pub keepalive: Duration,
-    /// The bound on connecting and on every request that does not wait for a lock.
+    /// The bound on connecting and on every request that does not wait for a lock. More
+    /// than 0, at most 1 h; default 5 s.
     #[serde(with = "lock_core::url::duration")]
     pub timeout: Duration,
     /// How often a waiter of the `polling` strategy tries again (with up to a half of it
-    /// added at random).
+    /// added at random). More than 0, at most 1 h; default 50 ms.
     #[serde(with = "lock_core::url::duration")]
     pub poll_interval: Duration,
     /// The certificates (PEM) of the authorities the server's certificate must chain to;
-    /// the system's when unset (URL: `sslrootcert`). Setting it makes TLS required. TLS is
+    /// the system's when unset (URL and serde: `sslrootcert`, libpq's name). Setting it makes TLS required. TLS is
     /// used with `sslmode=require` (libpq's `verify-ca` and `verify-full` mean the same
     /// here: whenever distlock uses TLS it verifies the server's certificate and host
     /// name); `prefer`, tokio-postgres's default, connects without TLS.
+    #[serde(rename = "sslrootcert")]
     pub ssl_root_cert: Option<PathBuf>,
 }
 
@@ -150,9 +142,9 @@ impl PostgresConfig {
     }
 
     /// Parses a `postgres://` (or `postgresql://`) URL: libpq's URL, whose query may also
-    /// hold this backend's `schema`, `strategy` (`advisory`, `notify`, `polling`),
-    /// `keepalive`, `timeout` and `poll_interval` (durations such as `500ms` or `5s`). The
-    /// rest of the URL is left to tokio-postgres.
+    /// hold this backend's parameters: each sets the field of its name (every field but
+    /// `connection`), with the default and bounds that field's docs give. The rest of the
+    /// URL is left to tokio-postgres.
     ///
     /// # Errors
     ///
@@ -165,22 +157,14 @@ impl PostgresConfig {
                 "the URL must begin with postgres:// or postgresql://",
             ));
         }
-        let mut config = PostgresConfig::default();
+        let names = lock_core::url::parameter_names::<PostgresConfig>();
+        let ours_named = |key: &str| key != "connection" && names.contains(&key);
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
-        let mut kept = Vec::new();
+        let (mut ours, mut kept) = (Vec::new(), Vec::new());
         for pair in query.split('&').filter(|pair| !pair.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let duration = || {
-                humantime::parse_duration(value)
-                    .map_err(|e| config_error(format!("{key}={value:?}: not a duration ({e})")))
-            };
             match key {
-                "schema" => config.schema = value.to_owned(),
-                "strategy" => config.strategy = value.parse()?,
-                "keepalive" => config.keepalive = duration()?,
-                "timeout" => config.timeout = duration()?,
-                "poll_interval" => config.poll_interval = duration()?,
-                "sslrootcert" => config.ssl_root_cert = Some(PathBuf::from(value)),
+                _ if ours_named(key) => ours.push(pair),
                 // libpq's modes that verify: TLS verifies whenever distlock uses it.
                 "sslmode" if matches!(value, "verify-ca" | "verify-full") => {
                     kept.push("sslmode=require");
@@ -191,14 +175,17 @@ impl PostgresConfig {
                     kept.push(pair);
                 }
                 _ => {
+                    let ours = names.iter().filter(|name| ours_named(name));
+                    let ours = ours.copied().collect::<Vec<_>>().join(", ");
                     return Err(config_error(format!(
-                        "unknown or invalid URL parameter {key:?}; ours are schema, strategy, \
-                         keepalive, timeout, poll_interval and sslrootcert, the others \
-                         libpq's as tokio-postgres reads them"
+                        "unknown or invalid URL parameter {key:?} for postgres:// (known: \
+                         {ours}; and libpq's, as tokio-postgres reads them)"
                     )));
                 }
             }
         }
+        let mut config: PostgresConfig =
+            LockUrl::parse(&format!("postgres://?{}", ours.join("&")))?.query()?;
         config.connection = if kept.is_empty() {
             base.to_owned()
         } else {

@@ -61,7 +61,8 @@ lock_core::url_enum! {
 ///
 /// Build one with [`RedisConfig::new`] and the `with_*` setters, or from a URL with
 /// [`RedisConfig::from_url`]. The setters do not check their arguments;
-/// [`RedisConfig::validate`] does (and `from_url` calls it).
+/// [`RedisConfig::validate`] does (and `from_url` calls it). `Deserialize` reads the URL
+/// parameters that are its own fields (`strategy`, `wait_replicas`, `wait_timeout`).
 ///
 /// ```
 /// use std::time::Duration;
@@ -74,20 +75,25 @@ lock_core::url_enum! {
 /// config.validate()?;
 /// # Ok::<(), lock_core::LockError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default = "RedisConfig::url_defaults", deny_unknown_fields)]
 #[non_exhaustive]
 pub struct RedisConfig {
     /// The server; with [`sentinel`](Self::sentinel), its login and database only; with
     /// [`cluster`](Self::cluster), its login only.
+    #[serde(skip)]
     pub server: RedisServer,
     /// Find the primary through Redis Sentinel and follow its failovers; `None` (the
     /// default) connects to `server`.
+    #[serde(skip)]
     pub sentinel: Option<RedisSentinel>,
     /// Lock on a Redis Cluster, each lock on the primary serving its slot; `None` (the
     /// default) connects to `server`. Not with `sentinel`, TLS, a database other than 0
     /// or `wait_replicas` (see [`RedisCluster`]).
+    #[serde(skip)]
     pub cluster: Option<RedisCluster>,
     /// The key prefix, the lease and the request timeout.
+    #[serde(skip)]
     pub lease: LeaseOptions,
     /// How waiters wait. Default [`RedisStrategy::Queue`].
     pub strategy: RedisStrategy,
@@ -100,6 +106,7 @@ pub struct RedisConfig {
     pub wait_replicas: u32,
     /// How long `WAIT` waits for the replicas: from 1 ms to the request timeout (checked
     /// when `wait_replicas` is set). Default 100 ms.
+    #[serde(with = "duration")]
     pub wait_timeout: Duration,
 }
 
@@ -120,6 +127,11 @@ impl RedisConfig {
         }
     }
 
+    /// The settings a URL's parameters start from: [`new`](Self::new)'s.
+    fn url_defaults() -> Self {
+        Self::new(RedisServer::url_defaults())
+    }
+
     /// Parses a `redis://` or `rediss://` (TLS) connection URL, a `redis+sentinel://` one
     /// (see [`RedisSentinel`]) or a `redis+cluster://` one (see [`RedisCluster`]), and
     /// [validates](Self::validate) the result.
@@ -130,19 +142,14 @@ impl RedisConfig {
     /// redis+cluster://[user[:password]@]node1[:6379],node2?ttl=30s&strategy=queue
     /// ```
     ///
-    /// | part | meaning | default |
-    /// |---|---|---|
-    /// | `rediss://` | connect with TLS | plain TCP |
-    /// | `user:password@` | ACL user and password; `:password@` alone for the `default` user | none |
-    /// | host, port | exactly one server (with `redis+sentinel://`, the sentinels; with `redis+cluster://`, nodes of the cluster) | port 6379 (26379) |
-    /// | `/db` | logical database, a non-negative integer (`/SERVICE/db` with `redis+sentinel://`; none with `redis+cluster://`) | 0 |
-    /// | `prefix` | key prefix: non-empty, ≤ 128 bytes, no `{`, `}` or control characters | `lock` |
-    /// | `ttl` | lease, from 100ms to 1 day | `30s` |
-    /// | `strategy` | `polling`, `pubsub` or `queue` ([`RedisStrategy`]) | `queue` |
-    /// | `timeout` | connecting, or one request, from 10ms to 10 minutes | `5s` |
-    /// | `tls_ca` | with `rediss://`, a PEM file of the authorities to trust | the system's |
-    /// | `wait_replicas` | replicas that must acknowledge each grant and renewal (`WAIT`) | 0 |
-    /// | `wait_timeout` | how long `WAIT` waits, from 1ms to `timeout` | `100ms` |
+    /// `rediss://` connects with TLS; `user:password@` is the ACL user and password
+    /// (`:password@` alone for the `default` user); the host is exactly one server (port
+    /// 6379; with `redis+sentinel://`, the sentinels, port 26379; with `redis+cluster://`,
+    /// nodes of the cluster); the path is the logical database (`/SERVICE/db` with
+    /// `redis+sentinel://`, none with `redis+cluster://`), 0 by default. Each parameter
+    /// sets the field of its name, of this struct, of its [`LeaseOptions`] or (`tls_ca`,
+    /// with `rediss://`) of its [`RedisServer`], with the default and bounds that field's
+    /// docs give.
     ///
     /// User, password and parameter values are percent-decoded.
     ///
@@ -163,11 +170,17 @@ impl RedisConfig {
     /// password, an unknown parameter or value, a prefix or ttl out of bounds.
     pub fn from_url(url: &str) -> Result<RedisConfig, LockError> {
         let url = LockUrl::parse(url)?;
+        let parts = || -> Result<_, LockError> {
+            let (lease, server, mut config): (LeaseOptions, RedisServer, RedisConfig) =
+                url.query_parts()?;
+            config.lease = lease;
+            Ok((config, server.tls_ca))
+        };
         let tls = match url.scheme.as_str() {
             "redis" => false,
             "rediss" => true,
-            "redis+sentinel" => return sentinel::from_url(&url, url.query()?),
-            "redis+cluster" => return cluster::from_url(&url, url.query()?),
+            "redis+sentinel" => return sentinel::from_url(&url, parts()?),
+            "redis+cluster" => return cluster::from_url(&url, parts()?),
             other => {
                 let message = format!(
                     "the URL scheme is {other:?}; expected redis://, rediss://, \
@@ -177,7 +190,7 @@ impl RedisConfig {
                 return Err(config_error("redis", message));
             }
         };
-        let params: RedisParams = url.query()?;
+        let (mut config, tls_ca) = parts()?;
         if url.hosts.len() > 1 {
             let message = format!(
                 "the URL names {} hosts; redis:// takes exactly one \
@@ -186,8 +199,9 @@ impl RedisConfig {
             );
             return Err(config_error("redis", message));
         }
-        let mut servers = servers(&url, tls, params.tls_ca.clone(), "redis")?;
-        params.config(servers.remove(0), None)
+        config.server = servers(&url, tls, tls_ca, "redis")?.remove(0);
+        config.validate()?;
+        Ok(config)
     }
 
     /// Checks every setting.
@@ -238,63 +252,9 @@ lock_core::setters! { RedisConfig {
     with_lease(lease: LeaseOptions) => lease = lease;
 }}
 
-/// The query parameters of a `redis://` or `rediss://` URL; their defaults are
-/// [`RedisConfig::new`]'s.
-#[derive(Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct RedisParams {
-    prefix: String,
-    #[serde(with = "duration")]
-    ttl: Duration,
-    strategy: RedisStrategy,
-    #[serde(with = "duration")]
-    timeout: Duration,
-    tls_ca: Option<PathBuf>,
-    wait_replicas: u32,
-    #[serde(with = "duration")]
-    wait_timeout: Duration,
-}
-
-impl RedisParams {
-    /// The [validated](RedisConfig::validate) configuration of `server` (and `sentinel`)
-    /// with these parameters.
-    fn config(
-        self,
-        server: RedisServer,
-        sentinel: Option<RedisSentinel>,
-    ) -> Result<RedisConfig, LockError> {
-        let config = RedisConfig {
-            server,
-            sentinel,
-            cluster: None,
-            lease: LeaseOptions {
-                key_prefix: self.prefix,
-                ttl: self.ttl,
-                timeout: self.timeout,
-            },
-            strategy: self.strategy,
-            wait_replicas: self.wait_replicas,
-            wait_timeout: self.wait_timeout,
-        };
-        config.validate()?;
-        Ok(config)
-    }
-}
-
-impl Default for RedisParams {
-    fn default() -> Self {
-        let lease = LeaseOptions::default();
-        RedisParams {
-            prefix: lease.key_prefix,
-            ttl: lease.ttl,
-            strategy: RedisStrategy::default(),
-            timeout: lease.timeout,
-            tls_ca: None,
-            wait_replicas: 0,
-            wait_timeout: RedisConfig::DEFAULT_WAIT_TIMEOUT,
-        }
-    }
-}
+/// What a URL's parameters give a `redis+sentinel://` or `redis+cluster://` URL: the
+/// configuration with its lease settings, and the `tls_ca` they do not support.
+type UrlParts = (RedisConfig, Option<PathBuf>);
 
 #[cfg(test)]
 pub(super) mod tests {
@@ -440,7 +400,7 @@ pub(super) mod tests {
             "redis://u:topsecret@h:99999|port",
             "redis://h?ttl|no value",
             "redis://u:topsecret@h?retry_count=3|unknown parameter \"retry_count\" for redis://\
-             |known: prefix, ttl, strategy, timeout, tls_ca, wait_replicas, wait_timeout",
+             |known: prefix, ttl, timeout, tls_ca, strategy, wait_replicas, wait_timeout",
             "redis://u:topsecret@h?strategy=herd|strategy|\"herd\"|polling, pubsub or queue",
         ];
         cases.extend(table.map(str::to_owned));

@@ -75,7 +75,8 @@ lock_core::url_enum! {
 ///
 /// Build one with [`ZkConfig::new`] and the `with_*` setters, or from a URL with
 /// [`ZkConfig::from_url`]. The setters do not check their arguments; [`ZkConfig::validate`]
-/// does (and `from_url` calls it).
+/// does (and `from_url` calls it). `Deserialize` reads a URL's parameters: every field but
+/// the hosts, the chroot and the credentials, which the rest of the URL gives.
 ///
 /// ```
 /// use std::time::Duration;
@@ -90,19 +91,27 @@ lock_core::url_enum! {
 /// assert_eq!(config.connect_string(), "zk1:2181,zk2:2181/apps");
 /// # Ok::<(), lock_core::LockError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default = "ZkConfig::url_defaults", deny_unknown_fields)]
 #[non_exhaustive]
 pub struct ZkConfig {
-    /// The ensemble's servers as `host:port` (IPv6 hosts in brackets); at least one.
+    /// The ensemble's servers as `host:port` (IPv6 hosts in brackets); at least one. In a
+    /// URL, its hosts.
+    #[serde(skip)]
     pub hosts: Vec<String>,
-    /// A chroot applied to every path (e.g. `/apps`), or `None`.
+    /// A chroot applied to every path (e.g. `/apps`), or `None`. In a URL, its path.
+    #[serde(skip)]
     pub chroot: Option<String>,
     /// The session timeout requested from the server (the server may negotiate it into its
-    /// own bounds); it bounds how long a crashed client's locks stay held. Default 10 s.
+    /// own bounds); it bounds how long a crashed client's locks stay held. More than 0 and
+    /// at most 1 h; default 10 s.
+    #[serde(with = "duration")]
     pub session_timeout: Duration,
     /// How long to wait for a session when connecting, trying the servers again while none
     /// answers. Replacing a session that ended for an acquisition also stops trying at the
-    /// acquisition's timeout (`try_acquire` makes one try). Default 5 s.
+    /// acquisition's timeout (`try_acquire` makes one try). More than 0 and at most 1 h;
+    /// default 5 s.
+    #[serde(with = "duration")]
     pub connect_timeout: Duration,
     /// The parent of every lock directory: the lock called `N` lives in `{root}/{N}`.
     /// Default `/distlock`.
@@ -111,9 +120,11 @@ pub struct ZkConfig {
     pub strategy: ZkStrategy,
     /// The names of the nodes distlock creates. Default [`NodeNameFormat::Curator`].
     pub node_format: NodeNameFormat,
-    /// The ACL of the nodes distlock creates. Default [`AclPolicy::Open`].
+    /// The ACL of the nodes distlock creates. Default [`AclPolicy::Open`];
+    /// [`AclPolicy::CreatorAll`] needs credentials.
     pub acl: AclPolicy,
-    /// Digest credentials added to the session, if any.
+    /// Digest credentials added to the session, if any. In a URL, its `user:password@`.
+    #[serde(skip)]
     pub auth: Option<DigestAuth>,
 }
 
@@ -132,22 +143,22 @@ impl ZkConfig {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let hosts = hosts.into_iter().map(Into::into).collect();
-        Self::with_params(hosts, ZkParams::default())
-    }
-
-    fn with_params(hosts: Vec<String>, params: ZkParams) -> Self {
         ZkConfig {
-            hosts,
+            hosts: hosts.into_iter().map(Into::into).collect(),
             chroot: None,
-            session_timeout: params.session_timeout,
-            connect_timeout: params.connect_timeout,
-            root: params.root,
-            strategy: params.strategy,
-            node_format: params.node_format,
-            acl: params.acl,
+            session_timeout: Self::DEFAULT_SESSION_TIMEOUT,
+            connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+            root: Self::DEFAULT_ROOT.to_owned(),
+            strategy: ZkStrategy::default(),
+            node_format: NodeNameFormat::default(),
+            acl: AclPolicy::default(),
             auth: None,
         }
+    }
+
+    /// The settings a URL's parameters start from: [`new`](Self::new)'s.
+    fn url_defaults() -> Self {
+        Self::new(Vec::<String>::new())
     }
 
     /// Sets the chroot; `""` and `"/"` mean none.
@@ -172,17 +183,10 @@ impl ZkConfig {
     ///     &connect_timeout=5s&strategy=predecessor&root=/distlock&node_format=curator&acl=open
     /// ```
     ///
-    /// | part | meaning | default |
-    /// |---|---|---|
-    /// | `user:password@` | digest credentials added to the session | none |
-    /// | hosts | the ensemble, comma-separated, IPv6 in brackets | port 2181 |
-    /// | `/chroot` | chroot of every path; empty or `/` for none | none |
-    /// | `session_timeout` | requested session timeout, more than 0 and at most 1 h | `10s` |
-    /// | `connect_timeout` | how long connecting may retry, more than 0 and at most 1 h | `5s` |
-    /// | `strategy` | `single`, `children` or `predecessor` ([`ZkStrategy`]) | `predecessor` |
-    /// | `root` | parent of the lock directories | `/distlock` |
-    /// | `node_format` | `curator` or `kazoo` ([`NodeNameFormat`]) | `curator` |
-    /// | `acl` | `open` or `creator` ([`AclPolicy`]; `creator` needs credentials) | `open` |
+    /// The credentials add digest auth; the hosts are the ensemble (port 2181 when not
+    /// given, IPv6 in brackets); the path is the chroot (empty or `/` for none). Each
+    /// parameter sets the field of its name, with the default and bounds that field's docs
+    /// give.
     ///
     /// User, password, chroot and parameter values are percent-decoded.
     ///
@@ -214,18 +218,18 @@ impl ZkConfig {
                 url.scheme
             )));
         }
-        let params = url.query()?;
+        let mut config: ZkConfig = url.query()?;
         if url.hosts.is_empty() {
             return Err(config_error(
                 "the URL names no host; expected zk://host[:port][,host[:port]...]",
             ));
         }
-        let hosts = url
+        config.hosts = url
             .hosts
             .iter()
             .map(|h| h.to_address(DEFAULT_PORT))
             .collect();
-        let mut config = Self::with_params(hosts, params).with_chroot(url.path);
+        config = config.with_chroot(url.path);
         config.auth = DigestAuth::from_url(url.username, url.password)?;
         config.validate()?;
         Ok(config)
@@ -302,33 +306,6 @@ lock_core::setters! { ZkConfig {
     /// Sets the digest credentials.
     with_auth(auth: DigestAuth) => auth = Some(auth);
 }}
-
-/// The query parameters of a `zk://` URL; their defaults are [`ZkConfig::new`]'s.
-#[derive(Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct ZkParams {
-    #[serde(with = "duration")]
-    session_timeout: Duration,
-    #[serde(with = "duration")]
-    connect_timeout: Duration,
-    strategy: ZkStrategy,
-    root: String,
-    node_format: NodeNameFormat,
-    acl: AclPolicy,
-}
-
-impl Default for ZkParams {
-    fn default() -> Self {
-        ZkParams {
-            session_timeout: ZkConfig::DEFAULT_SESSION_TIMEOUT,
-            connect_timeout: ZkConfig::DEFAULT_CONNECT_TIMEOUT,
-            strategy: ZkStrategy::default(),
-            root: ZkConfig::DEFAULT_ROOT.to_owned(),
-            node_format: NodeNameFormat::default(),
-            acl: AclPolicy::default(),
-        }
-    }
-}
 
 /// Checks an absolute ZooKeeper path other than `/`; the error completes "path {p:?} …".
 fn check_path(path: &str) -> Result<(), &'static str> {
@@ -484,7 +461,7 @@ mod tests {
             "zk://u:topsecret@h?bogus=1|unknown parameter \"bogus\" for zk://",
             "zk://u:topsecret@h/bad/?x=1|unknown parameter \"x\"",
             "zk://h?sesion_timeout=5s|\"sesion_timeout\"\
-             |known: session_timeout, connect_timeout, strategy, root, node_format, acl",
+             |known: session_timeout, connect_timeout, root, strategy, node_format, acl",
             "zk://u:topsecret@h/apps/|chroot|must not end with '/'",
             "zk://h//apps|chroot|empty segment",
             "zk://h/apps//x|chroot|empty segment",

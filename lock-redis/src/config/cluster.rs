@@ -4,7 +4,7 @@ use lock_core::LockError;
 use lock_core::url::LockUrl;
 
 use super::server::servers;
-use super::{RedisConfig, RedisParams, RedisServer, config_error};
+use super::{RedisConfig, RedisServer, UrlParts, config_error};
 
 /// Where a Redis Cluster is: some of its nodes (the others are found from them).
 ///
@@ -85,7 +85,8 @@ impl RedisCluster {
 
 /// A `redis+cluster://[user:password@]n1[:port],n2[:port][/]?…` URL: the lease
 /// parameters of `redis://`, but not `tls_ca`.
-pub(super) fn from_url(url: &LockUrl, params: RedisParams) -> Result<RedisConfig, LockError> {
+pub(super) fn from_url(url: &LockUrl, parts: UrlParts) -> Result<RedisConfig, LockError> {
+    let (mut config, tls_ca) = parts;
     if url.hosts.is_empty() {
         let form = "redis+cluster://[user:password@]node1:6379,node2:6379";
         let message = format!("the URL names no node; expected {form}");
@@ -95,7 +96,7 @@ pub(super) fn from_url(url: &LockUrl, params: RedisParams) -> Result<RedisConfig
         let message = "a redis+cluster:// URL takes no path: a cluster has only database 0";
         return Err(config_error("redis", message));
     }
-    if params.tls_ca.is_some() {
+    if tls_ca.is_some() {
         let message = "tls_ca is not supported with redis+cluster:// (no TLS to a cluster yet)";
         return Err(config_error("redis", message));
     }
@@ -103,7 +104,7 @@ pub(super) fn from_url(url: &LockUrl, params: RedisParams) -> Result<RedisConfig
     let server: RedisServer = servers(url, false, None, "redis")?.remove(0);
     let nodes = url.hosts.iter();
     let cluster = RedisCluster::new(nodes.map(|host| host.to_address(RedisServer::DEFAULT_PORT)));
-    let mut config = params.config(server, None)?;
+    config.server = server;
     config.cluster = Some(cluster);
     config.validate()?;
     Ok(config)

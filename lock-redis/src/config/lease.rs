@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
+use lock_core::url::duration;
 use lock_core::{LockError, LockName};
+use serde::Deserialize;
 
 use super::{RedisConfig, RedlockConfig, config_error};
 use crate::keys::hash_tag;
@@ -19,7 +21,8 @@ const MIN_TIMEOUT: Duration = Duration::from_millis(10);
 const MAX_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 
 /// The lease settings of [`RedisConfig`] and [`RedlockConfig`]: the same fields, defaults,
-/// bounds and URL parameters (`prefix`, `ttl`, `timeout`) for both.
+/// bounds and URL parameters (`prefix`, `ttl`, `timeout`) for both. `Deserialize` reads
+/// those parameters.
 ///
 /// Both configurations have setters for each field too (`with_key_prefix`, `with_ttl`,
 /// `with_timeout`), and `with_lease` for all three.
@@ -34,17 +37,22 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 /// assert_eq!(redis.lease, redlock.lease);
 /// assert_eq!(redis.lease.key_prefix, "lock");
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct LeaseOptions {
     /// The first part of every key: the lock called `N` uses keys tagged `{prefix:N}`.
     /// Non-empty, at most 128 bytes, without `{`, `}` or control characters. Default `lock`.
+    /// URL: `prefix`.
+    #[serde(rename = "prefix")]
     pub key_prefix: String,
     /// The lease: how long a lock outlives its holder's crash. The watchdog renews it at
     /// ttl/3 while the guard lives. From 100 ms to 1 day; default 30 s.
+    #[serde(with = "duration")]
     pub ttl: Duration,
     /// How long connecting, or one request, may take before it fails with a retryable
     /// [`LockError::Connection`]; from 10 ms to 10 minutes. Default 5 s.
+    #[serde(with = "duration")]
     pub timeout: Duration,
 }
 

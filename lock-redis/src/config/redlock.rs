@@ -1,6 +1,5 @@
 //! [`RedlockConfig`]: Redlock over several independent servers, and its URL.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use lock_core::LockError;
@@ -21,7 +20,8 @@ const MAX_DRIFT_FACTOR: f64 = 0.5;
 /// servers then raised their fencing counters to the grant's token, so that tokens increase
 /// from grant to grant while the servers keep their data. Use an odd number of servers, at
 /// least three: with fewer, or an even number, a failed server costs more than it should
-/// (the URL parser warns).
+/// (the URL parser warns). `Deserialize` reads the URL parameters that are its own fields
+/// (`drift_factor`, `retry_count`, `retry_delay`).
 ///
 /// ```
 /// use lock_redis::{RedisServer, RedlockConfig};
@@ -30,22 +30,28 @@ const MAX_DRIFT_FACTOR: f64 = 0.5;
 /// config.validate()?;
 /// # Ok::<(), lock_core::LockError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default = "RedlockConfig::url_defaults", deny_unknown_fields)]
 #[non_exhaustive]
 pub struct RedlockConfig {
-    /// The servers; at least one.
+    /// The servers; at least one. In a URL, its hosts, each with the URL's credentials,
+    /// database, `tls` and `tls_ca`.
+    #[serde(skip)]
     pub servers: Vec<RedisServer>,
     /// The key prefix, the lease and the request timeout, as for
     /// [`RedisConfig`](super::RedisConfig).
+    #[serde(skip)]
     pub lease: LeaseOptions,
     /// The share of the ttl subtracted from a grant's validity for clock drift between the
-    /// servers; from 0 to 0.5. Default 0.01.
+    /// servers; from 0 to 0.5. Default 0.01. URL: `drift_factor`.
+    #[serde(rename = "drift_factor")]
     pub clock_drift_factor: f64,
     /// How many more rounds to try when a round reaches no quorum (contenders split the
     /// votes) before the lock counts as busy. Default 3.
     pub retry_count: u32,
     /// The delay before such a retry (randomised by the provider); more than 0 and at most
     /// 1 minute. Default 200 ms.
+    #[serde(with = "duration")]
     pub retry_delay: Duration,
 }
 
@@ -68,6 +74,11 @@ impl RedlockConfig {
         }
     }
 
+    /// The settings a URL's parameters start from: [`new`](Self::new)'s, with no server.
+    fn url_defaults() -> Self {
+        Self::new([])
+    }
+
     /// The number of servers that must grant a lock: N/2 + 1 for N servers.
     pub fn quorum(&self) -> usize {
         self.servers.len() / 2 + 1
@@ -80,17 +91,12 @@ impl RedlockConfig {
     ///     &retry_count=3&retry_delay=200ms&drift_factor=0.01&tls=false
     /// ```
     ///
-    /// | part | meaning | default |
-    /// |---|---|---|
-    /// | `user:password@` | credentials, the same for every server | none |
-    /// | hosts | the independent servers, comma-separated, IPv6 in brackets | port 6379 |
-    /// | `/db` | logical database on every server | 0 |
-    /// | `prefix`, `ttl`, `timeout` | as for [`redis://`](super::RedisConfig::from_url) | `lock`, `30s`, `5s` |
-    /// | `retry_count` | retries of a round without quorum | `3` |
-    /// | `retry_delay` | delay before such a retry, more than 0 and at most 1m | `200ms` |
-    /// | `drift_factor` | clock drift share of the ttl, from 0 to 0.5 | `0.01` |
-    /// | `tls` | `true` to connect to every server with TLS | `false` |
-    /// | `tls_ca` | with `tls=true`, a PEM file of the authorities to trust | the system's |
+    /// The credentials are the same for every server; the hosts are the independent
+    /// servers (port 6379, IPv6 in brackets); the path is the logical database on every
+    /// server (0 by default). Each parameter sets the field of its name, of this struct, of
+    /// its [`LeaseOptions`] or (`tls_ca`) of every [`RedisServer`], with the default and
+    /// bounds that field's docs give; `tls=true` connects to every server with TLS (default
+    /// `false`).
     ///
     /// Fewer than three servers, or an even number, is accepted with a `tracing` warning.
     ///
@@ -115,18 +121,10 @@ impl RedlockConfig {
             let message = format!("the URL scheme is {:?}; expected redlock://", url.scheme);
             return Err(config_error("redlock", message));
         }
-        let params: RedlockParams = url.query()?;
-        let config = RedlockConfig {
-            servers: servers(&url, params.tls, params.tls_ca, "redlock")?,
-            lease: LeaseOptions {
-                key_prefix: params.prefix,
-                ttl: params.ttl,
-                timeout: params.timeout,
-            },
-            clock_drift_factor: params.drift_factor,
-            retry_count: params.retry_count,
-            retry_delay: params.retry_delay,
-        };
+        let (lease, server, Tls { tls }, mut config): (_, RedisServer, _, RedlockConfig) =
+            url.query_parts()?;
+        config.lease = lease;
+        config.servers = servers(&url, tls, server.tls_ca, "redlock")?;
         config.validate()?;
         if let Some(warning) = config.quorum_warning() {
             tracing::warn!(servers = config.servers.len(), "redlock: {warning}");
@@ -195,37 +193,11 @@ lock_core::setters! { RedlockConfig {
     with_lease(lease: LeaseOptions) => lease = lease;
 }}
 
-/// The query parameters of a `redlock://` URL; their defaults are [`RedlockConfig::new`]'s.
-#[derive(Deserialize)]
+/// The `tls` parameter of a `redlock://` URL: every server's [`RedisServer::tls`].
+#[derive(Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
-struct RedlockParams {
-    prefix: String,
-    #[serde(with = "duration")]
-    ttl: Duration,
-    retry_count: u32,
-    #[serde(with = "duration")]
-    retry_delay: Duration,
-    drift_factor: f64,
+struct Tls {
     tls: bool,
-    tls_ca: Option<PathBuf>,
-    #[serde(with = "duration")]
-    timeout: Duration,
-}
-
-impl Default for RedlockParams {
-    fn default() -> Self {
-        let lease = LeaseOptions::default();
-        RedlockParams {
-            prefix: lease.key_prefix,
-            ttl: lease.ttl,
-            retry_count: RedlockConfig::DEFAULT_RETRY_COUNT,
-            retry_delay: RedlockConfig::DEFAULT_RETRY_DELAY,
-            drift_factor: RedlockConfig::DEFAULT_CLOCK_DRIFT_FACTOR,
-            tls: false,
-            tls_ca: None,
-            timeout: lease.timeout,
-        }
-    }
 }
 
 #[cfg(test)]
@@ -306,7 +278,7 @@ mod tests {
             "redlock://|no host",
             "redlock://r1,,r3|empty host",
             "redlock://u:topsecret@r1?strategy=queue|unknown parameter \"strategy\" for redlock://\
-             |known: prefix, ttl, retry_count, retry_delay, drift_factor, tls, tls_ca, timeout",
+             |known: prefix, ttl, timeout, tls_ca, tls, drift_factor, retry_count, retry_delay",
             "redlock://r1?tls=yes|tls|true or false",
             "redlock://r1?retry_count=-1|retry_count|whole number",
             "redlock://r1?retry_delay=0s|retry_delay",

@@ -4,7 +4,7 @@ use lock_core::LockError;
 use lock_core::url::LockUrl;
 
 use super::server::servers;
-use super::{RedisConfig, RedisParams, RedisServer, config_error};
+use super::{RedisConfig, RedisServer, UrlParts, config_error};
 
 /// Where to ask which server is the primary: Redis Sentinel.
 ///
@@ -85,7 +85,8 @@ impl RedisSentinel {
 
 /// A `redis+sentinel://[user:password@]s1[:port],s2[:port]/SERVICE[/db]?…` URL: the lease
 /// parameters of `redis://`, but not `tls_ca`.
-pub(super) fn from_url(url: &LockUrl, params: RedisParams) -> Result<RedisConfig, LockError> {
+pub(super) fn from_url(url: &LockUrl, parts: UrlParts) -> Result<RedisConfig, LockError> {
+    let (mut config, tls_ca) = parts;
     let form = "redis+sentinel://[user:password@]sentinel1:26379,sentinel2:26379/SERVICE[/db]";
     let path = url.path.strip_prefix('/').unwrap_or(&url.path);
     let (service, db) = path.split_once('/').unwrap_or((path, ""));
@@ -93,7 +94,7 @@ pub(super) fn from_url(url: &LockUrl, params: RedisParams) -> Result<RedisConfig
         let message = format!("the URL names no sentinel or no service; expected {form}");
         return Err(config_error("redis", message));
     }
-    if params.tls_ca.is_some() {
+    if tls_ca.is_some() {
         let message = "tls_ca is not supported with redis+sentinel:// (no TLS to Sentinel yet)";
         return Err(config_error("redis", message));
     }
@@ -104,7 +105,10 @@ pub(super) fn from_url(url: &LockUrl, params: RedisParams) -> Result<RedisConfig
     let server: RedisServer = servers(&at_db, false, None, "redis")?.remove(0);
     let sentinels = url.hosts.iter();
     let sentinels = sentinels.map(|host| host.to_address(RedisSentinel::DEFAULT_PORT));
-    params.config(server, Some(RedisSentinel::new(service, sentinels)))
+    config.server = server;
+    config.sentinel = Some(RedisSentinel::new(service, sentinels));
+    config.validate()?;
+    Ok(config)
 }
 
 #[cfg(test)]

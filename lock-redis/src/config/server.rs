@@ -5,12 +5,14 @@ use std::path::PathBuf;
 
 use lock_core::LockError;
 use lock_core::url::{HostPort, LockUrl};
+use serde::Deserialize;
 
 use super::config_error;
 
 /// One Redis server and how to log in to it.
 ///
-/// `Debug` never shows the password.
+/// `Debug` never shows the password. `Deserialize` reads the one URL parameter that is a
+/// server's field, `tls_ca`; the rest of the URL gives the others.
 ///
 /// ```
 /// use lock_redis::RedisServer;
@@ -21,23 +23,30 @@ use super::config_error;
 /// assert_eq!(server.address(), "cache.internal:6379");
 /// assert!(!format!("{server:?}").contains("s3cret"));
 /// ```
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(default = "RedisServer::url_defaults", deny_unknown_fields)]
 #[non_exhaustive]
 pub struct RedisServer {
-    /// Host name or address (IPv6 without brackets).
+    /// Host name or address (IPv6 without brackets). In a URL, its host.
+    #[serde(skip)]
     pub host: String,
-    /// TCP port. Default 6379.
+    /// TCP port. Default 6379. In a URL, its host's port.
+    #[serde(skip)]
     pub port: u16,
-    /// Whether to connect with TLS (`rediss://`).
+    /// Whether to connect with TLS (`rediss://`; with `redlock://`, its `tls` parameter).
+    #[serde(skip)]
     pub tls: bool,
     /// With TLS, a PEM file of the certificate authorities to trust instead of the
-    /// system's (URL: `tls_ca=/path/ca.pem`).
+    /// system's (URL: `tls_ca=/path/ca.pem`). Default none.
     pub tls_ca: Option<PathBuf>,
     /// The ACL user name, if any (Redis 6+); with only a password, the `default` user.
+    #[serde(skip)]
     pub username: Option<String>,
     /// The password, if any.
+    #[serde(skip)]
     pub password: Option<String>,
-    /// The logical database. Default 0.
+    /// The logical database. Default 0. In a URL, its path.
+    #[serde(skip)]
     pub db: i64,
 }
 
@@ -56,6 +65,11 @@ impl RedisServer {
             password: None,
             db: 0,
         }
+    }
+
+    /// The settings a URL's parameters start from: no host yet.
+    pub(super) fn url_defaults() -> Self {
+        Self::new("")
     }
 
     /// `host:port`, with an IPv6 host in brackets.
