@@ -156,7 +156,7 @@ impl Strategy {
         };
         let zk_strategy = match self {
             Strategy::ZkSingle => Some(ZkStrategy::SingleNode),
-            Strategy::ZkChildren => Some(ZkStrategy::SequentialChildren),
+            Strategy::ZkChildren => Some(ZkStrategy::WholeQueue),
             Strategy::ZkPredecessor => Some(ZkStrategy::SequentialPredecessor),
             _ => None,
         };
@@ -185,7 +185,7 @@ impl Strategy {
         };
         let etcd_strategy = match self {
             Strategy::EtcdSingle => Some(EtcdStrategy::Single),
-            Strategy::EtcdPrefix => Some(EtcdStrategy::Prefix),
+            Strategy::EtcdPrefix => Some(EtcdStrategy::WholeQueue),
             Strategy::EtcdPredecessor => Some(EtcdStrategy::Predecessor),
             _ => None,
         };

@@ -136,7 +136,7 @@ fn etcd_urls_are_read_by_the_etcd_backend() {
     assert_eq!(config.backend(), "etcd");
     let expected = EtcdConfig::new(["e1:2380", "e2:2379"])
         .with_prefix("/apps")
-        .with_strategy(EtcdStrategy::Prefix);
+        .with_strategy(EtcdStrategy::WholeQueue);
     assert_eq!(config, BackendConfig::Etcd(expected));
     let e = config_error("etcd://u:topsecret@e1?lease_ttl=1s");
     assert!(e.contains("lease_ttl") && !e.contains("topsecret"), "{e}");
@@ -344,7 +344,7 @@ mod zookeeper {
         assert_eq!(config.hosts, ["zk1:2181", "zk2:2182"]);
         assert_eq!(config.chroot.as_deref(), Some("/apps"));
         assert_eq!(config.session_timeout, Duration::from_secs(6));
-        assert_eq!(config.strategy, ZkStrategy::SequentialChildren);
+        assert_eq!(config.strategy, ZkStrategy::WholeQueue);
         assert_eq!(
             BackendConfig::from_url("zookeeper://localhost").unwrap(),
             BackendConfig::ZooKeeper(ZkConfig::new(["localhost:2181"]))

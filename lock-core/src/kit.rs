@@ -88,7 +88,10 @@ mod session_slot;
 
 pub use entry::{HeldEntry, Removal, RemovalError, entry_guard};
 pub use lease::{Lease, Renewal, lease_guard, release_in_background};
-pub use session_slot::{SessionSlot, SlotSession};
+/// The earlier name of [`ServerSession`], too close to [`SessionSlot`].
+#[deprecated(note = "renamed ServerSession")]
+pub use session_slot::ServerSession as SlotSession;
+pub use session_slot::{ServerSession, SessionSlot};
 
 /// Locks `mutex` whether or not a panic poisoned it: for mutexes over values that every
 /// holder leaves whole (no await, no half-made update while held), as a backend's bookkeeping

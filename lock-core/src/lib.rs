@@ -73,9 +73,9 @@
 //!   [`DistributedLock::queue`] lists a lock's queue as a [`queue::LockQueue`].
 //! - **blocker**: the one earlier contender whose departure can let a waiter in (its
 //!   predecessor, or for a reader the nearest earlier writer). The herd-free strategies
-//!   watch the blocker only; the herd strategies (ZooKeeper's `SingleNode` and
-//!   `SequentialChildren`, etcd's `Single` and `Prefix`, Redis's `PubSub`) wake every
-//!   waiter on every release, and polling waiters look on a timer.
+//!   watch the blocker only; the herd strategies (`WholeQueue` on ZooKeeper and etcd,
+//!   where every waiter watches the whole queue; their `SingleNode` and `Single`; Redis's
+//!   `PubSub`) wake every waiter on every release, and polling waiters look on a timer.
 //! - **grant**: the server's decision that a contender holds; the [`Guard`] stands for it.
 //!   A **hand-off** is a release that grants the next waiter; a **wake-up** is a waiter
 //!   woken to look, **futile** when it finds the lock still held.

@@ -716,7 +716,7 @@ impl<'de> de::Deserializer<'de> for Value<'_> {
         visitor.visit_newtype_struct(self)
     }
 
-    /// A unit variant by its serde name, ignoring ASCII case.
+    /// A unit variant by its serde name or alias (serde lists both), ignoring ASCII case.
     fn deserialize_enum<V: Visitor<'de>>(
         self,
         _: &'static str,

@@ -23,14 +23,23 @@ lock_core::url_enum! {
         /// The naive lock: one key, created if absent; every waiter watches it (a herd).
         Single = "single",
         /// One key per contender, ordered by create revision; every waiter watches the whole
-        /// prefix and looks again at every deletion (a herd).
-        Prefix = "prefix",
+        /// queue (the lock's key prefix) and looks again at every deletion (a herd). In a
+        /// URL: `whole-queue`, or its earlier name `prefix`.
+        #[serde(alias = "prefix")]
+        WholeQueue = "whole-queue",
         /// One key per contender, ordered by create revision; each waiter watches only the
         /// deletion of the key just before its own (herd-free, the layout of etcd's
         /// `concurrency.Mutex`, so `etcdctl lock` and distlock exclude each other).
         #[default]
         Predecessor = "predecessor",
     }
+}
+
+impl EtcdStrategy {
+    /// The earlier name of [`WholeQueue`](EtcdStrategy::WholeQueue).
+    #[deprecated(note = "renamed EtcdStrategy::WholeQueue, the word ZooKeeper's strategy uses too")]
+    #[allow(non_upper_case_globals)]
+    pub const Prefix: EtcdStrategy = EtcdStrategy::WholeQueue;
 }
 
 /// How to reach etcd and how to lock there.
@@ -291,7 +300,7 @@ mod tests {
         assert_eq!(config.user, Some(("alice".into(), "s@cret".into())));
         assert_eq!(config.prefix, "/a/b");
         assert_eq!(config.lease_ttl, Duration::from_secs(3));
-        assert_eq!(config.strategy, EtcdStrategy::Prefix);
+        assert_eq!(config.strategy, EtcdStrategy::WholeQueue);
         assert_eq!(config.timeout, Duration::from_secs(2));
         assert!(!format!("{config:?}").contains("cret"));
         Ok(())
@@ -323,7 +332,7 @@ mod tests {
             ("etcd://h?timeout=0s", "more than 0"),
             (
                 "etcd://h?strategy=herd",
-                "expected single, prefix or predecessor",
+                "expected single, prefix, whole-queue or predecessor",
             ),
             ("etcd://alice@h", "both user and password"),
             ("etcd://h?tls_ca=/ca.pem", "TLS is off"),

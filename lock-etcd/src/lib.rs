@@ -7,7 +7,7 @@
 //! is its [fencing token](lock_core::FencingToken). Three strategies: the herd-free
 //! [`Predecessor`](EtcdStrategy::Predecessor) (the default; the layout of etcd's own
 //! `concurrency.Mutex`, so that `etcdctl lock` and distlock exclude each other), the herd
-//! [`Prefix`](EtcdStrategy::Prefix), and the naive [`Single`](EtcdStrategy::Single). The
+//! [`WholeQueue`](EtcdStrategy::WholeQueue), and the naive [`Single`](EtcdStrategy::Single). The
 //! [read-write lock](EtcdRwLock) and the [semaphore](EtcdSemaphore) queue the same way, and
 //! so does the [leader election](EtcdElection), in the layout of etcd's own
 //! `concurrency.Election` (`etcdctl elect`), always herd-free.

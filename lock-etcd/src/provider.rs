@@ -115,7 +115,7 @@ impl LockProvider for EtcdLockProvider {
     fn capabilities(&self) -> Capabilities {
         let (wait, fifo) = match self.shared.config.strategy {
             EtcdStrategy::Single => (WaitKind::NotifyAll, false),
-            EtcdStrategy::Prefix => (WaitKind::NotifyAll, true),
+            EtcdStrategy::WholeQueue => (WaitKind::NotifyAll, true),
             _ => (WaitKind::NotifyOne, true),
         };
         let ttl = self

@@ -17,7 +17,7 @@ use etcd_client::{
     Certificate, Client, ConnectOptions, LeaseGrantResponse, LeaseKeepAliveStream, LeaseKeeper,
     TlsOptions, WatchFilterType, WatchOptions,
 };
-use lock_core::kit::{Closed, LostSignals, SessionSlot, SlotSession, unpoisoned};
+use lock_core::kit::{Closed, LostSignals, ServerSession, SessionSlot, unpoisoned};
 use lock_core::{Deadline, LockError, LossReason, LostNotifier, Metrics};
 use tokio::time::Instant;
 
@@ -526,7 +526,7 @@ impl Shared {
     }
 }
 
-impl SlotSession for Session {
+impl ServerSession for Session {
     fn is_over(&self) -> bool {
         Session::is_over(self)
     }

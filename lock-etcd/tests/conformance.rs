@@ -12,7 +12,7 @@ mod single {
 
 mod prefix {
     use super::*;
-    lock_conformance::conformance_suite!(4, EtcdHarness::new(EtcdStrategy::Prefix).await);
+    lock_conformance::conformance_suite!(4, EtcdHarness::new(EtcdStrategy::WholeQueue).await);
 }
 
 mod predecessor {

@@ -24,7 +24,7 @@ use lock_core::LockName;
 use lock_etcd::{EtcdConfig, EtcdStrategy};
 
 /// The herd-prone and the herd-free strategy.
-const STRATEGIES: [EtcdStrategy; 2] = [EtcdStrategy::Prefix, EtcdStrategy::Predecessor];
+const STRATEGIES: [EtcdStrategy; 2] = [EtcdStrategy::WholeQueue, EtcdStrategy::Predecessor];
 
 /// How long a lease may take to be made.
 const STEP: Duration = Duration::from_secs(5);

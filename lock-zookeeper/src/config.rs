@@ -26,11 +26,13 @@ lock_core::url_enum! {
     /// All three are kept because the benchmark compares them; only
     /// [`SequentialPredecessor`](ZkStrategy::SequentialPredecessor) is both herd-free and FIFO.
     ///
-    /// In a URL: `strategy=single`, `strategy=children` or `strategy=predecessor`.
+    /// In a URL: `strategy=single`, `strategy=whole-queue` (earlier `children`, still
+    /// accepted) or `strategy=predecessor`.
     ///
     /// ```
     /// use lock_zookeeper::ZkStrategy;
-    /// assert_eq!("children".parse::<ZkStrategy>()?, ZkStrategy::SequentialChildren);
+    /// assert_eq!("whole-queue".parse::<ZkStrategy>()?, ZkStrategy::WholeQueue);
+    /// assert_eq!("children".parse::<ZkStrategy>()?, ZkStrategy::WholeQueue);
     /// assert_eq!(ZkStrategy::default().to_string(), "predecessor");
     /// # Ok::<(), lock_core::LockError>(())
     /// ```
@@ -40,9 +42,10 @@ lock_core::url_enum! {
         /// The naive lock: one ephemeral node `{dir}/lock`; whoever creates it holds the
         /// lock, and every waiter retries when it is deleted (a herd by design; not FIFO).
         SingleNode = "single",
-        /// Ephemeral sequential nodes; every waiter watches the directory's children and
-        /// re-lists on every change (FIFO, but a herd).
-        SequentialChildren = "children",
+        /// Ephemeral sequential nodes; every waiter watches the whole queue (the directory's
+        /// children) and re-lists on every change (FIFO, but a herd).
+        #[serde(alias = "children")]
+        WholeQueue = "whole-queue",
         /// Ephemeral sequential nodes; each waiter watches only its immediate predecessor,
         /// and its own node (FIFO and herd-free). A waiter that only its predecessor kept out
         /// holds the moment the predecessor's node is deleted, without listing the directory
@@ -50,6 +53,13 @@ lock_core::url_enum! {
         #[default]
         SequentialPredecessor = "predecessor",
     }
+}
+
+impl ZkStrategy {
+    /// The earlier name of [`WholeQueue`](ZkStrategy::WholeQueue).
+    #[deprecated(note = "renamed ZkStrategy::WholeQueue, the word etcd's strategy uses too")]
+    #[allow(non_upper_case_globals)]
+    pub const SequentialChildren: ZkStrategy = ZkStrategy::WholeQueue;
 }
 
 lock_core::url_enum! {
@@ -402,7 +412,7 @@ mod tests {
         use {NodeNameFormat as F, ZkStrategy as S};
         for (value, strategy) in [
             ("single", S::SingleNode),
-            ("children", S::SequentialChildren),
+            ("whole-queue", S::WholeQueue),
             ("predecessor", S::SequentialPredecessor),
             ("Predecessor", S::SequentialPredecessor),
         ] {
@@ -416,8 +426,15 @@ mod tests {
             assert_eq!(format.to_string(), value.to_ascii_lowercase());
             assert_eq!(format.as_str().parse::<F>().unwrap(), format);
         }
+        // The earlier name stays accepted.
+        assert_eq!(from("zk://h?strategy=Children").strategy, S::WholeQueue);
+        #[allow(deprecated)]
+        let earlier = S::SequentialChildren;
+        assert_eq!(earlier, S::WholeQueue);
         let e = "fast".parse::<S>().unwrap_err().to_string();
-        assert!(e.contains(r#"strategy "fast": expected single, children or predecessor"#));
+        assert!(
+            e.contains(r#"strategy "fast": expected single, children, whole-queue or predecessor"#)
+        );
     }
 
     #[test]
@@ -456,7 +473,7 @@ mod tests {
             "zk://h1:99999|port",
             "zk://|no host",
             "zk:///chroot|no host",
-            "zk://h?strategy=fast|strategy|\"fast\"|single, children or predecessor",
+            "zk://h?strategy=fast|strategy|\"fast\"|single, children, whole-queue or predecessor",
             "zk://h?node_format=zk|node_format|curator or kazoo",
             "zk://u:topsecret@h?bogus=1|unknown parameter \"bogus\" for zk://",
             "zk://u:topsecret@h/bad/?x=1|unknown parameter \"x\"",

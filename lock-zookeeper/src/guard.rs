@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::kit::{
-    Abandon, Cleanup, HeldEntry, Removal, RemovalError, Retry, SlotSession, entry_guard,
+    Abandon, Cleanup, HeldEntry, Removal, RemovalError, Retry, ServerSession, entry_guard,
     retry_in_background,
 };
 use lock_core::{Deadline, Guard, LockName, Metrics, lost_signal};

@@ -4,7 +4,7 @@
 //! its session expires, and every grant carries a monotonic [fencing token](lock_core::FencingToken)
 //! (the lock node's creation zxid). Three strategies are offered — the naive
 //! [`SingleNode`](ZkStrategy::SingleNode) lock, the herd-prone
-//! [`SequentialChildren`](ZkStrategy::SequentialChildren) recipe and the herd-free
+//! [`WholeQueue`](ZkStrategy::WholeQueue) recipe and the herd-free
 //! [`SequentialPredecessor`](ZkStrategy::SequentialPredecessor) recipe (the default) — and
 //! node names compatible with Curator or kazoo, so that those clients and distlock exclude
 //! each other on one path: every child of a lock directory whose name ends in a sequence

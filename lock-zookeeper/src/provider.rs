@@ -167,7 +167,7 @@ impl LockProvider for ZkLockProvider {
         let config = &self.shared.config;
         let (wait, fifo) = match config.strategy {
             ZkStrategy::SingleNode => (WaitKind::NotifyAll, false),
-            ZkStrategy::SequentialChildren => (WaitKind::NotifyAll, true),
+            ZkStrategy::WholeQueue => (WaitKind::NotifyAll, true),
             _ => (WaitKind::NotifyOne, true),
         };
         let latest = self.shared.sessions.latest();

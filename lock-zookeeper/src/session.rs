@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lock_core::kit::{Closed, LostSignals, SessionSlot, SlotSession, unpoisoned};
+use lock_core::kit::{Closed, LostSignals, ServerSession, SessionSlot, unpoisoned};
 use lock_core::{Deadline, LockError, LockName, LossReason, LostNotifier, Metrics};
 use tokio::time::{Instant, MissedTickBehavior};
 use zookeeper_client::{Acls, Client, Error as ZkError, SessionState};
@@ -185,7 +185,7 @@ impl Session {
     }
 }
 
-impl SlotSession for Session {
+impl ServerSession for Session {
     fn is_over(&self) -> bool {
         self.health.over.load(Ordering::Acquire)
     }

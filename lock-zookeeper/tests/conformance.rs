@@ -12,7 +12,7 @@ mod single_node {
 
 mod sequential_children {
     use super::*;
-    lock_conformance::conformance_suite!(4, ZkHarness::new(ZkStrategy::SequentialChildren).await);
+    lock_conformance::conformance_suite!(4, ZkHarness::new(ZkStrategy::WholeQueue).await);
 }
 
 mod sequential_predecessor {

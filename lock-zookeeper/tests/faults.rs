@@ -943,7 +943,7 @@ async fn cancelled_acquires_leave_no_nodes_predecessor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_acquires_leave_no_nodes_children() {
-    cancelled_acquires(ZkStrategy::SequentialChildren).await;
+    cancelled_acquires(ZkStrategy::WholeQueue).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -71,10 +71,7 @@ fn peer_options() -> LockOptions<'static> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_peer_recipe_and_distlock_exclude_each_other() {
-    for strategy in [
-        ZkStrategy::SequentialPredecessor,
-        ZkStrategy::SequentialChildren,
-    ] {
+    for strategy in [ZkStrategy::SequentialPredecessor, ZkStrategy::WholeQueue] {
         let name = unique_name("interop");
         let dir = dir_of(&name);
         let ours = provider(strategy).await;
@@ -209,7 +206,7 @@ async fn foreign_readers_share_and_keep_writers_out() {
             "_c_0b6e2d1c-8d7a-4d1e-9a55-3f1f2c3d4e5f-__READ__",
         ),
         (
-            ZkStrategy::SequentialChildren,
+            ZkStrategy::WholeQueue,
             "0123456789abcdef0123456789abcdef__rlock__",
         ),
     ] {

@@ -24,10 +24,7 @@ use lock_conformance::{CaseFailure, Client, LockKind, async_trait, observe_until
 use lock_zookeeper::{ZkConfig, ZkLockProvider, ZkStrategy};
 
 /// The herd-prone and the herd-free strategy.
-const STRATEGIES: [ZkStrategy; 2] = [
-    ZkStrategy::SequentialChildren,
-    ZkStrategy::SequentialPredecessor,
-];
+const STRATEGIES: [ZkStrategy; 2] = [ZkStrategy::WholeQueue, ZkStrategy::SequentialPredecessor];
 
 /// How long a queue may take to move one step.
 const STEP: Duration = Duration::from_secs(5);

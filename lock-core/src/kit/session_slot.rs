@@ -7,7 +7,7 @@ use super::{Closed, unpoisoned};
 use crate::{LockError, LockName};
 
 /// A server-side session that a [`SessionSlot`] holds: a ZooKeeper session, an etcd lease.
-pub trait SlotSession: Send + Sync + 'static {
+pub trait ServerSession: Send + Sync + 'static {
     /// Whether the session is over (expired, closed, failed for good): nothing more can be
     /// acquired on it.
     fn is_over(&self) -> bool;
@@ -25,13 +25,13 @@ pub trait SlotSession: Send + Sync + 'static {
 /// ```
 /// use std::sync::Arc;
 /// use std::sync::atomic::{AtomicBool, Ordering};
-/// use lock_core::kit::{Closed, SessionSlot, SlotSession};
+/// use lock_core::kit::{Closed, SessionSlot, ServerSession};
 /// use lock_core::{LockError, LockName};
 ///
 /// #[derive(Default)]
 /// struct Lease(AtomicBool);
 ///
-/// impl SlotSession for Lease {
+/// impl ServerSession for Lease {
 ///     fn is_over(&self) -> bool {
 ///         self.0.load(Ordering::SeqCst)
 ///     }
@@ -63,7 +63,7 @@ pub struct SessionSlot<S> {
     opening: tokio::sync::Mutex<()>,
 }
 
-impl<S: SlotSession> SessionSlot<S> {
+impl<S: ServerSession> SessionSlot<S> {
     /// A slot holding the provider's first session.
     pub fn new(first: Arc<S>) -> Self {
         SessionSlot {

@@ -34,7 +34,7 @@ impl Waiting {
     fn of(strategy: ZkStrategy, kind: NodeKind) -> Self {
         match (strategy, kind) {
             (_, NodeKind::Candidate) => Waiting::Predecessor,
-            (ZkStrategy::SingleNode | ZkStrategy::SequentialChildren, _) => Waiting::Children,
+            (ZkStrategy::SingleNode | ZkStrategy::WholeQueue, _) => Waiting::Children,
             _ => Waiting::Predecessor,
         }
     }
