@@ -1,6 +1,6 @@
 //! Faults the conformance cases do not look into, on real servers: a holder's server
-//! process terminated, a server restarted or paused, a role without rights, and psql on the
-//! other side of a lock.
+//! process terminated, a server restarted or paused, a grant's reply lost, a role without
+//! rights, and psql on the other side of a lock.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -17,6 +17,7 @@ use common::{
 use lock_conformance::unique_name;
 use lock_core::{LockError, LockProvider, LossReason};
 use lock_postgres::{PostgresConfig, PostgresLockProvider, PostgresStrategy};
+use lock_testbed::proxy::{FaultProxy, ReplyKind};
 use lock_testbed::servers::{PostgresOptions, PostgresTarget};
 
 /// A provider of the server at `url` (the superuser), with the harness's keepalive.
@@ -40,6 +41,54 @@ where
             "not within {bound:?}: {what}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The server grants the lock, and its reply is lost on the way (a proxy drops it and cuts
+/// the connection): the acquisition fails retryably or is granted on another connection,
+/// and never is the lock left held by nobody. The lost grant did run, so the next holder's
+/// token is above the one it raised.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_grant_reply_leaves_no_lock_held_by_nobody() {
+    let h = PgHarness::new(PostgresStrategy::Advisory).await;
+    let proxy = FaultProxy::start(server_address(h.url())).unwrap();
+    let config = h.config_at(proxy.address(), "distlock-lost-grant-reply", "public");
+    let behind = PostgresLockProvider::connect(config).await.unwrap();
+    let other = provider_of(h.url()).await;
+    for round in 0..5 {
+        let name = unique_name("lost-grant-reply");
+        let swallow = proxy.swallow_next_reply(ReplyKind::PgStatement("pg_try_advisory"));
+        let lock = behind.lock(&name).unwrap();
+        let outcome = lock.acquire(Some(Duration::from_secs(5))).await;
+        let lost = tokio::time::timeout(Duration::from_secs(5), swallow.wait()).await;
+        assert!(
+            lost.is_ok(),
+            "round {round}: no grant's reply was swallowed"
+        );
+        let lost_token = match outcome {
+            Err(error) => {
+                assert!(error.is_retryable(), "round {round}: {error}");
+                1
+            }
+            Ok(mut granted) => {
+                let token = granted.fencing_token().get();
+                assert!(
+                    token > 1,
+                    "round {round}: granted with the lost grant's token"
+                );
+                granted.release().await.unwrap();
+                token
+            }
+        };
+        let bound = KEEPALIVE * 2 + Duration::from_secs(2);
+        let taken = tokio::time::timeout(bound, other.lock(&name).unwrap().acquire(None)).await;
+        let mut taken = taken.expect("free again within the crash bound").unwrap();
+        assert!(taken.fencing_token().get() > lost_token, "round {round}");
+        taken.release().await.unwrap();
+        eventually(bound, "nothing left on the server", || async {
+            advisory_locks(h.admin(), "public", &name).await == (0, 0)
+        })
+        .await;
     }
 }
 

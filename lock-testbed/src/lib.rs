@@ -50,8 +50,9 @@
 //!
 //! [`proxy::FaultProxy`] listens on a free loopback port in front of one server; a client
 //! connects to the proxy instead, and the test cuts the connections, black-holes them,
-//! delays them, or drops exactly one reply (a ZooKeeper create or delete, or the next
-//! reply of any request/response protocol such as Redis), switching at any time. This is
+//! delays them, or drops exactly one reply (a ZooKeeper create or delete, a PostgreSQL
+//! statement, or the next reply of any request/response protocol such as Redis), switching
+//! at any time. This is
 //! how a harness ends a client's session behind its back, or makes "the server did it but
 //! the client never heard".
 //!

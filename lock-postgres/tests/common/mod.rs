@@ -18,7 +18,7 @@ use lock_conformance::{
 };
 use lock_core::{LockError, LockProvider};
 use lock_postgres::{PostgresConfig, PostgresLockProvider, PostgresStrategy};
-use lock_testbed::proxy::{FaultProxy, ProxyGroup};
+use lock_testbed::proxy::{FaultProxy, ProxyGroup, ReplyKind};
 use lock_testbed::servers::{PostgresOptions, PostgresTarget, free_port, shared_postgres};
 use tokio_postgres::NoTls;
 
@@ -255,6 +255,15 @@ impl ClientFaults for Proxy {
 
     async fn delay_connection(&self, latency: Duration) -> FaultResult {
         self.0.delay(latency);
+        Ok(())
+    }
+
+    /// The reply to the client's next statement that takes an advisory lock: the server
+    /// grants it, the client sees its connection drop, the server the connection end.
+    async fn lose_next_create_reply(&self) -> FaultResult {
+        let _armed = self
+            .0
+            .swallow_next_reply(ReplyKind::PgStatement("pg_try_advisory"));
         Ok(())
     }
 }

@@ -12,6 +12,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::pg::PgRequests;
 use super::zk::{FrameHead, FrameParser, REPLY_HEAD, REQUEST_HEAD, is_create_op, is_delete_op};
 use super::{Mode, ReplyKind, Shared, Slot, SwallowEvent};
 
@@ -34,9 +35,10 @@ struct Fire {
     event: SwallowEvent,
 }
 
-/// The create request whose reply this connection will swallow.
+/// The request whose reply this connection will swallow: a ZooKeeper request's xid, or
+/// (`None`) whatever the server sends next.
 struct Target {
-    xid: i32,
+    xid: Option<i32>,
     slot: Arc<Slot>,
 }
 
@@ -182,6 +184,10 @@ struct Pump {
     mode: watch::Receiver<Mode>,
     parser: FrameParser,
     heads: Vec<FrameHead>,
+    /// Towards the server: PostgreSQL's messages.
+    pg: PgRequests,
+    /// The PostgreSQL statements sent in the chunk just read.
+    statements: Vec<String>,
     queue: VecDeque<Chunk>,
     /// Bytes read but not yet queued (towards the client: a reply header still incomplete
     /// while a swallow target is set).
@@ -214,6 +220,8 @@ impl Pump {
             mode,
             parser: FrameParser::new(want),
             heads: Vec::new(),
+            pg: PgRequests::default(),
+            statements: Vec::new(),
             queue: VecDeque::new(),
             held: Vec::new(),
             held_start: 0,
@@ -317,6 +325,10 @@ impl Pump {
         // Parse everything read, so the parser stays in step with the sender's framing.
         self.heads.clear();
         self.parser.feed(data, &mut self.heads);
+        if self.dir == Dir::ToUpstream {
+            self.statements.clear();
+            self.pg.feed(data, &mut self.statements);
+        }
         self.read_total += data.len() as u64;
         let latency = match self.current_mode() {
             Mode::Pass => Duration::ZERO,
@@ -343,9 +355,27 @@ impl Pump {
     }
 
     /// Towards the server: the first create (delete) forwarded claims an armed `ZkCreate`
-    /// (`ZkDelete`) swallow; one per connection at a time.
+    /// (`ZkDelete`) swallow, the first PostgreSQL statement containing a `PgStatement`'s
+    /// text that one; one per connection at a time.
     fn claim_requests(&mut self) {
         let conn = Arc::clone(&self.conn);
+        if !self.statements.is_empty() {
+            let mut target = conn.target();
+            let sent = |kind: ReplyKind| match kind {
+                ReplyKind::PgStatement(text) => self.statements.iter().any(|s| s.contains(text)),
+                _ => false,
+            };
+            if target.is_none()
+                && let Some(slot) = conn.shared.claim_where(sent)
+            {
+                tracing::debug!(
+                    id = conn.id,
+                    "statement forwarded; its reply will be swallowed"
+                );
+                *target = Some(Target { xid: None, slot });
+                return;
+            }
+        }
         for head in &self.heads {
             let (xid, op) = head.request();
             let kind = if is_create_op(op) {
@@ -366,7 +396,10 @@ impl Pump {
                     op,
                     "request forwarded; its reply will be swallowed"
                 );
-                *target = Some(Target { xid, slot });
+                *target = Some(Target {
+                    xid: Some(xid),
+                    slot,
+                });
                 return;
             }
         }
@@ -375,12 +408,19 @@ impl Pump {
     /// Towards the client: queue what may go, swallowing a reply when one is due.
     fn queue_for_client(&mut self, due: Instant) {
         let conn = Arc::clone(&self.conn);
-        if let Some(slot) = conn.shared.claim(ReplyKind::AnyNextReply) {
+        let next_reply = {
+            let mut target = conn.target();
+            match target.as_ref() {
+                Some(Target { xid: None, .. }) => target.take().map(|t| t.slot),
+                _ => None,
+            }
+        };
+        if let Some(slot) = next_reply.or_else(|| conn.shared.claim(ReplyKind::AnyNextReply)) {
             self.drop_bytes(self.held.len());
             self.held.clear();
             self.held_start = self.read_total;
             let event = SwallowEvent {
-                kind: ReplyKind::AnyNextReply,
+                kind: slot.kind,
                 connection: conn.id,
                 xid: None,
                 zxid: None,
@@ -390,7 +430,7 @@ impl Pump {
             self.stopping = true;
             return;
         }
-        let target_xid = conn.target().as_ref().map(|t| t.xid);
+        let target_xid = conn.target().as_ref().and_then(|t| t.xid);
         if let Some(target_xid) = target_xid {
             let hit = self
                 .heads

@@ -14,8 +14,9 @@
 //!
 //! [`ReplyKind::ZkCreate`] reads ZooKeeper's framing to make "the server created the node but the
 //! client never heard" happen on purpose ([`ReplyKind::ZkDelete`] the same for a delete);
-//! [`ReplyKind::AnyNextReply`] does the same for any
-//! request/response protocol (Redis) by dropping the next chunk the server sends.
+//! [`ReplyKind::PgStatement`] reads PostgreSQL's to do it to a statement (a lock granted,
+//! never heard of); [`ReplyKind::AnyNextReply`] does the same for any request/response protocol
+//! (Redis) by dropping the next chunk the server sends.
 //!
 //! ```no_run
 //! # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
@@ -37,6 +38,7 @@
 //! ```
 
 mod conn;
+mod pg;
 mod zk;
 
 use std::collections::VecDeque;
@@ -98,6 +100,11 @@ pub enum ReplyKind {
     /// The next chunk the server sends on any connection: it is dropped and that connection is
     /// cut. Meant for request/response protocols such as Redis (arm it, then send one command).
     AnyNextReply,
+    /// The reply to the next PostgreSQL statement whose text contains this one, sent on any
+    /// connection (in a simple `Query`, or in the `Parse` that tokio-postgres sends with the
+    /// statement's `Execute`; plain connections only): the server runs the statement, and
+    /// what it sends next on that connection is dropped and the connection cut.
+    PgStatement(&'static str),
 }
 
 /// What happened when a reply was swallowed.
@@ -114,7 +121,7 @@ pub struct SwallowEvent {
     pub kind: ReplyKind,
     /// The connection that lost the reply (1 for the first connection the proxy accepted).
     pub connection: u64,
-    /// The xid of the swallowed ZooKeeper reply (`None` for [`ReplyKind::AnyNextReply`]).
+    /// The xid of the swallowed ZooKeeper reply (`None` for the other kinds).
     pub xid: Option<i32>,
     /// The zxid the server stamped on the swallowed reply.
     pub zxid: Option<i64>,
@@ -173,8 +180,13 @@ impl Shared {
 
     /// Takes the first armed swallow of this kind, if any.
     fn claim(&self, kind: ReplyKind) -> Option<Arc<Slot>> {
+        self.claim_where(|armed| armed == kind)
+    }
+
+    /// Takes the first armed swallow whose kind `wanted` accepts, if any.
+    fn claim_where(&self, wanted: impl Fn(ReplyKind) -> bool) -> Option<Arc<Slot>> {
         let mut armed = self.armed();
-        let at = armed.iter().position(|s| s.kind == kind)?;
+        let at = armed.iter().position(|s| wanted(s.kind))?;
         armed.remove(at)
     }
 
