@@ -35,7 +35,8 @@
 //!
 //! Connection poolers that hand a client's statements to any server connection (PgBouncer
 //! in transaction or statement mode) break session locks: [`PostgresLockProvider::connect`]
-//! refuses them (two connections that reach one server process) with an error naming
+//! refuses them (two connections that reach one server process, or one that reaches
+//! several) with an error naming
 //! `pool_mode=session`. Connect directly, or through a pool in session mode (PgBouncer with
 //! `ignore_startup_parameters = options`). A lock inside the caller's own transaction
 //! ([`TransactionLock`]) needs no session of its own.

@@ -67,7 +67,7 @@ impl PostgresLockProvider {
         let pool = Pool::new(pg, tls, config.timeout, Arc::clone(&metrics));
         let first = pool.get().await?;
         let second = pool.get().await?;
-        refuse_shared_server_sessions(&first, &second)?;
+        refuse_shared_server_sessions(&first, &second).await?;
         let table = format!("{}.{FENCING_TABLE}", config.schema);
         let leaders = format!("{}.{LEADERS_TABLE}", config.schema);
         ensure_tables(&first, &[&table, &leaders]).await?;
@@ -125,20 +125,32 @@ impl PostgresLockProvider {
 /// Refuses a pooler that hands one server session to several client connections (PgBouncer
 /// in transaction or statement mode): a session lock would be taken on one server
 /// connection and released on another. Each connection asked the server for its process at
-/// connect, the second just after the first, so through such a pooler the second gets the
-/// server connection the first just gave back (PgBouncer reuses the last one freed first):
-/// the same process. Directly, or through a pool in session mode, never.
-fn refuse_shared_server_sessions(first: &Conn, second: &Conn) -> Result<(), LockError> {
-    if first.pid != second.pid {
-        return Ok(());
+/// connect, the second just after the first, so through such a pooler that reuses the
+/// server connection freed last (PgBouncer's default) the second gets the first's: the same
+/// process. One that hands them out in turn (`server_round_robin`) gives the first
+/// connection, asked twice more, another process. Directly, or through a pool in session
+/// mode, neither happens.
+async fn refuse_shared_server_sessions(first: &Conn, second: &Conn) -> Result<(), LockError> {
+    let mut seen = vec![first.pid];
+    let one_process = |seen: &[i32]| seen.iter().all(|pid| *pid == first.pid);
+    if second.pid != first.pid {
+        while seen.len() < 3 && one_process(&seen) {
+            let rows = first.ask("SELECT pg_backend_pid()", &[]).await?;
+            seen.push(rows.first().map(|row| row.get(0)).unwrap_or_default());
+        }
+        if one_process(&seen) {
+            return Ok(());
+        }
     }
+    let what = match &seen[..] {
+        [pid] => format!("two connections reached the same server process ({pid})"),
+        pids => format!("one connection reached several server processes ({pids:?})"),
+    };
     Err(LockError::Config {
         message: format!(
-            "two connections reached the same server process ({}): a pooler hands server \
-             sessions to any client (PgBouncer in transaction or statement mode), which breaks \
-             session locks; connect to PostgreSQL directly, or through a pool with \
-             pool_mode=session",
-            first.pid
+            "{what}: a pooler hands server sessions to any client (PgBouncer in transaction or \
+             statement mode), which breaks session locks; connect to PostgreSQL directly, or \
+             through a pool with pool_mode=session"
         ),
     })
 }

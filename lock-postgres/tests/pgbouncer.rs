@@ -51,6 +51,59 @@ async fn transaction_and_statement_pooling_are_refused() {
     }
 }
 
+/// The server process serving `client`'s next statement.
+async fn backend_pid(client: &tokio_postgres::Client) -> i32 {
+    // One flight (no named statement prepared on one server connection and run on another).
+    let rows = client.query_typed("SELECT pg_backend_pid()", &[]).await;
+    rows.unwrap()[0].get(0)
+}
+
+/// PgBouncer handing its server connections out in turn (`server_round_robin`), with two
+/// or three of them open: two client connections reach different server processes, so the
+/// check of two connections alone would pass, but one connection asked again reaches
+/// another process, and the provider refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_robin_transaction_pooling_is_refused() {
+    let h = PgHarness::new(PostgresStrategy::Advisory).await;
+    for open in [2, 3] {
+        let settings = [("server_round_robin", "1")];
+        let bouncer =
+            PgBouncer::start_with(server_address(h.url()), PoolMode::Transaction, &settings)
+                .await
+                .expect("PgBouncer starts (Debian's pgbouncer package)");
+        // `open` transactions at once make `open` server connections, idle afterwards.
+        let mut clients = Vec::new();
+        for _ in 0..open {
+            let (client, connection) = tokio_postgres::connect(&bouncer.url(), NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(connection);
+            client.batch_execute("BEGIN; SELECT 1").await.unwrap();
+            clients.push(client);
+        }
+        for client in &clients {
+            client.batch_execute("COMMIT").await.unwrap();
+        }
+        let (a, b) = (
+            backend_pid(&clients[0]).await,
+            backend_pid(&clients[1]).await,
+        );
+        assert_ne!(a, b, "{open} open: taken in turn");
+        let refused = through(&bouncer).await;
+        let Err(LockError::Config { message }) = &refused else {
+            panic!("{open} open: expected a refusal, got {refused:?}");
+        };
+        assert!(
+            message.contains("several server processes"),
+            "{open} open: {message}"
+        );
+        assert!(
+            message.contains("pool_mode=session"),
+            "{open} open: {message}"
+        );
+    }
+}
+
 /// Session pooling keeps a client on one server session: locks exclude each other, a
 /// release frees, and a holder that disconnects frees its lock (PgBouncer's reset of the
 /// server session unlocks it) for a waiter, whose token is larger.

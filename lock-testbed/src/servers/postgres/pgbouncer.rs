@@ -55,6 +55,16 @@ impl PgBouncer {
     ///
     /// Fails promptly with [`ServerError::NotInstalled`] when it is not installed.
     pub async fn start(server: SocketAddr, mode: PoolMode) -> Result<Self, ServerError> {
+        Self::start_with(server, mode, &[]).await
+    }
+
+    /// [`start`](Self::start), with more `pgbouncer.ini` settings (`key = value` lines of
+    /// its `[pgbouncer]` section, such as `("server_round_robin", "1")`).
+    pub async fn start_with(
+        server: SocketAddr,
+        mode: PoolMode,
+        settings: &[(&str, &str)],
+    ) -> Result<Self, ServerError> {
         let program = require_program(SERVER, Path::new("/usr/sbin/pgbouncer"), "pgbouncer")?;
         let (process, (), took) = ServerProcess::start(SERVER, "lock-pgbouncer-", |dir| {
             hand_to_postgres_user(dir)?;
@@ -62,13 +72,17 @@ impl PgBouncer {
             let users = dir.join("users.txt");
             std::fs::write(&users, format!("\"{POSTGRES_SUPERUSER}\" \"\"\n"))?;
             let config = dir.join("pgbouncer.ini");
+            let more: String = settings
+                .iter()
+                .map(|(key, value)| format!("{key} = {value}\n"))
+                .collect();
             std::fs::write(
                 &config,
                 format!(
                     "[databases]\npostgres = host={} port={} dbname=postgres\n\n[pgbouncer]\n\
                      listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
                      auth_type = trust\nauth_file = {}\npool_mode = {mode}\n\
-                     ignore_startup_parameters = options\n",
+                     ignore_startup_parameters = options\n{more}",
                     server.ip(),
                     server.port(),
                     users.display()
