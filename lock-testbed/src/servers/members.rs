@@ -17,9 +17,10 @@ use nix::sys::signal::Signal;
 use super::ServerError;
 use super::process::{Instance, ScratchDir};
 
-/// One member, whichever runner runs it.
+/// A server started here that a test can fault, whichever runner runs it: a member of a
+/// set, or a [`Target`](super::Target)'s container.
 #[async_trait]
-pub(crate) trait Member: Send + Sync + fmt::Debug {
+pub trait Member: Send + Sync + fmt::Debug {
     /// Its client address on `127.0.0.1`.
     fn socket_addr(&self) -> SocketAddr;
     /// Its pid, while it runs as a process.
@@ -30,10 +31,18 @@ pub(crate) trait Member: Send + Sync + fmt::Debug {
     fn container_id(&self) -> Option<&str> {
         None
     }
+    /// Whether it runs (it may be paused): a process not killed, a container the engine
+    /// says runs.
     async fn is_running(&self) -> Result<bool, ServerError>;
+    /// Kills it at once (`SIGKILL` to its process group; a container stopped without
+    /// grace), keeping its ports and data for [`restart`](Self::restart).
     async fn kill(&mut self) -> Result<(), ServerError>;
+    /// Kills it if it runs, starts it again with the same ports and data, and waits until
+    /// it serves.
     async fn restart(&mut self) -> Result<(), ServerError>;
+    /// Freezes it (`SIGSTOP`, or `docker pause`); returns once it is frozen.
     async fn pause(&self) -> Result<(), ServerError>;
+    /// Continues it after [`pause`](Self::pause).
     async fn resume(&self) -> Result<(), ServerError>;
 }
 

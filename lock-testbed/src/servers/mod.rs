@@ -67,7 +67,7 @@ pub use error::ServerError;
 pub use etcd::{ETCD_ENV, EtcdCluster, EtcdOptions, EtcdServer, EtcdTarget, etcd_metric};
 pub use kind::{Etcd, ZooKeeper};
 pub use local::{LocalServer, ServerProcess};
-pub use members::Members;
+pub use members::{Member, Members};
 pub use mode::{SERVERS_ENV, ServerMode};
 pub use postgres::{
     POSTGRES_ENV, POSTGRES_SUPERUSER, PgBouncer, PoolMode, PostgresOptions, PostgresServer,

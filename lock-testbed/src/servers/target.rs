@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use tracing::info;
 
 #[cfg(feature = "testcontainers")]
-use super::containers::ServerContainer;
+use super::Member;
 use super::{LocalServer, ServerError, ServerMode};
 
 /// A kind of server that a [`Target`] can stand for: one that can be started here, or
@@ -35,7 +35,7 @@ pub trait TargetServer: LocalServer + Send + Sized {
     #[cfg(feature = "testcontainers")]
     fn start_container(
         opts: Self::Options,
-    ) -> impl Future<Output = Result<(String, Box<dyn ServerContainer>), ServerError>> + Send;
+    ) -> impl Future<Output = Result<(String, Box<dyn Member>), ServerError>> + Send;
 }
 
 /// Either an external server (named by [`S::ENV`](TargetServer::ENV)) or one started here,
@@ -59,7 +59,7 @@ enum Inner<S> {
     #[cfg(feature = "testcontainers")]
     Container {
         address: String,
-        container: Box<dyn ServerContainer>,
+        container: Box<dyn Member>,
     },
 }
 
@@ -98,7 +98,7 @@ impl<S: TargetServer> Target<S> {
 
     /// The server in `container`, which clients reach at `address`.
     #[cfg(feature = "testcontainers")]
-    pub(crate) fn in_container(address: String, container: Box<dyn ServerContainer>) -> Self {
+    pub(crate) fn in_container(address: String, container: Box<dyn Member>) -> Self {
         Self {
             inner: Inner::Container { address, container },
         }
@@ -150,7 +150,7 @@ impl<S: TargetServer> Target<S> {
     pub fn container_id(&self) -> Option<&str> {
         match &self.inner {
             #[cfg(feature = "testcontainers")]
-            Inner::Container { container, .. } => Some(container.id()),
+            Inner::Container { container, .. } => container.container_id(),
             _ => None,
         }
     }

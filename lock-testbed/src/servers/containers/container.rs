@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use testcontainers::bollard::models::{HostConfig, PortBinding};
 use testcontainers::core::{IntoContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
@@ -332,57 +331,6 @@ impl<K> Container<K> {
         }
         self.container().start().await.map_err(container_error)?;
         self.wait_ready().await
-    }
-}
-
-/// A server container as a [`Target`](crate::servers::Target) holds it: its address and the
-/// engine's faults, whatever the server.
-#[async_trait]
-pub trait ServerContainer: Send + Sync + std::fmt::Debug {
-    /// `127.0.0.1:port`, the published client port.
-    fn socket_addr(&self) -> SocketAddr;
-    /// The container's id.
-    fn id(&self) -> &str;
-    /// [`Container::pause`].
-    async fn pause(&self) -> Result<(), ServerError>;
-    /// [`Container::resume`].
-    async fn resume(&self) -> Result<(), ServerError>;
-    /// [`Container::is_running`].
-    async fn is_running(&self) -> Result<bool, ServerError>;
-    /// [`Container::kill`].
-    async fn kill(&self) -> Result<(), ServerError>;
-    /// [`Container::restart`].
-    async fn restart(&self) -> Result<(), ServerError>;
-}
-
-#[async_trait]
-impl<K: Send + Sync + std::fmt::Debug> ServerContainer for Container<K> {
-    fn socket_addr(&self) -> SocketAddr {
-        Container::socket_addr(self)
-    }
-
-    fn id(&self) -> &str {
-        Container::id(self)
-    }
-
-    async fn pause(&self) -> Result<(), ServerError> {
-        Container::pause(self).await
-    }
-
-    async fn resume(&self) -> Result<(), ServerError> {
-        Container::resume(self).await
-    }
-
-    async fn is_running(&self) -> Result<bool, ServerError> {
-        Container::is_running(self).await
-    }
-
-    async fn kill(&self) -> Result<(), ServerError> {
-        Container::kill(self).await
-    }
-
-    async fn restart(&self) -> Result<(), ServerError> {
-        Container::restart(self).await
     }
 }
 

@@ -101,7 +101,7 @@ mod container;
 mod engine;
 mod network;
 
-pub use container::{Container, ServerContainer};
+pub use container::Container;
 pub(crate) use container::{ServerSpec, on_free_port, wait_ready};
 pub use engine::{ContainerEngine, check_engine, check_ready};
 

@@ -191,7 +191,7 @@ impl TargetServer for EtcdServer {
     #[cfg(feature = "testcontainers")]
     async fn start_container(
         opts: EtcdOptions,
-    ) -> Result<(String, Box<dyn super::containers::ServerContainer>), ServerError> {
+    ) -> Result<(String, Box<dyn super::Member>), ServerError> {
         let container = super::containers::EtcdContainer::start(&opts).await?;
         Ok((container.endpoint(), Box::new(container)))
     }

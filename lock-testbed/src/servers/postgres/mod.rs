@@ -467,7 +467,7 @@ impl TargetServer for PostgresServer {
     #[cfg(feature = "testcontainers")]
     async fn start_container(
         opts: PostgresOptions,
-    ) -> Result<(String, Box<dyn super::containers::ServerContainer>), ServerError> {
+    ) -> Result<(String, Box<dyn super::Member>), ServerError> {
         let container = super::containers::PostgresContainer::start(&opts).await?;
         Ok((container.url(), Box::new(container)))
     }

@@ -283,7 +283,7 @@ impl TargetServer for RedisServer {
     #[cfg(feature = "testcontainers")]
     async fn start_container(
         opts: RedisOptions,
-    ) -> Result<(String, Box<dyn super::containers::ServerContainer>), ServerError> {
+    ) -> Result<(String, Box<dyn super::Member>), ServerError> {
         let container = super::containers::RedisContainer::start(&opts).await?;
         Ok((container.url(), Box::new(container)))
     }

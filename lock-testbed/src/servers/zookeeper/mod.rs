@@ -319,7 +319,7 @@ impl TargetServer for ZkServer {
     #[cfg(feature = "testcontainers")]
     async fn start_container(
         opts: ZkOptions,
-    ) -> Result<(String, Box<dyn super::containers::ServerContainer>), ServerError> {
+    ) -> Result<(String, Box<dyn super::Member>), ServerError> {
         let container = super::containers::ZkContainer::start(&opts).await?;
         Ok((container.connect_string(), Box::new(container)))
     }
