@@ -10,6 +10,8 @@
 //! - [`Election`], a leader election over the same machinery: [`Leadership`] wraps the
 //!   guard of the won election, its term the guard's fencing token; [`LeaderWatch`] follows
 //!   the leader;
+//! - [`multi::MultiLock`], several locks of any providers taken all or none, in one order
+//!   by name (deadlock-free), under one timeout;
 //! - [`Capabilities`], what a provider promises; [`LockError`], everything that goes wrong;
 //!   [`LockName`], the naming rules; [`MetricsSnapshot`], the herd counters;
 //! - with the `memory` feature, [`memory`], the in-memory reference backend: the full
@@ -109,6 +111,7 @@ pub mod lost;
 #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
 pub mod memory;
 pub mod metrics;
+pub mod multi;
 pub mod name;
 pub mod queue;
 pub mod url;

@@ -1,0 +1,194 @@
+//! M: sets of locks taken all or none ([`lock_core::multi::MultiLock`]) over the backend's
+//! mutexes.
+
+use std::sync::Arc;
+
+use lock_core::LockError;
+use lock_core::multi::MultiLock;
+
+use crate::ensure;
+use crate::harness::{Client, Entries, Harness};
+use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
+use crate::support::{
+    Occupancy, TakeAway, expect_entries, no_residue, take, take_away, unique_name, within,
+};
+
+/// M1: clients taking sets of names in opposite and random orders never deadlock (every set
+/// is taken within its bound) and never hold a name together.
+pub async fn m1_opposite_orders_never_deadlock(h: &dyn Harness) -> CaseResult {
+    let names: Vec<String> = (0..4).map(|i| unique_name(&format!("m1-{i}"))).collect();
+    // Two clients asking for one pair in opposite orders, then five asking for random sets.
+    for (clients, rounds) in [(2, 20), (5, 6)] {
+        let occupancy: Arc<Vec<Occupancy>> =
+            Arc::new(names.iter().map(|_| Occupancy::new()).collect());
+        let mut tasks = Vec::new();
+        let mut kept: Vec<Client> = Vec::new();
+        for index in 0..clients {
+            let client = h.client().await?;
+            let (provider, names, occupancy) = (
+                Arc::clone(&client.provider),
+                names.clone(),
+                Arc::clone(&occupancy),
+            );
+            tasks.push(tokio::spawn(async move {
+                for round in 0..rounds {
+                    let mut picked: Vec<usize> = match clients {
+                        2 => vec![0, 1],
+                        _ => (0..names.len()).collect(),
+                    };
+                    if clients == 2 && index == 1 {
+                        picked.reverse();
+                    } else if clients > 2 {
+                        fastrand::shuffle(&mut picked);
+                        picked.truncate(2 + round % 2);
+                    }
+                    let set = MultiLock::locks(
+                        provider.as_ref(),
+                        picked.iter().map(|&i| names[i].as_str()),
+                    )?;
+                    let mut held = set.acquire(None).await?;
+                    {
+                        let _inside: Vec<_> =
+                            picked.iter().map(|&i| occupancy[i].enter()).collect();
+                        tokio::task::yield_now().await;
+                    }
+                    held.release().await.map_err(|e| e.into_first())?;
+                }
+                Ok::<(), LockError>(())
+            }));
+            kept.push(client);
+        }
+        let total = u32::try_from(clients * rounds * 2).unwrap_or(u32::MAX);
+        let bound = h.timing().handoff_bound * total + h.timing().operation_slack * 4;
+        let all = async {
+            for task in tasks {
+                task.await
+                    .map_err(|e| CaseFailure::new(format!("task failed: {e}")))??;
+            }
+            Ok::<(), CaseFailure>(())
+        };
+        within(
+            bound,
+            &format!("{clients} clients' sets (a deadlock?)"),
+            all,
+        )
+        .await??;
+        for (name, occupancy) in names.iter().zip(occupancy.iter()) {
+            ensure!(
+                occupancy.peak() <= 1,
+                "{} clients held {name:?} at once",
+                occupancy.peak()
+            );
+        }
+    }
+    for name in &names {
+        no_residue(h, name, "after the sets").await?;
+    }
+    Ok(Outcome::Passed)
+}
+
+/// M2: a set that times out, and one dropped while it waits for its second member with the
+/// first held, hold nothing and leave nothing; another client then takes the first member.
+pub async fn m2_timeout_and_cancel_leave_nothing(h: &dyn Harness) -> CaseResult {
+    let timing = h.timing();
+    let (first, second) = (unique_name("m2-a"), unique_name("m2-b"));
+    let (a, b, c) = (h.client().await?, h.client().await?, h.client().await?);
+    let mut busy = take(
+        c.provider.lock(&second)?.as_ref(),
+        "the second member's holder",
+    )
+    .await?;
+    let set = MultiLock::locks(a.provider.as_ref(), [second.as_str(), first.as_str()])?;
+    match set.acquire(Some(timing.short_timeout)).await {
+        Err(LockError::Timeout { .. }) => {}
+        other => {
+            return Err(CaseFailure::new(format!(
+                "a set with a held member: expected a timeout, got {other:?}"
+            )));
+        }
+    }
+    free_for(h, &b, &first, "after the timeout").await?;
+    expect_entries(
+        h,
+        &second,
+        Entries::new(1, 0),
+        "the holder alone after the timeout",
+    )
+    .await?;
+    let waiting = tokio::spawn(async move { set.acquire(None).await });
+    expect_entries(
+        h,
+        &second,
+        Entries::new(1, 1),
+        "the set waits for its second member",
+    )
+    .await?;
+    waiting.abort();
+    let _ = waiting.await;
+    // The first member's guard was dropped with the future: released in the background.
+    no_residue(h, &first, "the first member after the cancel").await?;
+    expect_entries(
+        h,
+        &second,
+        Entries::new(1, 0),
+        "the holder alone after the cancel",
+    )
+    .await?;
+    free_for(h, &b, &first, "after the cancel").await?;
+    busy.release().await?;
+    for name in [&first, &second] {
+        no_residue(h, name, "at the end").await?;
+    }
+    Ok(Outcome::Passed)
+}
+
+/// M3: (lost_detection) a member of a held set lost (the holder's session ends) fires the
+/// set's signal, and its release reports that member.
+pub async fn m3_member_lost_fires_the_sets_signal(h: &dyn Harness) -> CaseResult {
+    let a = h.client().await?;
+    if !a.provider.capabilities().lost_detection {
+        return Ok(Outcome::Skipped(Skip::not_declared("lost_detection")));
+    }
+    let (first, second) = (unique_name("m3-a"), unique_name("m3-b"));
+    let set = MultiLock::locks(a.provider.as_ref(), [first.as_str(), second.as_str()])?;
+    let mut held = within(h.timing().operation_slack, "the set", set.acquire(None)).await??;
+    let lost = held.lost();
+    take_away(h, &a, &first, TakeAway::SessionExpiry).await?;
+    let reason = within(h.timing().loss_bound, "the set's lost signal", lost.wait()).await?;
+    ensure!(reason.is_some(), "the set's signal ended without a loss");
+    ensure!(held.is_lost(), "the set does not report the loss");
+    match held.release().await {
+        Err(failed) => ensure!(
+            failed
+                .failures
+                .iter()
+                .any(|(_, e)| matches!(e, LockError::Lost { .. })),
+            "the release reports no lost member: {failed}"
+        ),
+        Ok(()) => {
+            return Err(CaseFailure::new(
+                "a set with a lost member released cleanly",
+            ));
+        }
+    }
+    for name in [&first, &second] {
+        no_residue(h, name, "after the loss").await?;
+    }
+    Ok(Outcome::Passed)
+}
+
+/// Another client takes `name` (and gives it back) within the crash-release bound: the
+/// set's member may have been released in the background.
+async fn free_for(
+    h: &dyn Harness,
+    client: &Client,
+    name: &str,
+    when: &str,
+) -> Result<(), CaseFailure> {
+    let lock = client.provider.lock(name)?;
+    let bound = h.timing().crash_release_bound + h.timing().handoff_bound;
+    let what = format!("another client's acquire of the first member {when}");
+    let mut guard = within(bound, &what, lock.acquire(None)).await??;
+    guard.release().await?;
+    Ok(())
+}
