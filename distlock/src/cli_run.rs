@@ -9,7 +9,8 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::{BackendConfig, Guard, LockError, LockName, LockProvider, LossReason};
+use distlock::multi::{MultiGuard, MultiLock};
+use distlock::{BackendConfig, Guard, LockError, LockName, LockProvider, LossReason, LostSignal};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
@@ -39,7 +40,8 @@ pub(crate) enum Hold {
 #[derive(Debug)]
 pub(crate) struct RunOptions {
     pub(crate) url: String,
-    pub(crate) name: String,
+    /// One name, or (`run`, `try`) several to hold together.
+    pub(crate) names: Vec<String>,
     pub(crate) hold: Hold,
     /// `None`: one attempt (`try`); `Some(timeout)`: wait up to `timeout` (`run`).
     pub(crate) wait: Option<Option<Duration>>,
@@ -50,12 +52,22 @@ pub(crate) struct RunOptions {
 }
 
 impl RunOptions {
-    /// What is held, for messages: `lock "x"`, or `the leadership of election "x"`.
+    /// What is held, for messages: `lock "x"`, `locks "x", "y"`, or `the leadership of
+    /// election "x"`.
     fn subject(&self) -> String {
-        match self.hold {
-            Hold::Lock => format!("lock {:?}", self.name),
-            Hold::Leadership { .. } => format!("the leadership of election {:?}", self.name),
+        let quoted: Vec<String> = self.names.iter().map(|name| format!("{name:?}")).collect();
+        match (&self.hold, &quoted[..]) {
+            (Hold::Lock, [one]) => format!("lock {one}"),
+            (Hold::Lock, several) => format!("locks {}", several.join(", ")),
+            (Hold::Leadership { .. }, _) => {
+                format!("the leadership of election {}", quoted.join(", "))
+            }
         }
+    }
+
+    /// The names, comma-separated, for logs and the command's environment.
+    fn joined_names(&self) -> String {
+        self.names.join(",")
     }
 }
 
@@ -68,8 +80,12 @@ pub(crate) async fn run(options: RunOptions) -> u8 {
         }
     };
     // Everything that can be checked without a server is checked first.
-    let config = match LockName::new(&options.name)
-        .and_then(|_| BackendConfig::from_url(&options.url))
+    let names = options
+        .names
+        .iter()
+        .try_for_each(|name| LockName::new(name).map(drop));
+    let config = match names
+        .and_then(|()| BackendConfig::from_url(&options.url))
         .and_then(|config| with_ttl(config, options.ttl))
     {
         Ok(config) => config,
@@ -80,7 +96,7 @@ pub(crate) async fn run(options: RunOptions) -> u8 {
     };
     let connected = tokio::select! {
         connected = Connection::open(config) => connected,
-        signal = signals.recv() => return interrupted(signal, &options.name, "connecting"),
+        signal = signals.recv() => return interrupted(signal, &options, "connecting"),
     };
     let connection = match connected {
         Ok(connection) => connection,
@@ -110,10 +126,11 @@ async fn hold_and_run(
     options: &RunOptions,
     signals: &mut Signals,
 ) -> u8 {
-    let name = &options.name;
-    let what = match options.hold {
-        Hold::Lock => "the lock",
-        Hold::Leadership { .. } => "the leadership",
+    let name = &options.joined_names();
+    let what = match (&options.hold, options.names.len()) {
+        (Hold::Lock, 1) => "the lock",
+        (Hold::Lock, _) => "the locks",
+        (Hold::Leadership { .. }, _) => "the leadership",
     };
     match options.wait {
         None => tracing::info!(name = %name, "trying for {what} once"),
@@ -123,14 +140,20 @@ async fn hold_and_run(
         acquired = acquire(provider.as_ref(), options) => acquired,
         // Dropping the acquisition removes the waiter's entry (in the background, which
         // `Connection::close` waits for).
-        signal = signals.recv() => return interrupted(signal, name, &format!("waiting for {what}")),
+        signal = signals.recv() => return interrupted(signal, options, &format!("waiting for {what}")),
     };
     let held_by = match options.hold {
-        Hold::Lock => format!("lock {name:?} is held by another client"),
+        Hold::Lock if options.names.len() > 1 => {
+            format!(
+                "{} are not all free (another client holds one)",
+                options.subject()
+            )
+        }
+        Hold::Lock => format!("{} is held by another client", options.subject()),
         Hold::Leadership { .. } => format!("election {name:?} is led by another client"),
     };
-    let guard = match acquired {
-        Ok(Some(guard)) => guard,
+    let held = match acquired {
+        Ok(Some(held)) => held,
         Ok(None) => {
             report(format_args!("{held_by}; not running the command"));
             return status::BUSY;
@@ -147,43 +170,94 @@ async fn hold_and_run(
             return failure_status(&error);
         }
     };
-    tracing::info!(name = %name, token = %guard.fencing_token(), "{what} acquired; running the command");
-    supervise(guard, options, signals).await
+    tracing::info!(name = %name, tokens = %held.tokens(), "{what} acquired; running the command");
+    supervise(held, options, signals).await
 }
 
-/// The lock's guard, or the won election's: `None` when `try` finds the lock held.
+/// What the command runs under: a lock's or a won election's guard, or a set of locks'.
+enum Held {
+    One(Guard),
+    Set(MultiGuard),
+}
+
+impl Held {
+    fn lost(&self) -> LostSignal {
+        match self {
+            Held::One(guard) => guard.lost(),
+            Held::Set(set) => set.lost(),
+        }
+    }
+
+    /// The fencing tokens, comma-separated, in the order of the names.
+    fn tokens(&self) -> String {
+        let tokens = match self {
+            Held::One(guard) => vec![guard.fencing_token()],
+            Held::Set(set) => set.fencing_tokens(),
+        };
+        let tokens: Vec<String> = tokens.iter().map(|token| token.0.to_string()).collect();
+        tokens.join(",")
+    }
+
+    /// Releases everything; of a set's failures, a lost lock's first.
+    async fn release(&mut self) -> Result<(), LockError> {
+        match self {
+            Held::One(guard) => guard.release().await,
+            Held::Set(set) => set.release().await.map_err(|mut failed| {
+                let lost = failed
+                    .failures
+                    .iter()
+                    .position(|(_, e)| matches!(e, LockError::Lost { .. }));
+                if let Some(at) = lost {
+                    failed.failures.swap(0, at);
+                }
+                failed.into_first()
+            }),
+        }
+    }
+}
+
+/// The locks' guards, or the won election's: `None` when `try` finds a lock held.
 async fn acquire(
     provider: &dyn LockProvider,
     options: &RunOptions,
-) -> Result<Option<Guard>, LockError> {
-    let name = &options.name;
-    match &options.hold {
-        Hold::Lock => {
+) -> Result<Option<Held>, LockError> {
+    match (&options.hold, &options.names[..]) {
+        (Hold::Lock, [name]) => {
             let lock = provider.lock(name)?;
-            match options.wait {
-                None => lock.try_acquire().await,
-                Some(timeout) => lock.acquire(timeout).await.map(Some),
-            }
+            let guard = match options.wait {
+                None => lock.try_acquire().await?,
+                Some(timeout) => Some(lock.acquire(timeout).await?),
+            };
+            Ok(guard.map(Held::One))
         }
-        Hold::Leadership { value } => {
-            let election = provider.election(name)?;
+        (Hold::Lock, names) => {
+            let set = MultiLock::locks(provider, names.iter().map(String::as_str))?;
+            let held = match options.wait {
+                None => set.try_acquire().await?,
+                Some(timeout) => Some(set.acquire(timeout).await?),
+            };
+            Ok(held.map(Held::Set))
+        }
+        (Hold::Leadership { value }, names) => {
+            let election = provider.election(&names.join(","))?;
             let timeout = options.wait.unwrap_or(Some(Duration::ZERO));
             let won = election.campaign(value.as_bytes(), timeout).await?;
-            Ok(Some(won.into_guard()))
+            Ok(Some(Held::One(won.into_guard())))
         }
     }
 }
 
 /// The status for a signal that ended distlock before the command ran.
-fn interrupted(signal: Signal, name: &str, doing: &str) -> u8 {
+fn interrupted(signal: Signal, options: &RunOptions, doing: &str) -> u8 {
     report(format_args!(
-        "{signal} while {doing} (lock {name:?}); not running the command"
+        "{signal} while {doing} ({}); not running the command",
+        options.subject()
     ));
     signal_status(signal as i32)
 }
 
-/// Runs the command while `guard` holds the lock, then releases it.
-async fn supervise(mut guard: Guard, options: &RunOptions, signals: &mut Signals) -> u8 {
+/// Runs the command while `guard` holds the locks, then releases them.
+async fn supervise(mut guard: Held, options: &RunOptions, signals: &mut Signals) -> u8 {
     let subject = options.subject();
     let mut child = match spawn(&guard, options) {
         Ok(child) => child,
@@ -260,7 +334,7 @@ async fn supervise(mut guard: Guard, options: &RunOptions, signals: &mut Signals
         drop(guard);
         return status::LOST;
     }
-    tracing::info!(name = %options.name, status = code, "the command exited; releasing {subject}");
+    tracing::info!(name = %options.joined_names(), status = code, "the command exited; releasing {subject}");
     match tokio::time::timeout(RELEASE_TIMEOUT, guard.release()).await {
         Ok(Ok(())) => code,
         Ok(Err(LockError::Lost { reason, .. })) => {
@@ -285,7 +359,7 @@ async fn supervise(mut guard: Guard, options: &RunOptions, signals: &mut Signals
     }
 }
 
-async fn release(guard: &mut Guard, subject: &str) {
+async fn release(guard: &mut Held, subject: &str) {
     match tokio::time::timeout(RELEASE_TIMEOUT, guard.release()).await {
         Ok(Ok(())) => {}
         Ok(Err(error)) => report(format_args!("cannot release {subject}: {error}")),
@@ -295,18 +369,15 @@ async fn release(guard: &mut Guard, subject: &str) {
     }
 }
 
-fn spawn(guard: &Guard, options: &RunOptions) -> io::Result<Child> {
+fn spawn(guard: &Held, options: &RunOptions) -> io::Result<Child> {
     let Some((program, args)) = options.command.split_first() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "no command"));
     };
     let mut command = Command::new(program);
     command
         .args(args)
-        .env(
-            "DISTLOCK_FENCING_TOKEN",
-            guard.fencing_token().0.to_string(),
-        )
-        .env("DISTLOCK_LOCK_NAME", &options.name);
+        .env("DISTLOCK_FENCING_TOKEN", guard.tokens())
+        .env("DISTLOCK_LOCK_NAME", options.joined_names());
     if !options.foreground {
         command.process_group(0);
     }

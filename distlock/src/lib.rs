@@ -99,6 +99,8 @@ pub use backend::BackendConfig;
 pub use backend::MemoryConfig;
 
 // The contract, for applications.
+/// Several locks taken all or none.
+pub use lock_core::multi;
 /// Who holds a lock and who waits: [`DistributedLock::queue`]'s answer.
 pub use lock_core::queue;
 pub use lock_core::{

@@ -79,8 +79,13 @@ const RUN_HELP: &str = "\
 The command runs with these variables in its environment:
   DISTLOCK_FENCING_TOKEN  the grant's fencing token: a number that grows with every
                           holder of the lock; pass it with every write to the protected
-                          resource so that it can reject a stale holder
-  DISTLOCK_LOCK_NAME      the lock's name
+                          resource so that it can reject a stale holder. With several
+                          --name, every lock's, comma-separated, in the order of the names
+  DISTLOCK_LOCK_NAME      the lock's name (with several, the names, comma-separated)
+
+With several --name, distlock holds every lock or none: it takes them one at a time in one
+order, by name, whatever order they are given in, so that two runs naming them in other
+orders never wait on each other; a timeout or a failure releases those it took.
 
 The command runs in a process group of its own (unless --foreground). SIGINT, SIGTERM and
 SIGHUP sent to distlock are passed on to that group; the lock is released once the command
@@ -97,6 +102,7 @@ Examples:
   distlock run --url zk://zk1:2181 --name nightly -- ./nightly.sh --full
   distlock run --url redis://cache:6379 --ttl 10s --timeout 1m --name deploy -- make deploy
   distlock run --name import -- sh -c 'importer --token \"$DISTLOCK_FENCING_TOKEN\"'
+  distlock run --url etcd://e1:2379 --name account/17 --name account/4 -- ./transfer 17 4
 
 Exit status: the command's own (128+N for signal N); 75 timed out; 76 lock lost; 2 usage or
 configuration error; 69 backend unreachable or credentials refused; 126/127 command not runnable.";
@@ -222,9 +228,24 @@ struct Target {
     url: String,
 
     /// The lock's name: any non-empty UTF-8 string; processes using the same name on
-    /// the same backend exclude each other.
-    #[arg(long, value_name = "NAME")]
-    name: String,
+    /// the same backend exclude each other. `run` and `try` take it again to hold several
+    /// locks together, all or none (taken in one order, by name, so that runs naming them
+    /// in other orders never wait on each other).
+    #[arg(long = "name", value_name = "NAME", required = true)]
+    names: Vec<String>,
+}
+
+impl Target {
+    /// The one name `holders`, `leader` and `elect` take; a usage error for several.
+    fn one_name(&self, command: &str) -> Result<&str, u8> {
+        match &self.names[..] {
+            [name] => Ok(name),
+            _ => {
+                report(format_args!("{command} takes one --name"));
+                Err(status::USAGE)
+            }
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -385,10 +406,14 @@ async fn dispatch(command: Command) -> u8 {
     match command {
         Command::Run(args) => cli_run::run(args.common.into_options(Some(args.timeout))).await,
         Command::Try(args) => cli_run::run(args.into_options(None)).await,
-        Command::Holders(args) => {
-            cli_holders::holders(&args.target.url, &args.target.name, args.json).await
-        }
+        Command::Holders(args) => match args.target.one_name("holders") {
+            Ok(name) => cli_holders::holders(&args.target.url, name, args.json).await,
+            Err(code) => code,
+        },
         Command::Elect(args) => {
+            if let Err(code) = args.run.common.target.one_name("elect") {
+                return code;
+            }
             let value = match args.value.map_or_else(host_name, Ok) {
                 Ok(value) => value,
                 Err(error) => {
@@ -402,9 +427,10 @@ async fn dispatch(command: Command) -> u8 {
             options.hold = cli_run::Hold::Leadership { value };
             cli_run::run(options).await
         }
-        Command::Leader(args) => {
-            cli_leader::leader(&args.target.url, &args.target.name, args.watch, args.json).await
-        }
+        Command::Leader(args) => match args.target.one_name("leader") {
+            Ok(name) => cli_leader::leader(&args.target.url, name, args.watch, args.json).await,
+            Err(code) => code,
+        },
         Command::Bench { .. } => {
             eprintln!("{BENCH_HELP}");
             status::USAGE
@@ -424,7 +450,7 @@ impl CommandArgs {
     fn into_options(self, wait: Option<Option<Duration>>) -> cli_run::RunOptions {
         cli_run::RunOptions {
             url: self.target.url,
-            name: self.target.name,
+            names: self.target.names,
             hold: cli_run::Hold::Lock,
             wait,
             ttl: self.ttl,

@@ -397,6 +397,171 @@ async fn etcd_runs_never_overlap() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Several locks at once
+// ---------------------------------------------------------------------------------------
+
+/// Four runs naming two locks, two in each order: none waits on another for ever (each
+/// exits 0 within its timeout), their commands never overlap, each gets both tokens in the
+/// order of its names, and both tokens grow from run to run. A `try` while one of the two
+/// is held exits 75 and leaves the other free.
+async fn sets_in_opposite_orders(url: &str) {
+    let scratch = Scratch::new();
+    let (a, b) = (unique_name("cli-set-a"), unique_name("cli-set-b"));
+    let orders = [[&a, &b], [&b, &a], [&a, &b], [&b, &a]];
+    let section = "echo start $DISTLOCK_FENCING_TOKEN $DISTLOCK_LOCK_NAME >> \"$LOG\"; \
+                   sleep 0.2; echo end >> \"$LOG\"";
+    let processes: Vec<_> = orders
+        .iter()
+        .map(|[first, second]| {
+            scratch.spawn(&[
+                "run",
+                "--url",
+                url,
+                "--name",
+                first,
+                "--name",
+                second,
+                "--timeout",
+                "30s",
+                "--",
+                "sh",
+                "-c",
+                section,
+            ])
+        })
+        .collect();
+    for process in processes {
+        let done = process.finish(BOUND).await;
+        assert_eq!(done.code, Some(0), "stderr: {}", done.stderr);
+    }
+    let log = scratch.log();
+    assert_eq!(log.len(), 8, "every section logged twice: {log:?}");
+    let mut last: Option<(u64, u64)> = None;
+    for pair in log.chunks(2) {
+        assert_eq!(
+            pair[1], "end",
+            "a section ends before the next starts: {log:?}"
+        );
+        let fields: Vec<&str> = pair[0].split(' ').collect();
+        let ["start", tokens, names] = fields[..] else {
+            panic!("a section starts after the last ended: {log:?}");
+        };
+        let tokens: Vec<u64> = tokens.split(',').map(|t| t.parse().unwrap()).collect();
+        let names: Vec<&str> = names.split(',').collect();
+        assert_eq!(names.len(), 2, "{log:?}");
+        // Each run's tokens in the order of its own names: a's and b's, whichever first.
+        let by_name = if names[0] == a.as_str() {
+            (tokens[0], tokens[1])
+        } else {
+            (tokens[1], tokens[0])
+        };
+        if let Some(before) = last {
+            assert!(
+                by_name.0 > before.0 && by_name.1 > before.1,
+                "tokens grow: {log:?}"
+            );
+        }
+        last = Some(by_name);
+    }
+    // One of the two held: a try of both exits 75, and leaves the other free.
+    let holder = scratch.spawn(&[
+        "run",
+        "--url",
+        url,
+        "--name",
+        &b,
+        "--",
+        "sh",
+        "-c",
+        &scratch.wait_for("release"),
+    ]);
+    wait_for_waiters(&scratch, url, &b, 0).await;
+    let busy = scratch
+        .run(&[
+            "try", "--url", url, "--name", &a, "--name", &b, "--", "true",
+        ])
+        .await;
+    busy.expect_error(75);
+    let free = scratch
+        .run(&["try", "--url", url, "--name", &a, "--", "true"])
+        .await;
+    assert_eq!(
+        free.code,
+        Some(0),
+        "the first lock was given back: {}",
+        free.stderr
+    );
+    scratch.touch("release");
+    assert_eq!(holder.finish(BOUND).await.code, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_sets_in_opposite_orders() {
+    sets_in_opposite_orders(&zk_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_sets_in_opposite_orders() {
+    sets_in_opposite_orders(&etcd_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_sets_in_opposite_orders() {
+    sets_in_opposite_orders(&postgres_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_name_only_where_one_lock_is_meant_and_never_a_name_twice() {
+    let scratch = Scratch::new();
+    for command in [
+        &[
+            "holders",
+            "--url",
+            "memory://",
+            "--name",
+            "a",
+            "--name",
+            "b",
+        ][..],
+        &["leader", "--url", "memory://", "--name", "a", "--name", "b"],
+        &[
+            "elect",
+            "--url",
+            "memory://",
+            "--name",
+            "a",
+            "--name",
+            "b",
+            "--",
+            "true",
+        ],
+    ] {
+        let done = scratch.run(command).await;
+        assert!(
+            done.expect_error(2).contains("takes one --name"),
+            "{command:?}"
+        );
+    }
+    let twice = [
+        "run",
+        "--url",
+        "memory://",
+        "--name",
+        "a",
+        "--name",
+        "a",
+        "--",
+        "true",
+    ];
+    let done = scratch.run(&twice).await;
+    assert!(
+        done.expect_error(2).contains("named twice"),
+        "{}",
+        done.stderr
+    );
+}
+
+// ---------------------------------------------------------------------------------------
 // Timeouts and try
 // ---------------------------------------------------------------------------------------
 
