@@ -9,7 +9,7 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::multi::{MultiGuard, MultiLock};
+use distlock::multi::{MultiGuard, MultiLock, ReleaseErrors};
 use distlock::{BackendConfig, Guard, LockError, LockName, LockProvider, LossReason, LostSignal};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
@@ -198,20 +198,11 @@ impl Held {
         tokens.join(",")
     }
 
-    /// Releases everything; of a set's failures, a lost lock's first.
+    /// Releases everything; of a set's failures, a lost lock's if any.
     async fn release(&mut self) -> Result<(), LockError> {
         match self {
             Held::One(guard) => guard.release().await,
-            Held::Set(set) => set.release().await.map_err(|mut failed| {
-                let lost = failed
-                    .failures
-                    .iter()
-                    .position(|(_, e)| matches!(e, LockError::Lost { .. }));
-                if let Some(at) = lost {
-                    failed.failures.swap(0, at);
-                }
-                failed.into_first()
-            }),
+            Held::Set(set) => set.release().await.map_err(ReleaseErrors::into_error),
         }
     }
 }

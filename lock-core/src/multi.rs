@@ -25,7 +25,7 @@
 //! // Their tokens, in the order given: for the writes to each account.
 //! let tokens = both.fencing_tokens();
 //! assert_eq!(Some(tokens[0]), both.guard(0).map(|g| g.fencing_token()));
-//! both.release().await.map_err(|e| e.into_first())?;
+//! both.release().await.map_err(|e| e.into_error())?;
 //! # Ok(()) }
 //! # main().unwrap(); }
 //! ```
@@ -311,10 +311,12 @@ pub struct ReleaseErrors {
 }
 
 impl ReleaseErrors {
-    /// The first failure's error, for a caller that wants one [`LockError`].
-    pub fn into_first(self) -> LockError {
-        let mut failures = self.failures.into_iter();
-        match failures.next() {
+    /// One [`LockError`] for a caller that wants one: a lost member's (the one that says
+    /// the set was not held to the end), else the first failure's.
+    pub fn into_error(self) -> LockError {
+        let lost = |(_, error): &(LockName, LockError)| matches!(error, LockError::Lost { .. });
+        let at = self.failures.iter().position(lost).unwrap_or(0);
+        match self.failures.into_iter().nth(at) {
             Some((_, error)) => error,
             None => invalid("no release failed"),
         }
@@ -533,6 +535,7 @@ mod tests {
                 .to_string()
                 .contains("1 of the set's locks failed to release")
         );
+        assert!(matches!(failed.into_error(), LockError::Lost { .. }));
         // x was released all the same.
         assert!(all_free(&provider));
     }

@@ -409,8 +409,8 @@ fn parse_query(query: &str) -> Result<Vec<(String, String)>, LockError> {
     Ok(params)
 }
 
-/// Serde helpers for a [`Duration`](std::time::Duration) written as in `10s`, `500ms` or `1m 30s` (humantime's
-/// format): `#[serde(with = "lock_core::url::duration")]`.
+/// Serde helpers for a [`Duration`](std::time::Duration) written as in `10s`, `500ms` or
+/// `1m 30s` (humantime's format): `#[serde(with = "lock_core::url::duration")]`.
 pub mod duration {
     use std::time::Duration;
 

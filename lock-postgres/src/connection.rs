@@ -14,7 +14,7 @@ use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Row, Socket};
 
-use crate::error::{from_pg, no_answer};
+use crate::error::{BACKEND, from_pg, no_answer};
 use crate::tls::Tls;
 
 /// How many idle connections a provider keeps.
@@ -73,9 +73,23 @@ impl Conn {
             timeout,
             metrics,
         };
-        let row = conn.ask("SELECT pg_backend_pid()", &[]).await?;
-        conn.pid = row.first().map(|row| row.get(0)).unwrap_or_default();
+        conn.pid = conn.server_pid().await?;
         Ok(conn)
+    }
+
+    /// The server process serving the connection's next statement (`pg_backend_pid()`):
+    /// always [`pid`](Self::pid) on a connection of its own, another through a pooler that
+    /// shares server sessions.
+    pub(crate) async fn server_pid(&self) -> Result<i32, LockError> {
+        let rows = self.ask("SELECT pg_backend_pid()", &[]).await?;
+        let pid = rows.first().and_then(|row| row.try_get::<_, i32>(0).ok());
+        pid.ok_or_else(|| LockError::Backend {
+            backend: BACKEND,
+            name: None,
+            message: "pg_backend_pid() answered no process id".to_owned(),
+            retryable: true,
+            source: None,
+        })
     }
 
     /// Sends one statement (unnamed, one round trip) and waits for its rows at most the

@@ -131,28 +131,35 @@ impl PostgresLockProvider {
 /// connection, asked twice more, another process. Directly, or through a pool in session
 /// mode, neither happens.
 async fn refuse_shared_server_sessions(first: &Conn, second: &Conn) -> Result<(), LockError> {
-    let mut seen = vec![first.pid];
-    let one_process = |seen: &[i32]| seen.iter().all(|pid| *pid == first.pid);
-    if second.pid != first.pid {
-        while seen.len() < 3 && one_process(&seen) {
-            let rows = first.ask("SELECT pg_backend_pid()", &[]).await?;
-            seen.push(rows.first().map(|row| row.get(0)).unwrap_or_default());
+    let shared = if second.pid == first.pid {
+        Some(format!(
+            "two connections reached the same server process ({})",
+            first.pid
+        ))
+    } else {
+        let mut moved = None;
+        for _ in 0..2 {
+            let now = first.server_pid().await?;
+            if now != first.pid {
+                moved = Some(format!(
+                    "one connection reached several server processes ({} then {now})",
+                    first.pid
+                ));
+                break;
+            }
         }
-        if one_process(&seen) {
-            return Ok(());
-        }
-    }
-    let what = match &seen[..] {
-        [pid] => format!("two connections reached the same server process ({pid})"),
-        pids => format!("one connection reached several server processes ({pids:?})"),
+        moved
     };
-    Err(LockError::Config {
-        message: format!(
-            "{what}: a pooler hands server sessions to any client (PgBouncer in transaction or \
-             statement mode), which breaks session locks; connect to PostgreSQL directly, or \
-             through a pool with pool_mode=session"
-        ),
-    })
+    match shared {
+        None => Ok(()),
+        Some(what) => Err(LockError::Config {
+            message: format!(
+                "{what}: a pooler hands server sessions to any client (PgBouncer in transaction \
+                 or statement mode), which breaks session locks; connect to PostgreSQL \
+                 directly, or through a pool with pool_mode=session"
+            ),
+        }),
+    }
 }
 
 /// The statements that make the fencing table `tables[0]` and the leaders' table

@@ -52,7 +52,7 @@ pub async fn m1_opposite_orders_never_deadlock(h: &dyn Harness) -> CaseResult {
                             picked.iter().map(|&i| occupancy[i].enter()).collect();
                         tokio::task::yield_now().await;
                     }
-                    held.release().await.map_err(|e| e.into_first())?;
+                    held.release().await.map_err(|e| e.into_error())?;
                 }
                 Ok::<(), LockError>(())
             }));
