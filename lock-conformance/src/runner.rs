@@ -207,6 +207,20 @@ pub const CASES_ENV: &str = "LOCK_CONFORMANCE_CASES";
 /// already runs several suites side by side).
 pub const AT_ONCE_ENV: &str = "LOCK_CONFORMANCE_AT_ONCE";
 
+/// The environment variable that sets how many rounds each client of case M1 takes its sets
+/// (20 by default): `LOCK_CONFORMANCE_CASES=M1 LOCK_CONFORMANCE_MULTI_ROUNDS=200` is the long
+/// run of five clients taking random sets over four names.
+pub const MULTI_ROUNDS_ENV: &str = "LOCK_CONFORMANCE_MULTI_ROUNDS";
+
+/// The rounds [`MULTI_ROUNDS_ENV`] asks for, or `default`.
+pub(crate) fn multi_rounds(default: usize) -> usize {
+    std::env::var(MULTI_ROUNDS_ENV)
+        .ok()
+        .and_then(|rounds| rounds.trim().parse().ok())
+        .filter(|&rounds| rounds > 0)
+        .unwrap_or(default)
+}
+
 /// Runs every case of the suite (or those [`CASES_ENV`] names), each on a harness of its
 /// own that `make` builds, `at_once` at a time (or as [`AT_ONCE_ENV`] says), one suite at a
 /// time in a process, and records each as a stamped test's; then fails naming the cases

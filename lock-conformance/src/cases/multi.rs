@@ -2,6 +2,7 @@
 //! mutexes.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use lock_core::LockError;
 use lock_core::multi::MultiLock;
@@ -9,16 +10,23 @@ use lock_core::multi::MultiLock;
 use crate::ensure;
 use crate::harness::{Client, Entries, Harness};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
+use crate::runner::multi_rounds;
 use crate::support::{
     Occupancy, TakeAway, expect_entries, no_residue, take, take_away, unique_name, within,
 };
 
 /// M1: clients taking sets of names in opposite and random orders never deadlock (every set
-/// is taken within its bound) and never hold a name together.
+/// is taken within its own timeout) and never hold a name together: two clients asking for
+/// one pair in opposite orders, then five asking for random sets of two and three of four
+/// names ([`MULTI_ROUNDS_ENV`](crate::runner::MULTI_ROUNDS_ENV) rounds each, 20 and 6 by
+/// default).
 pub async fn m1_opposite_orders_never_deadlock(h: &dyn Harness) -> CaseResult {
     let names: Vec<String> = (0..4).map(|i| unique_name(&format!("m1-{i}"))).collect();
-    // Two clients asking for one pair in opposite orders, then five asking for random sets.
-    for (clients, rounds) in [(2, 20), (5, 6)] {
+    let timing = h.timing();
+    for (clients, rounds) in [(2_usize, multi_rounds(20)), (5, multi_rounds(6))] {
+        // A set waits at most for every other client's set, member by member.
+        let per_set = timing.handoff_bound * u32::try_from(clients * 3).unwrap_or(u32::MAX)
+            + timing.operation_slack;
         let occupancy: Arc<Vec<Occupancy>> =
             Arc::new(names.iter().map(|_| Occupancy::new()).collect());
         let mut tasks = Vec::new();
@@ -46,7 +54,15 @@ pub async fn m1_opposite_orders_never_deadlock(h: &dyn Harness) -> CaseResult {
                         provider.as_ref(),
                         picked.iter().map(|&i| names[i].as_str()),
                     )?;
-                    let mut held = set.acquire(None).await?;
+                    let mut held = match set.acquire(Some(per_set)).await {
+                        Err(LockError::Timeout { .. }) => {
+                            return Err(CaseFailure::new(format!(
+                                "client {index}'s set {picked:?} of round {round} was not \
+                                 taken within {per_set:?} (a deadlock?)"
+                            )));
+                        }
+                        held => held?,
+                    };
                     {
                         let _inside: Vec<_> =
                             picked.iter().map(|&i| occupancy[i].enter()).collect();
@@ -54,12 +70,12 @@ pub async fn m1_opposite_orders_never_deadlock(h: &dyn Harness) -> CaseResult {
                     }
                     held.release().await.map_err(|e| e.into_error())?;
                 }
-                Ok::<(), LockError>(())
+                Ok::<(), CaseFailure>(())
             }));
             kept.push(client);
         }
-        let total = u32::try_from(clients * rounds * 2).unwrap_or(u32::MAX);
-        let bound = h.timing().handoff_bound * total + h.timing().operation_slack * 4;
+        let total = u32::try_from(clients * rounds).unwrap_or(u32::MAX);
+        let bound = per_set * total;
         let all = async {
             for task in tasks {
                 task.await
@@ -87,18 +103,24 @@ pub async fn m1_opposite_orders_never_deadlock(h: &dyn Harness) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// M2: a set that times out, and one dropped while it waits for its second member with the
-/// first held, hold nothing and leave nothing; another client then takes the first member.
+/// M2: a set that times out, and one dropped at each of its waits (the members before it
+/// held) or at any moment of an acquire that meets nobody (its requests in flight), holds
+/// nothing and leaves nothing; another client then takes every member.
 pub async fn m2_timeout_and_cancel_leave_nothing(h: &dyn Harness) -> CaseResult {
     let timing = h.timing();
-    let (first, second) = (unique_name("m2-a"), unique_name("m2-b"));
+    let names = [
+        unique_name("m2-a"),
+        unique_name("m2-b"),
+        unique_name("m2-c"),
+    ];
     let (a, b, c) = (h.client().await?, h.client().await?, h.client().await?);
+    // Named last first: taken a, b, c all the same.
+    let set = MultiLock::locks(a.provider.as_ref(), names.iter().rev().map(String::as_str))?;
     let mut busy = take(
-        c.provider.lock(&second)?.as_ref(),
-        "the second member's holder",
+        c.provider.lock(&names[2])?.as_ref(),
+        "the last member's holder",
     )
     .await?;
-    let set = MultiLock::locks(a.provider.as_ref(), [second.as_str(), first.as_str()])?;
     match set.acquire(Some(timing.short_timeout)).await {
         Err(LockError::Timeout { .. }) => {}
         other => {
@@ -107,37 +129,46 @@ pub async fn m2_timeout_and_cancel_leave_nothing(h: &dyn Harness) -> CaseResult 
             )));
         }
     }
-    free_for(h, &b, &first, "after the timeout").await?;
+    for name in &names[..2] {
+        free_for(h, &b, name, "after the timeout").await?;
+    }
     expect_entries(
         h,
-        &second,
+        &names[2],
         Entries::new(1, 0),
         "the holder alone after the timeout",
     )
     .await?;
-    let waiting = tokio::spawn(async move { set.acquire(None).await });
-    expect_entries(
-        h,
-        &second,
-        Entries::new(1, 1),
-        "the set waits for its second member",
-    )
-    .await?;
-    waiting.abort();
-    let _ = waiting.await;
-    // The first member's guard was dropped with the future: released in the background.
-    no_residue(h, &first, "the first member after the cancel").await?;
-    expect_entries(
-        h,
-        &second,
-        Entries::new(1, 0),
-        "the holder alone after the cancel",
-    )
-    .await?;
-    free_for(h, &b, &first, "after the cancel").await?;
     busy.release().await?;
-    for name in [&first, &second] {
-        no_residue(h, name, "at the end").await?;
+    for (at, name) in names.iter().enumerate() {
+        let mut busy = take(c.provider.lock(name)?.as_ref(), "a member's holder").await?;
+        let waiting = {
+            let set = set.clone();
+            tokio::spawn(async move { set.acquire(None).await })
+        };
+        let when = format!("the set dropped while it waited for member {at}");
+        expect_entries(h, name, Entries::new(1, 1), &format!("{when}: it waits")).await?;
+        waiting.abort();
+        let _ = waiting.await;
+        // The members taken before were dropped with the future: released in the background.
+        for other in names.iter().filter(|other| *other != name) {
+            no_residue(h, other, &when).await?;
+        }
+        expect_entries(h, name, Entries::new(1, 0), &when).await?;
+        busy.release().await?;
+    }
+    for _ in 0..10 {
+        let acquiring = {
+            let set = set.clone();
+            tokio::spawn(async move { set.acquire(None).await })
+        };
+        tokio::time::sleep(Duration::from_micros(fastrand::u64(0..3_000))).await;
+        acquiring.abort();
+        let _ = acquiring.await;
+    }
+    for name in &names {
+        free_for(h, &b, name, "after the drops").await?;
+        no_residue(h, name, "after the drops").await?;
     }
     Ok(Outcome::Passed)
 }
@@ -187,7 +218,7 @@ async fn free_for(
 ) -> Result<(), CaseFailure> {
     let lock = client.provider.lock(name)?;
     let bound = h.timing().crash_release_bound + h.timing().handoff_bound;
-    let what = format!("another client's acquire of the first member {when}");
+    let what = format!("another client's acquire of {name:?} {when}");
     let mut guard = within(bound, &what, lock.acquire(None)).await??;
     guard.release().await?;
     Ok(())
