@@ -37,17 +37,41 @@ pub struct RunOptions {
     pub hold: Duration,
     /// A run stops after this long even if fewer handoffs were made (polling can be slow).
     pub max_time: Duration,
+    /// How a holder lets go.
+    pub release: Release,
 }
 
 impl RunOptions {
-    /// `handoffs` handoffs, holding for `hold`, stopping after `max_time` at the latest.
+    /// `handoffs` handoffs, holding for `hold`, stopping after `max_time` at the latest; each
+    /// holder releases and waits for the answer.
     pub fn new(handoffs: u64, hold: Duration, max_time: Duration) -> Self {
         RunOptions {
             handoffs,
             hold,
             max_time,
+            release: Release::Await,
         }
     }
+
+    /// The same, the holders letting go as `release` says.
+    #[must_use]
+    pub fn with_release(self, release: Release) -> Self {
+        RunOptions { release, ..self }
+    }
+}
+
+/// How a holder lets go of the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[non_exhaustive]
+pub enum Release {
+    /// `Guard::release().await`: the holder learns whether it still held the lock (a
+    /// round trip to the server) before it asks again.
+    #[default]
+    Await,
+    /// The guard dropped: its release goes out in the background and the holder asks again
+    /// at once, as the peers' recipes release (zookeeper-client's lock, etcd's v3lock), which
+    /// cannot tell a holder that its lock was lost.
+    Drop,
 }
 
 pub(crate) fn bench_error(message: impl Into<String>) -> LockError {
@@ -220,7 +244,10 @@ pub async fn run(
                     }
                     book.released = Some(released);
                 }
-                guard.release().await?;
+                match options.release {
+                    Release::Await => guard.release().await?,
+                    Release::Drop => drop(guard),
+                }
                 if reached || *finished.borrow() {
                     return Ok::<(), LockError>(());
                 }

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use distlock_benches::scenario::{self, RunOptions};
+use distlock_benches::scenario::{self, Release, RunOptions};
 use distlock_benches::strategy::{Backend, Servers, Strategy};
 use distlock_benches::{Measurement, ScaleMeasurement, report, scale};
 use lock_testbed::servers::{
@@ -50,6 +50,10 @@ struct Args {
     /// How long each holder keeps the lock, in milliseconds.
     #[arg(long, default_value_t = 0)]
     hold_ms: u64,
+    /// How a holder lets go: `await` its release's answer, or `drop` the guard (the release
+    /// goes out in the background), as the zk-recipe and etcd-v3lock peers always do.
+    #[arg(long, value_enum, default_value_t = Release::Await)]
+    release: Release,
     /// A run stops after this many seconds even with fewer handoffs (polling is slow).
     #[arg(long, default_value_t = 4.0)]
     max_seconds: f64,
@@ -223,7 +227,8 @@ async fn comparison(args: &Args, servers: &Servers) -> (Vec<Measurement>, Vec<St
         args.handoffs,
         Duration::from_millis(args.hold_ms),
         Duration::from_secs_f64(args.max_seconds),
-    );
+    )
+    .with_release(args.release);
     let total = args.strategies.len() * args.contenders.len();
     let mut results = Vec::with_capacity(total);
     let mut failures = Vec::new();
