@@ -1,11 +1,11 @@
 //! M: sets of locks taken all or none ([`lock_core::multi::MultiLock`]) over the backend's
 //! mutexes.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use lock_core::LockError;
 use lock_core::multi::MultiLock;
+use lock_core::{Fencing, FencingToken, LockError};
 
 use crate::ensure;
 use crate::harness::{Client, Entries, Harness};
@@ -19,10 +19,14 @@ use crate::support::{
 /// is taken within its own timeout) and never hold a name together: two clients asking for
 /// one pair in opposite orders, then five asking for random sets of two and three of four
 /// names ([`MULTI_ROUNDS_ENV`](crate::runner::MULTI_ROUNDS_ENV) rounds each, 20 and 6 by
-/// default).
+/// default). Where the backend fences, each name's tokens increase from grant to grant.
 pub async fn m1_opposite_orders_never_deadlock(h: &dyn Harness) -> CaseResult {
     let names: Vec<String> = (0..4).map(|i| unique_name(&format!("m1-{i}"))).collect();
     let timing = h.timing();
+    let fenced = h.client().await?.provider.capabilities().fencing != Fencing::None;
+    // Each name's last token granted, across both rounds of clients.
+    let tokens: Arc<Vec<Mutex<Option<FencingToken>>>> =
+        Arc::new(names.iter().map(|_| Mutex::new(None)).collect());
     for (clients, rounds) in [(2_usize, multi_rounds(20)), (5, multi_rounds(6))] {
         // A set waits at most for every other client's set, member by member.
         let per_set = timing.handoff_bound * u32::try_from(clients * 3).unwrap_or(u32::MAX)
@@ -33,10 +37,11 @@ pub async fn m1_opposite_orders_never_deadlock(h: &dyn Harness) -> CaseResult {
         let mut kept: Vec<Client> = Vec::new();
         for index in 0..clients {
             let client = h.client().await?;
-            let (provider, names, occupancy) = (
+            let (provider, names, occupancy, tokens) = (
                 Arc::clone(&client.provider),
                 names.clone(),
                 Arc::clone(&occupancy),
+                Arc::clone(&tokens),
             );
             tasks.push(tokio::spawn(async move {
                 for round in 0..rounds {
@@ -66,6 +71,16 @@ pub async fn m1_opposite_orders_never_deadlock(h: &dyn Harness) -> CaseResult {
                     {
                         let _inside: Vec<_> =
                             picked.iter().map(|&i| occupancy[i].enter()).collect();
+                        let granted = held.fencing_tokens();
+                        for (&i, &token) in picked.iter().zip(&granted).filter(|_| fenced) {
+                            let mut last = tokens[i].lock().unwrap_or_else(PoisonError::into_inner);
+                            if let Some(last) = last.filter(|last| token <= *last) {
+                                return Err(CaseFailure::new(format!(
+                                    "name {i}'s token went from {last:?} to {token:?}"
+                                )));
+                            }
+                            *last = Some(token);
+                        }
                         tokio::task::yield_now().await;
                     }
                     held.release().await.map_err(|e| e.into_error())?;
