@@ -28,6 +28,10 @@
 //! # fn main() {}
 //! ```
 //!
+//! More, runnable against the in-memory backend or any URL given: the package's examples
+//! (`cargo run -p distlock --example worker`; `fenced_store`, `rw_and_semaphore`,
+//! `election`, `transfer`, `choose_backend`, `herd`), listed in the README.
+//!
 //! Busy is not an error: [`DistributedLock::try_acquire`] returns `Ok(None)`, and
 //! [`DistributedLock::acquire`] waits (up to its timeout, then [`LockError::Timeout`]).
 //!
@@ -94,6 +98,11 @@ use std::sync::Arc;
 
 mod backend;
 
+// The README's Rust snippets, compiled and run as this crate's doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeSnippets;
+
 pub use backend::BackendConfig;
 #[cfg(feature = "memory")]
 pub use backend::MemoryConfig;
@@ -104,9 +113,10 @@ pub use lock_core::multi;
 /// Who holds a lock and who waits: [`DistributedLock::queue`]'s answer.
 pub use lock_core::queue;
 pub use lock_core::{
-    Capabilities, Deadline, DistributedLock, Election, Fencing, FencingToken, Guard, LeaderInfo,
-    LeaderWatch, Leadership, LockError, LockName, LockProvider, LossReason, LostSignal,
-    MAX_LEADER_VALUE_LEN, MAX_NAME_LEN, MetricsSnapshot, NameError, WaitKind,
+    Capabilities, Deadline, DistributedLock, DistributedRwLock, DistributedSemaphore, Election,
+    Fencing, FencingToken, Guard, LeaderInfo, LeaderWatch, Leadership, LockError, LockName,
+    LockProvider, LossReason, LostSignal, MAX_LEADER_VALUE_LEN, MAX_NAME_LEN, MetricsSnapshot,
+    NameError, WaitKind,
 };
 // The backend SPI, for applications that wrap or implement a provider.
 pub use lock_core::{BoxError, GuardBackend, LostNotifier, Metrics, lost_signal};
