@@ -109,7 +109,9 @@ pub struct ZkConfig {
     /// URL, its hosts.
     #[serde(skip)]
     pub hosts: Vec<String>,
-    /// A chroot applied to every path (e.g. `/apps`), or `None`. In a URL, its path.
+    /// A chroot applied to every path (e.g. `/apps`), or `None`. In a URL, its path. Made
+    /// at connect where it is missing (persistent, with the [`acl`](Self::acl) policy's ACL),
+    /// as Curator makes its namespace.
     #[serde(skip)]
     pub chroot: Option<String>,
     /// The session timeout requested from the server (the server may negotiate it into its

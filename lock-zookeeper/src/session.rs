@@ -84,7 +84,7 @@ impl Session {
                 format!("{}:{}", auth.user, auth.password).as_bytes(),
             );
         }
-        let connect_string = config.connect_string();
+        // The session connects at the top and is rooted once its chroot stands (below).
         let hosts = config.hosts.join(",");
         let budget = Deadline::after(Some(config.connect_timeout));
         let began = Instant::now();
@@ -93,7 +93,7 @@ impl Session {
             rounds += 1;
             // The server creates the session after this moment.
             let connecting = Instant::now();
-            let round = connector.clone().connect(&connect_string);
+            let round = connector.clone().connect(&hosts);
             let mut error =
                 match tokio::time::timeout(budget.cap(config.connect_timeout), round).await {
                     Ok(Ok(client)) => break (client, connecting),
@@ -115,6 +115,14 @@ impl Session {
             }
             return Err(error);
         };
+        let acls = match config.acl {
+            AclPolicy::CreatorAll => Acls::creator_all(),
+            _ => Acls::anyone_all(),
+        };
+        let client = match &config.chroot {
+            Some(chroot) => rooted(client, chroot, acls).await?,
+            None => client,
+        };
         let health = Arc::new(Health {
             suspect: AtomicBool::new(false),
             over: AtomicBool::new(false),
@@ -134,10 +142,7 @@ impl Session {
             client,
             id,
             health,
-            acls: match config.acl {
-                AclPolicy::CreatorAll => Acls::creator_all(),
-                _ => Acls::anyone_all(),
-            },
+            acls,
         });
         tokio::spawn(keep_alive(
             Arc::downgrade(&session),
@@ -312,4 +317,44 @@ impl Shared {
         let open = || Session::open(&self.config, deadline);
         self.sessions.live(&self.closed, BACKEND, name, open).await
     }
+}
+
+/// `client` rooted at `chroot`, made first where it is missing (persistent, with the
+/// session's ACL), as Curator makes its namespace: ZooKeeper refuses every path under a
+/// chroot that does not exist. One look when it stands; its missing levels are created in
+/// one flight.
+async fn rooted(client: Client, chroot: &str, acls: Acls<'static>) -> Result<Client, LockError> {
+    let refused = |error: ZkError| {
+        let mut error = lock_error(error, None);
+        if let LockError::Backend { message, .. } | LockError::PermissionDenied { message, .. } =
+            &mut error
+        {
+            *message = format!("cannot make the chroot {chroot}: {message}");
+        }
+        error
+    };
+    if client.check_stat(chroot).await.map_err(refused)?.is_none() {
+        let mode = zookeeper_client::CreateMode::Persistent.with_acls(acls);
+        let levels: Vec<&str> = chroot
+            .match_indices('/')
+            .skip(1)
+            .map(|(end, _)| &chroot[..end])
+            .chain([chroot])
+            .collect();
+        // Sent in order as they are made (the client sends on the call): one round trip.
+        let creates: Vec<_> = levels
+            .iter()
+            .map(|level| client.create(level, &[], &mode))
+            .collect();
+        for created in creates {
+            match created.await {
+                Ok(_) | Err(ZkError::NodeExists) => {}
+                Err(error) => return Err(refused(error)),
+            }
+        }
+        tracing::debug!(%chroot, "zookeeper: chroot made");
+    }
+    client
+        .chroot(chroot.to_owned())
+        .map_err(|_| LockError::config(format!("invalid ZooKeeper chroot {chroot:?}")))
 }

@@ -951,6 +951,60 @@ async fn cancelled_acquires_leave_no_nodes_single_node() {
     cancelled_acquires(ZkStrategy::SingleNode).await;
 }
 
+/// A chroot that does not exist yet is made at connect (as Curator makes its namespace),
+/// levels and all, and holds the locks: the lock directory is under it on the server, and a
+/// second client on the same chroot finds the lock held. A chroot whose parent another
+/// identity keeps to itself is refused with an error that names the chroot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_chroot_is_made_and_holds_the_locks() {
+    let (server, admin) = standalone().await;
+    let chroot = "/apps/billing";
+    let rooted = || config(vec![server.address()], ZkStrategy::default()).with_chroot(chroot);
+    let first = ZkLockProvider::connect(rooted()).await.unwrap();
+    let lock = first.lock("invoices").unwrap();
+    let mut held = lock.try_acquire().await.unwrap().expect("a free lock");
+    let dir = format!("{chroot}{}", lock_dir("/distlock", "invoices"));
+    let nodes = children(&admin, &dir).await.unwrap();
+    assert_eq!(
+        nodes.len(),
+        1,
+        "the lock's node under the chroot: {nodes:?}"
+    );
+    // The chroot stands now: a second session looks once and roots itself.
+    let second = ZkLockProvider::connect(rooted()).await.unwrap();
+    let other = second.lock("invoices").unwrap();
+    assert!(
+        other.try_acquire().await.unwrap().is_none(),
+        "held through the chroot"
+    );
+    held.release().await.unwrap();
+    let mut taken = other
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free after the release");
+    taken.release().await.unwrap();
+
+    admin
+        .create(
+            "/kept",
+            &[],
+            &CreateMode::Persistent.with_acls(Acls::anyone_read()),
+        )
+        .await
+        .unwrap();
+    let refused = ZkLockProvider::connect(
+        config(vec![server.address()], ZkStrategy::default()).with_chroot("/kept/mine"),
+    )
+    .await
+    .expect_err("a chroot that cannot be made");
+    assert!(
+        matches!(refused, LockError::PermissionDenied { .. })
+            && refused.to_string().contains("/kept/mine"),
+        "{refused:?}"
+    );
+}
+
 /// (e) A root created by a digest user with a creator-only ACL: a client with the wrong
 /// password (or none) is refused with an auth error, on a fresh name and on a held one, and
 /// creates nothing under the root; the rightful holder is untouched.
