@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use etcd_client::{DeleteOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp, WatchOptions};
+use etcd_client::{DeleteOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp};
 use lock_core::{LockError, LockName, LockProvider, MetricsSnapshot};
 use lock_etcd::EtcdConfig;
 use lock_postgres::PostgresConfig;
@@ -787,6 +787,89 @@ pub async fn floors(
     }
 }
 
+/// [`floors`] measured while `writers` more clients of the server write to keys of their
+/// own, each a write after the other's answer (etcd: a put then a delete; ZooKeeper: a
+/// create then a delete), as the requests of a run load it: at hold 0 a releaser's next
+/// acquisition writes while its successor is being woken. Other backends: [`floors`].
+///
+/// # Errors
+///
+/// Connection errors.
+pub async fn floors_under_writes(
+    backend: Backend,
+    servers: &Servers,
+    rounds: usize,
+    contenders: usize,
+    hold: Duration,
+    writers: usize,
+) -> Result<Floors, LockError> {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = Vec::with_capacity(writers);
+    for writer in 0..writers {
+        let (servers, stop) = (servers.clone(), Arc::clone(&stop));
+        load.push(tokio::spawn(async move {
+            write_until(backend, &servers, writer, &stop).await
+        }));
+    }
+    let measured = floors(backend, servers, rounds, contenders, hold).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for writer in load {
+        writer
+            .await
+            .map_err(|e| bench_error(format!("floor writer: {e}")))??;
+    }
+    measured
+}
+
+/// One client writing to a key of its own until `stop`.
+async fn write_until(
+    backend: Backend,
+    servers: &Servers,
+    writer: usize,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<(), LockError> {
+    let running = || !stop.load(std::sync::atomic::Ordering::Relaxed);
+    let key = format!(
+        "/distlock-floor-writer-{}-{writer}",
+        uuid::Uuid::new_v4().simple()
+    );
+    match (backend, servers.etcd.as_deref(), servers.zk.as_deref()) {
+        (Backend::Etcd, Some(endpoint), _) => {
+            let client = etcd_client::Client::connect([endpoint], None)
+                .await
+                .map_err(|e| floor_error(&e))?;
+            let mut kv = client.kv_client();
+            while running() {
+                kv.put(key.as_str(), "", None)
+                    .await
+                    .map_err(|e| floor_error(&e))?;
+                kv.delete(key.as_str(), None)
+                    .await
+                    .map_err(|e| floor_error(&e))?;
+            }
+        }
+        (Backend::ZooKeeper, _, Some(zk)) => {
+            let client = zookeeper_client::Client::connect(zk)
+                .await
+                .map_err(|e| floor_error(&e))?;
+            let ephemeral = zookeeper_client::CreateMode::Ephemeral
+                .with_acls(zookeeper_client::Acls::anyone_all());
+            while running() {
+                client
+                    .create(&key, &[], &ephemeral)
+                    .await
+                    .map_err(|e| floor_error(&e))?;
+                client
+                    .delete(&key, None)
+                    .await
+                    .map_err(|e| floor_error(&e))?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// How a floor is measured: rounds measured, unmeasured rounds before them, and the pause
 /// before each.
 #[derive(Debug, Clone, Copy)]
@@ -909,9 +992,11 @@ async fn etcd_floors(
                 .await
                 .map_err(|e| floor_error(&e))?;
             let revision = put.header().map_or(0, |header| header.revision());
-            let options = WatchOptions::new().with_start_revision(revision + 1);
+            // From the store's present (no start revision), as the lock's own watches are
+            // opened: a watch from `revision + 1` that another client's write overtook would
+            // wait for etcd's 100 ms catch-up loop.
             let (_watcher, mut stream) = watches
-                .watch(node.as_str(), Some(options))
+                .watch(node.as_str(), None)
                 .await
                 .map_err(|e| floor_error(&e))?;
             hold_for(rounds.hold).await;

@@ -64,6 +64,11 @@ struct Args {
     /// operations, unmeasured): a freshly started server is slower at first.
     #[arg(long, default_value_t = 5.0)]
     warm_up_seconds: f64,
+    /// The floors measured while this many more clients write to keys of their own on the
+    /// same server (etcd and ZooKeeper), as a run's own requests load it: the floor a
+    /// handoff can reach under that load rather than on an idle server.
+    #[arg(long, default_value_t = 0)]
+    floor_writers: usize,
     /// An existing ZooKeeper (`zk://host:port,…` or `host:port,…`) instead of a local one.
     #[arg(long, conflicts_with = "zk_ensemble")]
     zk: Option<String>,
@@ -254,12 +259,13 @@ async fn comparison(args: &Args, servers: &Servers) -> (Vec<Measurement>, Vec<St
             );
             // The floor is measured next to the run it is compared with (the servers warm
             // up as the comparison goes on).
-            let measured = match scenario::floors(
+            let measured = match scenario::floors_under_writes(
                 strategy.backend(),
                 servers,
                 args.floor_rounds,
                 n,
                 options.hold,
+                args.floor_writers,
             )
             .await
             {
