@@ -132,7 +132,8 @@ pub struct ZkConfig {
     pub strategy: ZkStrategy,
     /// The names of the nodes distlock creates. Default [`NodeNameFormat::Curator`].
     pub node_format: NodeNameFormat,
-    /// The ACL of the nodes distlock creates. Default [`AclPolicy::Open`];
+    /// The ACL of the nodes distlock creates. Default [`AclPolicy::Auto`]: the creator's
+    /// with credentials, open without (see [`node_acl`](Self::node_acl));
     /// [`AclPolicy::CreatorAll`] needs credentials.
     pub acl: AclPolicy,
     /// Digest credentials added to the session, if any. In a URL, its `user:password@`.
@@ -181,6 +182,27 @@ impl ZkConfig {
         self
     }
 
+    /// The ACL the nodes get: [`acl`](Self::acl), with [`AclPolicy::Auto`] made
+    /// [`AclPolicy::CreatorAll`] when the session has credentials and [`AclPolicy::Open`]
+    /// without.
+    ///
+    /// ```
+    /// use lock_zookeeper::{AclPolicy, DigestAuth, ZkConfig};
+    ///
+    /// let anonymous = ZkConfig::new(["zk1:2181"]);
+    /// assert_eq!(anonymous.node_acl(), AclPolicy::Open);
+    /// let owner = anonymous.with_auth(DigestAuth::new("app", "s3cret"));
+    /// assert_eq!(owner.node_acl(), AclPolicy::CreatorAll);
+    /// assert_eq!(owner.with_acl(AclPolicy::Open).node_acl(), AclPolicy::Open);
+    /// ```
+    pub fn node_acl(&self) -> AclPolicy {
+        match (self.acl, &self.auth) {
+            (AclPolicy::Auto, Some(_)) => AclPolicy::CreatorAll,
+            (AclPolicy::Auto, None) => AclPolicy::Open,
+            (explicit, _) => explicit,
+        }
+    }
+
     /// The connect string ZooKeeper clients take: `host:port,host:port[/chroot]`.
     pub fn connect_string(&self) -> String {
         let chroot = self.chroot.as_deref().unwrap_or("");
@@ -192,7 +214,7 @@ impl ZkConfig {
     ///
     /// ```text
     /// zk://[user:password@]host1[:port1],host2[:port2][/chroot]?session_timeout=10s
-    ///     &connect_timeout=5s&strategy=predecessor&root=/distlock&node_format=curator&acl=open
+    ///     &connect_timeout=5s&strategy=predecessor&root=/distlock&node_format=curator&acl=auto
     /// ```
     ///
     /// The credentials add digest auth; the hosts are the ensemble (port 2181 when not
@@ -380,7 +402,8 @@ mod tests {
         assert_eq!(timeouts, (Duration::from_secs(10), Duration::from_secs(5)));
         assert_eq!(config.strategy, ZkStrategy::SequentialPredecessor);
         assert_eq!(config.node_format, NodeNameFormat::Curator);
-        assert_eq!(config.acl, AclPolicy::Open);
+        assert_eq!(config.acl, AclPolicy::Auto);
+        assert_eq!(config.node_acl(), AclPolicy::Open);
     }
 
     #[test]

@@ -66,7 +66,7 @@
 //!
 //! ```text
 //! zk://[user:password@]host1:port1,host2:port2[/chroot]?session_timeout=10s&connect_timeout=5s
-//!     &strategy=predecessor&root=/distlock&node_format=curator&acl=open
+//!     &strategy=predecessor&root=/distlock&node_format=curator&acl=auto
 //! ```
 
 mod config;

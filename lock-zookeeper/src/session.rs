@@ -115,7 +115,7 @@ impl Session {
             }
             return Err(error);
         };
-        let acls = match config.acl {
+        let acls = match config.node_acl() {
             AclPolicy::CreatorAll => Acls::creator_all(),
             _ => Acls::anyone_all(),
         };

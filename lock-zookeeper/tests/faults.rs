@@ -1005,6 +1005,73 @@ async fn a_missing_chroot_is_made_and_holds_the_locks() {
     );
 }
 
+/// With credentials and no `acl` given, the nodes are the creator's: another identity (or
+/// none) cannot delete a held lock's node, and the holder keeps its lock; `acl=open`, given
+/// explicitly, still opens them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_make_the_nodes_the_creators_by_default() {
+    let (server, _admin) = standalone().await;
+    let owner = |acl: Option<AclPolicy>| {
+        let config = config(vec![server.address()], ZkStrategy::default())
+            .with_root("/owned")
+            .with_auth(DigestAuth::new("owner", "right"));
+        match acl {
+            Some(acl) => config.with_acl(acl),
+            None => config,
+        }
+    };
+    let intruders = [
+        ZkClient::connector()
+            .with_auth("digest", b"intruder:right")
+            .connect(&server.address())
+            .await
+            .unwrap(),
+        admin_client(&server.address()).await,
+    ];
+    for (acl, refused) in [(None, true), (Some(AclPolicy::Open), false)] {
+        let provider = ZkLockProvider::connect(owner(acl)).await.unwrap();
+        let name = unique_name("owned");
+        let lock = provider.lock(&name).unwrap();
+        let mut held = lock.try_acquire().await.unwrap().expect("a free lock");
+        let dir = lock_dir("/owned", &name);
+        let nodes = children(&intruders[1], &dir).await;
+        if refused {
+            assert!(
+                matches!(nodes, Err(zookeeper_client::Error::NoAuth)),
+                "an anonymous client listed the owner's directory: {nodes:?}"
+            );
+            let owner_client = ZkClient::connector()
+                .with_auth("digest", b"owner:right")
+                .connect(&server.address())
+                .await
+                .unwrap();
+            let node = format!("{dir}/{}", children(&owner_client, &dir).await.unwrap()[0]);
+            for intruder in &intruders {
+                let deleted = intruder.delete(&node, None).await;
+                assert!(
+                    matches!(deleted, Err(zookeeper_client::Error::NoAuth)),
+                    "another identity deleted the held node: {deleted:?}"
+                );
+            }
+            sleep(SLACK / 2).await;
+            assert!(!held.is_lost(), "the refused deletes took the lock");
+            held.release().await.unwrap();
+        } else {
+            let node = format!("{dir}/{}", nodes.unwrap()[0]);
+            intruders[0].delete(&node, None).await.unwrap();
+            let lost = timeout(SLACK * 2, held.lost().wait()).await;
+            assert!(
+                lost.is_ok(),
+                "the explicit open ACL let nobody delete the node"
+            );
+            assert!(
+                held.release().await.is_err(),
+                "a deleted node released cleanly"
+            );
+        }
+    }
+}
+
 /// (e) A root created by a digest user with a creator-only ACL: a client with the wrong
 /// password (or none) is refused with an auth error, on a fresh name and on a held one, and
 /// creates nothing under the root; the rightful holder is untouched.

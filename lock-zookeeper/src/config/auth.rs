@@ -9,12 +9,18 @@ use super::config_error;
 lock_core::url_enum! {
     /// The ACL put on the nodes distlock creates.
     ///
-    /// In a URL: `acl=open` or `acl=creator`.
+    /// In a URL: `acl=auto`, `acl=open` or `acl=creator`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     #[non_exhaustive]
     pub enum AclPolicy for "acl" {
-        /// `world:anyone` with all permissions (ZooKeeper's `OPEN_ACL_UNSAFE`). The default.
+        /// [`CreatorAll`](Self::CreatorAll) when the session has credentials, so that a user
+        /// who gives them owns the nodes; [`Open`](Self::Open) without. The default.
         #[default]
+        Auto = "auto",
+        /// `world:anyone` with all permissions (ZooKeeper's `OPEN_ACL_UNSAFE`): any client
+        /// can delete another's lock node and break exclusion. Only where the servers are
+        /// reachable by trusted clients alone, or to share lock directories with clients of
+        /// other identities.
         Open = "open",
         /// `auth` with all permissions (ZooKeeper's `CREATOR_ALL_ACL`): only clients
         /// authenticated as the creator can read, change or delete the nodes. Requires
@@ -94,20 +100,30 @@ mod tests {
 
     #[test]
     fn each_acl_value_and_credentials() {
-        for (url, acl) in [
-            ("zk://h?acl=open", AclPolicy::Open),
-            ("zk://u:p@h?acl=CREATOR", AclPolicy::CreatorAll),
+        for (url, acl, nodes) in [
+            ("zk://h", AclPolicy::Auto, AclPolicy::Open),
+            ("zk://u:p@h", AclPolicy::Auto, AclPolicy::CreatorAll),
+            (
+                "zk://u:p@h?acl=auto",
+                AclPolicy::Auto,
+                AclPolicy::CreatorAll,
+            ),
+            ("zk://h?acl=open", AclPolicy::Open, AclPolicy::Open),
+            ("zk://u:p@h?acl=open", AclPolicy::Open, AclPolicy::Open),
+            (
+                "zk://u:p@h?acl=CREATOR",
+                AclPolicy::CreatorAll,
+                AclPolicy::CreatorAll,
+            ),
         ] {
-            assert_eq!(from(url).acl, acl);
+            let config = from(url);
+            assert_eq!((config.acl, config.node_acl()), (acl, nodes), "{url}");
             assert_eq!(acl.as_str().parse::<AclPolicy>().unwrap(), acl);
             assert_eq!(acl.to_string(), acl.as_str());
         }
-        // Credentials with the open ACL are kept; the password may be empty.
+        // The password may be empty.
         let config = from("zk://u:@h");
-        assert_eq!(
-            (config.auth, config.acl),
-            (Some(DigestAuth::new("u", "")), AclPolicy::Open)
-        );
+        assert_eq!(config.auth, Some(DigestAuth::new("u", "")));
     }
 
     #[test]
@@ -117,7 +133,7 @@ mod tests {
             "zk://:topsecret@h|a password but no user name",
             "zk://a%3Ab:topsecret@h|':'",
             "zk://a%01b:topsecret@h|control",
-            "zk://u:topsecret@h?acl=closed|acl|\"closed\"|open or creator",
+            "zk://u:topsecret@h?acl=closed|acl|\"closed\"|auto, open or creator",
             "zk://h?acl=creator|acl=creator|credentials",
         ] {
             let (url, parts) = case.split_once('|').unwrap();
