@@ -182,9 +182,11 @@ impl ZkConfig {
         self
     }
 
-    /// The ACL the nodes get: [`acl`](Self::acl), with [`AclPolicy::Auto`] made
-    /// [`AclPolicy::CreatorAll`] when the session has credentials and [`AclPolicy::Open`]
-    /// without.
+    /// The ACL a lock's directory and nodes get: [`acl`](Self::acl), with
+    /// [`AclPolicy::Auto`] made [`AclPolicy::CreatorAll`] when the session has credentials
+    /// and [`AclPolicy::Open`] without. Under `Auto` the nodes above the locks (the chroot,
+    /// the root, the directories between) stay open, so that other identities can make
+    /// locks of their own there; under an explicit `CreatorAll` they are the creator's too.
     ///
     /// ```
     /// use lock_zookeeper::{AclPolicy, DigestAuth, ZkConfig};
@@ -203,7 +205,9 @@ impl ZkConfig {
         }
     }
 
-    /// The connect string ZooKeeper clients take: `host:port,host:port[/chroot]`.
+    /// The connect string ZooKeeper clients take: `host:port,host:port[/chroot]` (the
+    /// provider's session connects to the hosts alone and roots itself at the chroot once
+    /// it stands).
     pub fn connect_string(&self) -> String {
         let chroot = self.chroot.as_deref().unwrap_or("");
         format!("{}{chroot}", self.hosts.join(","))

@@ -18,7 +18,11 @@ pub(crate) struct Session {
     /// The session id, as servers record it in a node's `ephemeralOwner`.
     pub(crate) id: i64,
     health: Arc<Health>,
+    /// The ACL of a lock's directory and nodes.
     pub(crate) acls: Acls<'static>,
+    /// The ACL of the nodes above them (the chroot, the root, the directories between the
+    /// root and a lock's), where other identities may make locks of their own.
+    pub(crate) namespace_acls: Acls<'static>,
 }
 
 /// The pause between two rounds of connection attempts in [`Session::open`].
@@ -115,12 +119,15 @@ impl Session {
             }
             return Err(error);
         };
-        let acls = match config.node_acl() {
-            AclPolicy::CreatorAll => Acls::creator_all(),
-            _ => Acls::anyone_all(),
-        };
+        let (namespace_acls, acls) = session_acls(config);
         let client = match &config.chroot {
-            Some(chroot) => rooted(client, chroot, acls).await?,
+            Some(chroot) => {
+                let rooting = rooted(client, chroot, namespace_acls);
+                match tokio::time::timeout(config.connect_timeout, rooting).await {
+                    Ok(rooted) => rooted?,
+                    Err(_) => return Err(lock_error(ZkError::Timeout, None)),
+                }
+            }
             None => client,
         };
         let health = Arc::new(Health {
@@ -143,6 +150,7 @@ impl Session {
             id,
             health,
             acls,
+            namespace_acls,
         });
         tokio::spawn(keep_alive(
             Arc::downgrade(&session),
@@ -319,15 +327,28 @@ impl Shared {
     }
 }
 
-/// `client` rooted at `chroot`, made first where it is missing (persistent, with the
-/// session's ACL), as Curator makes its namespace: ZooKeeper refuses every path under a
-/// chroot that does not exist. One look when it stands; its missing levels are created in
-/// one flight.
+/// The ACLs of a session's nodes: (above the locks, the locks' own). With credentials and
+/// [`AclPolicy::Auto`], the locks are the creator's and the nodes above them open, so that
+/// another identity can neither touch a lock nor be kept from making its own; with
+/// [`AclPolicy::CreatorAll`] every node is the creator's (a namespace of one identity).
+fn session_acls(config: &ZkConfig) -> (Acls<'static>, Acls<'static>) {
+    let (open, creator) = (Acls::anyone_all(), Acls::creator_all());
+    match (config.acl, config.auth.is_some()) {
+        (AclPolicy::CreatorAll, _) => (creator, creator),
+        (AclPolicy::Auto, true) => (open, creator),
+        (AclPolicy::Open, _) | (AclPolicy::Auto, false) => (open, open),
+    }
+}
+
+/// `client` rooted at `chroot`, made first where it is missing (persistent, with `acls`),
+/// as Curator makes its namespace: ZooKeeper refuses every path under a chroot that does
+/// not exist. One look when it stands; its missing levels are created in one flight.
 async fn rooted(client: Client, chroot: &str, acls: Acls<'static>) -> Result<Client, LockError> {
     let refused = |error: ZkError| {
         let mut error = lock_error(error, None);
-        if let LockError::Backend { message, .. } | LockError::PermissionDenied { message, .. } =
-            &mut error
+        if let LockError::Backend { message, .. }
+        | LockError::PermissionDenied { message, .. }
+        | LockError::Connection { message, .. } = &mut error
         {
             *message = format!("cannot make the chroot {chroot}: {message}");
         }

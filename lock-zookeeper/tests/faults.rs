@@ -1005,9 +1005,10 @@ async fn a_missing_chroot_is_made_and_holds_the_locks() {
     );
 }
 
-/// With credentials and no `acl` given, the nodes are the creator's: another identity (or
-/// none) cannot delete a held lock's node, and the holder keeps its lock; `acl=open`, given
-/// explicitly, still opens them.
+/// With credentials and no `acl` given, a lock's nodes are the creator's: another identity
+/// (or none) cannot delete a held lock's node, and the holder keeps its lock; the root stays
+/// open, so that another identity makes locks of its own under it (but not in the owner's).
+/// `acl=open`, given explicitly, still opens the locks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_make_the_nodes_the_creators_by_default() {
     let (server, _admin) = standalone().await;
@@ -1055,6 +1056,26 @@ async fn credentials_make_the_nodes_the_creators_by_default() {
             }
             sleep(SLACK / 2).await;
             assert!(!held.is_lost(), "the refused deletes took the lock");
+            let neighbour = ZkLockProvider::connect(
+                config(vec![server.address()], ZkStrategy::default())
+                    .with_root("/owned")
+                    .with_auth(DigestAuth::new("neighbour", "right")),
+            )
+            .await
+            .unwrap();
+            let mut own = neighbour
+                .lock(&unique_name("neighbours"))
+                .unwrap()
+                .try_acquire()
+                .await
+                .unwrap()
+                .expect("another identity's own lock under the shared root");
+            own.release().await.unwrap();
+            let theirs = neighbour.lock(&name).unwrap().try_acquire().await;
+            assert!(
+                matches!(theirs, Err(LockError::PermissionDenied { .. })),
+                "another identity queued in the owner's lock: {theirs:?}"
+            );
             held.release().await.unwrap();
         } else {
             let node = format!("{dir}/{}", nodes.unwrap()[0]);

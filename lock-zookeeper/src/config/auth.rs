@@ -13,8 +13,10 @@ lock_core::url_enum! {
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     #[non_exhaustive]
     pub enum AclPolicy for "acl" {
-        /// [`CreatorAll`](Self::CreatorAll) when the session has credentials, so that a user
-        /// who gives them owns the nodes; [`Open`](Self::Open) without. The default.
+        /// [`CreatorAll`](Self::CreatorAll) for the locks' directories and nodes when the
+        /// session has credentials, so that a user who gives them owns its locks, and open
+        /// nodes above them (the chroot, the root), where other identities make their own;
+        /// [`Open`](Self::Open) without credentials. The default.
         #[default]
         Auto = "auto",
         /// `world:anyone` with all permissions (ZooKeeper's `OPEN_ACL_UNSAFE`): any client
@@ -22,8 +24,9 @@ lock_core::url_enum! {
         /// reachable by trusted clients alone, or to share lock directories with clients of
         /// other identities.
         Open = "open",
-        /// `auth` with all permissions (ZooKeeper's `CREATOR_ALL_ACL`): only clients
-        /// authenticated as the creator can read, change or delete the nodes. Requires
+        /// `auth` with all permissions (ZooKeeper's `CREATOR_ALL_ACL`) on every node
+        /// distlock creates, the root and the chroot included: only clients authenticated
+        /// as the creator can read, change or delete them, or lock under that root. Requires
         /// [digest authentication](DigestAuth).
         CreatorAll = "creator",
     }

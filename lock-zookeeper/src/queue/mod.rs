@@ -110,25 +110,31 @@ impl Place {
     /// along with its last lock directory, and its creator-only ACL with it, so that any
     /// client could create the root again as its own and lock under it.
     pub(crate) async fn ensure_dir(&self, session: &Session) -> Result<(), LockError> {
-        let container = CreateMode::Container.with_acls(session.acls);
-        match self.ask(session).create(&self.dir, &[], &container).await {
+        let directory = CreateMode::Container.with_acls(session.acls);
+        match self.ask(session).create(&self.dir, &[], &directory).await {
             Ok(_) | Err(ZkError::NodeExists) => return Ok(()),
             Err(ZkError::NoNode) => {}
             Err(error) => return Err(self.error(error)),
         }
         let root = &self.shared.config.root;
-        let persistent = CreateMode::Persistent.with_acls(session.acls);
+        let persistent = CreateMode::Persistent.with_acls(session.namespace_acls);
         self.ask(session)
             .mkdir(root, &persistent)
             .await
             .map_err(|e| self.error(e))?;
         // The containers between the root and the directory, outermost first.
+        let between = CreateMode::Container.with_acls(session.namespace_acls);
         let below_root = self.dir.strip_prefix(root.as_str()).unwrap_or(&self.dir);
         let mut path = root.clone();
         for part in below_root.split('/').filter(|part| !part.is_empty()) {
             path.push('/');
             path.push_str(part);
-            match self.ask(session).create(&path, &[], &container).await {
+            let container = if path == self.dir {
+                &directory
+            } else {
+                &between
+            };
+            match self.ask(session).create(&path, &[], container).await {
                 Ok(_) | Err(ZkError::NodeExists) => {}
                 Err(error) => return Err(self.error(error)),
             }
