@@ -208,7 +208,8 @@ pub const CASES_ENV: &str = "LOCK_CONFORMANCE_CASES";
 pub const AT_ONCE_ENV: &str = "LOCK_CONFORMANCE_AT_ONCE";
 
 /// The environment variable that sets how many rounds each client of case M1 takes its sets
-/// (20 by default): `LOCK_CONFORMANCE_CASES=M1 LOCK_CONFORMANCE_MULTI_ROUNDS=200` is the long
+/// (100 for the two clients asking in opposite orders, 20 for the five asking at random, by
+/// default): `LOCK_CONFORMANCE_CASES=M1 LOCK_CONFORMANCE_MULTI_ROUNDS=200` is the long
 /// run of five clients taking random sets over four names.
 pub const MULTI_ROUNDS_ENV: &str = "LOCK_CONFORMANCE_MULTI_ROUNDS";
 

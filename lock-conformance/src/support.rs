@@ -8,10 +8,19 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_core::{DistributedLock, FencingToken, Guard, LockProvider, LossReason};
+use lock_core::{DistributedLock, Fencing, FencingToken, Guard, LockProvider, LossReason};
 
 use crate::harness::{Client, Entries, FaultError, Harness, LockKind};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
+
+/// How strongly the harness's provider fences (its declared capability).
+///
+/// # Errors
+///
+/// A [`CaseFailure`] when no client connects.
+pub(crate) async fn fencing_of(harness: &dyn Harness) -> Result<Fencing, CaseFailure> {
+    Ok(harness.client().await?.provider.capabilities().fencing)
+}
 
 /// A lock name no other case or run uses: `{case}-{process}-{time}-{counter}`.
 ///

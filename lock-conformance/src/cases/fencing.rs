@@ -7,15 +7,11 @@ use crate::ensure;
 use crate::harness::{FaultError, Harness, Property};
 use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
 use crate::support::{
-    FencedStore, TakeAway, by_every_take_away, no_residue, not_offered, take, take_over,
-    unique_name, within,
+    FencedStore, TakeAway, by_every_take_away, fencing_of, no_residue, not_offered, take,
+    take_over, unique_name, within,
 };
 
 const CAPABILITY: &str = "fencing";
-
-async fn fencing_of(h: &dyn Harness) -> Result<Fencing, CaseFailure> {
-    Ok(h.client().await?.provider.capabilities().fencing)
-}
 
 /// E1: tokens strictly increase across successive holders, same client and different clients.
 pub async fn e1_tokens_increase(h: &dyn Harness) -> CaseResult {
