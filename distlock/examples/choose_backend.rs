@@ -24,6 +24,7 @@ async fn main() -> Result<(), LockError> {
         "redis://127.0.0.1:6379?strategy=queue",
         "etcd://127.0.0.1:2379",
         "postgres://app@127.0.0.1/app",
+        // A misspelt parameter is an error that lists the right ones (with the feature on).
         "zk://127.0.0.1:2181?sesion_timeout=10s",
     ] {
         match BackendConfig::from_url(url) {

@@ -51,10 +51,11 @@ async fn main() -> Result<(), LockError> {
         }
     });
 
-    let a = tokio::spawn(active_passive(election_a, "host-a", 3));
-    // host-b campaigns a moment later: it waits in line behind host-a.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let b = tokio::spawn(active_passive(election_b, "host-b", 2));
+    let (a_leads, leading) = tokio::sync::oneshot::channel();
+    let a = tokio::spawn(active_passive(election_a, "host-a", 3, Some(a_leads)));
+    // host-b campaigns once host-a leads: it waits in line behind it.
+    let _ = leading.await;
+    let b = tokio::spawn(active_passive(election_b, "host-b", 2, None));
     for worker in [a, b] {
         worker
             .await
@@ -64,16 +65,21 @@ async fn main() -> Result<(), LockError> {
     Ok(())
 }
 
-/// Waits to lead, then works until done (and resigns, handing over at once) or until the
-/// leadership is lost (and stops at once: another worker may lead by now).
+/// Waits to lead (and says so on `leads`), then works until done (and resigns, handing over
+/// at once) or until the leadership is lost (and stops at once: another worker may lead by
+/// now).
 async fn active_passive(
     election: Arc<dyn Election>,
     host: &'static str,
     rounds: u32,
+    leads: Option<tokio::sync::oneshot::Sender<()>>,
 ) -> Result<(), LockError> {
     let mut leadership = election.campaign(host.as_bytes(), None).await?;
     let term = leadership.term();
     println!("{host}: leading in term {term}");
+    if let Some(leads) = leads {
+        let _ = leads.send(());
+    }
     let lost = leadership.lost();
     tokio::select! {
         reason = lost.wait() => {

@@ -43,10 +43,13 @@ async fn main() -> Result<(), LockError> {
     println!("| --- | --- | --- | --- |");
     let rows = match (args.next(), args.next()) {
         (Some(herd), Some(queued)) => vec![
-            (herd.clone(), queued_run(&with_strategy(&url, &herd)).await?),
+            (
+                herd.clone(),
+                queued_run(&with_strategy(&url, &herd), &herd).await?,
+            ),
             (
                 queued.clone(),
-                queued_run(&with_strategy(&url, &queued)).await?,
+                queued_run(&with_strategy(&url, &queued), &queued).await?,
             ),
         ],
         _ => vec![
@@ -56,7 +59,7 @@ async fn main() -> Result<(), LockError> {
             ),
             (
                 "their turn (the backend's queue)".to_owned(),
-                queued_run(&url).await?,
+                queued_run(&url, "queue").await?,
             ),
         ],
     };
@@ -97,11 +100,12 @@ fn task_error(error: tokio::task::JoinError) -> LockError {
     LockError::other("example", error.to_string())
 }
 
-/// Every client waits in the backend's queue (`acquire`); the wake-ups are the backend's.
-async fn queued_run(url: &str) -> Result<Counts, LockError> {
+/// Every client waits in the backend's queue (`acquire`) for a lock of the run's own; the
+/// wake-ups are the backend's.
+async fn queued_run(url: &str, run: &str) -> Result<Counts, LockError> {
     let clients = clients(url).await?;
     let before: Vec<_> = clients.iter().map(|c| c.metrics()).collect();
-    let name = format!("herd-{}", std::process::id());
+    let name = format!("herd-{run}-{}", std::process::id());
     let mut tasks = Vec::new();
     for client in &clients {
         let lock = client.lock(&name)?;

@@ -75,9 +75,13 @@ async fn main() -> Result<(), LockError> {
         job.await
             .map_err(|e| LockError::other("example", e.to_string()))??;
     }
-    println!(
-        "5 jobs done, at most {} at once",
-        most.load(Ordering::SeqCst)
-    );
+    let most = most.load(Ordering::SeqCst);
+    println!("5 jobs done, at most {most} at once");
+    if most > 2 {
+        return Err(LockError::other(
+            "example",
+            "more jobs than slots ran at once",
+        ));
+    }
     Ok(())
 }

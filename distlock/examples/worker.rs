@@ -35,8 +35,8 @@ async fn main() -> Result<(), LockError> {
     // (session expired, lease not renewed, key deleted) must stop the work at once.
     tokio::select! {
         reason = lost.wait() => {
-            println!("lost the lock ({reason:?}): stopping before the next write");
-            return Ok(());
+            // Stopped before the next write; the exit status tells a script it did not finish.
+            return Err(LockError::other("worker", format!("lost the lock ({reason:?})")));
         }
         () = write_report(token) => {}
     }

@@ -62,7 +62,7 @@
 //! | scheme | form | parameters, at their defaults |
 //! |---|---|---|
 //! | `memory` | `memory://` — a new private server; `memory://NAME` — the process-wide server called `NAME`, shared by every `connect` with that name | `namespace=` (empty): locks in different namespaces never meet |
-//! | `zk`, `zookeeper` | `zk://[user:password@]h1:p1,h2:p2[/chroot]` (port 2181); credentials add digest auth | `session_timeout=10s` `connect_timeout=5s` `root=/distlock` `strategy=predecessor` (or `single`, `whole-queue`, earlier `children`) `node_format=curator` (or `kazoo`) `acl=auto` (the creator's nodes with credentials, open without; or `open`, or `creator`, which needs credentials) |
+//! | `zk`, `zookeeper` | `zk://[user:password@]h1:p1,h2:p2[/chroot]` (port 2181); credentials add digest auth; a missing chroot is made at connect | `session_timeout=10s` `connect_timeout=5s` `root=/distlock` `strategy=predecessor` (or `single`, `whole-queue`, earlier `children`) `node_format=curator` (or `kazoo`) `acl=auto` (the creator's nodes with credentials, open without; or `open`, or `creator`, which needs credentials) |
 //! | `redis`, `rediss` | `redis://[user[:password]@]host[:port][/db]` (port 6379, db 0); `rediss` uses TLS | `prefix=lock` `ttl=30s` `timeout=5s` `tls_ca=PATH` `strategy=queue` (or `polling`, `pubsub`) `wait_replicas=0` `wait_timeout=100ms` |
 //! | `redis+sentinel` | `redis+sentinel://[user[:password]@]sentinel1[:port],sentinel2[:port]/SERVICE[/db]` (port 26379): the primary the sentinels name, followed through failovers | those of `redis` but `tls_ca` |
 //! | `redis+cluster` | `redis+cluster://[user[:password]@]node1[:port],node2[:port]` (port 6379): a Redis Cluster, each lock on the primary serving its slot, following `MOVED` and `ASK`; no `/db`, no TLS | those of `redis` but `tls_ca` and `wait_replicas` |
@@ -98,8 +98,9 @@ use std::sync::Arc;
 
 mod backend;
 
-// The README's Rust snippets, compiled and run as this crate's doc tests.
-#[cfg(doctest)]
+// The README's Rust snippets, compiled and run as this crate's doc tests (they connect to
+// `memory://`).
+#[cfg(all(doctest, feature = "memory"))]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeSnippets;
 
