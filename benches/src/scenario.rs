@@ -955,7 +955,9 @@ async fn zk_floors(
     })
 }
 
-/// etcd: a key deleted by one client, watched by another from the revision that made it:
+/// etcd: a key deleted by one client, watched by another from the store's present (a write
+/// applied while the watch is made can still leave it behind the store, rarely: that round
+/// then waits for etcd's 100 ms catch-up, which the median does not see):
 /// delete → event, and delete → event → a look (own key and the key before it, in one
 /// transaction) at the directory.
 async fn etcd_floors(
