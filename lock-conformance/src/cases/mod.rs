@@ -116,8 +116,8 @@ macro_rules! __with_cases {
             election::l5_crashed_leader_replaced => "L5", "(elections) a leader whose session ends on the server is replaced within the crash-release bound and (with lost detection) reports the loss";
             election::l6_cancelled_campaign_leaves_nothing => "L6", "(elections) campaigns that time out or are cancelled leave no candidate and never lead; one cancelled as it is granted hands the leadership on";
             election::l7_bad_campaigns_fail_cleanly => "L7", "(elections) a campaign, leader() or observe() on a closed provider fails with SessionExpired; an oversized value is refused; nothing is left";
-            multi::m1_opposite_orders_never_deadlock => "M1", "sets of locks taken all or none, in opposite and random orders by several clients: no deadlock, no name held twice";
-            multi::m2_timeout_and_cancel_leave_nothing => "M2", "a set that times out, or is dropped waiting for its second member, holds nothing and leaves nothing";
+            multi::m1_opposite_orders_never_deadlock => "M1", "sets of locks taken all or none, in opposite and random orders by several clients: no deadlock, no name held twice, each name's tokens increasing";
+            multi::m2_timeout_and_cancel_leave_nothing => "M2", "a set that times out, or is dropped while it waits for any member or with its requests in flight, holds nothing and leaves nothing";
             multi::m3_member_lost_fires_the_sets_signal => "M3", "(lost_detection) a held set's member lost fires the set's signal; its release reports the member";
         }
     };
