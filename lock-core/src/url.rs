@@ -115,6 +115,82 @@ impl std::fmt::Debug for LockUrl {
     }
 }
 
+/// The parameter every scheme takes for a password kept out of the URL: the path of a file
+/// whose first line is the password (see [`read_password_file`]). [`LockUrl::parse`] reads
+/// it and removes it from the parameters.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use lock_core::url::LockUrl;
+///
+/// let file = std::env::temp_dir().join(format!("distlock-doc-{}", std::process::id()));
+/// std::fs::write(&file, "s3cret\n")?;
+/// let url = LockUrl::parse(&format!("redis://app@h?password_file={}", file.display()))?;
+/// assert_eq!(url.password.as_deref(), Some("s3cret"));
+/// assert!(url.params.is_empty());
+/// # std::fs::remove_file(file)?;
+/// # Ok(()) }
+/// ```
+pub const PASSWORD_FILE: &str = "password_file";
+
+/// The password in the file at `path`: its first line, without the line ending (a file
+/// written with `echo` has one).
+///
+/// # Errors
+///
+/// [`LockError::Config`] naming the file when it cannot be read or its first line is empty;
+/// never its content.
+pub fn read_password_file(path: &str) -> Result<String, LockError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|error| LockError::config(format!("the password file {path:?}: {error}")))?;
+    match text.lines().next() {
+        Some(password) if !password.is_empty() => Ok(password.to_owned()),
+        _ => Err(LockError::config(format!(
+            "the password file {path:?} holds no password on its first line"
+        ))),
+    }
+}
+
+/// `url` with `password` (percent-encoded) in its user information, for a password given
+/// apart from the URL (an environment variable, a file).
+///
+/// ```
+/// let url = lock_core::url::with_password("zk://app@h1:2181,h2/apps?acl=auto", "p@ss:w/rd")?;
+/// assert_eq!(url, "zk://app:p%40ss%3Aw%2Frd@h1:2181,h2/apps?acl=auto");
+/// let parsed = lock_core::url::LockUrl::parse(&url)?;
+/// assert_eq!(parsed.password.as_deref(), Some("p@ss:w/rd"));
+/// # Ok::<(), lock_core::LockError>(())
+/// ```
+///
+/// # Errors
+///
+/// [`LockError::Config`] for a URL without a scheme, or one that holds a password already.
+pub fn with_password(url: &str, password: &str) -> Result<String, LockError> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(bad(format!("{:?} has no scheme", redact_guess(url))));
+    };
+    let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    let (user, hosts) = authority.rsplit_once('@').unwrap_or(("", authority));
+    if user.contains(':') {
+        return Err(bad(
+            "the URL holds a password already; give the password in one place",
+        ));
+    }
+    let password =
+        percent_encoding::utf8_percent_encode(password, percent_encoding::NON_ALPHANUMERIC);
+    Ok(format!("{scheme}://{user}:{password}@{hosts}{tail}"))
+}
+
+/// Whether `url` holds a password in its user information (`user:password@`).
+pub fn holds_password(url: &str) -> bool {
+    url.split_once("://").is_some_and(|(_, rest)| {
+        let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+        authority
+            .rsplit_once('@')
+            .is_some_and(|(user, _)| user.contains(':'))
+    })
+}
+
 fn bad(message: impl std::fmt::Display) -> LockError {
     LockError::Config {
         message: format!("invalid connection URL: {message}"),
@@ -190,9 +266,18 @@ impl LockUrl {
                 .collect::<Result<Vec<_>, _>>()?
         };
         let path = decode(path, "path")?;
-        let params = match query {
+        let mut params = match query {
             None => Vec::new(),
             Some(query) => parse_query(query)?,
+        };
+        let password = match params.iter().position(|(key, _)| key == PASSWORD_FILE) {
+            Some(_) if password.is_some() => {
+                return Err(bad(
+                    "the URL holds a password and names a password_file; give one of them",
+                ));
+            }
+            Some(at) => Some(read_password_file(&params.remove(at).1)?),
+            None => password,
         };
         Ok(LockUrl {
             scheme: scheme.to_ascii_lowercase(),
@@ -765,6 +850,47 @@ mod tests {
 
     fn err(url: &str) -> String {
         LockUrl::parse(url).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_password_from_a_file() {
+        let dir = std::env::temp_dir().join(format!("distlock-url-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            path.display().to_string()
+        };
+        let (secret, empty) = (file("secret", "pa ss\r\nnext\n"), file("empty", "\n"));
+        let url = LockUrl::parse(&format!("zk://u@h?password_file={secret}&a=1")).unwrap();
+        assert_eq!(url.password.as_deref(), Some("pa ss"));
+        assert_eq!(url.params, [("a".to_owned(), "1".to_owned())]);
+        for (url, part) in [
+            (
+                format!("zk://u:x@h?password_file={secret}"),
+                "give one of them",
+            ),
+            (
+                format!("zk://u@h?password_file={empty}"),
+                "holds no password",
+            ),
+            (
+                "zk://u@h?password_file=/nonexistent/f".to_owned(),
+                "/nonexistent/f",
+            ),
+        ] {
+            let error = err(&url);
+            assert!(error.contains(part), "{url}: {error}");
+            assert!(!error.contains("pa ss"), "{error}");
+        }
+        assert!(holds_password("redis://:p@h") && holds_password("zk://u:p@h1,h2/x"));
+        assert!(!holds_password("zk://u@h/x:y") && !holds_password("zk://h?a=b@c:d"));
+        assert!(with_password("zk://u:x@h", "y").is_err());
+        assert_eq!(
+            with_password("redis://h:6379/2", "p").unwrap(),
+            "redis://:p@h:6379/2"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
