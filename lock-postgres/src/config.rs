@@ -71,7 +71,7 @@ lock_core::url_enum! {
 /// assert_eq!(config.strategy, PostgresStrategy::Advisory);
 /// # Ok::<(), lock_core::LockError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct PostgresConfig {
@@ -106,6 +106,30 @@ pub struct PostgresConfig {
     /// name); `prefer`, tokio-postgres's default, connects without TLS.
     #[serde(rename = "sslrootcert")]
     pub ssl_root_cert: Option<PathBuf>,
+}
+
+/// `Debug` shows the connection as tokio-postgres reads it, whose password it never shows.
+///
+/// ```
+/// let config = lock_postgres::PostgresConfig::new("postgres://app:s3cret@db/app");
+/// assert!(!format!("{config:?}").contains("s3cret"));
+/// ```
+impl std::fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let connection = tokio_postgres::Config::from_str(&self.connection).map_or_else(
+            |_| "<not a connection string>".to_owned(),
+            |c| format!("{c:?}"),
+        );
+        f.debug_struct("PostgresConfig")
+            .field("connection", &connection)
+            .field("schema", &self.schema)
+            .field("strategy", &self.strategy)
+            .field("keepalive", &self.keepalive)
+            .field("timeout", &self.timeout)
+            .field("poll_interval", &self.poll_interval)
+            .field("ssl_root_cert", &self.ssl_root_cert)
+            .finish()
+    }
 }
 
 impl Default for PostgresConfig {
@@ -160,19 +184,36 @@ impl PostgresConfig {
         let names = lock_core::url::parameter_names::<PostgresConfig>();
         let ours_named = |key: &str| key != "connection" && names.contains(&key);
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
-        let (mut ours, mut kept) = (Vec::new(), Vec::new());
+        let (mut ours, mut kept) = (Vec::new(), Vec::<String>::new());
         for pair in query.split('&').filter(|pair| !pair.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             match key {
                 _ if ours_named(key) => ours.push(pair),
                 // libpq's modes that verify: TLS verifies whenever distlock uses it.
                 "sslmode" if matches!(value, "verify-ca" | "verify-full") => {
-                    kept.push("sslmode=require");
+                    kept.push("sslmode=require".to_owned());
+                }
+                // Every scheme's password kept out of the URL, read here.
+                lock_core::url::PASSWORD_FILE => {
+                    let has_password = lock_core::url::holds_password(base)
+                        || query.split('&').any(|pair| pair.starts_with("password="));
+                    if has_password {
+                        return Err(config_error(
+                            "the URL holds a password and names a password_file; give one of them",
+                        ));
+                    }
+                    let path = percent_encoding::percent_decode_str(value).decode_utf8_lossy();
+                    let password = lock_core::url::read_password_file(&path)?;
+                    let encoded = percent_encoding::utf8_percent_encode(
+                        &password,
+                        percent_encoding::NON_ALPHANUMERIC,
+                    );
+                    kept.push(format!("password={encoded}"));
                 }
                 // libpq's, as tokio-postgres reads them: asked one at a time, so that the
                 // error can name the parameter (and never repeat a password).
                 _ if tokio_postgres::Config::from_str(&format!("postgres://h?{pair}")).is_ok() => {
-                    kept.push(pair);
+                    kept.push(pair.to_owned());
                 }
                 _ => {
                     let ours = names.iter().filter(|name| ours_named(name));
@@ -281,6 +322,31 @@ mod tests {
             config,
             Ok(("postgresql://a:b@h/db", PostgresStrategy::Polling))
         );
+    }
+
+    #[test]
+    fn a_password_from_a_file_joins_the_connection_and_never_shows() {
+        let file = std::env::temp_dir().join(format!("distlock-pg-pw-{}", std::process::id()));
+        std::fs::write(&file, "p@ss word\n").unwrap();
+        let url = format!(
+            "postgres://app@h/db?password_file={}&schema=locks",
+            file.display()
+        );
+        let config = PostgresConfig::from_url(&url).unwrap();
+        assert_eq!(
+            config.connection,
+            "postgres://app@h/db?password=p%40ss%20word"
+        );
+        let read = tokio_postgres::Config::from_str(&config.connection).unwrap();
+        assert_eq!(read.get_password(), Some(&b"p@ss word"[..]));
+        assert!(!format!("{config:?}").contains("ss word"), "{config:?}");
+        let twice = format!("postgres://app:x@h/db?password_file={}", file.display());
+        let error = PostgresConfig::from_url(&twice).unwrap_err().to_string();
+        assert!(
+            error.contains("give one of them") && !error.contains("ss word"),
+            "{error}"
+        );
+        std::fs::remove_file(file).unwrap();
     }
 
     #[test]
