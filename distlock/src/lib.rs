@@ -70,7 +70,8 @@
 //! | `etcd`, `etcds` | `etcd://[user:password@]h1:2379,h2:2379[/prefix]` (port 2379); `etcds://` for TLS | `tls_ca=PATH` `prefix=/distlock` (the path sets it too) `lease_ttl=10s` `strategy=predecessor` (or `single`, `whole-queue`, earlier `prefix`) `timeout=5s` |
 //! | `postgres`, `postgresql` | libpq's URL, `postgres://[user[:password]@]host[:port][/dbname]`, read by tokio-postgres with its own parameters (`application_name`, `sslmode`, …) | `schema=public` `strategy=advisory` (or `notify`, `polling`) `keepalive=5s` `timeout=5s` `poll_interval=50ms` `sslrootcert=PATH` |
 //!
-//! `PATH` stands for a file's path: the parameter has no default. Each parameter sets a
+//! `PATH` stands for a file's path: the parameter has no default. Every scheme also takes
+//! `password_file=PATH` (the password is the file's first line, kept out of the URL). Each parameter sets a
 //! field of the backend's configuration ([`BackendConfig`]'s variants), whose docs give its
 //! bounds.
 //!

@@ -15,7 +15,9 @@ use std::fmt;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{ArgAction, Args, Parser, Subcommand};
+use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use distlock::LockError;
+use lock_core::url;
 
 mod cli_holders;
 mod cli_leader;
@@ -227,6 +229,12 @@ struct Target {
     #[arg(long, env = "DISTLOCK_URL", hide_env_values = true, value_name = "URL")]
     url: String,
 
+    /// The password, kept out of the URL and so out of the process list: the first line
+    /// of this file. `DISTLOCK_PASSWORD` gives it too; a URL's own `password_file=`
+    /// parameter works as well.
+    #[arg(long, value_name = "PATH")]
+    password_file: Option<String>,
+
     /// The lock's name: any non-empty UTF-8 string; processes using the same name on
     /// the same backend exclude each other. `run` and `try` take it again to hold several
     /// locks together, all or none (taken in one order, by name, so that runs naming them
@@ -235,7 +243,32 @@ struct Target {
     names: Vec<String>,
 }
 
+/// The environment variable that gives the URL's password, kept out of the process list.
+const PASSWORD_ENV: &str = "DISTLOCK_PASSWORD";
+
 impl Target {
+    /// The URL with the password given apart from it (`--password-file` or
+    /// `DISTLOCK_PASSWORD`), if one is; a usage error for two passwords or an unreadable
+    /// file (never showing the password).
+    fn url(&self) -> Result<String, u8> {
+        let from_env = std::env::var(PASSWORD_ENV).ok().filter(|p| !p.is_empty());
+        let password = match (&self.password_file, from_env) {
+            (Some(_), Some(_)) => Err(LockError::config(format!(
+                "--password-file and {PASSWORD_ENV} both give a password; give one"
+            ))),
+            (Some(path), None) => url::read_password_file(path).map(Some),
+            (None, from_env) => Ok(from_env),
+        };
+        let url = password.and_then(|password| match password {
+            Some(password) => url::with_password(&self.url, &password),
+            None => Ok(self.url.clone()),
+        });
+        url.map_err(|error| {
+            report(error);
+            status::USAGE
+        })
+    }
+
     /// The one name `holders`, `leader` and `elect` take; a usage error for several.
     fn one_name(&self, command: &str) -> Result<&str, u8> {
         match &self.names[..] {
@@ -340,8 +373,7 @@ pub(crate) fn report(message: impl fmt::Display) {
 }
 
 /// The exit status for a failure of the backend or of the configuration.
-pub(crate) fn failure_status(error: &distlock::LockError) -> u8 {
-    use distlock::LockError;
+pub(crate) fn failure_status(error: &LockError) -> u8 {
     match error {
         LockError::Config { .. }
         | LockError::InvalidName { .. }
@@ -378,14 +410,18 @@ fn init_logging(verbose: u8) {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let parsed = Cli::command()
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches).map(|cli| (cli, matches)));
+    let (cli, matches) = match parsed {
+        Ok(parsed) => parsed,
         Err(error) => {
             let _ = error.print();
             return ExitCode::from(if error.use_stderr() { status::USAGE } else { 0 });
         }
     };
     init_logging(cli.verbose);
+    warn_of_a_visible_password(&matches);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -404,11 +440,17 @@ fn main() -> ExitCode {
 
 async fn dispatch(command: Command) -> u8 {
     match command {
-        Command::Run(args) => cli_run::run(args.common.into_options(Some(args.timeout))).await,
-        Command::Try(args) => cli_run::run(args.into_options(None)).await,
-        Command::Holders(args) => match args.target.one_name("holders") {
-            Ok(name) => cli_holders::holders(&args.target.url, name, args.json).await,
+        Command::Run(args) => match args.common.into_options(Some(args.timeout)) {
+            Ok(options) => cli_run::run(options).await,
             Err(code) => code,
+        },
+        Command::Try(args) => match args.into_options(None) {
+            Ok(options) => cli_run::run(options).await,
+            Err(code) => code,
+        },
+        Command::Holders(args) => match (args.target.one_name("holders"), args.target.url()) {
+            (Ok(name), Ok(url)) => cli_holders::holders(&url, name, args.json).await,
+            (Err(code), _) | (_, Err(code)) => code,
         },
         Command::Elect(args) => {
             if let Err(code) = args.run.common.target.one_name("elect") {
@@ -423,18 +465,44 @@ async fn dispatch(command: Command) -> u8 {
                     return status::USAGE;
                 }
             };
-            let mut options = args.run.common.into_options(Some(args.run.timeout));
-            options.hold = cli_run::Hold::Leadership { value };
-            cli_run::run(options).await
+            match args.run.common.into_options(Some(args.run.timeout)) {
+                Ok(mut options) => {
+                    options.hold = cli_run::Hold::Leadership { value };
+                    cli_run::run(options).await
+                }
+                Err(code) => code,
+            }
         }
-        Command::Leader(args) => match args.target.one_name("leader") {
-            Ok(name) => cli_leader::leader(&args.target.url, name, args.watch, args.json).await,
-            Err(code) => code,
+        Command::Leader(args) => match (args.target.one_name("leader"), args.target.url()) {
+            (Ok(name), Ok(url)) => cli_leader::leader(&url, name, args.watch, args.json).await,
+            (Err(code), _) | (_, Err(code)) => code,
         },
         Command::Bench { .. } => {
             eprintln!("{BENCH_HELP}");
             status::USAGE
         }
+    }
+}
+
+/// Says on stderr that the `--url` given on the command line holds a password, which other
+/// users of the machine can read in the process list, and how to keep it out.
+fn warn_of_a_visible_password(matches: &clap::ArgMatches) {
+    let Some((_, command)) = matches.subcommand() else {
+        return;
+    };
+    if !command.ids().any(|id| id == "url")
+        || command.value_source("url") != Some(clap::parser::ValueSource::CommandLine)
+    {
+        return;
+    }
+    if let Ok(Some(given)) = command.try_get_one::<String>("url")
+        && url::holds_password(given)
+    {
+        report(format_args!(
+            "the --url on the command line holds a password, which other users of this \
+             machine can read in its process list; give the password in {PASSWORD_ENV} or \
+             --password-file instead (and the URL in DISTLOCK_URL)"
+        ));
     }
 }
 
@@ -446,10 +514,11 @@ fn host_name() -> Result<String, String> {
 }
 
 impl CommandArgs {
-    /// `wait`: `None` for `try`, `Some(timeout)` for `run`.
-    fn into_options(self, wait: Option<Option<Duration>>) -> cli_run::RunOptions {
-        cli_run::RunOptions {
-            url: self.target.url,
+    /// `wait`: `None` for `try`, `Some(timeout)` for `run`; a usage error's status for a
+    /// password that cannot be read or is given twice.
+    fn into_options(self, wait: Option<Option<Duration>>) -> Result<cli_run::RunOptions, u8> {
+        Ok(cli_run::RunOptions {
+            url: self.target.url()?,
             names: self.target.names,
             hold: cli_run::Hold::Lock,
             wait,
@@ -457,7 +526,7 @@ impl CommandArgs {
             grace: self.grace,
             foreground: self.foreground,
             command: self.command,
-        }
+        })
     }
 }
 

@@ -141,13 +141,20 @@ impl Scratch {
     /// Starts `distlock ARGS`, its stdout and stderr going to files of their own; `log`
     /// is the `$LOG` of its command.
     fn spawn(&self, args: &[&str]) -> Proc {
+        self.spawn_with(args, &[])
+    }
+
+    /// [`spawn`](Self::spawn) with more environment variables.
+    fn spawn_with(&self, args: &[&str], env: &[(&str, &str)]) -> Proc {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let stdout = self.path(&format!("stdout-{n}"));
         let stderr = self.path(&format!("stderr-{n}"));
         let child = Command::new(BIN)
             .args(args)
             .env_remove("DISTLOCK_URL")
+            .env_remove("DISTLOCK_PASSWORD")
             .env_remove("RUST_LOG")
+            .envs(env.iter().copied())
             .env("LOG", self.path("log"))
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&stdout).unwrap())
@@ -167,6 +174,11 @@ impl Scratch {
     /// Runs `distlock ARGS` to the end.
     async fn run(&self, args: &[&str]) -> Finished {
         self.spawn(args).finish(BOUND).await
+    }
+
+    /// [`run`](Self::run) with more environment variables.
+    async fn run_with(&self, args: &[&str], env: &[(&str, &str)]) -> Finished {
+        self.spawn_with(args, env).finish(BOUND).await
     }
 
     /// The lines of `$LOG`.
@@ -1420,27 +1432,70 @@ async fn unreachable_servers_exit_69_in_bounded_time() {
     black_hole.shutdown().await;
 }
 
+/// A password comes from `DISTLOCK_PASSWORD`, from `--password-file` or from the URL; one in
+/// a `--url` on the command line, where the process list shows it, draws a warning that does
+/// not repeat it, and one in `DISTLOCK_URL` none; two sources are a usage error; a refused
+/// password exits 69 without being repeated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refused_credentials_exit_69() {
+async fn passwords_apart_from_the_url_and_refused_ones() {
     let scratch = Scratch::new();
     let server = RedisServer::start(RedisOptions::default().with_password("s3cret"))
         .await
         .expect("a Redis server with a password");
-    let url = format!("redis://:wrong@127.0.0.1:{}", server.port());
-    let done = scratch
-        .run(&["run", "--url", &url, "--name", "x", "--", "true"])
+    let url = format!("redis://127.0.0.1:{}", server.port());
+    let run = ["run", "--url", &url, "--name", "x", "--", "true"];
+    let refused = scratch
+        .run_with(&run, &[("DISTLOCK_PASSWORD", "wrong")])
         .await;
-    let line = done.expect_error(UNAVAILABLE);
+    let line = refused.expect_error(UNAVAILABLE);
     assert!(line.contains("authentication"), "{line}");
-    assert!(
-        !line.contains("wrong"),
-        "the password is not repeated: {line}"
-    );
-    let good = format!("redis://:s3cret@127.0.0.1:{}", server.port());
-    let done = scratch
-        .run(&["run", "--url", &good, "--name", "x", "--", "true"])
+    assert!(!line.contains("wrong"), "the password is repeated: {line}");
+    let from_env = scratch
+        .run_with(&run, &[("DISTLOCK_PASSWORD", "s3cret")])
         .await;
-    assert_eq!(done.code, Some(0), "{}", done.stderr);
+    assert_eq!(from_env.code, Some(0), "{}", from_env.stderr);
+    let file = scratch.path("password");
+    std::fs::write(&file, "s3cret\n").unwrap();
+    let file = file.display().to_string();
+    let with_file = [
+        "run",
+        "--url",
+        &url,
+        "--password-file",
+        &file,
+        "--name",
+        "x",
+        "--",
+        "true",
+    ];
+    let from_file = scratch.run(&with_file).await;
+    assert_eq!(from_file.code, Some(0), "{}", from_file.stderr);
+    let twice = scratch
+        .run_with(&with_file, &[("DISTLOCK_PASSWORD", "s3cret")])
+        .await;
+    assert!(
+        twice.expect_error(USAGE).contains("give one"),
+        "{}",
+        twice.stderr
+    );
+    let visible = format!("redis://:s3cret@127.0.0.1:{}", server.port());
+    let on_the_line = scratch
+        .run(&["run", "--url", &visible, "--name", "x", "--", "true"])
+        .await;
+    assert_eq!(on_the_line.code, Some(0), "{}", on_the_line.stderr);
+    assert!(
+        on_the_line.stderr.contains("process list") && !on_the_line.stderr.contains("s3cret"),
+        "{}",
+        on_the_line.stderr
+    );
+    let in_env = scratch
+        .run_with(
+            &["run", "--name", "x", "--", "true"],
+            &[("DISTLOCK_URL", &visible)],
+        )
+        .await;
+    assert_eq!(in_env.code, Some(0), "{}", in_env.stderr);
+    assert!(!in_env.stderr.contains("process list"), "{}", in_env.stderr);
 }
 
 // ---------------------------------------------------------------------------------------
