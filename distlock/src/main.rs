@@ -391,7 +391,14 @@ fn init_logging(verbose: u8) {
     if verbose == 0 {
         return;
     }
-    let ours = ["distlock", "lock_core", "lock_zookeeper", "lock_redis"];
+    let ours = [
+        "distlock",
+        "lock_core",
+        "lock_zookeeper",
+        "lock_redis",
+        "lock_etcd",
+        "lock_postgres",
+    ];
     let default = match verbose {
         1 => format!("warn,{}", ours.map(|c| format!("{c}=info")).join(",")),
         2 => format!("info,{}", ours.map(|c| format!("{c}=debug")).join(",")),

@@ -1498,6 +1498,102 @@ async fn passwords_apart_from_the_url_and_refused_ones() {
     assert!(!in_env.stderr.contains("process list"), "{}", in_env.stderr);
 }
 
+/// A planted password appears in no output of any command, at every log level (`-vvv` is
+/// `trace` for every crate): `run`, `try` (busy), `holders --json` on Redis, with the password
+/// from the environment, from a file and from the URL (which draws the warning), a refused
+/// one, and ZooKeeper's digest credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planted_password_appears_in_no_output() {
+    const PLANTED: &str = "pl4nted-S3cret";
+    let scratch = Scratch::new();
+    let server = RedisServer::start(RedisOptions::default().with_password(PLANTED))
+        .await
+        .expect("a Redis server with a password");
+    let url = format!("redis://127.0.0.1:{}", server.port());
+    let visible = format!("redis://:{PLANTED}@127.0.0.1:{}", server.port());
+    let file = scratch.path("password");
+    std::fs::write(&file, format!("{PLANTED}\n")).unwrap();
+    let file = file.display().to_string();
+    let env = [("DISTLOCK_PASSWORD", PLANTED)];
+    let mut outputs = Vec::new();
+    let holder = scratch.spawn_with(
+        &[
+            "-vvv", "run", "--url", &url, "--name", "p", "--", "sleep", "2",
+        ],
+        &env,
+    );
+    sleep(Duration::from_millis(800)).await;
+    for (args, env) in [
+        (
+            vec!["-vvv", "try", "--url", &url, "--name", "p", "--", "true"],
+            &env[..],
+        ),
+        (
+            vec!["-vvv", "holders", "--url", &url, "--name", "p", "--json"],
+            &env[..],
+        ),
+        (
+            vec![
+                "-vvv",
+                "run",
+                "--url",
+                &url,
+                "--password-file",
+                &file,
+                "--name",
+                "q",
+                "--",
+                "true",
+            ],
+            &[],
+        ),
+        (
+            vec![
+                "-vvv", "run", "--url", &visible, "--name", "q", "--", "true",
+            ],
+            &[],
+        ),
+        (
+            vec!["-vvv", "run", "--url", &url, "--name", "q", "--", "true"],
+            &[("DISTLOCK_PASSWORD", "not-the-planted-one")][..],
+        ),
+    ] {
+        let done = scratch.run_with(&args, env).await;
+        outputs.push((args.join(" "), done.code, done.stdout, done.stderr));
+    }
+    let held = holder.finish(BOUND).await;
+    assert!(held.stderr.contains("INFO distlock"), "logging is on: {}", held.stderr);
+    outputs.push(("the holder".to_owned(), held.code, held.stdout, held.stderr));
+    let digest = zk_url().replace("zk://", &format!("zk://app:{PLANTED}@"));
+    let zk = scratch
+        .run_with(
+            &["-vvv", "run", "--name", "z", "--", "true"],
+            &[("DISTLOCK_URL", &digest)],
+        )
+        .await;
+    outputs.push(("zk".to_owned(), zk.code, zk.stdout, zk.stderr));
+    for (what, code, stdout, stderr) in &outputs {
+        assert!(
+            !stdout.contains(PLANTED) && !stderr.contains(PLANTED),
+            "{what} (exit {code:?}) shows the password:\n{stdout}\n{stderr}"
+        );
+    }
+    let codes: Vec<_> = outputs.iter().map(|(_, code, ..)| *code).collect();
+    assert_eq!(
+        codes,
+        [
+            Some(BUSY),
+            Some(0),
+            Some(0),
+            Some(0),
+            Some(UNAVAILABLE),
+            Some(0),
+            Some(0)
+        ],
+        "{outputs:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // kazoo
 // ---------------------------------------------------------------------------------------

@@ -554,3 +554,72 @@ mod redis {
         }
     }
 }
+
+/// A planted password shows in no configuration's `Debug` and in no error, whichever way it
+/// was given (in the URL, or in a `password_file`), for every scheme built in.
+#[test]
+fn no_configuration_shows_its_password() {
+    const PLANTED: &str = "pl4nted-S3cret";
+    let file = std::env::temp_dir().join(format!("distlock-planted-{}", std::process::id()));
+    std::fs::write(&file, format!("{PLANTED}\n")).unwrap();
+    let file = file.display().to_string();
+    // (the password in the URL, the same URL for a password_file, whether it is built in)
+    let schemes = [
+        (
+            "zk://app:{PW}@h1:2181,h2/apps",
+            "zk://app@h1:2181,h2/apps",
+            cfg!(feature = "zookeeper"),
+        ),
+        (
+            "redis://app:{PW}@h:6379/1",
+            "redis://app@h:6379/1",
+            cfg!(feature = "redis"),
+        ),
+        ("rediss://:{PW}@h", "rediss://h", cfg!(feature = "redis")),
+        (
+            "redis+sentinel://app:{PW}@s1,s2/primary",
+            "redis+sentinel://app@s1,s2/primary",
+            cfg!(feature = "redis"),
+        ),
+        (
+            "redis+cluster://app:{PW}@n1,n2",
+            "redis+cluster://app@n1,n2",
+            cfg!(feature = "redis"),
+        ),
+        (
+            "redlock://app:{PW}@r1,r2,r3",
+            "redlock://app@r1,r2,r3",
+            cfg!(feature = "redis"),
+        ),
+        (
+            "etcd://app:{PW}@e1:2379",
+            "etcd://app@e1:2379",
+            cfg!(feature = "etcd"),
+        ),
+        (
+            "postgres://app:{PW}@db/app",
+            "postgres://app@db/app",
+            cfg!(feature = "postgres"),
+        ),
+    ];
+    for (with_password, without, built) in schemes {
+        for url in [
+            with_password.replace("{PW}", PLANTED),
+            format!("{without}?password_file={file}"),
+        ] {
+            let shown = match BackendConfig::from_url(&url) {
+                Ok(config) => format!("{config:?}"),
+                Err(error) => {
+                    assert!(!built, "{url}: {error}");
+                    format!("{error} {error:?}")
+                }
+            };
+            assert!(!shown.contains(PLANTED), "{url}: {shown}");
+            let bad = format!("{url}{}bogus=1", if url.contains('?') { '&' } else { '?' });
+            let error = BackendConfig::from_url(&bad).unwrap_err();
+            let shown = format!("{error} {error:?}");
+            assert!(!shown.contains(PLANTED), "{bad}: {shown}");
+        }
+    }
+    std::fs::remove_file(file).unwrap();
+}
