@@ -1562,7 +1562,11 @@ async fn a_planted_password_appears_in_no_output() {
         outputs.push((args.join(" "), done.code, done.stdout, done.stderr));
     }
     let held = holder.finish(BOUND).await;
-    assert!(held.stderr.contains("INFO distlock"), "logging is on: {}", held.stderr);
+    assert!(
+        held.stderr.contains("INFO distlock"),
+        "logging is on: {}",
+        held.stderr
+    );
     outputs.push(("the holder".to_owned(), held.code, held.stdout, held.stderr));
     let digest = zk_url().replace("zk://", &format!("zk://app:{PLANTED}@"));
     let zk = scratch

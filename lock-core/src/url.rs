@@ -181,6 +181,32 @@ pub fn with_password(url: &str, password: &str) -> Result<String, LockError> {
     Ok(format!("{scheme}://{user}:{password}@{hosts}{tail}"))
 }
 
+/// `url` with the password of its user information shown as `***`, for printing a URL a
+/// user gave (the rest unchanged); anything else as it is.
+///
+/// ```
+/// use lock_core::url::without_password;
+/// assert_eq!(without_password("redis://app:s3cret@h:6379/1"), "redis://app:***@h:6379/1");
+/// assert_eq!(without_password("zk://h1,h2/app"), "zk://h1,h2/app");
+/// assert_eq!(without_password("--json"), "--json");
+/// ```
+pub fn without_password(url: &str) -> String {
+    if !holds_password(url) {
+        return url.to_owned();
+    }
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    let Some((user_info, hosts)) = authority.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    let user = user_info
+        .split_once(':')
+        .map_or(user_info, |(user, _)| user);
+    format!("{scheme}://{user}:***@{hosts}{tail}")
+}
+
 /// Whether `url` holds a password in its user information (`user:password@`).
 pub fn holds_password(url: &str) -> bool {
     url.split_once("://").is_some_and(|(_, rest)| {

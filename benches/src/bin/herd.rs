@@ -350,7 +350,11 @@ async fn main_async(args: Args) -> Result<(), String> {
             "{} CPUs, {} — `herd {}` in {:.0} s",
             std::thread::available_parallelism().map_or(0, |n| n.get()),
             std::env::consts::OS,
-            std::env::args().skip(1).collect::<Vec<_>>().join(" "),
+            std::env::args()
+                .skip(1)
+                .map(|arg| lock_core::url::without_password(&arg))
+                .collect::<Vec<_>>()
+                .join(" "),
             began.elapsed().as_secs_f64()
         );
         let written = report::write_report(dir, &measurements, &scaled, &context)
