@@ -72,7 +72,12 @@ impl BackendConfig {
     /// parser, naming the bad part), an unknown scheme (listing the supported ones), or a
     /// known scheme whose feature is not enabled (naming the feature).
     pub fn from_url(url: &str) -> Result<Self, LockError> {
-        let scheme = LockUrl::parse(url)?.scheme;
+        // The scheme alone: each backend reads the rest its own way (PostgreSQL's libpq
+        // URL is not lock-core's), and a password file once.
+        let scheme = match url.trim().split_once("://") {
+            Some((scheme, _)) => scheme.to_ascii_lowercase(),
+            None => LockUrl::parse(url)?.scheme,
+        };
         match scheme.as_str() {
             "memory" => memory_from_url(url),
             "zk" | "zookeeper" => zookeeper_from_url(url, &scheme),

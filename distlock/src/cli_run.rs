@@ -367,6 +367,8 @@ fn spawn(guard: &Held, options: &RunOptions) -> io::Result<Child> {
     let mut command = Command::new(program);
     command
         .args(args)
+        // The backend's password is distlock's, not the command's (nor its children's).
+        .env_remove(crate::PASSWORD_ENV)
         .env("DISTLOCK_FENCING_TOKEN", guard.tokens())
         .env("DISTLOCK_LOCK_NAME", options.joined_names());
     if !options.foreground {

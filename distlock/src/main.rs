@@ -244,14 +244,24 @@ struct Target {
 }
 
 /// The environment variable that gives the URL's password, kept out of the process list.
-const PASSWORD_ENV: &str = "DISTLOCK_PASSWORD";
+pub(crate) const PASSWORD_ENV: &str = "DISTLOCK_PASSWORD";
 
 impl Target {
     /// The URL with the password given apart from it (`--password-file` or
     /// `DISTLOCK_PASSWORD`), if one is; a usage error for two passwords or an unreadable
     /// file (never showing the password).
     fn url(&self) -> Result<String, u8> {
-        let from_env = std::env::var(PASSWORD_ENV).ok().filter(|p| !p.is_empty());
+        let from_env = match std::env::var_os(PASSWORD_ENV) {
+            Some(value) if value.is_empty() => None,
+            Some(value) => match value.into_string() {
+                Ok(password) => Some(password),
+                Err(_) => {
+                    report(format_args!("{PASSWORD_ENV} is not valid UTF-8"));
+                    return Err(status::USAGE);
+                }
+            },
+            None => None,
+        };
         let password = match (&self.password_file, from_env) {
             (Some(_), Some(_)) => Err(LockError::config(format!(
                 "--password-file and {PASSWORD_ENV} both give a password; give one"
@@ -455,10 +465,16 @@ async fn dispatch(command: Command) -> u8 {
             Ok(options) => cli_run::run(options).await,
             Err(code) => code,
         },
-        Command::Holders(args) => match (args.target.one_name("holders"), args.target.url()) {
-            (Ok(name), Ok(url)) => cli_holders::holders(&url, name, args.json).await,
-            (Err(code), _) | (_, Err(code)) => code,
-        },
+        Command::Holders(args) => {
+            match args
+                .target
+                .one_name("holders")
+                .and_then(|name| Ok((name, args.target.url()?)))
+            {
+                Ok((name, url)) => cli_holders::holders(&url, name, args.json).await,
+                Err(code) => code,
+            }
+        }
         Command::Elect(args) => {
             if let Err(code) = args.run.common.target.one_name("elect") {
                 return code;
@@ -480,10 +496,16 @@ async fn dispatch(command: Command) -> u8 {
                 Err(code) => code,
             }
         }
-        Command::Leader(args) => match (args.target.one_name("leader"), args.target.url()) {
-            (Ok(name), Ok(url)) => cli_leader::leader(&url, name, args.watch, args.json).await,
-            (Err(code), _) | (_, Err(code)) => code,
-        },
+        Command::Leader(args) => {
+            match args
+                .target
+                .one_name("leader")
+                .and_then(|name| Ok((name, args.target.url()?)))
+            {
+                Ok((name, url)) => cli_leader::leader(&url, name, args.watch, args.json).await,
+                Err(code) => code,
+            }
+        }
         Command::Bench { .. } => {
             eprintln!("{BENCH_HELP}");
             status::USAGE

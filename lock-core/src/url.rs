@@ -25,6 +25,13 @@ use serde::de::{self, DeserializeOwned, IntoDeserializer, Visitor};
 
 use crate::LockError;
 
+mod password;
+
+pub use password::{
+    PASSWORD_FILE, holds_password, password_file_param, password_given_twice, read_password_file,
+    with_password, without_password,
+};
+
 /// One `host[:port]` of a connection URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostPort {
@@ -115,108 +122,6 @@ impl std::fmt::Debug for LockUrl {
     }
 }
 
-/// The parameter every scheme takes for a password kept out of the URL: the path of a file
-/// whose first line is the password (see [`read_password_file`]). [`LockUrl::parse`] reads
-/// it and removes it from the parameters.
-///
-/// ```
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use lock_core::url::LockUrl;
-///
-/// let file = std::env::temp_dir().join(format!("distlock-doc-{}", std::process::id()));
-/// std::fs::write(&file, "s3cret\n")?;
-/// let url = LockUrl::parse(&format!("redis://app@h?password_file={}", file.display()))?;
-/// assert_eq!(url.password.as_deref(), Some("s3cret"));
-/// assert!(url.params.is_empty());
-/// # std::fs::remove_file(file)?;
-/// # Ok(()) }
-/// ```
-pub const PASSWORD_FILE: &str = "password_file";
-
-/// The password in the file at `path`: its first line, without the line ending (a file
-/// written with `echo` has one).
-///
-/// # Errors
-///
-/// [`LockError::Config`] naming the file when it cannot be read or its first line is empty;
-/// never its content.
-pub fn read_password_file(path: &str) -> Result<String, LockError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|error| LockError::config(format!("the password file {path:?}: {error}")))?;
-    match text.lines().next() {
-        Some(password) if !password.is_empty() => Ok(password.to_owned()),
-        _ => Err(LockError::config(format!(
-            "the password file {path:?} holds no password on its first line"
-        ))),
-    }
-}
-
-/// `url` with `password` (percent-encoded) in its user information, for a password given
-/// apart from the URL (an environment variable, a file).
-///
-/// ```
-/// let url = lock_core::url::with_password("zk://app@h1:2181,h2/apps?acl=auto", "p@ss:w/rd")?;
-/// assert_eq!(url, "zk://app:p%40ss%3Aw%2Frd@h1:2181,h2/apps?acl=auto");
-/// let parsed = lock_core::url::LockUrl::parse(&url)?;
-/// assert_eq!(parsed.password.as_deref(), Some("p@ss:w/rd"));
-/// # Ok::<(), lock_core::LockError>(())
-/// ```
-///
-/// # Errors
-///
-/// [`LockError::Config`] for a URL without a scheme, or one that holds a password already.
-pub fn with_password(url: &str, password: &str) -> Result<String, LockError> {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return Err(bad(format!("{:?} has no scheme", redact_guess(url))));
-    };
-    let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
-    let (user, hosts) = authority.rsplit_once('@').unwrap_or(("", authority));
-    if user.contains(':') {
-        return Err(bad(
-            "the URL holds a password already; give the password in one place",
-        ));
-    }
-    let password =
-        percent_encoding::utf8_percent_encode(password, percent_encoding::NON_ALPHANUMERIC);
-    Ok(format!("{scheme}://{user}:{password}@{hosts}{tail}"))
-}
-
-/// `url` with the password of its user information shown as `***`, for printing a URL a
-/// user gave (the rest unchanged); anything else as it is.
-///
-/// ```
-/// use lock_core::url::without_password;
-/// assert_eq!(without_password("redis://app:s3cret@h:6379/1"), "redis://app:***@h:6379/1");
-/// assert_eq!(without_password("zk://h1,h2/app"), "zk://h1,h2/app");
-/// assert_eq!(without_password("--json"), "--json");
-/// ```
-pub fn without_password(url: &str) -> String {
-    if !holds_password(url) {
-        return url.to_owned();
-    }
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
-    let Some((user_info, hosts)) = authority.rsplit_once('@') else {
-        return url.to_owned();
-    };
-    let user = user_info
-        .split_once(':')
-        .map_or(user_info, |(user, _)| user);
-    format!("{scheme}://{user}:***@{hosts}{tail}")
-}
-
-/// Whether `url` holds a password in its user information (`user:password@`).
-pub fn holds_password(url: &str) -> bool {
-    url.split_once("://").is_some_and(|(_, rest)| {
-        let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
-        authority
-            .rsplit_once('@')
-            .is_some_and(|(user, _)| user.contains(':'))
-    })
-}
-
 fn bad(message: impl std::fmt::Display) -> LockError {
     LockError::Config {
         message: format!("invalid connection URL: {message}"),
@@ -259,17 +164,14 @@ impl LockUrl {
         if rest.contains('#') {
             return Err(bad("fragments (`#...`) are not allowed"));
         }
+        let (userinfo, rest) = password::split_user_info(rest);
         let (before_query, query) = match rest.split_once('?') {
             Some((before, query)) => (before, Some(query)),
             None => (rest, None),
         };
-        let (authority, path) = match before_query.find('/') {
+        let (host_list, path) = match before_query.find('/') {
             Some(slash) => (&before_query[..slash], &before_query[slash..]),
             None => (before_query, ""),
-        };
-        let (userinfo, host_list) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (Some(userinfo), hosts),
-            None => (None, authority),
         };
         let (username, password) = match userinfo {
             None => (None, None),
@@ -297,11 +199,7 @@ impl LockUrl {
             Some(query) => parse_query(query)?,
         };
         let password = match params.iter().position(|(key, _)| key == PASSWORD_FILE) {
-            Some(_) if password.is_some() => {
-                return Err(bad(
-                    "the URL holds a password and names a password_file; give one of them",
-                ));
-            }
+            Some(_) if password.is_some() => return Err(password_given_twice()),
             Some(at) => Some(read_password_file(&params.remove(at).1)?),
             None => password,
         };
@@ -499,6 +397,11 @@ fn parse_host(entry: &str) -> Result<HostPort, LockError> {
     })
 }
 
+/// A parameter's value as written in a query: `+` for a space, percent-encoded.
+fn decode_value(raw: &str) -> Result<String, LockError> {
+    decode(&raw.replace('+', " "), "parameter value")
+}
+
 fn parse_query(query: &str) -> Result<Vec<(String, String)>, LockError> {
     let mut params: Vec<(String, String)> = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -508,7 +411,7 @@ fn parse_query(query: &str) -> Result<Vec<(String, String)>, LockError> {
             )));
         };
         let key = decode(key, "parameter name")?;
-        let value = decode(&value.replace('+', " "), "parameter value")?;
+        let value = decode_value(value)?;
         if key.is_empty() {
             return Err(bad(format!("parameter {pair:?} has no name")));
         }
@@ -892,10 +795,7 @@ mod tests {
         assert_eq!(url.password.as_deref(), Some("pa ss"));
         assert_eq!(url.params, [("a".to_owned(), "1".to_owned())]);
         for (url, part) in [
-            (
-                format!("zk://u:x@h?password_file={secret}"),
-                "give one of them",
-            ),
+            (format!("zk://u:x@h?password_file={secret}"), "twice"),
             (
                 format!("zk://u@h?password_file={empty}"),
                 "holds no password",

@@ -195,15 +195,10 @@ impl PostgresConfig {
                 }
                 // Every scheme's password kept out of the URL, read here.
                 lock_core::url::PASSWORD_FILE => {
-                    let has_password = lock_core::url::holds_password(base)
-                        || query.split('&').any(|pair| pair.starts_with("password="));
-                    if has_password {
-                        return Err(config_error(
-                            "the URL holds a password and names a password_file; give one of them",
-                        ));
+                    if lock_core::url::holds_password(url) {
+                        return Err(lock_core::url::password_given_twice());
                     }
-                    let path = percent_encoding::percent_decode_str(value).decode_utf8_lossy();
-                    let password = lock_core::url::read_password_file(&path)?;
+                    let password = lock_core::url::password_file_param(value)?;
                     let encoded = percent_encoding::utf8_percent_encode(
                         &password,
                         percent_encoding::NON_ALPHANUMERIC,
@@ -343,7 +338,7 @@ mod tests {
         let twice = format!("postgres://app:x@h/db?password_file={}", file.display());
         let error = PostgresConfig::from_url(&twice).unwrap_err().to_string();
         assert!(
-            error.contains("give one of them") && !error.contains("ss word"),
+            error.contains("twice") && !error.contains("ss word"),
             "{error}"
         );
         std::fs::remove_file(file).unwrap();
