@@ -332,12 +332,12 @@ impl Shared {
 /// another identity can neither touch a lock nor be kept from making its own; with
 /// [`AclPolicy::CreatorAll`] every node is the creator's (a namespace of one identity).
 fn session_acls(config: &ZkConfig) -> (Acls<'static>, Acls<'static>) {
-    let (open, creator) = (Acls::anyone_all(), Acls::creator_all());
-    match (config.acl, config.auth.is_some()) {
-        (AclPolicy::CreatorAll, _) => (creator, creator),
-        (AclPolicy::Auto, true) => (open, creator),
-        (AclPolicy::Open, _) | (AclPolicy::Auto, false) => (open, open),
-    }
+    let acls = |policy| match policy {
+        AclPolicy::CreatorAll => Acls::creator_all(),
+        AclPolicy::Open | AclPolicy::Auto => Acls::anyone_all(),
+    };
+    // Above the locks, `Auto` is open; the locks' own nodes follow `node_acl`.
+    (acls(config.acl), acls(config.node_acl()))
 }
 
 /// `client` rooted at `chroot`, made first where it is missing (persistent, with `acls`),
