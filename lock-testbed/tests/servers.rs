@@ -658,6 +658,37 @@ async fn taken_port_is_reported_after_bounded_retries() {
 
 // ---- targets and shared servers -------------------------------------------------------
 
+/// A target's condition, for failure messages, says whether its process runs, is stopped
+/// or is gone, with the last lines of its log.
+#[tokio::test]
+async fn a_process_targets_condition_follows_its_process() {
+    let mut redis = RedisTarget::from(RedisServer::start(RedisOptions::default()).await.unwrap());
+    let pid = redis.server().and_then(LocalServer::pid).unwrap();
+    let condition = redis.condition().await;
+    assert!(
+        condition.contains(&format!("(pid {pid}) runs"))
+            && condition.contains("Ready to accept connections"),
+        "{condition}"
+    );
+    redis.pause().await.unwrap();
+    let condition = redis.condition().await;
+    assert!(
+        condition.contains(&format!("(pid {pid}) is stopped")),
+        "{condition}"
+    );
+    redis.resume().await.unwrap();
+    redis.kill().await.unwrap();
+    let condition = redis.condition().await;
+    assert!(condition.contains("does not run"), "{condition}");
+    let external = RedisTarget::external("redis://127.0.0.1:1")
+        .condition()
+        .await;
+    assert!(
+        external.contains("redis://127.0.0.1:1 is external"),
+        "{external}"
+    );
+}
+
 #[tokio::test]
 async fn external_targets_refuse_faults() {
     let mut zk = ZkTarget::external("127.0.0.1:1");
@@ -1107,6 +1138,11 @@ async fn container_target_faults_go_through_the_engine() {
     assert!(addr.ip().is_loopback(), "{addr}");
     let port = addr.port();
     assert_eq!(Resp::connect(port).call(&["SET", "k", "v"]), "+OK");
+    let condition = redis.condition().await;
+    assert!(
+        condition.contains(" runs;") && condition.contains("Ready to accept connections"),
+        "{condition}"
+    );
 
     redis.pause().await.unwrap();
     assert!(
@@ -1121,6 +1157,8 @@ async fn container_target_faults_go_through_the_engine() {
         !answers_ping(port),
         "a killed Redis container must not answer"
     );
+    let condition = redis.condition().await;
+    assert!(condition.contains(" has exited with code "), "{condition}");
     let began = Instant::now();
     redis.restart().await.unwrap();
     eprintln!(

@@ -62,6 +62,12 @@ impl ServerProcess {
         self.node.signal(signal)
     }
 
+    /// Whether the server runs and the last lines of its log (see
+    /// [`Target::condition`](super::Target::condition)).
+    pub(crate) fn node_condition(&self) -> String {
+        self.node.condition()
+    }
+
     /// Kills the server's process group and reaps it (see [`LocalServer::kill`]).
     pub(crate) fn node_kill(&mut self) {
         self.node.kill();

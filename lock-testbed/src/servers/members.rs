@@ -44,6 +44,9 @@ pub trait Member: Send + Sync + fmt::Debug {
     async fn pause(&self) -> Result<(), ServerError>;
     /// Continues it after [`pause`](Self::pause).
     async fn resume(&self) -> Result<(), ServerError>;
+    /// What a failure message should say of it: whether it still runs (or has exited, or
+    /// is frozen) and the last lines of its log.
+    async fn condition(&self) -> String;
 }
 
 #[async_trait]
@@ -76,6 +79,10 @@ impl Member for Instance {
     async fn resume(&self) -> Result<(), ServerError> {
         self.signal(Signal::SIGCONT)
     }
+
+    async fn condition(&self) -> String {
+        Instance::condition(self)
+    }
 }
 
 #[cfg(feature = "testcontainers")]
@@ -107,6 +114,10 @@ impl<K: Send + Sync + fmt::Debug> Member for super::containers::Container<K> {
 
     async fn resume(&self) -> Result<(), ServerError> {
         super::containers::Container::resume(self).await
+    }
+
+    async fn condition(&self) -> String {
+        super::containers::Container::condition(self).await
     }
 }
 
@@ -284,6 +295,16 @@ impl<K> Members<K> {
     /// Whether member `index` runs (not killed; a paused member runs).
     pub async fn is_running(&self, index: usize) -> Result<bool, ServerError> {
         self.member(index)?.is_running().await
+    }
+
+    /// What a failure message should say of every member: whether it runs (or has
+    /// exited, or is frozen) and the last lines of its log, a paragraph each.
+    pub async fn condition(&self) -> String {
+        let mut paragraphs = Vec::with_capacity(self.members.len());
+        for (index, member) in self.members.iter().enumerate() {
+            paragraphs.push(format!("member {index}: {}", member.condition().await));
+        }
+        paragraphs.join("\n\n")
     }
 
     /// Kills member `index` at once (`SIGKILL` to its process group; a container is

@@ -601,6 +601,32 @@ impl Instance {
         }
     }
 
+    /// What a failure message should say of the server: whether its process runs, is
+    /// frozen or has exited (as `/proc` shows it), and the last lines of its log.
+    pub(crate) fn condition(&self) -> String {
+        let state = match self.pid() {
+            None => "does not run (killed by the test)".to_owned(),
+            Some(pid) => match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+                // The state letter follows the command name's closing parenthesis.
+                Ok(stat) => match stat
+                    .rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().next())
+                {
+                    Some("Z") => format!("(pid {pid}) has exited"),
+                    Some("T" | "t") => format!("(pid {pid}) is stopped"),
+                    Some(state) => format!("(pid {pid}) runs, in state {state}"),
+                    None => format!("(pid {pid}) is in an unknown state"),
+                },
+                Err(_) => format!("(pid {pid}) has exited and been reaped"),
+            },
+        };
+        format!(
+            "{} {state}; the last lines of its log:\n{}",
+            self.server,
+            log_tail(&self.log, 20)
+        )
+    }
+
     fn startup_error(&self, detail: String) -> ServerError {
         ServerError::Startup {
             server: self.server.clone(),

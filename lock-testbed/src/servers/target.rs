@@ -215,6 +215,18 @@ impl<S: TargetServer> Target<S> {
         }
     }
 
+    /// What a failure message should say of the server: whether it still runs (or has
+    /// exited, or is frozen) and the last lines of its log; for an external server, only
+    /// its address.
+    pub async fn condition(&self) -> String {
+        match &self.inner {
+            Inner::External { address } => format!("{} at {address} is external", S::NAME),
+            Inner::Local(server) => server.process().node_condition(),
+            #[cfg(feature = "testcontainers")]
+            Inner::Container { container, .. } => container.condition().await,
+        }
+    }
+
     /// Kills the server (`SIGKILL` to a process; a container is stopped without grace),
     /// keeping what [`restart`](Self::restart) needs;
     /// unsupported with an external server.

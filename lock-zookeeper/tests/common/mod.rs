@@ -90,11 +90,17 @@ pub(crate) async fn children(admin: &ZkClient, dir: &str) -> Result<Vec<String>,
 
 /// A raw client of `connect_string` for looking at and acting on the server's records.
 pub(crate) async fn admin_client(connect_string: &str) -> ZkClient {
+    admin_connect(connect_string)
+        .await
+        .expect("an admin client")
+}
+
+/// [`admin_client`], or why it could not connect.
+async fn admin_connect(connect_string: &str) -> Result<ZkClient, ZkError> {
     ZkClient::connector()
         .with_session_timeout(Duration::from_secs(10))
         .connect(connect_string)
         .await
-        .expect("an admin client")
 }
 
 /// [`observe_until`], panicking with its failure: what the last observation was when
@@ -400,6 +406,12 @@ impl SharedEnsemble {
             .join(",")
     }
 
+    /// Whether each member runs and the last lines of its log, for a failure message.
+    async fn condition(&'static self) -> String {
+        self.on_members(|members: &mut Members| Box::pin(async move { members.condition().await }))
+            .await
+    }
+
     /// Runs `operation` on the members, on the ensemble's own runtime.
     async fn on_members<T, F>(&'static self, operation: F) -> T
     where
@@ -462,9 +474,10 @@ impl ZkHarness {
             .split(',')
             .map(|host| host.parse().expect("the shared server's address"))
             .collect();
-        let admin = ZkClient::connect(&connect_string)
-            .await
-            .expect("admin client");
+        let admin = match admin_connect(&connect_string).await {
+            Ok(admin) => admin,
+            Err(error) => panic!("an admin client: {error}; {}", server.condition().await),
+        };
         ZkHarness {
             strategy,
             servers,
@@ -498,15 +511,20 @@ impl ZkHarness {
                     }
                     // A case before may have paused or killed the leader: this one starts
                     // once the ensemble serves again.
-                    members
-                        .wait_for_leader(ELECTION_BOUND)
-                        .await
-                        .expect("an ensemble leader");
+                    if let Err(error) = members.wait_for_leader(ELECTION_BOUND).await {
+                        panic!("an ensemble leader: {error}; {}", members.condition().await);
+                    }
                 })
             })
             .await;
         let connect_string = ensemble.connect_string();
-        let admin = admin_client(&connect_string).await;
+        let admin = match admin_connect(&connect_string).await {
+            Ok(admin) => admin,
+            Err(error) => panic!(
+                "an admin client of the ensemble: {error}; {}",
+                ensemble.condition().await
+            ),
+        };
         ZkHarness {
             strategy,
             servers: ensemble.servers.clone(),

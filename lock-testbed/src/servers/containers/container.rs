@@ -117,6 +117,9 @@ pub struct Container<K> {
     pub(crate) kind: K,
 }
 
+/// How many lines of a container's output [`Container::condition`] gives.
+const CONDITION_LINES: usize = 20;
+
 /// How many times a container is created again when the port chosen for it was taken in
 /// the meantime.
 const PORT_ATTEMPTS: usize = 5;
@@ -311,6 +314,28 @@ impl<K> Container<K> {
     /// Whether the container runs (not killed; a paused container runs).
     pub async fn is_running(&self) -> Result<bool, ServerError> {
         self.container().is_running().await.map_err(container_error)
+    }
+
+    /// What a failure message should say of the container: whether it runs (or its exit
+    /// code) and the last lines of its output.
+    pub async fn condition(&self) -> String {
+        let container = self.container();
+        let state = match (container.is_running().await, container.exit_code().await) {
+            (Ok(true), _) => "runs".to_owned(),
+            (Ok(false), Ok(Some(code))) => format!("has exited with code {code}"),
+            (Ok(false), _) => "does not run".to_owned(),
+            (Err(err), _) => format!("is in a state the engine did not give ({err})"),
+        };
+        let mut output = container.stdout_to_vec().await.unwrap_or_default();
+        output.extend(container.stderr_to_vec().await.unwrap_or_default());
+        let output = String::from_utf8_lossy(&output);
+        let lines: Vec<&str> = output.lines().collect();
+        let tail = lines[lines.len().saturating_sub(CONDITION_LINES)..].join("\n");
+        format!(
+            "the {} container {} {state}; the last lines of its output:\n{tail}",
+            self.server,
+            self.id()
+        )
     }
 
     /// Stops the server without grace (`docker stop --time 0`: `SIGKILL` right after
