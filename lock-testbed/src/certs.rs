@@ -74,25 +74,51 @@ pub fn authority(dir: &Path, name: &str) -> Result<(), ServerError> {
 ///
 /// As for [`authority`], and [`ServerError::Io`] when a file cannot be written.
 pub fn server_certificate(dir: &Path, ca: &str) -> Result<(), ServerError> {
+    signed_certificate(
+        dir,
+        ca,
+        "server",
+        "/CN=127.0.0.1",
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    )
+}
+
+/// Makes `{name}.crt` and `{name}.key` in `dir`: a client certificate (common name `name`)
+/// signed by the authority `{ca}.crt`/`{ca}.key` there, for servers that ask clients for
+/// one (mutual TLS).
+///
+/// # Errors
+///
+/// As for [`server_certificate`].
+pub fn client_certificate(dir: &Path, ca: &str, name: &str) -> Result<(), ServerError> {
+    let subject = format!("/CN={name}");
+    signed_certificate(dir, ca, name, &subject, "extendedKeyUsage=clientAuth\n")
+}
+
+/// Makes `{name}.crt` and `{name}.key` in `dir` for `subject`, with the extensions
+/// `usage` (besides those of every leaf), signed by the authority `{ca}`.
+fn signed_certificate(
+    dir: &Path,
+    ca: &str,
+    name: &str,
+    subject: &str,
+    usage: &str,
+) -> Result<(), ServerError> {
+    let (key, csr, ext, crt) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.ext"),
+        format!("{name}.crt"),
+    );
     openssl(
         dir,
         &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
+            "req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", &key, "-out", &csr,
         ],
     )?;
     std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
-         keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+        dir.join(&ext),
+        format!("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n{usage}"),
     )?;
     let (ca_crt, ca_key) = (format!("{ca}.crt"), format!("{ca}.key"));
     openssl(
@@ -101,7 +127,7 @@ pub fn server_certificate(dir: &Path, ca: &str) -> Result<(), ServerError> {
             "x509",
             "-req",
             "-in",
-            "server.csr",
+            &csr,
             "-CA",
             &ca_crt,
             "-CAkey",
@@ -110,9 +136,9 @@ pub fn server_certificate(dir: &Path, ca: &str) -> Result<(), ServerError> {
             "-days",
             "2",
             "-extfile",
-            "server.ext",
+            &ext,
             "-out",
-            "server.crt",
+            &crt,
         ],
     )
 }

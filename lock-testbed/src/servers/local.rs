@@ -62,12 +62,6 @@ impl ServerProcess {
         self.node.signal(signal)
     }
 
-    /// Whether the server runs and the last lines of its log (see
-    /// [`Target::condition`](super::Target::condition)).
-    pub(crate) fn node_condition(&self) -> String {
-        self.node.condition()
-    }
-
     /// Kills the server's process group and reaps it (see [`LocalServer::kill`]).
     pub(crate) fn node_kill(&mut self) {
         self.node.kill();
@@ -124,6 +118,12 @@ pub trait LocalServer {
     /// The server's log file (stdout and stderr of every launch).
     fn log_path(&self) -> &Path {
         self.process().node.log_path()
+    }
+
+    /// What a failure message should say of the server: whether its process runs, is
+    /// stopped or has exited, and the last lines of its log.
+    fn condition(&self) -> String {
+        self.process().node.condition()
     }
 
     /// Freezes the server (`SIGSTOP` to its process group): connections stay open, nothing

@@ -79,7 +79,7 @@ pub use redis::{
     RedisSentinelSet, RedisServer, RedisTarget,
 };
 pub use target::{Target, TargetServer};
-pub use zookeeper::{ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget};
+pub use zookeeper::{ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget, ZkTls};
 
 /// The default bound on a server's start-up (and restart): 30 seconds.
 pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);

@@ -221,7 +221,7 @@ impl<S: TargetServer> Target<S> {
     pub async fn condition(&self) -> String {
         match &self.inner {
             Inner::External { address } => format!("{} at {address} is external", S::NAME),
-            Inner::Local(server) => server.process().node_condition(),
+            Inner::Local(server) => server.condition(),
             #[cfg(feature = "testcontainers")]
             Inner::Container { container, .. } => container.condition().await,
         }

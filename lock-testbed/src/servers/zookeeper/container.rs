@@ -68,6 +68,14 @@ impl Container<ZooKeeper> {
     /// `/usr/share/java` jars are used: `opts.java`, `opts.jar` and `opts.logging_jar` are
     /// for local processes.
     pub async fn start(opts: &ZkOptions) -> Result<Self, ServerError> {
+        if opts.tls.is_some() {
+            return Err(ServerError::Unsupported {
+                operation: "TLS".to_owned(),
+                reason: "a ZooKeeper container serves plain connections only; start a \
+                         ZkServer process for TLS"
+                    .to_owned(),
+            });
+        }
         let cfg = zoo_cfg(opts, Path::new(ZK_DATA_DIR), 2181, "0.0.0.0", &[]);
         let script = zk_script(opts, "");
         Self::launch(

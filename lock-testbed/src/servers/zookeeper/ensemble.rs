@@ -148,6 +148,7 @@ async fn start_processes(
             &node_dir,
             Some(i + 1),
             member.client,
+            None,
             &ports,
         )
         .map_err(no_clash)?;

@@ -27,6 +27,9 @@ const SERVER: &str = "ZooKeeper";
 pub(crate) const MAIN_CLASS: &str = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
 const DEFAULT_JAR: &str = "/usr/share/java/zookeeper.jar";
 const DEFAULT_LOGGING_JAR: &str = "/usr/share/java/slf4j-simple.jar";
+/// Netty's codecs, which the TLS handler needs and Debian's `zookeeper.jar` manifest leaves
+/// out of its class path.
+const NETTY_CODEC_JAR: &str = "/usr/share/java/netty-codec.jar";
 /// The bound on one four-letter-word exchange made on the caller's behalf.
 const FOUR_LETTER_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -57,6 +60,22 @@ pub struct ZkOptions {
     pub config: Vec<(String, String)>,
     /// The bound on start-up and restart: [`DEFAULT_STARTUP_TIMEOUT`] by default.
     pub startup_timeout: Duration,
+    /// TLS on a secure client port beside the plain one (a standalone server only): none
+    /// by default.
+    pub tls: Option<ZkTls>,
+}
+
+/// A standalone server's TLS: a `secureClientPort` served by Netty with the certificates
+/// that [`certs`](crate::certs) made in a directory.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ZkTls {
+    /// The directory holding `ca.crt` (the authority the server trusts for client
+    /// certificates), `server.crt` and `server.key`.
+    pub certs: PathBuf,
+    /// Whether clients must present a certificate that authority signed
+    /// (`ssl.clientAuth=need`); otherwise none is asked for.
+    pub client_auth: bool,
 }
 
 impl Default for ZkOptions {
@@ -77,6 +96,7 @@ impl Default for ZkOptions {
             .to_vec(),
             config: Vec::new(),
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
+            tls: None,
         }
     }
 }
@@ -106,6 +126,16 @@ impl ZkOptions {
         self
     }
 
+    /// Serves TLS too, with the certificates in `certs` (see [`ZkTls`]); clients must
+    /// present a certificate when `client_auth`.
+    pub fn with_tls(mut self, certs: impl Into<PathBuf>, client_auth: bool) -> Self {
+        self.tls = Some(ZkTls {
+            certs: certs.into(),
+            client_auth,
+        });
+        self
+    }
+
     /// Adds a `zoo.cfg` line `key=value` (see [`config`](Self::config)).
     pub fn with_config(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.config.push((key.into(), value.into()));
@@ -129,6 +159,10 @@ impl ZkOptions {
         if let Some(logging) = self.logging_jar.as_ref().filter(|p| p.is_file()) {
             classpath.push(":");
             classpath.push(logging);
+        }
+        if self.tls.is_some() {
+            classpath.push(":");
+            classpath.push(NETTY_CODEC_JAR);
         }
         Ok((java, classpath))
     }
@@ -178,8 +212,12 @@ pub(crate) fn zoo_cfg(
     cfg
 }
 
-/// Writes `dir/zoo.cfg` (and `dir/data/myid` for an ensemble member); returns the
-/// launch description.
+/// Writes `dir/zoo.cfg` (and `dir/data/myid` for an ensemble member, `dir/server.pem` for
+/// TLS on `secure_port`); returns the launch description.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call per runner, each naming its own"
+)]
 fn prepare_node(
     opts: &ZkOptions,
     java: &Path,
@@ -187,6 +225,7 @@ fn prepare_node(
     dir: &Path,
     myid: Option<usize>,
     client_port: u16,
+    secure_port: Option<u16>,
     members: &[MemberPorts],
 ) -> Result<Launch, ServerError> {
     let data = dir.join("data");
@@ -198,7 +237,10 @@ fn prepare_node(
         .iter()
         .map(|m| format!("127.0.0.1:{}:{}", m.quorum, m.election))
         .collect();
-    let cfg = zoo_cfg(opts, &data, client_port, "127.0.0.1", &servers);
+    let mut cfg = zoo_cfg(opts, &data, client_port, "127.0.0.1", &servers);
+    if let (Some(tls), Some(port)) = (&opts.tls, secure_port) {
+        cfg.push_str(&tls_cfg(tls, dir, port)?);
+    }
     let cfg_path = dir.join("zoo.cfg");
     std::fs::write(&cfg_path, cfg)?;
     let mut args: Vec<OsString> = opts.jvm_args.iter().map(OsString::from).collect();
@@ -211,6 +253,32 @@ fn prepare_node(
         args,
         cwd: dir.to_path_buf(),
     })
+}
+
+/// The `zoo.cfg` lines of a secure client port on `port`; writes the PEM key store that
+/// ZooKeeper reads (the key, then the certificate, in one file) to `dir/server.pem`, and
+/// copies the authority to `dir/ca.crt` (the trust store), so that the server needs nothing
+/// outside its directory.
+fn tls_cfg(tls: &ZkTls, dir: &Path, port: u16) -> Result<String, ServerError> {
+    let key_store = dir.join("server.pem");
+    let mut pem = std::fs::read(tls.certs.join("server.key"))?;
+    pem.extend(std::fs::read(tls.certs.join("server.crt"))?);
+    std::fs::write(&key_store, pem)?;
+    let trust_store = dir.join("ca.crt");
+    std::fs::copy(tls.certs.join("ca.crt"), &trust_store)?;
+    let client_auth = if tls.client_auth { "need" } else { "none" };
+    Ok(format!(
+        "secureClientPort={port}\n\
+         secureClientPortAddress=127.0.0.1\n\
+         serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+         ssl.keyStore.location={}\n\
+         ssl.keyStore.type=PEM\n\
+         ssl.trustStore.location={}\n\
+         ssl.trustStore.type=PEM\n\
+         ssl.clientAuth={client_auth}\n",
+        key_store.display(),
+        trust_store.display()
+    ))
 }
 
 fn new_instance(name: String, launch: Launch, dir: &Path, port: u16, opts: &ZkOptions) -> Instance {
@@ -236,6 +304,7 @@ fn new_instance(name: String, launch: Launch, dir: &Path, port: u16, opts: &ZkOp
 pub struct ZkServer {
     process: ServerProcess,
     opts: ZkOptions,
+    secure_port: Option<u16>,
 }
 
 impl ZkServer {
@@ -245,16 +314,21 @@ impl ZkServer {
     /// Fails promptly with [`ServerError::NotInstalled`] when the jar or `java` is missing.
     pub async fn start(opts: ZkOptions) -> Result<Self, ServerError> {
         let (java, classpath) = opts.resolve()?;
-        let (process, (), took) = ServerProcess::start(SERVER, "lock-zk-", |dir| {
+        let (process, secure_port, took) = ServerProcess::start(SERVER, "lock-zk-", |dir| {
             let port = free_port()?;
-            let launch = prepare_node(&opts, &java, &classpath, dir, None, port, &[])?;
+            let secure_port = opts.tls.as_ref().map(|_| free_port()).transpose()?;
+            let launch = prepare_node(&opts, &java, &classpath, dir, None, port, secure_port, &[])?;
             Ok((
                 new_instance(SERVER.to_owned(), launch, dir, port, &opts),
-                (),
+                secure_port,
             ))
         })
         .await?;
-        let server = Self { process, opts };
+        let server = Self {
+            process,
+            opts,
+            secure_port,
+        };
         info!(port = server.port(), ?took, dir = %server.dir().display(), "ZooKeeper standalone started");
         Ok(server)
     }
@@ -268,6 +342,20 @@ impl ZkServer {
     /// The connect string for clients (`127.0.0.1:port`).
     pub fn connect_string(&self) -> String {
         self.address()
+    }
+
+    /// The connect string of the secure client port (`127.0.0.1:port`), when started
+    /// [with TLS](ZkOptions::with_tls).
+    pub fn secure_connect_string(&self) -> Option<String> {
+        self.secure_port.map(|port| loopback(port).to_string())
+    }
+
+    /// The authority the server trusts, copied into its directory when started
+    /// [with TLS](ZkOptions::with_tls) (it signed the server's certificate too, as
+    /// [`certs`](crate::certs) makes them): the `tls_ca` of its clients, there as long as
+    /// the server.
+    pub fn trusted_authority(&self) -> Option<PathBuf> {
+        self.secure_port.map(|_| self.dir().join("ca.crt"))
     }
 
     /// The options it was started with.
