@@ -62,7 +62,7 @@ pub enum BackendConfig {
 
 impl BackendConfig {
     /// Parses and validates a connection URL, choosing the backend by its scheme:
-    /// `memory`, `zk` or `zookeeper`, `redis` or `rediss`, `redlock`, `etcd`, `postgres` or
+    /// `memory`, `zk`, `zookeeper` or `zks`, `redis` or `rediss`, `redlock`, `etcd`, `postgres` or
     /// `postgresql`. See the
     /// [crate docs](crate#connection-urls) for each form.
     ///
@@ -80,14 +80,14 @@ impl BackendConfig {
         };
         match scheme.as_str() {
             "memory" => memory_from_url(url),
-            "zk" | "zookeeper" => zookeeper_from_url(url, &scheme),
+            "zk" | "zookeeper" | "zks" => zookeeper_from_url(url, &scheme),
             "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => redis_from_url(url, &scheme),
             "redlock" => redlock_from_url(url, &scheme),
             "etcd" | "etcds" => etcd_from_url(url, &scheme),
             "postgres" | "postgresql" => postgres_from_url(url, &scheme),
             _ => Err(LockError::config(format!(
                 "unknown URL scheme {scheme:?}; distlock supports memory://, zk:// (or \
-                 zookeeper://), redis://, rediss://, redis+sentinel://, redis+cluster://, \
+                 zookeeper://), zks://, redis://, rediss://, redis+sentinel://, redis+cluster://, \
                  redlock://, etcd://, etcds:// and postgres:// (or postgresql://) (enabled \
                  features: {})",
                 enabled_features()

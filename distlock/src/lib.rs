@@ -40,7 +40,7 @@
 //! | feature | default | what it adds |
 //! |---|---|---|
 //! | `memory` | yes | the in-memory backend (`memory://`) and the `memory` module |
-//! | `zookeeper` | no | the ZooKeeper backend (`zk://`, `zookeeper://`) as the `zookeeper` module |
+//! | `zookeeper` | no | the ZooKeeper backend (`zk://`, `zookeeper://`, `zks://`) as the `zookeeper` module |
 //! | `redis` | no | the Redis backend (`redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`, `redlock://`) as the `redis` module |
 //! | `etcd` | no | the etcd backend (`etcd://`, `etcds://`) as the `etcd` module; building it needs `protoc` |
 //! | `postgres` | no | the PostgreSQL backend (`postgres://`, `postgresql://`) as the `postgres` module |
@@ -62,7 +62,7 @@
 //! | scheme | form | parameters, at their defaults |
 //! |---|---|---|
 //! | `memory` | `memory://` — a new private server; `memory://NAME` — the process-wide server called `NAME`, shared by every `connect` with that name | `namespace=` (empty): locks in different namespaces never meet |
-//! | `zk`, `zookeeper` | `zk://[user:password@]h1:p1,h2:p2[/chroot]` (port 2181); credentials add digest auth; a missing chroot is made at connect | `session_timeout=10s` `connect_timeout=5s` `root=/distlock` `strategy=predecessor` (or `single`, `whole-queue`, earlier `children`) `node_format=curator` (or `kazoo`) `acl=auto` (the creator's nodes with credentials, open without; or `open`, or `creator`, which needs credentials) |
+//! | `zk`, `zookeeper`, `zks` | `zk://[user:password@]h1:p1,h2:p2[/chroot]` (port 2181; `zks://` for TLS); credentials add digest auth; a missing chroot is made at connect | `session_timeout=10s` `connect_timeout=5s` `root=/distlock` `strategy=predecessor` (or `single`, `whole-queue`, earlier `children`) `node_format=curator` (or `kazoo`) `acl=auto` (the creator's nodes with credentials, open without; or `open`, or `creator`, which needs credentials) `tls=false` (`zks://` turns it on: TLS to the servers' `secureClientPort`, host names verified) `tls_ca=PATH` (the authorities to trust instead of the system's) `tls_cert=PATH` `tls_key=PATH` (a client certificate and its key, for servers that ask for one) |
 //! | `redis`, `rediss` | `redis://[user[:password]@]host[:port][/db]` (port 6379, db 0); `rediss` uses TLS | `prefix=lock` `ttl=30s` `timeout=5s` `tls_ca=PATH` `strategy=queue` (or `polling`, `pubsub`) `wait_replicas=0` `wait_timeout=100ms` |
 //! | `redis+sentinel` | `redis+sentinel://[user[:password]@]sentinel1[:port],sentinel2[:port]/SERVICE[/db]` (port 26379): the primary the sentinels name, followed through failovers | those of `redis` but `tls_ca` |
 //! | `redis+cluster` | `redis+cluster://[user[:password]@]node1[:port],node2[:port]` (port 6379): a Redis Cluster, each lock on the primary serving its slot, following `MOVED` and `ASK`; no `/db`, no TLS | those of `redis` but `tls_ca` and `wait_replicas` |

@@ -1,6 +1,7 @@
 //! Configuration of the ZooKeeper backend, and its connection URL.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lock_core::LockError;
@@ -139,6 +140,20 @@ pub struct ZkConfig {
     /// Digest credentials added to the session, if any. In a URL, its `user:password@`.
     #[serde(skip)]
     pub auth: Option<DigestAuth>,
+    /// Whether to connect over TLS, to the servers' `secureClientPort`, verifying that
+    /// their certificates name the hosts. In a URL, the `zks://` scheme (or `tls=true`).
+    /// Default off.
+    pub tls: bool,
+    /// A PEM file of the authorities to trust instead of the system's (URL:
+    /// `tls_ca=/path/ca.pem`). Needs [`tls`](Self::tls). Default none.
+    pub tls_ca: Option<PathBuf>,
+    /// A PEM file of the client certificate (and its chain) to present, for servers that
+    /// require one (`ssl.clientAuth=need`), with [`tls_key`](Self::tls_key) (URL:
+    /// `tls_cert=/path/client.crt`). Needs [`tls`](Self::tls). Default none.
+    pub tls_cert: Option<PathBuf>,
+    /// A PEM file of [`tls_cert`](Self::tls_cert)'s private key (PKCS #8, PKCS #1 or SEC1;
+    /// URL: `tls_key=/path/client.key`). Default none.
+    pub tls_key: Option<PathBuf>,
 }
 
 impl ZkConfig {
@@ -166,6 +181,10 @@ impl ZkConfig {
             node_format: NodeNameFormat::default(),
             acl: AclPolicy::default(),
             auth: None,
+            tls: false,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 
@@ -213,18 +232,19 @@ impl ZkConfig {
         format!("{}{chroot}", self.hosts.join(","))
     }
 
-    /// Parses a `zk://` (or `zookeeper://`) connection URL and [validates](Self::validate)
-    /// the result.
+    /// Parses a `zk://` (or `zookeeper://`, or `zks://` for TLS) connection URL and
+    /// [validates](Self::validate) the result.
     ///
     /// ```text
     /// zk://[user:password@]host1[:port1],host2[:port2][/chroot]?session_timeout=10s
     ///     &connect_timeout=5s&strategy=predecessor&root=/distlock&node_format=curator&acl=auto
+    /// zks://host1:2182,host2:2182?tls_ca=/ca.pem&tls_cert=/client.crt&tls_key=/client.key
     /// ```
     ///
     /// The credentials add digest auth; the hosts are the ensemble (port 2181 when not
-    /// given, IPv6 in brackets); the path is the chroot (empty or `/` for none). Each
-    /// parameter sets the field of its name, with the default and bounds that field's docs
-    /// give.
+    /// given, IPv6 in brackets; with TLS, the servers' `secureClientPort`); the path is the
+    /// chroot (empty or `/` for none). Each parameter sets the field of its name, with the
+    /// default and bounds that field's docs give.
     ///
     /// User, password, chroot and parameter values are percent-decoded.
     ///
@@ -247,16 +267,18 @@ impl ZkConfig {
     /// [`LockError::Config`] naming the bad part (never repeating the password): another
     /// scheme, a malformed URL, no host, a user without a password or the reverse, an
     /// invalid chroot or root, an unknown parameter or value, a timeout out of range,
-    /// `acl=creator` without credentials.
+    /// `acl=creator` without credentials, a TLS file without TLS, a client certificate
+    /// without its key or the reverse.
     pub fn from_url(url: &str) -> Result<ZkConfig, LockError> {
         let url = LockUrl::parse(url)?;
-        if url.scheme != "zk" && url.scheme != "zookeeper" {
+        if !matches!(url.scheme.as_str(), "zk" | "zookeeper" | "zks") {
             return Err(config_error(format!(
-                "the URL scheme is {:?}; expected zk:// or zookeeper://",
+                "the URL scheme is {:?}; expected zk://, zookeeper:// or zks:// (TLS)",
                 url.scheme
             )));
         }
         let mut config: ZkConfig = url.query()?;
+        config.tls |= url.scheme == "zks";
         if url.hosts.is_empty() {
             return Err(config_error(
                 "the URL names no host; expected zk://host[:port][,host[:port]...]",
@@ -280,7 +302,8 @@ impl ZkConfig {
     /// [`LockError::Config`] naming the bad setting: no host, an empty or malformed host,
     /// an invalid chroot or root, a path under ZooKeeper's reserved `/zookeeper`, a timeout
     /// of zero or over one hour, [`AclPolicy::CreatorAll`] without credentials, a user
-    /// name that is empty or contains `:`.
+    /// name that is empty or contains `:`, a TLS file without [`tls`](Self::tls), a
+    /// client certificate without its key or the reverse.
     pub fn validate(&self) -> Result<(), LockError> {
         if self.hosts.is_empty() {
             return Err(config_error("at least one host is required"));
@@ -324,7 +347,30 @@ impl ZkConfig {
                 "acl=creator needs digest credentials (zk://user:password@hosts...)",
             ));
         }
-        Ok(())
+        self.validate_tls()
+    }
+
+    fn validate_tls(&self) -> Result<(), LockError> {
+        let files = [
+            ("tls_ca", &self.tls_ca),
+            ("tls_cert", &self.tls_cert),
+            ("tls_key", &self.tls_key),
+        ];
+        let given = files.iter().find(|(_, file)| file.is_some());
+        if let (Some((name, _)), false) = (given, self.tls) {
+            return Err(config_error(format!(
+                "{name} is set but TLS is off (use zks://, or tls=true)"
+            )));
+        }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(_), None) => Err(config_error(
+                "tls_cert needs tls_key (the certificate's key)",
+            )),
+            (None, Some(_)) => Err(config_error(
+                "tls_key needs tls_cert (the key's certificate)",
+            )),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -343,7 +389,21 @@ lock_core::setters! { ZkConfig {
     with_acl(acl: AclPolicy) => acl = acl;
     /// Sets the digest credentials.
     with_auth(auth: DigestAuth) => auth = Some(auth);
+    /// Turns TLS on or off.
+    with_tls(tls: bool) => tls = tls;
+    /// Sets the authorities to trust instead of the system's.
+    with_tls_ca(path: impl Into<PathBuf>) => tls_ca = Some(path.into());
 }}
+
+impl ZkConfig {
+    /// Sets the client certificate and its key (PEM files), for mutual TLS.
+    #[must_use]
+    pub fn with_tls_identity(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.tls_cert = Some(cert.into());
+        self.tls_key = Some(key.into());
+        self
+    }
+}
 
 /// Checks an absolute ZooKeeper path other than `/`; the error completes "path {p:?} …".
 fn check_path(path: &str) -> Result<(), &'static str> {
@@ -550,6 +610,28 @@ mod tests {
         ] {
             let e = config.validate().unwrap_err().to_string();
             assert!(e.contains(expected), "{e}");
+        }
+    }
+
+    #[test]
+    fn zks_urls_and_tls_parameters_turn_tls_on() {
+        let config = from("zks://h1:2182?tls_ca=/ca.pem&tls_cert=/app.crt&tls_key=/app.key");
+        let expected = ZkConfig::new(["h1:2182"])
+            .with_tls(true)
+            .with_tls_ca("/ca.pem")
+            .with_tls_identity("/app.crt", "/app.key");
+        assert_eq!(config, expected);
+        assert_eq!(from("zk://h?tls=true"), ZkConfig::new(["h:2181"]).with_tls(true));
+        assert!(!from("zk://h").tls);
+        for case in [
+            "zk://h?tls_ca=/ca.pem|tls_ca is set but TLS is off",
+            "zk://h?tls_cert=/c&tls_key=/k|tls_cert is set but TLS is off",
+            "zks://h?tls_cert=/c|tls_cert needs tls_key",
+            "zks://h?tls_key=/k|tls_key needs tls_cert",
+            "zkss://h|expected zk://, zookeeper:// or zks://",
+        ] {
+            let (url, parts) = case.split_once('|').unwrap();
+            rejects(url, parts);
         }
     }
 }

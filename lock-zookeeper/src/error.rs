@@ -48,8 +48,8 @@ pub(crate) fn lock_error(error: ZkError, name: Option<&str>) -> LockError {
 /// The client fails the requests in flight with `Custom` when their connection fails
 /// otherwise than by a clean close: no answer within its read timeout (a server that lost
 /// its quorum, or a silent network) or a socket error. The session may well survive it.
-/// (With the client's `tls` or `sasl` features, which this crate does not enable, `Custom`
-/// would also carry set-up failures that no retry mends.)
+/// (With TLS, `Custom` may also carry a failed handshake while connecting, which no retry
+/// mends: the connect loop tries until its timeout, then says why the handshake failed.)
 pub(crate) fn outcome_unknown(error: &ZkError) -> bool {
     matches!(
         error,

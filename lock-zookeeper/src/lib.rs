@@ -57,8 +57,8 @@
 //! # Inside
 //!
 //! The modules are layers, each using only those before it: `node` (node names and order),
-//! `session` (the session, its heartbeat and the guards' loss), `guard` (held nodes, and the
-//! clean-up of nodes nobody will use), `queue` (a lock's directory and its contenders'
+//! `tls` (the client's TLS options), `session` (the session, its heartbeat and the guards'
+//! loss), `guard` (held nodes, and the clean-up of nodes nobody will use), `queue` (a lock's directory and its contenders'
 //! nodes; `queue/turn.rs` is the wait for one's turn, the herd-free algorithm), then the
 //! three kinds of lock (`lock`, `rwlock`, `semaphore`), the `election`, and the `provider`.
 //!
@@ -67,6 +67,8 @@
 //! ```text
 //! zk://[user:password@]host1:port1,host2:port2[/chroot]?session_timeout=10s&connect_timeout=5s
 //!     &strategy=predecessor&root=/distlock&node_format=curator&acl=auto
+//! zks://host1:2182,host2:2182?tls_ca=/etc/zk/ca.pem          # TLS to the secureClientPort
+//! zks://host1:2182?tls_ca=/ca.pem&tls_cert=/app.crt&tls_key=/app.key   # mutual TLS
 //! ```
 
 mod config;
@@ -81,6 +83,7 @@ mod queue;
 mod rwlock;
 mod semaphore;
 mod session;
+mod tls;
 
 pub use config::{AclPolicy, DigestAuth, NodeNameFormat, ZkConfig, ZkStrategy};
 pub use contenders::Contender;

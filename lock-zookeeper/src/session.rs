@@ -88,6 +88,9 @@ impl Session {
                 format!("{}:{}", auth.user, auth.password).as_bytes(),
             );
         }
+        if config.tls {
+            connector = connector.with_tls(crate::tls::client_options(config)?);
+        }
         // The session connects at the top and is rooted once its chroot stands (below).
         let hosts = config.hosts.join(",");
         let budget = Deadline::after(Some(config.connect_timeout));
@@ -97,7 +100,15 @@ impl Session {
             rounds += 1;
             // The server creates the session after this moment.
             let connecting = Instant::now();
-            let round = connector.clone().connect(&hosts);
+            let round = {
+                let (connector, hosts) = (connector.clone(), hosts.as_str());
+                async move {
+                    match config.tls {
+                        true => connector.secure_connect(hosts).await,
+                        false => connector.connect(hosts).await,
+                    }
+                }
+            };
             let mut error =
                 match tokio::time::timeout(budget.cap(config.connect_timeout), round).await {
                     Ok(Ok(client)) => break (client, connecting),
@@ -116,6 +127,12 @@ impl Session {
                     "cannot reach {hosts}: {message} \
                      ({rounds} attempt(s) in {took:.1?}, connect timeout {timeout:?})"
                 );
+                if config.tls {
+                    let first = config.hosts.first().map_or("", String::as_str);
+                    if let Some(why) = crate::tls::handshake_failure(config, first).await {
+                        message.push_str(&format!("; {why}"));
+                    }
+                }
             }
             return Err(error);
         };

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::fmt::Debug;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use lock_conformance::{
@@ -22,8 +22,11 @@ use lock_conformance::{
 };
 use lock_core::LockProvider;
 use lock_core::{LockError, LockName};
+use lock_testbed::certs;
 use lock_testbed::proxy::{FaultProxy, ProxyGroup, ReplyKind, SwallowHandle};
-use lock_testbed::servers::{ServerError, ServerMode, ZkEnsemble, ZkOptions, free_port, shared_zk};
+use lock_testbed::servers::{
+    LocalServer, ServerError, ServerMode, ZkEnsemble, ZkOptions, ZkServer, free_port, shared_zk,
+};
 use lock_zookeeper::{AclPolicy, DigestAuth, ZkConfig, ZkLockProvider, ZkStrategy};
 use zookeeper_client::{Client as ZkClient, Error as ZkError};
 
@@ -42,6 +45,28 @@ pub(crate) const TICK_TIME: Duration = Duration::from_millis(500);
 /// How the tests run ZooKeeper: tickTime [`TICK_TIME`], everything else at its default.
 pub(crate) fn zk_options() -> ZkOptions {
     ZkOptions::default().with_tick_time(TICK_TIME)
+}
+
+static TLS_SERVER: OnceLock<Result<ZkServer, ServerError>> = OnceLock::new();
+
+/// A standalone server (tickTime [`TICK_TIME`]) that serves TLS on a secure client port
+/// beside its plain one, shared by one test binary's tests and started on first use, with
+/// certificates made for it by a test authority (its [`trusted_authority`] is the clients'
+/// `tls_ca`). Like `shared_zk`, it lives in a static, tied to no test's runtime.
+///
+/// [`trusted_authority`]: ZkServer::trusted_authority
+pub(crate) fn tls_server() -> &'static ZkServer {
+    let started = TLS_SERVER.get_or_init(|| {
+        // The server copies what it needs into its own directory.
+        let dir = tempfile::tempdir()?;
+        certs::authority(dir.path(), "ca")?;
+        certs::server_certificate(dir.path(), "ca")?;
+        ZkServer::start_blocking(zk_options().with_tls(dir.path(), false))
+    });
+    match started {
+        Ok(server) => server,
+        Err(error) => panic!("a ZooKeeper server with TLS: {error}"),
+    }
 }
 
 /// The directory of the lock `name` under `root`, as the provider names it.
@@ -223,6 +248,8 @@ pub(crate) struct Proxies {
     proxies: Vec<FaultProxy>,
     /// The client's session timeout, for [`SessionExpiry::expire_session`].
     session_timeout: Duration,
+    /// The client speaks TLS through them: they cannot read the replies they carry.
+    encrypted: bool,
 }
 
 impl Proxies {
@@ -236,6 +263,7 @@ impl Proxies {
     pub(crate) fn for_session(servers: &[SocketAddr], session_timeout: Duration) -> Self {
         Proxies {
             session_timeout,
+            encrypted: false,
             proxies: servers
                 .iter()
                 .map(|server| FaultProxy::start(*server).expect("a fault proxy"))
@@ -325,6 +353,9 @@ impl ClientFaults for Proxies {
     }
 
     async fn lose_next_create_reply(&self) -> FaultResult {
+        if self.encrypted {
+            return Err(FaultError::Unsupported);
+        }
         let _armed = self.swallow_next_create().await?;
         Ok(())
     }
@@ -461,6 +492,9 @@ pub(crate) struct ZkHarness {
     session_timeout: Duration,
     /// Held for the harness's lifetime over an ensemble: one case at a time.
     _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+    /// Over [`tls_server`]: the clients reach its secure port (the admin client its plain
+    /// one).
+    tls: Option<&'static ZkServer>,
     /// The proxies of every client of this harness: the servers as the case sees them.
     servers_as_seen: ProxyGroup,
 }
@@ -486,6 +520,33 @@ impl ZkHarness {
             ensemble: None,
             session_timeout: SESSION_TIMEOUT,
             _turn: None,
+            tls: None,
+            servers_as_seen: ProxyGroup::default(),
+        }
+    }
+
+    /// A harness over [`tls_server`]: its clients connect over TLS (`zks://`, trusting
+    /// the test authority) to the secure port, through proxies that carry the encrypted
+    /// bytes (and so cannot lose a particular reply); the admin client uses the plain port.
+    pub(crate) async fn over_tls(strategy: ZkStrategy) -> Self {
+        let server = tls_server();
+        let secure = server
+            .secure_connect_string()
+            .expect("a secure client port");
+        let connect_string = server.connect_string();
+        let admin = match admin_connect(&connect_string).await {
+            Ok(admin) => admin,
+            Err(error) => panic!("an admin client: {error}; {}", server.condition()),
+        };
+        ZkHarness {
+            strategy,
+            servers: vec![secure.parse().expect("the secure port's address")],
+            connect_string,
+            admin,
+            ensemble: None,
+            session_timeout: SESSION_TIMEOUT,
+            _turn: None,
+            tls: Some(server),
             servers_as_seen: ProxyGroup::default(),
         }
     }
@@ -533,15 +594,20 @@ impl ZkHarness {
             ensemble: Some(ensemble),
             session_timeout: ENSEMBLE_SESSION_TIMEOUT,
             _turn: Some(turn),
+            tls: None,
             servers_as_seen: ProxyGroup::default(),
         }
     }
 
     fn config(&self, root: &str) -> ZkConfig {
-        ZkConfig::new(self.connect_string.split(','))
+        let config = ZkConfig::new(self.servers.iter().map(ToString::to_string))
             .with_strategy(self.strategy)
             .with_session_timeout(self.session_timeout)
-            .with_root(root)
+            .with_root(root);
+        match self.tls.and_then(ZkServer::trusted_authority) {
+            Some(authority) => config.with_tls(true).with_tls_ca(authority),
+            None => config,
+        }
     }
 
     /// A client that reaches the servers through proxies of its own.
@@ -554,7 +620,8 @@ impl ZkHarness {
         &self,
         config: ZkConfig,
     ) -> Result<(Client, Arc<ZkLockProvider>), LockError> {
-        let proxies = Proxies::for_session(&self.servers, self.session_timeout);
+        let mut proxies = Proxies::for_session(&self.servers, self.session_timeout);
+        proxies.encrypted = self.tls.is_some();
         for proxy in &proxies.proxies {
             self.servers_as_seen.add(proxy.control());
         }
@@ -606,6 +673,9 @@ impl ZkHarness {
     /// The data watches per session of the servers (see [`parse_wchc`]): the shared
     /// server's, or every ensemble member's; `None` when a server does not list them.
     pub(crate) async fn data_watches(&self) -> Option<HashMap<i64, Vec<String>>> {
+        if let Some(server) = self.tls {
+            return parse_wchc(&server.four_letter("wchc").await.ok()?);
+        }
         let Some(shared) = self.ensemble else {
             return data_watches().await;
         };
