@@ -85,3 +85,55 @@ async fn wrong_credentials_are_an_auth_error_at_connect() {
         "wrong password: {refused:?}"
     );
 }
+
+/// A password kept apart from the URL (`password_file=`) reaches the server: the right one
+/// locks, a wrong one is an `Auth` error that shows neither password, an unreadable file is
+/// a configuration error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_file_authenticates_the_user() {
+    let h = EtcdHarness::new(EtcdStrategy::Predecessor).await;
+    let endpoint = h.secured_server().await.unwrap().client_address();
+    let endpoint = endpoint.trim_start_matches("http://");
+    let dir = tempfile::tempdir().unwrap();
+    let (right, wrong) = (dir.path().join("right"), dir.path().join("wrong"));
+    std::fs::write(&right, "right\n").unwrap();
+    std::fs::write(&wrong, "wr0ng-planted\n").unwrap();
+    let url = |file: &std::path::Path| {
+        format!(
+            "etcd://locker@{endpoint}?prefix={SECURED_PREFIX}&timeout=2s&password_file={}",
+            file.display()
+        )
+    };
+
+    let allowed = EtcdLockProvider::connect_url(&url(&right))
+        .await
+        .expect("the password from the file is the user's");
+    let mut guard = allowed.lock("filed").unwrap().try_acquire().await.unwrap();
+    guard
+        .as_mut()
+        .expect("a free lock")
+        .release()
+        .await
+        .unwrap();
+
+    let refused = EtcdLockProvider::connect_url(&url(&wrong))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(refused, LockError::Auth { .. }),
+        "a wrong password: {refused}"
+    );
+    let shown = format!("{refused} {refused:?}");
+    assert!(!shown.contains("wr0ng-planted"), "{shown}");
+
+    let missing = dir.path().join("missing");
+    let unreadable = EtcdLockProvider::connect_url(&url(&missing))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&unreadable, LockError::Config { message } if message.contains("missing")),
+        "an unreadable password file: {unreadable}"
+    );
+}

@@ -323,3 +323,50 @@ async fn a_role_without_create_is_told_what_to_run() {
     assert_eq!(guard.fencing_token().0, 1);
     guard.release().await.unwrap();
 }
+
+/// A password kept apart from the URL (`password_file=`) reaches a server that asks for
+/// one: the right one locks, a wrong one is an `Auth` error that shows neither password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_file_authenticates_the_role() {
+    let server = PostgresTarget::start(PostgresOptions::default().with_password("right"))
+        .await
+        .unwrap();
+    let address = server_address(&server.url());
+    let dir = tempfile::tempdir().unwrap();
+    let (right, wrong) = (dir.path().join("right"), dir.path().join("wrong"));
+    std::fs::write(&right, "right\n").unwrap();
+    std::fs::write(&wrong, "wr0ng-planted\n").unwrap();
+    let url = |file: &std::path::Path| {
+        format!(
+            "postgres://postgres@{address}/postgres?timeout=2s&password_file={}",
+            file.display()
+        )
+    };
+
+    let allowed = PostgresLockProvider::connect_url(&url(&right))
+        .await
+        .expect("the password from the file is the role's");
+    let mut guard = allowed
+        .lock(&unique_name("filed"))
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap();
+    guard
+        .as_mut()
+        .expect("a free lock")
+        .release()
+        .await
+        .unwrap();
+
+    let refused = PostgresLockProvider::connect_url(&url(&wrong))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(refused, LockError::Auth { .. }),
+        "a wrong password: {refused}"
+    );
+    let shown = format!("{refused} {refused:?}");
+    assert!(!shown.contains("wr0ng-planted"), "{shown}");
+}

@@ -621,7 +621,10 @@ mod tests {
             .with_tls_ca("/ca.pem")
             .with_tls_identity("/app.crt", "/app.key");
         assert_eq!(config, expected);
-        assert_eq!(from("zk://h?tls=true"), ZkConfig::new(["h:2181"]).with_tls(true));
+        assert_eq!(
+            from("zk://h?tls=true"),
+            ZkConfig::new(["h:2181"]).with_tls(true)
+        );
         assert!(!from("zk://h").tls);
         for case in [
             "zk://h?tls_ca=/ca.pem|tls_ca is set but TLS is off",

@@ -1005,6 +1005,47 @@ async fn a_missing_chroot_is_made_and_holds_the_locks() {
     );
 }
 
+/// A password kept apart from the URL (`password_file=`) is the digest the session
+/// authenticates with: the held lock's node is readable by that identity and by no other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_file_is_the_sessions_digest() {
+    let (server, anonymous) = standalone().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("password");
+    std::fs::write(&file, "right\n").unwrap();
+    let url = format!(
+        "zk://owner@{}?root=/filed&password_file={}",
+        server.address(),
+        file.display()
+    );
+    let provider = ZkLockProvider::connect_url(&url).await.unwrap();
+    let name = unique_name("filed");
+    let mut held = provider
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("a free lock");
+    let lock = lock_dir("/filed", &name);
+    let owner = ZkClient::connector()
+        .with_auth("digest", b"owner:right")
+        .connect(&server.address())
+        .await
+        .unwrap();
+    assert_eq!(
+        children(&owner, &lock).await.unwrap().len(),
+        1,
+        "the owner's view"
+    );
+    let nodes = children(&anonymous, &lock).await;
+    assert!(
+        matches!(nodes, Err(zookeeper_client::Error::NoAuth)),
+        "another identity listed the lock: {nodes:?}"
+    );
+    held.release().await.unwrap();
+}
+
 /// With credentials and no `acl` given, a lock's nodes are the creator's: another identity
 /// (or none) cannot delete a held lock's node, and the holder keeps its lock; the root stays
 /// open, so that another identity makes locks of its own under it (but not in the owner's).
