@@ -1501,7 +1501,8 @@ async fn passwords_apart_from_the_url_and_refused_ones() {
 /// A planted password appears in no output of any command, at every log level (`-vvv` is
 /// `trace` for every crate): `run`, `try` (busy), `holders --json` on Redis, with the password
 /// from the environment, from a file and from the URL (which draws the warning), a refused
-/// one, and ZooKeeper's digest credentials.
+/// one, ZooKeeper's digest credentials, etcd's user (on a server without authentication,
+/// which refuses it) and PostgreSQL's (on a server that trusts the role).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planted_password_appears_in_no_output() {
     const PLANTED: &str = "pl4nted-S3cret";
@@ -1576,6 +1577,17 @@ async fn a_planted_password_appears_in_no_output() {
         )
         .await;
     outputs.push(("zk".to_owned(), zk.code, zk.stdout, zk.stderr));
+    let etcd = etcd_url().replace("etcd://", &format!("etcd://app:{PLANTED}@"));
+    let postgres = postgres_url().replacen("@", &format!(":{PLANTED}@"), 1);
+    for (what, url) in [("etcd", etcd), ("postgres", postgres)] {
+        let done = scratch
+            .run_with(
+                &["-vvv", "run", "--name", "e", "--", "true"],
+                &[("DISTLOCK_URL", &url)],
+            )
+            .await;
+        outputs.push((what.to_owned(), done.code, done.stdout, done.stderr));
+    }
     for (what, code, stdout, stderr) in &outputs {
         assert!(
             !stdout.contains(PLANTED) && !stderr.contains(PLANTED),
@@ -1592,6 +1604,8 @@ async fn a_planted_password_appears_in_no_output() {
             Some(0),
             Some(UNAVAILABLE),
             Some(0),
+            Some(0),
+            Some(UNAVAILABLE),
             Some(0)
         ],
         "{outputs:?}"
