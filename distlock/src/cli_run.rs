@@ -136,6 +136,7 @@ async fn hold_and_run(
         None => tracing::info!(name = %name, "trying for {what} once"),
         Some(timeout) => tracing::info!(name = %name, ?timeout, "waiting for {what}"),
     }
+    let asked = std::time::Instant::now();
     let acquired = tokio::select! {
         acquired = acquire(provider.as_ref(), options) => acquired,
         // Dropping the acquisition removes the waiter's entry (in the background, which
@@ -170,7 +171,8 @@ async fn hold_and_run(
             return failure_status(&error);
         }
     };
-    tracing::info!(name = %name, tokens = %held.tokens(), "{what} acquired; running the command");
+    let waited = format!("{:.1?}", asked.elapsed());
+    tracing::info!(name = %name, tokens = %held.tokens(), waited, "{what} acquired; running the command");
     supervise(held, options, signals).await
 }
 

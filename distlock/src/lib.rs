@@ -112,6 +112,8 @@ pub use backend::MemoryConfig;
 // The contract, for applications.
 /// Several locks taken all or none.
 pub use lock_core::multi;
+/// What operators watch: acquisitions, waits, holds and losses as metrics and spans.
+pub use lock_core::observe;
 /// Who holds a lock and who waits: [`DistributedLock::queue`]'s answer.
 pub use lock_core::queue;
 pub use lock_core::{

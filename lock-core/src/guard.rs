@@ -95,6 +95,8 @@ pub struct Guard {
     backend: &'static str,
     /// `None` once released.
     inner: Option<Box<dyn GuardBackend>>,
+    /// The hold's part in the metrics, for a guard of an observed lock.
+    hold: Option<crate::observe::Hold>,
 }
 
 impl Guard {
@@ -111,6 +113,26 @@ impl Guard {
             lost,
             backend: inner.backend(),
             inner: Some(inner),
+            hold: None,
+        }
+    }
+
+    /// The guard, measuring its hold (and counting its loss) as `hold` says.
+    pub(crate) fn with_hold(mut self, hold: crate::observe::Hold) -> Self {
+        self.lost.count_loss_with(hold.labels());
+        self.hold = Some(hold);
+        self
+    }
+
+    /// Ends the hold's measure, if any: as `otherwise` says, or `lost` when the backend
+    /// stopped vouching for the lock.
+    fn end_hold(&mut self, otherwise: &'static str) {
+        if let Some(hold) = self.hold.take() {
+            hold.end(if self.lost.is_lost() {
+                "lost"
+            } else {
+                otherwise
+            });
         }
     }
 
@@ -163,7 +185,7 @@ impl Guard {
         let Some(inner) = self.inner.as_mut() else {
             return Ok(());
         };
-        match inner.release().await {
+        let released = match inner.release().await {
             Ok(()) => {
                 self.inner = None;
                 match self.lost.reason() {
@@ -194,7 +216,11 @@ impl Guard {
                 }
                 None => Err(other),
             },
+        };
+        if self.inner.is_none() {
+            self.end_hold("released");
         }
+        released
     }
 
     fn lost_error(&self, reason: crate::LossReason) -> LockError {
@@ -208,6 +234,7 @@ impl Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
+        self.end_hold("dropped");
         if let Some(inner) = self.inner.take() {
             tracing::debug!(backend = self.backend, lock = %self.name, "guard dropped without release; releasing in the background");
             self.lost.end();

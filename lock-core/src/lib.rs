@@ -113,6 +113,7 @@ pub mod memory;
 pub mod metrics;
 pub mod multi;
 pub mod name;
+pub mod observe;
 pub mod queue;
 pub mod url;
 

@@ -1,7 +1,7 @@
 //! The lost signal: how a guard learns that the backend no longer vouches for its lock.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tokio::sync::watch;
 
@@ -76,6 +76,7 @@ enum State {
 #[derive(Clone)]
 pub struct LostSignal {
     state: Arc<watch::Sender<State>>,
+    counted: Counted,
 }
 
 /// The backend's side of a [`LostSignal`]: fires the loss.
@@ -85,6 +86,7 @@ pub struct LostSignal {
 #[derive(Clone)]
 pub struct LostNotifier {
     state: Arc<watch::Sender<State>>,
+    counted: Counted,
 }
 
 /// Creates a connected notifier and signal for one grant.
@@ -98,20 +100,26 @@ pub struct LostNotifier {
 /// ```
 pub fn lost_signal() -> (LostNotifier, LostSignal) {
     let state = Arc::new(watch::Sender::new(State::Held));
+    let counted = Counted::default();
     (
         LostNotifier {
             state: Arc::clone(&state),
+            counted: Arc::clone(&counted),
         },
-        LostSignal { state },
+        LostSignal { state, counted },
     )
 }
+
+/// The labels a loss is counted with in the metrics, once the guard is observed (see
+/// [`observe`](crate::observe)).
+type Counted = Arc<OnceLock<Arc<crate::observe::Labels>>>;
 
 impl LostNotifier {
     /// Marks the lock lost for `reason`. Only the first call while the lock is held has an
     /// effect; after a normal release (the signal ended) it does nothing. Returns whether
     /// this call fired the signal.
     pub fn fire(&self, reason: LossReason) -> bool {
-        leave_held(&self.state, State::Lost(reason))
+        leave_held(&self.state, &self.counted, State::Lost(reason))
     }
 
     /// Whether the signal has already fired.
@@ -183,25 +191,34 @@ impl LostSignal {
 
     /// Marks the lock lost when a release discovers the loss before the backend fired.
     pub(crate) fn mark_lost(&self, reason: LossReason) {
-        leave_held(&self.state, State::Lost(reason));
+        leave_held(&self.state, &self.counted, State::Lost(reason));
     }
 
     /// Ends the signal after a normal release: it can no longer fire, and waiters get `None`.
     pub(crate) fn end(&self) {
-        leave_held(&self.state, State::Ended);
+        leave_held(&self.state, &self.counted, State::Ended);
+    }
+
+    /// Counts a loss, when it comes, in the metrics with `labels`.
+    pub(crate) fn count_loss_with(&self, labels: Arc<crate::observe::Labels>) {
+        let _ = self.counted.set(labels);
     }
 }
 
 /// The signal changes state once: from held to lost or ended. Returns whether it changed.
-fn leave_held(state: &watch::Sender<State>, next: State) -> bool {
-    state.send_if_modified(|current| {
+fn leave_held(state: &watch::Sender<State>, counted: &Counted, next: State) -> bool {
+    let left = state.send_if_modified(|current| {
         if *current == State::Held {
             *current = next;
             true
         } else {
             false
         }
-    })
+    });
+    if let (true, Some(labels), State::Lost(reason)) = (left, counted.get(), &*state.borrow()) {
+        labels.loss(reason);
+    }
+    left
 }
 
 impl fmt::Debug for LostSignal {

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use lock_core::kit::SessionOwner;
+use lock_core::observe::observe_lock;
 use lock_core::{
     Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Fencing,
     LockError, LockName, LockProvider, MetricsSnapshot, WaitKind,
@@ -134,7 +135,12 @@ impl LockProvider for EtcdLockProvider {
 
     fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
         let name = LockName::new(name)?;
-        Ok(Arc::new(EtcdLock::new(Arc::clone(&self.shared), name)))
+        let lock = Arc::new(EtcdLock::new(Arc::clone(&self.shared), name));
+        Ok(observe_lock(
+            lock,
+            BACKEND,
+            self.shared.config.strategy.as_str(),
+        ))
     }
 
     fn metrics(&self) -> MetricsSnapshot {

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use lock_core::kit::{Closed, SessionOwner};
+use lock_core::observe::observe_lock;
 use lock_core::{
     Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Fencing,
     LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
@@ -269,7 +270,12 @@ impl LockProvider for PostgresLockProvider {
     /// The mutex `name`; see [`PostgresLock`].
     fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
         let name = LockName::new(name)?;
-        Ok(Arc::new(PostgresLock::new(Arc::clone(&self.shared), name)))
+        let lock = Arc::new(PostgresLock::new(Arc::clone(&self.shared), name));
+        Ok(observe_lock(
+            lock,
+            BACKEND,
+            self.shared.config.strategy.as_str(),
+        ))
     }
 
     fn metrics(&self) -> MetricsSnapshot {

@@ -10,6 +10,7 @@ use lock_core::kit::{
     Abandon, Cleanup, Closed, Lease, MutexAttempt, Renewal, SessionOwner, Wakeups, lease_guard,
     release_in_background, unpoisoned,
 };
+use lock_core::observe::observe_lock;
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Fencing, FencingToken, Guard, LockError, LockName,
     LockProvider, Metrics, MetricsSnapshot, WaitKind,
@@ -227,11 +228,12 @@ impl LockProvider for RedlockProvider {
     fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
         let name = LockName::new(name)?;
         let keys = Arc::new(LockKeys::new(&self.shared.config.lease.key_prefix, &name));
-        Ok(Arc::new(RedlockLock {
+        let lock = Arc::new(RedlockLock {
             shared: Arc::clone(&self.shared),
             name,
             keys,
-        }))
+        });
+        Ok(observe_lock(lock, REDLOCK, "redlock"))
     }
 
     fn metrics(&self) -> MetricsSnapshot {

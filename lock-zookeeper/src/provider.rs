@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use lock_core::kit::{Closed, SessionOwner, SessionSlot};
+use lock_core::observe::observe_lock;
 use lock_core::{
     Capabilities, Deadline, DistributedLock, DistributedRwLock, DistributedSemaphore, Election,
     Fencing, LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
@@ -184,7 +185,8 @@ impl LockProvider for ZkLockProvider {
 
     fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
         let place = self.place(name, "")?;
-        Ok(Arc::new(ZkLock { place }))
+        let strategy = self.shared.config.strategy.as_str();
+        Ok(observe_lock(Arc::new(ZkLock { place }), BACKEND, strategy))
     }
 
     /// A read-write lock in `{root}/{name}.rwlock`; see [`ZkRwLock`].

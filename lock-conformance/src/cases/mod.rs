@@ -19,6 +19,7 @@ pub mod leases;
 pub mod loss;
 pub mod multi;
 pub mod names;
+pub mod observe;
 pub mod release;
 pub mod resilience;
 pub mod rw;
@@ -119,6 +120,7 @@ macro_rules! __with_cases {
             multi::m1_opposite_orders_never_deadlock => "M1", "sets of locks taken all or none, in opposite and random orders by several clients: no deadlock, no name held twice, each name's tokens increasing";
             multi::m2_timeout_and_cancel_leave_nothing => "M2", "a set that times out, or is dropped while it waits for any member or with its requests in flight, holds nothing and leaves nothing";
             multi::m3_member_lost_fires_the_sets_signal => "M3", "(lost_detection) a held set's member lost fires the set's signal; its release reports the member";
+            observe::n1_metrics_are_the_same_everywhere => "N1", "a grant, a busy try, a timeout, a cancel, a release, a drop and a loss are each recorded once, under the metric names and labels of every backend";
         }
     };
 }

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use lock_core::kit::{MutexAttempt, Wakeups};
+use lock_core::observe::observe_lock;
 use rustix::fs::{FlockOperation, flock};
 
 use lock_core::{
@@ -109,12 +110,14 @@ impl LockProvider for FileLockProvider {
     fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
         let name = LockName::new(name)?;
         let path = Self::path_of(&self.session.dir, &name)?;
-        Ok(Arc::new(FileLock {
+        let lock = Arc::new(FileLock {
             session: Arc::downgrade(&self.session),
             metrics: Arc::clone(&self.session.metrics),
             name,
             path,
-        }))
+        });
+        // Acquisitions, waits, holds and losses recorded as every backend records them.
+        Ok(observe_lock(lock, "file", "poll"))
     }
 
     fn metrics(&self) -> MetricsSnapshot {

@@ -280,11 +280,8 @@ impl LockProvider for MemoryLockProvider {
     }
 
     fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
-        Ok(Arc::new(MemoryLock(self.shared.handle(
-            Family::Mutex,
-            name,
-            1,
-        )?)))
+        let lock = Arc::new(MemoryLock(self.shared.handle(Family::Mutex, name, 1)?));
+        Ok(crate::observe::observe_lock(lock, BACKEND, "fifo"))
     }
 
     fn rw_lock(&self, name: &str) -> Result<Arc<dyn DistributedRwLock>, LockError> {

@@ -1,0 +1,226 @@
+//! N. What operators watch: every backend records the same metrics for its locks (see
+//! `lock_core::observe`), read here from a recorder this process installs.
+
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use lock_core::LockError;
+use lock_core::observe::{self, ACQUISITIONS, HELD, HOLD_SECONDS, LOSSES, WAIT_SECONDS, WAITING};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+use crate::ensure;
+use crate::harness::Harness;
+use crate::outcome::{CaseFailure, CaseResult, Outcome, Skip};
+use crate::support::{TakeAway, take, take_away, unique_name, within};
+
+/// One series: its name, its labels (`key=value`, sorted) and its value so far.
+struct Series {
+    name: String,
+    labels: Vec<String>,
+    value: f64,
+    samples: usize,
+}
+
+/// The recorder this process's cases read, and every value it has given so far: a
+/// snapshot drains the recorder (counters, gauges' changes, histograms), and the cases of
+/// several harnesses read it side by side, so each snapshot is added to the totals.
+struct Recorded {
+    snapshotter: Snapshotter,
+    totals: Mutex<Vec<Series>>,
+}
+
+static RECORDED: OnceLock<Option<Recorded>> = OnceLock::new();
+
+/// The recorder, installed on first use with the locks' names as labels (each case keeps
+/// to its own lock); `None` when the process has a recorder of its own.
+fn recorded() -> Option<&'static Recorded> {
+    RECORDED
+        .get_or_init(|| {
+            let recorder = DebuggingRecorder::new();
+            let snapshotter = recorder.snapshotter();
+            recorder.install().ok()?;
+            observe::label_lock_names(true);
+            Some(Recorded {
+                snapshotter,
+                totals: Mutex::new(Vec::new()),
+            })
+        })
+        .as_ref()
+}
+
+impl Recorded {
+    /// The series of the lock `lock`, as recorded so far.
+    fn of(&self, lock: &str) -> Vec<Series> {
+        let mut totals = self
+            .totals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (key, _, _, value) in self.snapshotter.snapshot().into_vec() {
+            let mut labels: Vec<String> = key
+                .key()
+                .labels()
+                .map(|label| format!("{}={}", label.key(), label.value()))
+                .collect();
+            labels.sort();
+            let name = key.key().name();
+            let (value, samples) = match value {
+                DebugValue::Counter(count) => (count as f64, 1),
+                DebugValue::Gauge(change) => (change.into_inner(), 1),
+                DebugValue::Histogram(values) => {
+                    (values.iter().map(|v| v.into_inner()).sum(), values.len())
+                }
+            };
+            match totals
+                .iter_mut()
+                .find(|series| series.name == name && series.labels == labels)
+            {
+                Some(series) => {
+                    series.value += value;
+                    series.samples += samples;
+                }
+                None => totals.push(Series {
+                    name: name.to_owned(),
+                    labels,
+                    value,
+                    samples,
+                }),
+            }
+        }
+        let own = format!("lock={lock}");
+        totals
+            .iter()
+            .filter(|series| series.labels.contains(&own))
+            .map(|series| Series {
+                name: series.name.clone(),
+                labels: series.labels.clone(),
+                value: series.value,
+                samples: series.samples,
+            })
+            .collect()
+    }
+}
+
+/// The sum of the values, and of the samples, of the series called `name` with every one
+/// of `labels`.
+fn total(series: &[Series], name: &str, labels: &[&str]) -> (f64, usize) {
+    series
+        .iter()
+        .filter(|s| s.name == name && labels.iter().all(|l| s.labels.iter().any(|x| x == l)))
+        .fold((0.0, 0), |(value, samples), s| {
+            (value + s.value, samples + s.samples)
+        })
+}
+
+/// N1: a grant, a busy try, a timeout, a cancelled wait, a release, a dropped guard and
+/// (with lost detection) a loss are each recorded once, with the metric names and the
+/// labels every backend uses; the waiting and held gauges come back to zero.
+pub async fn n1_metrics_are_the_same_everywhere(h: &dyn Harness) -> CaseResult {
+    let Some(recorded) = recorded() else {
+        return Ok(Outcome::Skipped(Skip::because(
+            "the process installed a metrics recorder of its own, which the suite cannot read",
+        )));
+    };
+    let name = unique_name("n1");
+    let timing = h.timing();
+    let (a, b) = (h.client().await?, h.client().await?);
+    let (lock_a, lock_b) = (a.provider.lock(&name)?, b.provider.lock(&name)?);
+    let mut held = take(lock_a.as_ref(), "the first holder").await?;
+    let backend = held.backend();
+    ensure!(
+        lock_b.try_acquire().await?.is_none(),
+        "a second holder while the lock was held"
+    );
+    match lock_b.acquire(Some(timing.short_timeout)).await {
+        Err(LockError::Timeout { .. }) => {}
+        other => return Err(CaseFailure::new(format!("expected Timeout, got {other:?}"))),
+    }
+    let cancelled = tokio::time::timeout(timing.short_timeout, lock_b.acquire(None)).await;
+    ensure!(cancelled.is_err(), "a wait for a held lock ended by itself");
+    held.release().await?;
+    let dropped = within(
+        timing.handoff_bound,
+        "a grant after the release",
+        lock_b.acquire(None),
+    )
+    .await??;
+    drop(dropped);
+    let lost = if a.provider.capabilities().lost_detection {
+        let guard = within(
+            timing.handoff_bound,
+            "a grant after the drop",
+            lock_a.acquire(None),
+        )
+        .await??;
+        take_away(h, &a, &name, TakeAway::SessionExpiry).await?;
+        within(timing.loss_bound, "the loss", guard.lost().wait()).await?;
+        drop(guard);
+        1_u8
+    } else {
+        0
+    };
+    // A dropped guard's release may still run in the background; the metrics were recorded
+    // as the guards ended.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+
+    let series = recorded.of(&name);
+    let outcome = |call: &str, outcome: &str| {
+        let labels = [format!("call={call}"), format!("outcome={outcome}")];
+        let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+        total(&series, ACQUISITIONS, &labels).0
+    };
+    let counted = [
+        ("try_acquire", "granted", 1.0),
+        ("try_acquire", "busy", 1.0),
+        ("acquire", "timeout", 1.0),
+        ("acquire", "cancelled", 1.0),
+        ("acquire", "granted", 1.0 + f64::from(lost)),
+    ];
+    for (call, end, expected) in counted {
+        let seen = outcome(call, end);
+        ensure!(
+            seen == expected,
+            "{call} {end}: counted {seen}, expected {expected}"
+        );
+    }
+    let (waited, waits) = total(&series, WAIT_SECONDS, &["outcome=timeout"]);
+    ensure!(
+        waits == 1 && waited >= timing.short_timeout.as_secs_f64(),
+        "the timed-out wait: {waits} samples, {waited} s"
+    );
+    let ends = [("released", 1), ("dropped", 1), ("lost", usize::from(lost))];
+    for (end, expected) in ends {
+        let (_, holds) = total(&series, HOLD_SECONDS, &[&format!("end={end}")]);
+        ensure!(
+            holds == expected,
+            "holds that ended {end}: {holds}, expected {expected}"
+        );
+    }
+    let (losses, _) = total(&series, LOSSES, &[]);
+    ensure!(
+        losses == f64::from(lost),
+        "losses counted: {losses}, expected {lost}"
+    );
+    for gauge in [HELD, WAITING] {
+        let (now, _) = total(&series, gauge, &[]);
+        ensure!(now == 0.0, "{gauge} is {now} with nothing held or waiting");
+    }
+    let expected = format!("backend={backend}");
+    for s in series.iter().filter(|s| s.name == ACQUISITIONS) {
+        let keys: Vec<&str> = s
+            .labels
+            .iter()
+            .filter_map(|l| l.split('=').next())
+            .collect();
+        ensure!(
+            keys == ["backend", "call", "kind", "lock", "outcome", "strategy"],
+            "{ACQUISITIONS} labelled {:?}",
+            s.labels
+        );
+        ensure!(
+            s.labels.contains(&expected) && s.labels.contains(&"kind=mutex".to_owned()),
+            "{ACQUISITIONS} labelled {:?}; the guard's backend is {backend}",
+            s.labels
+        );
+    }
+    Ok(Outcome::Passed)
+}
