@@ -1,4 +1,5 @@
-//! Acquire-release cycles per backend and strategy, and for the peers' locks: uncontended,
+//! Acquire-release cycles per backend and strategy, and for the peers' locks: uncontended
+//! (and on the memory backend with a metrics recorder),
 //! and the handoff under contention (N = 2, 10, 50). The ZooKeeper, Redis and etcd servers
 //! are started by the bench on free loopback ports (or taken from `LOCK_TEST_ZK`,
 //! `LOCK_TEST_REDIS` and `LOCK_TEST_ETCD`).
@@ -107,5 +108,27 @@ fn handoff(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, uncontended, handoff);
+/// The memory backend's uncontended cycle with a `metrics` recorder installed (one that
+/// keeps every value, as an exporter would aggregate them): the cost of the metrics that
+/// every lock records. Last, since the recorder stays installed for the process.
+fn uncontended_recorded(c: &mut Criterion) {
+    let rt = runtime();
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install().expect("the benches' only recorder");
+    let mut group = c.benchmark_group("uncontended_recorded");
+    let provider = MemoryServer::new().provider();
+    let lock = provider.lock("bench/uncontended").expect("valid name");
+    group.bench_function("memory", |b| {
+        b.to_async(&rt).iter(|| async {
+            let mut guard = lock.acquire(None).await.expect("free lock");
+            guard.release().await.expect("release");
+        });
+    });
+    group.finish();
+    // The recorder's histograms keep every value until read.
+    drop(snapshotter.snapshot());
+}
+
+criterion_group!(benches, uncontended, handoff, uncontended_recorded);
 criterion_main!(benches);
