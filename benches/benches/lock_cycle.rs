@@ -1,8 +1,8 @@
 //! Acquire-release cycles per backend and strategy, and for the peers' locks: uncontended
 //! (and on the memory backend with a metrics recorder),
-//! and the handoff under contention (N = 2, 10, 50). The ZooKeeper, Redis and etcd servers
-//! are started by the bench on free loopback ports (or taken from `LOCK_TEST_ZK`,
-//! `LOCK_TEST_REDIS` and `LOCK_TEST_ETCD`).
+//! and the handoff under contention (N = 2, 10, 50). The ZooKeeper, Redis, etcd and
+//! PostgreSQL servers are started by the bench on free loopback ports (or taken from
+//! `LOCK_TEST_ZK`, `LOCK_TEST_REDIS`, `LOCK_TEST_ETCD` and `LOCK_TEST_POSTGRES`).
 #![allow(
     clippy::expect_used,
     reason = "a benchmark cannot go on without its fixture; failing loudly is right"
@@ -16,7 +16,7 @@ use distlock_benches::measure_handoffs;
 use distlock_benches::strategy::{Servers, Strategy};
 use lock_core::LockProvider;
 use lock_core::memory::MemoryServer;
-use lock_testbed::servers::{shared_etcd, shared_redis, shared_zk};
+use lock_testbed::servers::{shared_etcd, shared_postgres, shared_redis, shared_zk};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -30,8 +30,10 @@ fn servers() -> Servers {
     let zk = shared_zk().expect("a ZooKeeper server for the benches");
     let redis = shared_redis().expect("a Redis server for the benches");
     let etcd = shared_etcd().expect("an etcd server for the benches");
+    let postgres = shared_postgres().expect("a PostgreSQL server for the benches");
     Servers::new(Some(zk.connect_string()), Some(redis.url()))
         .with_etcd(Some(etcd.client_address()))
+        .with_postgres(Some(postgres.url()))
 }
 
 /// The memory backend and every strategy: one client, acquire then release.
