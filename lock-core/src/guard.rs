@@ -119,7 +119,7 @@ impl Guard {
 
     /// The guard, measuring its hold (and counting its loss) as `hold` says.
     pub(crate) fn with_hold(mut self, hold: crate::observe::Hold) -> Self {
-        self.lost.count_loss_with(hold.labels());
+        self.lost.count_loss_with(hold.recording());
         self.hold = Some(hold);
         self
     }

@@ -112,7 +112,7 @@ pub fn lost_signal() -> (LostNotifier, LostSignal) {
 
 /// The labels a loss is counted with in the metrics, once the guard is observed (see
 /// [`observe`](crate::observe)).
-type Counted = Arc<OnceLock<Arc<crate::observe::Labels>>>;
+type Counted = Arc<OnceLock<Arc<crate::observe::Recording>>>;
 
 impl LostNotifier {
     /// Marks the lock lost for `reason`. Only the first call while the lock is held has an
@@ -200,8 +200,8 @@ impl LostSignal {
     }
 
     /// Counts a loss, when it comes, in the metrics with `labels`.
-    pub(crate) fn count_loss_with(&self, labels: Arc<crate::observe::Labels>) {
-        let _ = self.counted.set(labels);
+    pub(crate) fn count_loss_with(&self, recording: Arc<crate::observe::Recording>) {
+        let _ = self.counted.set(recording);
     }
 }
 

@@ -5,7 +5,7 @@
 //! Nothing is recorded unless the application installs a `metrics` recorder (a Prometheus
 //! or OpenTelemetry exporter, say); without one each event costs a check of the global
 //! recorder. A backend wraps the locks its provider hands out with [`observe_lock`], and
-//! the [`Guard`](crate::Guard) of every grant measures its hold.
+//! the [`Guard`] of every grant measures its hold.
 //!
 //! | metric | type | unit | labels |
 //! | --- | --- | --- | --- |
@@ -22,7 +22,7 @@
 //!   ([`error_kind`]);
 //! - `kind`: `mutex` (more kinds to come);
 //! - `end`: `released`, `dropped` (the guard was dropped unreleased) or `lost`;
-//! - `reason`: the [`LossReason`](crate::LossReason) as [`loss_label`] gives it.
+//! - `reason`: the [`LossReason`] as [`loss_label`] gives it.
 //!
 //! Labels stay few and bounded, as the exporters want them: the lock's name, which
 //! applications make per entity (a customer, a file), is added as a `lock` label only when
@@ -33,12 +33,12 @@
 //! strategy, and ends with an event giving its outcome, wait and fencing token: a trace shows
 //! where a request spent its time.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use metrics::{Label, counter, gauge, histogram};
+use metrics::{Key, Label, Level, Metadata};
 use tracing::Instrument;
 
 use crate::{DistributedLock, Guard, LockError, LockName, LossReason, queue::LockQueue};
@@ -97,6 +97,116 @@ pub fn loss_label(reason: &LossReason) -> &'static str {
     }
 }
 
+/// The `call` label's values, in the order of [`Catalog`]'s tables.
+const CALLS: [&str; 2] = ["acquire", "try_acquire"];
+/// The `outcome` label's values, in the order of [`Catalog`]'s tables.
+const OUTCOMES: [&str; 14] = [
+    "granted",
+    "busy",
+    "cancelled",
+    "timeout",
+    "lost",
+    "invalid_name",
+    "invalid_argument",
+    "connection",
+    "auth",
+    "permission_denied",
+    "session_expired",
+    "backend",
+    "unsupported",
+    "config",
+];
+/// The `end` label's values, in the order of [`Catalog`]'s tables.
+const ENDS: [&str; 3] = ["released", "dropped", "lost"];
+/// The `reason` label's values, in the order of [`Catalog`]'s tables.
+const REASONS: [&str; 6] = [
+    "revoked",
+    "session_expired",
+    "disconnected",
+    "lease_expired",
+    "entry_removed",
+    "other",
+];
+
+/// What the metrics say of where they come from.
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+fn index(values: &[&str], value: &str) -> usize {
+    values.iter().position(|v| *v == value).unwrap_or(0)
+}
+
+/// Every key one backend, strategy and kind of lock records under, made once: recording is
+/// then a look-up in the recorder, with no label built per event.
+#[derive(Debug)]
+pub(crate) struct Catalog {
+    backend: &'static str,
+    strategy: &'static str,
+    kind: &'static str,
+    /// `[call][outcome]`: the acquisitions counter's and the wait histogram's keys.
+    acquisitions: Vec<Vec<(Key, Key)>>,
+    held: Key,
+    waiting: Key,
+    /// `[end]`.
+    holds: Vec<Key>,
+    /// `[reason]`.
+    losses: Vec<Key>,
+}
+
+/// The catalogs made so far: one per backend, strategy and kind, a handful per process.
+static CATALOGS: Mutex<Vec<&'static Catalog>> = Mutex::new(Vec::new());
+
+impl Catalog {
+    fn of(backend: &'static str, strategy: &'static str, kind: &'static str) -> &'static Self {
+        let mut catalogs = CATALOGS.lock().unwrap_or_else(PoisonError::into_inner);
+        let known = catalogs
+            .iter()
+            .find(|c| c.backend == backend && c.strategy == strategy && c.kind == kind);
+        if let Some(catalog) = known {
+            return catalog;
+        }
+        let labels = Labels {
+            backend,
+            strategy,
+            kind,
+            lock: None,
+        };
+        let key = |name: &'static str, extra: &[(&'static str, &'static str)]| {
+            Key::from_parts(name, labels.with(extra))
+        };
+        let acquisitions = CALLS
+            .iter()
+            .map(|call| {
+                OUTCOMES
+                    .iter()
+                    .map(|outcome| {
+                        let extra = [("call", *call), ("outcome", *outcome)];
+                        (key(ACQUISITIONS, &extra), key(WAIT_SECONDS, &extra))
+                    })
+                    .collect()
+            })
+            .collect();
+        let catalog: &'static Catalog = Box::leak(Box::new(Catalog {
+            backend,
+            strategy,
+            kind,
+            acquisitions,
+            held: key(HELD, &[]),
+            waiting: key(WAITING, &[]),
+            holds: ENDS
+                .iter()
+                .map(|end| key(HOLD_SECONDS, &[("end", end)]))
+                .collect(),
+            losses: REASONS
+                .iter()
+                .map(|reason| key(LOSSES, &[("reason", reason)]))
+                .collect(),
+        }));
+        catalogs.push(catalog);
+        catalog
+    }
+}
+
 /// What a lock's metrics are labelled with (see the [module docs](self)).
 #[derive(Debug, Clone)]
 pub(crate) struct Labels {
@@ -107,19 +217,15 @@ pub(crate) struct Labels {
     lock: Option<String>,
 }
 
-impl Labels {
-    fn new(backend: &'static str, strategy: &'static str, name: &LockName) -> Self {
-        let lock = LOCK_NAMES
-            .load(Ordering::Relaxed)
-            .then(|| name.as_str().to_owned());
-        Labels {
-            backend,
-            strategy,
-            kind: "mutex",
-            lock,
-        }
-    }
+/// Where a lock's metrics go: the keys of its catalog, or, with its name as a label, keys
+/// made per event.
+#[derive(Debug)]
+pub(crate) enum Recording {
+    Catalog(&'static Catalog),
+    Named(Labels),
+}
 
+impl Labels {
     /// The labels, and `extra` after them.
     fn with(&self, extra: &[(&'static str, &'static str)]) -> Vec<Label> {
         let mut labels = Vec::with_capacity(4 + extra.len());
@@ -136,15 +242,109 @@ impl Labels {
         );
         labels
     }
+}
+
+impl Recording {
+    fn new(backend: &'static str, strategy: &'static str, name: &LockName) -> Self {
+        let kind = "mutex";
+        match LOCK_NAMES.load(Ordering::Relaxed) {
+            true => Recording::Named(Labels {
+                backend,
+                strategy,
+                kind,
+                lock: Some(name.as_str().to_owned()),
+            }),
+            false => Recording::Catalog(Catalog::of(backend, strategy, kind)),
+        }
+    }
+
+    fn backend(&self) -> &'static str {
+        match self {
+            Recording::Catalog(catalog) => catalog.backend,
+            Recording::Named(labels) => labels.backend,
+        }
+    }
+
+    fn strategy(&self) -> &'static str {
+        match self {
+            Recording::Catalog(catalog) => catalog.strategy,
+            Recording::Named(labels) => labels.strategy,
+        }
+    }
+
+    fn counter(key: &Key, value: u64) {
+        metrics::with_recorder(|r| r.register_counter(key, &METADATA)).increment(value);
+    }
+
+    fn gauge(key: &Key, change: f64) {
+        metrics::with_recorder(|r| r.register_gauge(key, &METADATA)).increment(change);
+    }
+
+    fn histogram(key: &Key, value: f64) {
+        metrics::with_recorder(|r| r.register_histogram(key, &METADATA)).record(value);
+    }
 
     fn acquisition(&self, call: &'static str, outcome: &'static str, waited: Duration) {
-        let labels = self.with(&[("call", call), ("outcome", outcome)]);
-        counter!(ACQUISITIONS, labels.clone()).increment(1);
-        histogram!(WAIT_SECONDS, labels).record(waited.as_secs_f64());
+        let waited = waited.as_secs_f64();
+        match self {
+            Recording::Catalog(catalog) => {
+                let (count, wait) =
+                    &catalog.acquisitions[index(&CALLS, call)][index(&OUTCOMES, outcome)];
+                Self::counter(count, 1);
+                Self::histogram(wait, waited);
+            }
+            Recording::Named(labels) => {
+                let labels = labels.with(&[("call", call), ("outcome", outcome)]);
+                Self::counter(&Key::from_parts(ACQUISITIONS, labels.clone()), 1);
+                Self::histogram(&Key::from_parts(WAIT_SECONDS, labels), waited);
+            }
+        }
+    }
+
+    fn held(&self, change: f64) {
+        match self {
+            Recording::Catalog(catalog) => Self::gauge(&catalog.held, change),
+            Recording::Named(labels) => {
+                Self::gauge(&Key::from_parts(HELD, labels.with(&[])), change)
+            }
+        }
+    }
+
+    fn waiting(&self, change: f64) {
+        match self {
+            Recording::Catalog(catalog) => Self::gauge(&catalog.waiting, change),
+            Recording::Named(labels) => {
+                Self::gauge(&Key::from_parts(WAITING, labels.with(&[])), change);
+            }
+        }
+    }
+
+    fn hold(&self, end: &'static str, held: Duration) {
+        let held = held.as_secs_f64();
+        match self {
+            Recording::Catalog(catalog) => Self::histogram(&catalog.holds[index(&ENDS, end)], held),
+            Recording::Named(labels) => {
+                Self::histogram(
+                    &Key::from_parts(HOLD_SECONDS, labels.with(&[("end", end)])),
+                    held,
+                );
+            }
+        }
     }
 
     pub(crate) fn loss(&self, reason: &LossReason) {
-        counter!(LOSSES, self.with(&[("reason", loss_label(reason))])).increment(1);
+        let reason = loss_label(reason);
+        match self {
+            Recording::Catalog(catalog) => {
+                Self::counter(&catalog.losses[index(&REASONS, reason)], 1)
+            }
+            Recording::Named(labels) => {
+                Self::counter(
+                    &Key::from_parts(LOSSES, labels.with(&[("reason", reason)])),
+                    1,
+                );
+            }
+        }
     }
 }
 
@@ -152,46 +352,42 @@ impl Labels {
 /// when it ends.
 #[derive(Debug)]
 pub(crate) struct Hold {
-    labels: Arc<Labels>,
+    recording: Arc<Recording>,
     granted: Instant,
 }
 
 impl Hold {
-    fn start(labels: Arc<Labels>) -> Self {
-        gauge!(HELD, labels.with(&[])).increment(1.0);
-        Hold {
-            labels,
-            granted: Instant::now(),
-        }
+    /// A hold from `granted` on.
+    fn start(recording: Arc<Recording>, granted: Instant) -> Self {
+        recording.held(1.0);
+        Hold { recording, granted }
     }
 
-    /// The labels a loss of this hold is counted with.
-    pub(crate) fn labels(&self) -> Arc<Labels> {
-        Arc::clone(&self.labels)
+    /// Where a loss of this hold is counted.
+    pub(crate) fn recording(&self) -> Arc<Recording> {
+        Arc::clone(&self.recording)
     }
 
     /// Ends the hold: `released`, `dropped` or `lost`.
     pub(crate) fn end(self, end: &'static str) {
-        let labels = &self.labels;
-        gauge!(HELD, labels.with(&[])).decrement(1.0);
-        histogram!(HOLD_SECONDS, labels.with(&[("end", end)]))
-            .record(self.granted.elapsed().as_secs_f64());
+        self.recording.held(-1.0);
+        self.recording.hold(end, self.granted.elapsed());
     }
 }
 
 /// Counts a caller inside `acquire` while it lives; a caller that drops the future counts
 /// as `cancelled`.
 struct Waiting<'a> {
-    labels: &'a Labels,
+    recording: &'a Recording,
     began: Instant,
     done: bool,
 }
 
 impl<'a> Waiting<'a> {
-    fn new(labels: &'a Labels) -> Self {
-        gauge!(WAITING, labels.with(&[])).increment(1.0);
+    fn new(recording: &'a Recording) -> Self {
+        recording.waiting(1.0);
         Waiting {
-            labels,
+            recording,
             began: Instant::now(),
             done: false,
         }
@@ -200,11 +396,11 @@ impl<'a> Waiting<'a> {
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        gauge!(WAITING, self.labels.with(&[])).decrement(1.0);
+        self.recording.waiting(-1.0);
         if !self.done {
-            self.labels
-                .acquisition("acquire", "cancelled", self.began.elapsed());
-            tracing::debug!(waited = ?self.began.elapsed(), "distlock: acquisition cancelled");
+            let waited = self.began.elapsed();
+            self.recording.acquisition("acquire", "cancelled", waited);
+            tracing::debug!(?waited, "distlock: acquisition cancelled");
         }
     }
 }
@@ -213,7 +409,7 @@ impl Drop for Waiting<'_> {
 #[derive(Debug)]
 struct Observed {
     inner: Arc<dyn DistributedLock>,
-    labels: Arc<Labels>,
+    recording: Arc<Recording>,
 }
 
 /// `lock` with its acquisitions, waits, holds and losses recorded (see the
@@ -234,39 +430,41 @@ pub fn observe_lock(
     backend: &'static str,
     strategy: &'static str,
 ) -> Arc<dyn DistributedLock> {
-    let labels = Arc::new(Labels::new(backend, strategy, lock.name()));
+    let recording = Arc::new(Recording::new(backend, strategy, lock.name()));
     Arc::new(Observed {
         inner: lock,
-        labels,
+        recording,
     })
 }
 
 impl Observed {
     fn span(&self, call: &'static str) -> tracing::Span {
-        let labels = &self.labels;
+        let (backend, strategy) = (self.recording.backend(), self.recording.strategy());
         match call {
             "acquire" => tracing::debug_span!(
                 "distlock.acquire",
                 lock = %self.inner.name(),
-                backend = labels.backend,
-                strategy = labels.strategy
+                backend,
+                strategy
             ),
             _ => tracing::debug_span!(
                 "distlock.try_acquire",
                 lock = %self.inner.name(),
-                backend = labels.backend,
-                strategy = labels.strategy
+                backend,
+                strategy
             ),
         }
     }
 
-    /// Records how an acquisition ended.
+    /// Records how an acquisition that began at `began` ended; returns when it ended.
     fn record(
         &self,
         call: &'static str,
         result: Result<Option<&Guard>, &LockError>,
-        waited: Duration,
-    ) {
+        began: Instant,
+    ) -> Instant {
+        let ended = Instant::now();
+        let waited = ended.saturating_duration_since(began);
         let outcome = match result {
             Ok(Some(guard)) => {
                 tracing::debug!(?waited, token = %guard.fencing_token(), "distlock: granted");
@@ -281,12 +479,13 @@ impl Observed {
                 error_kind(error)
             }
         };
-        self.labels.acquisition(call, outcome, waited);
+        self.recording.acquisition(call, outcome, waited);
+        ended
     }
 
-    /// A grant's guard, measuring its hold.
-    fn held(&self, guard: Guard) -> Guard {
-        guard.with_hold(Hold::start(Arc::clone(&self.labels)))
+    /// A guard granted at `granted`, measuring its hold.
+    fn held(&self, guard: Guard, granted: Instant) -> Guard {
+        guard.with_hold(Hold::start(Arc::clone(&self.recording), granted))
     }
 }
 
@@ -301,26 +500,18 @@ impl DistributedLock for Observed {
         let began = Instant::now();
         let result = self.inner.try_acquire().instrument(span.clone()).await;
         let _entered = span.enter();
-        self.record(
-            "try_acquire",
-            result.as_ref().map(Option::as_ref),
-            began.elapsed(),
-        );
-        result.map(|guard| guard.map(|guard| self.held(guard)))
+        let ended = self.record("try_acquire", result.as_ref().map(Option::as_ref), began);
+        result.map(|guard| guard.map(|guard| self.held(guard, ended)))
     }
 
     async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
         let span = self.span("acquire");
-        let mut waiting = Waiting::new(&self.labels);
+        let mut waiting = Waiting::new(&self.recording);
         let result = self.inner.acquire(timeout).instrument(span.clone()).await;
         waiting.done = true;
         let _entered = span.enter();
-        self.record(
-            "acquire",
-            result.as_ref().map(Some),
-            waiting.began.elapsed(),
-        );
-        result.map(|guard| self.held(guard))
+        let ended = self.record("acquire", result.as_ref().map(Some), waiting.began);
+        result.map(|guard| self.held(guard, ended))
     }
 
     async fn queue(&self) -> Result<LockQueue, LockError> {
