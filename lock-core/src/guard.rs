@@ -234,10 +234,14 @@ impl Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        self.end_hold("dropped");
-        if let Some(inner) = self.inner.take() {
-            tracing::debug!(backend = self.backend, lock = %self.name, "guard dropped without release; releasing in the background");
+        let inner = self.inner.take();
+        if inner.is_some() {
+            // First: a loss firing from now on is no loss of this hold.
             self.lost.end();
+        }
+        self.end_hold("dropped");
+        if let Some(inner) = inner {
+            tracing::debug!(backend = self.backend, lock = %self.name, "guard dropped without release; releasing in the background");
             inner.release_on_drop();
         }
     }

@@ -1,6 +1,7 @@
 //! The lost signal: how a guard learns that the backend no longer vouches for its lock.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tokio::sync::watch;
@@ -110,9 +111,27 @@ pub fn lost_signal() -> (LostNotifier, LostSignal) {
     )
 }
 
-/// The labels a loss is counted with in the metrics, once the guard is observed (see
-/// [`observe`](crate::observe)).
-type Counted = Arc<OnceLock<Arc<crate::observe::Recording>>>;
+/// Where a loss is counted in the metrics, once the guard is observed (see
+/// [`observe`](crate::observe)), and whether it has been: the loss may fire before or after
+/// the guard learns where to count it, and is counted once either way.
+type Counted = Arc<Counting>;
+
+#[derive(Default)]
+struct Counting {
+    recording: OnceLock<Arc<crate::observe::Recording>>,
+    done: AtomicBool,
+}
+
+impl Counting {
+    /// Counts the loss for `reason`, unless it has been counted or there is nowhere yet.
+    fn count(&self, reason: &LossReason) {
+        if let Some(recording) = self.recording.get()
+            && !self.done.swap(true, Ordering::AcqRel)
+        {
+            recording.loss(reason);
+        }
+    }
+}
 
 impl LostNotifier {
     /// Marks the lock lost for `reason`. Only the first call while the lock is held has an
@@ -201,7 +220,10 @@ impl LostSignal {
 
     /// Counts a loss, when it comes, in the metrics with `labels`.
     pub(crate) fn count_loss_with(&self, recording: Arc<crate::observe::Recording>) {
-        let _ = self.counted.set(recording);
+        let _ = self.counted.recording.set(recording);
+        if let Some(reason) = self.reason() {
+            self.counted.count(&reason);
+        }
     }
 }
 
@@ -215,8 +237,8 @@ fn leave_held(state: &watch::Sender<State>, counted: &Counted, next: State) -> b
             false
         }
     });
-    if let (true, Some(labels), State::Lost(reason)) = (left, counted.get(), &*state.borrow()) {
-        labels.loss(reason);
+    if let (true, State::Lost(reason)) = (left, &*state.borrow()) {
+        counted.count(reason);
     }
     left
 }

@@ -13,7 +13,7 @@
 //! | `distlock_wait_seconds` | histogram | seconds, from the call to its end | `backend`, `strategy`, `kind`, `call`, `outcome` |
 //! | `distlock_waiting` | gauge | callers in `acquire` now | `backend`, `strategy`, `kind` |
 //! | `distlock_held` | gauge | guards held now | `backend`, `strategy`, `kind` |
-//! | `distlock_hold_seconds` | histogram | seconds, from the grant to the release, drop or loss | `backend`, `strategy`, `kind`, `end` |
+//! | `distlock_hold_seconds` | histogram | seconds, from the grant to the guard's release or drop | `backend`, `strategy`, `kind`, `end` |
 //! | `distlock_losses_total` | counter | holds lost | `backend`, `strategy`, `kind`, `reason` |
 //!
 //! - `call`: `acquire` or `try_acquire`;
@@ -21,7 +21,8 @@
 //!   `cancelled` (the caller dropped the `acquire` future), or the error's kind
 //!   ([`error_kind`]);
 //! - `kind`: `mutex` (more kinds to come);
-//! - `end`: `released`, `dropped` (the guard was dropped unreleased) or `lost`;
+//! - `end`: `released`, `dropped` (the guard was dropped unreleased) or `lost` (the hold
+//!   was lost by then; a lost guard counts as held until it is released or dropped);
 //! - `reason`: the [`LossReason`] as [`loss_label`] gives it.
 //!
 //! Labels stay few and bounded, as the exporters want them: the lock's name, which
@@ -516,5 +517,56 @@ impl DistributedLock for Observed {
 
     async fn queue(&self) -> Result<LockQueue, LockError> {
         self.inner.queue().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    use super::*;
+    use crate::lost_signal;
+
+    /// A loss is counted once, whether it fires before or after the guard learns where to
+    /// count it.
+    #[test]
+    fn a_loss_is_counted_once_whenever_it_fires() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            let name = LockName::new("counted").expect("a valid name");
+            let recording = || Arc::new(Recording::new("test", "none", &name));
+            let (early, early_signal) = lost_signal();
+            early.fire(LossReason::Revoked);
+            early_signal.count_loss_with(recording());
+            early.fire(LossReason::Revoked);
+            let (late, late_signal) = lost_signal();
+            late_signal.count_loss_with(recording());
+            late.fire(LossReason::LeaseExpired);
+            late_signal.mark_lost(LossReason::LeaseExpired);
+        });
+        let losses: Vec<(String, u64)> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| key.key().name() == LOSSES)
+            .filter_map(|(key, _, _, value)| match value {
+                DebugValue::Counter(count) => {
+                    let reason = key.key().labels().find(|l| l.key() == "reason")?;
+                    Some((reason.value().to_owned(), count))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            losses.iter().map(|(_, count)| count).sum::<u64>(),
+            2,
+            "{losses:?}"
+        );
+        assert!(losses.contains(&("revoked".to_owned(), 1)), "{losses:?}");
+        assert!(
+            losses.contains(&("lease_expired".to_owned(), 1)),
+            "{losses:?}"
+        );
     }
 }

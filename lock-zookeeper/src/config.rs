@@ -141,8 +141,9 @@ pub struct ZkConfig {
     #[serde(skip)]
     pub auth: Option<DigestAuth>,
     /// Whether to connect over TLS, to the servers' `secureClientPort`, verifying that
-    /// their certificates name the hosts. In a URL, the `zks://` scheme (or `tls=true`).
-    /// Default off.
+    /// their certificates name the hosts. In a URL, the `zks://` scheme (or `tls=true`);
+    /// give the secure port with each host, since a host without one gets 2181, ZooKeeper's
+    /// plain port. Default off.
     pub tls: bool,
     /// A PEM file of the authorities to trust instead of the system's (URL:
     /// `tls_ca=/path/ca.pem`). Needs [`tls`](Self::tls). Default none.
@@ -360,6 +361,21 @@ impl ZkConfig {
         if let (Some((name, _)), false) = (given, self.tls) {
             return Err(config_error(format!(
                 "{name} is set but TLS is off (use zks://, or tls=true)"
+            )));
+        }
+        // A certificate names a DNS name or an IP address; the client would give up on any
+        // other host (a panic inside it), so such a host is refused here.
+        let unnamed = |host: &&String| {
+            let name = match host.rsplit_once(':') {
+                Some((name, port)) if port.chars().all(|c| c.is_ascii_digit()) => name,
+                _ => host.as_str(),
+            };
+            let name = name.trim_start_matches('[').trim_end_matches(']');
+            rustls::pki_types::ServerName::try_from(name).is_err()
+        };
+        if let Some(host) = self.hosts.iter().find(unnamed).filter(|_| self.tls) {
+            return Err(config_error(format!(
+                "host {host:?} is neither a DNS name nor an IP address, which TLS needs"
             )));
         }
         match (&self.tls_cert, &self.tls_key) {
@@ -626,12 +642,18 @@ mod tests {
             ZkConfig::new(["h:2181"]).with_tls(true)
         );
         assert!(!from("zk://h").tls);
+        assert_eq!(from("zks://[::1]:2182,10.0.0.1:2182").hosts.len(), 2);
+        assert!(
+            from("zk://zk!1:2181").validate().is_ok(),
+            "plain TCP resolves it or not"
+        );
         for case in [
             "zk://h?tls_ca=/ca.pem|tls_ca is set but TLS is off",
             "zk://h?tls_cert=/c&tls_key=/k|tls_cert is set but TLS is off",
             "zks://h?tls_cert=/c|tls_cert needs tls_key",
             "zks://h?tls_key=/k|tls_key needs tls_cert",
             "zkss://h|expected zk://, zookeeper:// or zks://",
+            "zks://zk!1:2182|host \"zk!1:2182\" is neither a DNS name nor an IP address",
         ] {
             let (url, parts) = case.split_once('|').unwrap();
             rejects(url, parts);

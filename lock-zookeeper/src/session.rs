@@ -127,9 +127,11 @@ impl Session {
                     "cannot reach {hosts}: {message} \
                      ({rounds} attempt(s) in {took:.1?}, connect timeout {timeout:?})"
                 );
-                if config.tls {
+                // Within the caller's deadline, one handshake of our own says why.
+                let bound = deadline.cap(crate::tls::PROBE_TIMEOUT);
+                if config.tls && !bound.is_zero() {
                     let first = config.hosts.first().map_or("", String::as_str);
-                    if let Some(why) = crate::tls::handshake_failure(config, first).await {
+                    if let Some(why) = crate::tls::handshake_failure(config, first, bound).await {
                         message.push_str(&format!("; {why}"));
                     }
                 }

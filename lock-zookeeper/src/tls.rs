@@ -13,8 +13,8 @@ use zookeeper_client::TlsOptions;
 
 use crate::config::ZkConfig;
 
-/// The bound on the diagnosing handshake.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest the diagnosing handshake may take.
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the client and the diagnosing handshake trust and present, read once.
 struct Material {
@@ -84,9 +84,13 @@ pub(crate) fn client_options(config: &ZkConfig) -> Result<TlsOptions, LockError>
 }
 
 /// Why no TLS session could be made with `host` (`host:port`), as one handshake with the
-/// same authorities and identity tells it; `None` when that handshake succeeds (the cause
-/// lies elsewhere) or cannot be tried.
-pub(crate) async fn handshake_failure(config: &ZkConfig, host: &str) -> Option<String> {
+/// same authorities and identity tells it within `bound`; `None` when that handshake
+/// succeeds (the cause lies elsewhere) or cannot be tried.
+pub(crate) async fn handshake_failure(
+    config: &ZkConfig,
+    host: &str,
+    bound: Duration,
+) -> Option<String> {
     let material = Material::read(config).ok()?;
     let mut roots = rustls::RootCertStore::empty();
     roots.add_parsable_certificates(
@@ -110,16 +114,20 @@ pub(crate) async fn handshake_failure(config: &ZkConfig, host: &str) -> Option<S
     let (name, _port) = host.rsplit_once(':')?;
     let server = ServerName::try_from(name.trim_matches(['[', ']']).to_owned()).ok()?;
     let handshake = async {
-        let stream = tokio::net::TcpStream::connect(host).await?;
+        let stream = match tokio::net::TcpStream::connect(host).await {
+            Ok(stream) => stream,
+            Err(error) => return Err(format!("no TCP connection to {host}: {error}")),
+        };
         tokio_rustls::TlsConnector::from(Arc::new(tls))
             .connect(server, stream)
             .await
+            .map_err(|error| format!("a TLS handshake with {host} failed: {error}"))
     };
-    match tokio::time::timeout(PROBE_TIMEOUT, handshake).await {
+    match tokio::time::timeout(bound, handshake).await {
         Ok(Ok(_)) => None,
-        Ok(Err(error)) => Some(format!("a TLS handshake with {host} failed: {error}")),
+        Ok(Err(why)) => Some(why),
         Err(_) => Some(format!(
-            "a TLS handshake with {host} did not finish within {PROBE_TIMEOUT:?}"
+            "a TLS handshake with {host} did not finish within {bound:?}"
         )),
     }
 }
