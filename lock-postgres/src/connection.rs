@@ -73,15 +73,30 @@ impl Conn {
             timeout,
             metrics,
         };
-        conn.pid = conn.server_pid().await?;
+        conn.pid = conn.session_setup().await?;
         Ok(conn)
+    }
+
+    /// Learns the server process's id, and asks the server (14 and later) to look for a
+    /// closed connection every second while a statement runs: a waiter whose client is gone
+    /// and whose cancel request never arrived (the network, a killed process) then leaves the
+    /// lock's queue at once, rather than when the lock is free and granted to nobody.
+    async fn session_setup(&self) -> Result<i32, LockError> {
+        const SETUP: &str = "SELECT pg_backend_pid(), \
+             CASE WHEN current_setting('server_version_num')::int >= 140000 \
+             THEN set_config('client_connection_check_interval', '1s', false) END";
+        Self::pid_of(self.ask(SETUP, &[]).await?)
     }
 
     /// The server process serving the connection's next statement (`pg_backend_pid()`):
     /// always [`pid`](Self::pid) on a connection of its own, another through a pooler that
     /// shares server sessions.
     pub(crate) async fn server_pid(&self) -> Result<i32, LockError> {
-        let rows = self.ask("SELECT pg_backend_pid()", &[]).await?;
+        Self::pid_of(self.ask("SELECT pg_backend_pid()", &[]).await?)
+    }
+
+    /// The process id in the first column of `rows`.
+    fn pid_of(rows: Vec<Row>) -> Result<i32, LockError> {
         let pid = rows.first().and_then(|row| row.try_get::<_, i32>(0).ok());
         pid.ok_or_else(|| LockError::Backend {
             backend: BACKEND,

@@ -16,7 +16,9 @@
 //! - `polling`: the waiter tries again every `poll_interval`, with jitter.
 //!
 //! A waiter given up (deadline, dropped future, error) cancels its statement on the
-//! server and closes its connection, so nothing of it can be granted later. The read-write
+//! server and closes its connection, so nothing of it can be granted later; should the
+//! cancel not arrive, the server finds the closed connection within a second
+//! (`client_connection_check_interval`, set at connect). The read-write
 //! lock is the same with `pg_advisory_lock_shared` for readers, and always waits in the
 //! server's queue, whatever the strategy: the server makes a reader that comes after a
 //! waiting writer wait too (a request conflicting with a waiter's joins the queue), so

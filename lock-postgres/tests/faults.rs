@@ -92,6 +92,49 @@ async fn a_lost_grant_reply_leaves_no_lock_held_by_nobody() {
     }
 }
 
+/// A waiter queued on the server whose connection is gone, and whose cancel request cannot
+/// reach the server either (a proxy cuts every connection and refuses new ones): the server
+/// drops its place in the queue within a few seconds, while the holder still holds, rather
+/// than keep it until the lock is free (and then grant it to nobody).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_cut_off_from_the_server_leaves_the_queue() {
+    let h = PgHarness::new(PostgresStrategy::Advisory).await;
+    let proxy = FaultProxy::start(server_address(h.url())).unwrap();
+    let config = h.config_at(proxy.address(), "distlock-cut-waiter", "public");
+    let behind = PostgresLockProvider::connect(config).await.unwrap();
+    let holder_provider = provider_of(h.url()).await;
+    let name = unique_name("cut-waiter");
+    let mut held = holder_provider
+        .lock(&name)
+        .unwrap()
+        .acquire(None)
+        .await
+        .unwrap();
+    let lock = behind.lock(&name).unwrap();
+    let waiting = tokio::spawn(async move { lock.acquire(Some(Duration::from_secs(30))).await });
+    eventually(Duration::from_secs(5), "the waiter is queued", || async {
+        advisory_locks(h.admin(), "public", &name).await == (1, 1)
+    })
+    .await;
+    proxy.cut();
+    let outcome = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the cut waiter is told within 5s")
+        .unwrap();
+    match outcome {
+        Err(error) => assert!(error.is_retryable(), "{error}"),
+        Ok(guard) => panic!("granted while held: {}", guard.fencing_token()),
+    }
+    eventually(
+        Duration::from_secs(3),
+        "the cut waiter leaves the queue",
+        || async { advisory_locks(h.admin(), "public", &name).await == (1, 0) },
+    )
+    .await;
+    assert!(!held.is_lost());
+    held.release().await.unwrap();
+}
+
 /// `pg_terminate_backend` on the holder: its lost signal fires, its release says the lock
 /// was lost, the waiter is granted with a larger token, and nothing is left on the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
