@@ -7,14 +7,15 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, EventType, Txn, TxnOp, TxnResponse};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnResponse};
 use lock_core::kit::{
     Abandon, HeldEntry, Removal, RemovalError, Retry, entry_guard, retry_in_background,
 };
-use lock_core::{Deadline, FencingToken, Guard, LockError, LockName, lost_signal};
+use lock_core::{Deadline, FencingToken, Guard, LockError, LockName, LossReason, lost_signal};
 use tokio::sync::watch;
 
 use crate::error::BACKEND;
+use crate::queue::deleted_after;
 use crate::session::{Session, Slot};
 use crate::watches::Watch;
 
@@ -157,7 +158,7 @@ pub(crate) fn grant(
         });
     };
     session.metrics.record_grant();
-    let deleted = watch_own_key(Arc::downgrade(session), entry.key.clone(), granted);
+    let deleted = own_key_removed(Arc::downgrade(session), entry.key.clone(), granted);
     let held = HeldKey {
         entry,
         name: name.to_string(),
@@ -166,6 +167,18 @@ pub(crate) fn grant(
     };
     let token = FencingToken(u64::try_from(revision).unwrap_or_default());
     Ok(entry_guard(name, token, held, (notifier, lost), deleted))
+}
+
+/// Whether the granted key was removed by someone else; `false` when the session ended
+/// first, or ends because the key went with its lease (the session's end fires the signal).
+async fn own_key_removed(session: Weak<Session>, key: String, granted: Granted) -> bool {
+    if !watch_own_key(Weak::clone(&session), key.clone(), granted).await {
+        return false;
+    }
+    match session.upgrade() {
+        Some(live) => !lease_ended(&live, &key).await,
+        None => false,
+    }
 }
 
 /// Whether the granted key was deleted (or replaced); `false` when the session ended first
@@ -221,18 +234,33 @@ async fn watch_own_key(session: Weak<Session>, key: String, granted: Granted) ->
                 // Compacted, or the stream broke: watch anew (and look).
                 Some(answer) if answer.canceled() => break,
                 None => break,
+                // A watch made on a member behind the one that granted can still report
+                // the deletion of an earlier key of the same name (this session's previous
+                // hold of the lock): only a deletion after `seen` is of this key.
                 Some(answer) => {
-                    if answer
-                        .events()
-                        .iter()
-                        .any(|event| event.event_type() == EventType::Delete)
-                    {
+                    if deleted_after(&answer, seen).is_some() {
                         return true;
                     }
                 }
             }
         }
     }
+}
+
+/// Whether the holder's key was deleted because the session's lease ended on the server:
+/// then the session ends with [`LossReason::SessionExpired`], as when a keep-alive finds the lease gone (every guard of the lease lost,
+/// for that reason), rather than the key's guard alone for a removed entry. When the server
+/// cannot tell, the deletion stands as a removal.
+async fn lease_ended(session: &Session, key: &str) -> bool {
+    let mut leases = session.client.lease_client();
+    let asked = session
+        .ask(key, leases.time_to_live(session.lease, None))
+        .await;
+    let ended = asked.is_ok_and(|answer| answer.ttl() <= 0);
+    if ended {
+        session.end(LossReason::SessionExpired);
+    }
+    ended
 }
 
 /// Whether the key is gone or is not the one created at `revision`, and the revision at

@@ -624,7 +624,7 @@ fn pending_end(own: &mut Watch, revision: i64) -> OwnKey {
 }
 
 /// The newest deletion after `revision` that `answer` reports.
-fn deleted_after(answer: &WatchResponse, revision: i64) -> Option<i64> {
+pub(crate) fn deleted_after(answer: &WatchResponse, revision: i64) -> Option<i64> {
     answer
         .events()
         .iter()

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::{EtcdHarness, Proxies, contenders};
 use lock_conformance::{ClientFaults, unique_name};
-use lock_core::LockProvider;
+use lock_core::{LockProvider, LossReason};
 use lock_etcd::{EtcdConfig, EtcdLockProvider, EtcdStrategy};
 
 /// The create's reply is lost (the server made the key): the acquire fails retryably or
@@ -58,4 +58,42 @@ async fn a_lost_create_reply_leaves_no_key() {
         "{} replies swallowed",
         proxies.swallowed()
     );
+}
+
+/// A holder's loss names its cause: its lease revoked on the server is the session's end
+/// (seen from the key's deletion, long before the next keep-alive), its key deleted by
+/// another client is a removed entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loss_names_whether_the_lease_or_the_key_went() {
+    let h = EtcdHarness::new(EtcdStrategy::Predecessor).await;
+    let config = || {
+        EtcdConfig::new(vec![h.endpoint()])
+            .with_lease_ttl(Duration::from_secs(30))
+            .with_timeout(Duration::from_secs(2))
+    };
+    let revoked = EtcdLockProvider::connect(config()).await.unwrap();
+    let guard = revoked
+        .lock(&unique_name("revoked"))
+        .unwrap()
+        .acquire(None)
+        .await
+        .unwrap();
+    let lease = revoked.lease_id().unwrap();
+    h.admin().lease_client().revoke(lease).await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(3), guard.lost().wait()).await;
+    assert_eq!(reason.unwrap(), Some(LossReason::SessionExpired));
+
+    let deleted = EtcdLockProvider::connect(config()).await.unwrap();
+    let name = unique_name("deleted");
+    let guard = deleted.lock(&name).unwrap().acquire(None).await.unwrap();
+    let keys = contenders(h.admin(), EtcdConfig::DEFAULT_PREFIX, &name).await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    h.admin()
+        .kv_client()
+        .delete(keys[0].clone(), None)
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(3), guard.lost().wait()).await;
+    assert_eq!(reason.unwrap(), Some(LossReason::EntryRemoved));
+    assert!(deleted.lease_id().is_some(), "the session goes on");
 }
