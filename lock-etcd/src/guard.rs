@@ -15,9 +15,8 @@ use lock_core::{Deadline, FencingToken, Guard, LockError, LockName, LossReason, 
 use tokio::sync::watch;
 
 use crate::error::BACKEND;
-use crate::queue::deleted_after;
 use crate::session::{Session, Slot};
-use crate::watches::Watch;
+use crate::watches::{Watch, deleted_after};
 
 /// How a background clean-up backs off while the connection is down.
 const CLEANUP_PAUSE: Duration = Duration::from_millis(200);

@@ -41,8 +41,8 @@
 use std::sync::Arc;
 
 use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse, TxnResponse, WatchResponse,
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, TxnResponse, WatchResponse,
 };
 use lock_core::kit::{Cleanup, Wakeups};
 use lock_core::{Deadline, Guard, LockError, LockName};
@@ -51,7 +51,7 @@ use crate::config::EtcdStrategy;
 use crate::error::BACKEND;
 use crate::guard::{Entry, Granted, grant};
 use crate::session::{Session, Shared, Slot};
-use crate::watches::Watch;
+use crate::watches::{Watch, deleted_after};
 
 /// One lock's directory on the server, `{prefix}/{name escaped}{suffix}/`, and what its
 /// waits need.
@@ -621,17 +621,6 @@ fn pending_end(own: &mut Watch, revision: i64) -> OwnKey {
         }
     }
     OwnKey::Stands
-}
-
-/// The newest deletion after `revision` that `answer` reports.
-pub(crate) fn deleted_after(answer: &WatchResponse, revision: i64) -> Option<i64> {
-    answer
-        .events()
-        .iter()
-        .filter(|event| event.event_type() == EventType::Delete)
-        .filter_map(|event| event.kv().map(|kv| kv.mod_revision()))
-        .filter(|&at| at > revision)
-        .max()
 }
 
 /// `watch`'s next answer; never, without a watch.

@@ -27,7 +27,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, WatchFilterType, WatchOptions, WatchResponse, WatchStream, Watcher};
+use etcd_client::{
+    Client, EventType, WatchFilterType, WatchOptions, WatchResponse, WatchStream, Watcher,
+};
 use lock_core::{LockError, Metrics};
 use tokio::sync::{mpsc, oneshot};
 
@@ -475,4 +477,15 @@ fn refused(response: &WatchResponse) -> LockError {
         };
     }
     LockError::other(BACKEND, format!("a watch was refused: {reason}")).retryable(true)
+}
+
+/// The newest deletion after `revision` that `answer` reports.
+pub(crate) fn deleted_after(answer: &WatchResponse, revision: i64) -> Option<i64> {
+    answer
+        .events()
+        .iter()
+        .filter(|event| event.event_type() == EventType::Delete)
+        .filter_map(|event| event.kv().map(|kv| kv.mod_revision()))
+        .filter(|&at| at > revision)
+        .max()
 }
