@@ -4,8 +4,9 @@
 //!
 //! Nothing is recorded unless the application installs a `metrics` recorder (a Prometheus
 //! or OpenTelemetry exporter, say); without one each event costs a check of the global
-//! recorder. A backend wraps the locks its provider hands out with [`observe_lock`], and
-//! the [`Guard`] of every grant measures its hold.
+//! recorder. A backend wraps what its provider hands out with [`observe_lock`],
+//! [`observe_rw_lock`], [`observe_semaphore`] and [`observe_election`], and the [`Guard`]
+//! of every grant measures its hold.
 //!
 //! | metric | type | unit | labels |
 //! | --- | --- | --- | --- |
@@ -20,7 +21,8 @@
 //! - `outcome`: `granted`, `busy` (a `try_acquire` that found the lock held), `timeout`,
 //!   `cancelled` (the caller dropped the `acquire` future), or the error's kind
 //!   ([`error_kind`]);
-//! - `kind`: `mutex` (more kinds to come);
+//! - `kind`: `mutex`, `read` or `write` (the sides of a read-write lock), `permit` (a
+//!   semaphore's), `election` (a campaign: its wait to lead, then the term);
 //! - `end`: `released`, `dropped` (the guard was dropped unreleased) or `lost` (the hold
 //!   was lost by then; a lost guard counts as held until it is released or dropped);
 //! - `reason`: the [`LossReason`] as [`loss_label`] gives it.
@@ -30,10 +32,11 @@
 //! the application asks for it with [`label_lock_names`].
 //!
 //! Every acquisition also runs inside a `tracing` span (`distlock.acquire` or
-//! `distlock.try_acquire`, level `DEBUG`) with the lock's name, the backend and the
-//! strategy, and ends with an event giving its outcome, wait and fencing token: a trace shows
+//! `distlock.try_acquire`, level `DEBUG`; a campaign is an `acquire`) with the lock's
+//! name, the backend, the strategy and the kind, and ends with an event giving its outcome, wait and fencing token: a trace shows
 //! where a request spent its time.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -42,7 +45,11 @@ use async_trait::async_trait;
 use metrics::{Key, Label, Level, Metadata};
 use tracing::Instrument;
 
-use crate::{DistributedLock, Guard, LockError, LockName, LossReason, queue::LockQueue};
+use crate::election::{LeaderInfo, LeaderWatch, Leadership};
+use crate::{
+    DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Guard, LockError, LockName,
+    LossReason, queue::LockQueue,
+};
 
 /// `distlock_acquisitions_total`: acquisitions by how they ended.
 pub const ACQUISITIONS: &str = "distlock_acquisitions_total";
@@ -246,8 +253,12 @@ impl Labels {
 }
 
 impl Recording {
-    fn new(backend: &'static str, strategy: &'static str, name: &LockName) -> Self {
-        let kind = "mutex";
+    fn new(
+        backend: &'static str,
+        strategy: &'static str,
+        kind: &'static str,
+        name: &LockName,
+    ) -> Self {
         match LOCK_NAMES.load(Ordering::Relaxed) {
             true => Recording::Named(Labels {
                 backend,
@@ -270,6 +281,13 @@ impl Recording {
         match self {
             Recording::Catalog(catalog) => catalog.strategy,
             Recording::Named(labels) => labels.strategy,
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Recording::Catalog(catalog) => catalog.kind,
+            Recording::Named(labels) => labels.kind,
         }
     }
 
@@ -406,54 +424,61 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// A backend's lock with its acquisitions observed: see [`observe_lock`].
+/// One kind of lock's acquisitions observed: the span each runs in, how it ended and how
+/// long it waited, and the hold of what it granted.
 #[derive(Debug)]
-struct Observed {
-    inner: Arc<dyn DistributedLock>,
+struct Observer {
     recording: Arc<Recording>,
 }
 
-/// `lock` with its acquisitions, waits, holds and losses recorded (see the
-/// [module docs](self)), labelled with `backend` and `strategy`: what a backend's
-/// [`LockProvider::lock`](crate::LockProvider::lock) hands out.
-///
-/// ```
-/// use std::sync::Arc;
-/// use lock_core::DistributedLock;
-///
-/// /// What a backend's `LockProvider::lock` hands out for its own lock type.
-/// fn hand_out(lock: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
-///     lock_core::observe::observe_lock(lock, "my-backend", "queue")
-/// }
-/// ```
-pub fn observe_lock(
-    lock: Arc<dyn DistributedLock>,
-    backend: &'static str,
-    strategy: &'static str,
-) -> Arc<dyn DistributedLock> {
-    let recording = Arc::new(Recording::new(backend, strategy, lock.name()));
-    Arc::new(Observed {
-        inner: lock,
-        recording,
-    })
+/// What an acquisition grants: a [`Guard`], or a [`Leadership`] over one.
+trait Grant: Sized {
+    fn guard(&self) -> &Guard;
+    fn with_hold(self, hold: Hold) -> Self;
 }
 
-impl Observed {
-    fn span(&self, call: &'static str) -> tracing::Span {
-        let (backend, strategy) = (self.recording.backend(), self.recording.strategy());
+impl Grant for Guard {
+    fn guard(&self) -> &Guard {
+        self
+    }
+    fn with_hold(self, hold: Hold) -> Self {
+        Guard::with_hold(self, hold)
+    }
+}
+
+impl Grant for Leadership {
+    fn guard(&self) -> &Guard {
+        Leadership::guard(self)
+    }
+    fn with_hold(self, hold: Hold) -> Self {
+        let value = self.value().to_vec();
+        Leadership::new(self.into_guard().with_hold(hold), value)
+    }
+}
+
+impl Observer {
+    fn new(
+        backend: &'static str,
+        strategy: &'static str,
+        kind: &'static str,
+        name: &LockName,
+    ) -> Self {
+        Observer {
+            recording: Arc::new(Recording::new(backend, strategy, kind, name)),
+        }
+    }
+
+    fn span(&self, name: &LockName, call: &'static str) -> tracing::Span {
+        let recording = &self.recording;
+        let (backend, strategy, kind) =
+            (recording.backend(), recording.strategy(), recording.kind());
         match call {
-            "acquire" => tracing::debug_span!(
-                "distlock.acquire",
-                lock = %self.inner.name(),
-                backend,
-                strategy
-            ),
-            _ => tracing::debug_span!(
-                "distlock.try_acquire",
-                lock = %self.inner.name(),
-                backend,
-                strategy
-            ),
+            "acquire" => {
+                tracing::debug_span!("distlock.acquire", lock = %name, backend, strategy, kind)
+            }
+            _ => {
+                tracing::debug_span!("distlock.try_acquire", lock = %name, backend, strategy, kind)
+            }
         }
     }
 
@@ -484,39 +509,257 @@ impl Observed {
         ended
     }
 
-    /// A guard granted at `granted`, measuring its hold.
-    fn held(&self, guard: Guard, granted: Instant) -> Guard {
-        guard.with_hold(Hold::start(Arc::clone(&self.recording), granted))
+    /// What `attempt` granted at `granted`, measuring its hold.
+    fn held<G: Grant>(&self, grant: G, granted: Instant) -> G {
+        grant.with_hold(Hold::start(Arc::clone(&self.recording), granted))
+    }
+
+    /// One attempt (`try_acquire` and the like), observed.
+    async fn attempt<G: Grant>(
+        &self,
+        name: &LockName,
+        attempt: impl Future<Output = Result<Option<G>, LockError>>,
+    ) -> Result<Option<G>, LockError> {
+        let span = self.span(name, "try_acquire");
+        let began = Instant::now();
+        let result = attempt.instrument(span.clone()).await;
+        let _entered = span.enter();
+        let granted = result
+            .as_ref()
+            .map(|grant| grant.as_ref().map(Grant::guard));
+        let ended = self.record("try_acquire", granted, began);
+        result.map(|grant| grant.map(|grant| self.held(grant, ended)))
+    }
+
+    /// A wait (`acquire` and the like), observed; dropped, it counts as `cancelled`.
+    async fn wait<G: Grant>(
+        &self,
+        name: &LockName,
+        wait: impl Future<Output = Result<G, LockError>>,
+    ) -> Result<G, LockError> {
+        let span = self.span(name, "acquire");
+        let mut waiting = Waiting::new(&self.recording);
+        let result = wait.instrument(span.clone()).await;
+        waiting.done = true;
+        let _entered = span.enter();
+        let ended = self.record(
+            "acquire",
+            result.as_ref().map(|g| Some(g.guard())),
+            waiting.began,
+        );
+        result.map(|grant| self.held(grant, ended))
     }
 }
 
+/// What a backend hands out (a lock, a semaphore, an election), with its acquisitions
+/// observed: see [`observe_lock`] and its siblings.
+#[derive(Debug)]
+struct Observed<L: ?Sized> {
+    inner: Arc<L>,
+    observer: Observer,
+}
+
+/// `lock` with its acquisitions, waits, holds and losses recorded (see the
+/// [module docs](self)), labelled with `backend`, `strategy` and the kind `mutex`: what a
+/// backend's [`LockProvider::lock`](crate::LockProvider::lock) hands out.
+///
+/// ```
+/// use std::sync::Arc;
+/// use lock_core::DistributedLock;
+///
+/// /// What a backend's `LockProvider::lock` hands out for its own lock type.
+/// fn hand_out(lock: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
+///     lock_core::observe::observe_lock(lock, "my-backend", "queue")
+/// }
+/// ```
+pub fn observe_lock(
+    lock: Arc<dyn DistributedLock>,
+    backend: &'static str,
+    strategy: &'static str,
+) -> Arc<dyn DistributedLock> {
+    let observer = Observer::new(backend, strategy, "mutex", lock.name());
+    Arc::new(Observed {
+        inner: lock,
+        observer,
+    })
+}
+
 #[async_trait]
-impl DistributedLock for Observed {
+impl DistributedLock for Observed<dyn DistributedLock> {
     fn name(&self) -> &LockName {
         self.inner.name()
     }
 
     async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
-        let span = self.span("try_acquire");
-        let began = Instant::now();
-        let result = self.inner.try_acquire().instrument(span.clone()).await;
-        let _entered = span.enter();
-        let ended = self.record("try_acquire", result.as_ref().map(Option::as_ref), began);
-        result.map(|guard| guard.map(|guard| self.held(guard, ended)))
+        let attempt = self.inner.try_acquire();
+        self.observer.attempt(self.inner.name(), attempt).await
     }
 
     async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        let span = self.span("acquire");
-        let mut waiting = Waiting::new(&self.recording);
-        let result = self.inner.acquire(timeout).instrument(span.clone()).await;
-        waiting.done = true;
-        let _entered = span.enter();
-        let ended = self.record("acquire", result.as_ref().map(Some), waiting.began);
-        result.map(|guard| self.held(guard, ended))
+        let wait = self.inner.acquire(timeout);
+        self.observer.wait(self.inner.name(), wait).await
     }
 
     async fn queue(&self) -> Result<LockQueue, LockError> {
         self.inner.queue().await
+    }
+}
+
+/// A backend's read-write lock with both sides observed: see [`observe_rw_lock`].
+#[derive(Debug)]
+struct ObservedRw {
+    inner: Arc<dyn DistributedRwLock>,
+    read: Observer,
+    write: Observer,
+}
+
+/// `lock` observed as [`observe_lock`] observes a mutex, its sides labelled with the kinds
+/// `read` and `write`: what a backend's
+/// [`LockProvider::rw_lock`](crate::LockProvider::rw_lock) hands out.
+///
+/// ```
+/// use std::sync::Arc;
+/// use lock_core::DistributedRwLock;
+///
+/// fn hand_out(lock: Arc<dyn DistributedRwLock>) -> Arc<dyn DistributedRwLock> {
+///     lock_core::observe::observe_rw_lock(lock, "my-backend", "queue")
+/// }
+/// ```
+pub fn observe_rw_lock(
+    lock: Arc<dyn DistributedRwLock>,
+    backend: &'static str,
+    strategy: &'static str,
+) -> Arc<dyn DistributedRwLock> {
+    let read = Observer::new(backend, strategy, "read", lock.name());
+    let write = Observer::new(backend, strategy, "write", lock.name());
+    Arc::new(ObservedRw {
+        inner: lock,
+        read,
+        write,
+    })
+}
+
+#[async_trait]
+impl DistributedRwLock for ObservedRw {
+    fn name(&self) -> &LockName {
+        self.inner.name()
+    }
+
+    async fn try_read(&self) -> Result<Option<Guard>, LockError> {
+        self.read
+            .attempt(self.inner.name(), self.inner.try_read())
+            .await
+    }
+
+    async fn read(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
+        self.read
+            .wait(self.inner.name(), self.inner.read(timeout))
+            .await
+    }
+
+    async fn try_write(&self) -> Result<Option<Guard>, LockError> {
+        self.write
+            .attempt(self.inner.name(), self.inner.try_write())
+            .await
+    }
+
+    async fn write(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
+        self.write
+            .wait(self.inner.name(), self.inner.write(timeout))
+            .await
+    }
+}
+
+/// `semaphore` observed as [`observe_lock`] observes a mutex, each permit labelled with the
+/// kind `permit`: what a backend's
+/// [`LockProvider::semaphore`](crate::LockProvider::semaphore) hands out.
+///
+/// ```
+/// use std::sync::Arc;
+/// use lock_core::DistributedSemaphore;
+///
+/// fn hand_out(semaphore: Arc<dyn DistributedSemaphore>) -> Arc<dyn DistributedSemaphore> {
+///     lock_core::observe::observe_semaphore(semaphore, "my-backend", "queue")
+/// }
+/// ```
+pub fn observe_semaphore(
+    semaphore: Arc<dyn DistributedSemaphore>,
+    backend: &'static str,
+    strategy: &'static str,
+) -> Arc<dyn DistributedSemaphore> {
+    let observer = Observer::new(backend, strategy, "permit", semaphore.name());
+    Arc::new(Observed {
+        inner: semaphore,
+        observer,
+    })
+}
+
+#[async_trait]
+impl DistributedSemaphore for Observed<dyn DistributedSemaphore> {
+    fn name(&self) -> &LockName {
+        self.inner.name()
+    }
+
+    fn permits(&self) -> u32 {
+        self.inner.permits()
+    }
+
+    async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
+        let attempt = self.inner.try_acquire();
+        self.observer.attempt(self.inner.name(), attempt).await
+    }
+
+    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
+        let wait = self.inner.acquire(timeout);
+        self.observer.wait(self.inner.name(), wait).await
+    }
+}
+
+/// `election` with each campaign observed as [`observe_lock`] observes an `acquire` (the
+/// wait for leadership, the term held), labelled with the kind `election`: what a
+/// backend's [`LockProvider::election`](crate::LockProvider::election) hands out.
+///
+/// ```
+/// use std::sync::Arc;
+/// use lock_core::Election;
+///
+/// fn hand_out(election: Arc<dyn Election>) -> Arc<dyn Election> {
+///     lock_core::observe::observe_election(election, "my-backend", "queue")
+/// }
+/// ```
+pub fn observe_election(
+    election: Arc<dyn Election>,
+    backend: &'static str,
+    strategy: &'static str,
+) -> Arc<dyn Election> {
+    let observer = Observer::new(backend, strategy, "election", election.name());
+    Arc::new(Observed {
+        inner: election,
+        observer,
+    })
+}
+
+#[async_trait]
+impl Election for Observed<dyn Election> {
+    fn name(&self) -> &LockName {
+        self.inner.name()
+    }
+
+    async fn campaign(
+        &self,
+        value: &[u8],
+        timeout: Option<Duration>,
+    ) -> Result<Leadership, LockError> {
+        let campaign = self.inner.campaign(value, timeout);
+        self.observer.wait(self.inner.name(), campaign).await
+    }
+
+    async fn leader(&self) -> Result<Option<LeaderInfo>, LockError> {
+        self.inner.leader().await
+    }
+
+    async fn observe(self: Arc<Self>) -> Result<LeaderWatch, LockError> {
+        Arc::clone(&self.inner).observe().await
     }
 }
 
@@ -535,7 +778,7 @@ mod tests {
         let snapshotter = recorder.snapshotter();
         metrics::with_local_recorder(&recorder, || {
             let name = LockName::new("counted").expect("a valid name");
-            let recording = || Arc::new(Recording::new("test", "none", &name));
+            let recording = || Arc::new(Recording::new("test", "none", "mutex", &name));
             let (early, early_signal) = lost_signal();
             early.fire(LossReason::Revoked);
             early_signal.count_loss_with(recording());

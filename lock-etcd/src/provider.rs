@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use lock_core::kit::SessionOwner;
-use lock_core::observe::observe_lock;
+use lock_core::observe::{observe_election, observe_lock, observe_rw_lock, observe_semaphore};
 use lock_core::{
     Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Fencing,
     LockError, LockName, LockProvider, MetricsSnapshot, WaitKind,
@@ -78,6 +78,11 @@ impl EtcdLockProvider {
     pub fn lease_id(&self) -> Option<i64> {
         self.shared.current().map(|session| session.lease)
     }
+
+    /// The strategy's name, as the metrics label what this provider hands out.
+    fn strategy(&self) -> &'static str {
+        self.shared.config.strategy.as_str()
+    }
 }
 
 impl EtcdLockProvider {
@@ -136,11 +141,7 @@ impl LockProvider for EtcdLockProvider {
     fn lock(&self, name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
         let name = LockName::new(name)?;
         let lock = Arc::new(EtcdLock::new(Arc::clone(&self.shared), name));
-        Ok(observe_lock(
-            lock,
-            BACKEND,
-            self.shared.config.strategy.as_str(),
-        ))
+        Ok(observe_lock(lock, BACKEND, self.strategy()))
     }
 
     fn metrics(&self) -> MetricsSnapshot {
@@ -150,13 +151,15 @@ impl LockProvider for EtcdLockProvider {
     /// An election in `{prefix}/{name}.election/`; see [`EtcdElection`].
     fn election(&self, name: &str) -> Result<Arc<dyn Election>, LockError> {
         let name = LockName::new(name)?;
-        Ok(Arc::new(EtcdElection::new(Arc::clone(&self.shared), name)))
+        let election = Arc::new(EtcdElection::new(Arc::clone(&self.shared), name));
+        Ok(observe_election(election, BACKEND, self.strategy()))
     }
 
     /// A read-write lock in `{prefix}/{name}.rwlock/`; see [`EtcdRwLock`].
     fn rw_lock(&self, name: &str) -> Result<Arc<dyn DistributedRwLock>, LockError> {
         let name = LockName::new(name)?;
-        Ok(Arc::new(EtcdRwLock::new(Arc::clone(&self.shared), name)))
+        let lock = Arc::new(EtcdRwLock::new(Arc::clone(&self.shared), name));
+        Ok(observe_rw_lock(lock, BACKEND, self.strategy()))
     }
 
     /// A semaphore in `{prefix}/{name}.semaphore/`; see [`EtcdSemaphore`].
@@ -172,10 +175,7 @@ impl LockProvider for EtcdLockProvider {
                 message: format!("semaphore {name:?} needs at least one permit"),
             });
         }
-        Ok(Arc::new(EtcdSemaphore::new(
-            Arc::clone(&self.shared),
-            name,
-            permits,
-        )))
+        let semaphore = Arc::new(EtcdSemaphore::new(Arc::clone(&self.shared), name, permits));
+        Ok(observe_semaphore(semaphore, BACKEND, self.strategy()))
     }
 }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use lock_core::kit::{Closed, SessionOwner};
-use lock_core::observe::observe_lock;
+use lock_core::observe::{observe_election, observe_lock, observe_rw_lock, observe_semaphore};
 use lock_core::{
     Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Fencing,
     LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
@@ -21,6 +21,10 @@ use crate::shared::{
     FENCING_TABLE, LEADERS_TABLE, Mode, Shared, Statements, TransactionStatements,
 };
 use crate::transaction::TransactionLock;
+
+/// The strategy the metrics name for the read-write locks, semaphores and elections: their
+/// waiters always queue on the server, whatever the configured strategy.
+const SERVER_QUEUE: &str = "advisory";
 
 /// The most permits a semaphore may have: each is an advisory lock a taker may try.
 const MAX_PERMITS: u32 = 10_000;
@@ -285,19 +289,15 @@ impl LockProvider for PostgresLockProvider {
     /// The read-write lock `name`; see [`PostgresRwLock`].
     fn rw_lock(&self, name: &str) -> Result<Arc<dyn DistributedRwLock>, LockError> {
         let name = LockName::new(name)?;
-        Ok(Arc::new(PostgresRwLock::new(
-            Arc::clone(&self.shared),
-            name,
-        )))
+        let lock = Arc::new(PostgresRwLock::new(Arc::clone(&self.shared), name));
+        Ok(observe_rw_lock(lock, BACKEND, SERVER_QUEUE))
     }
 
     /// The election `name`; see [`PostgresElection`].
     fn election(&self, name: &str) -> Result<Arc<dyn Election>, LockError> {
         let name = LockName::new(name)?;
-        Ok(Arc::new(PostgresElection::new(
-            Arc::clone(&self.shared),
-            name,
-        )))
+        let election = Arc::new(PostgresElection::new(Arc::clone(&self.shared), name));
+        Ok(observe_election(election, BACKEND, SERVER_QUEUE))
     }
 
     /// The semaphore `name` with `permits` permits; see [`PostgresSemaphore`].
@@ -315,10 +315,11 @@ impl LockProvider for PostgresLockProvider {
                 ),
             });
         }
-        Ok(Arc::new(PostgresSemaphore::new(
+        let semaphore = Arc::new(PostgresSemaphore::new(
             Arc::clone(&self.shared),
             name,
             permits,
-        )))
+        ));
+        Ok(observe_semaphore(semaphore, BACKEND, SERVER_QUEUE))
     }
 }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use lock_core::kit::{Closed, SessionOwner};
-use lock_core::observe::observe_lock;
+use lock_core::observe::{observe_election, observe_lock, observe_rw_lock, observe_semaphore};
 use lock_core::{
     Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Fencing,
     LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
@@ -21,6 +21,10 @@ use crate::lock::RedisLock;
 use crate::node::Node;
 use crate::permits::{RedisRwLock, RedisSemaphore};
 use crate::session::Session;
+
+/// The strategy the metrics name for the read-write locks, semaphores and elections: they
+/// wait as the mutex's queue strategy does, whatever the configured strategy.
+const QUEUED: &str = "queue";
 
 /// A distlock provider on one Redis server.
 ///
@@ -194,7 +198,8 @@ impl LockProvider for RedisLockProvider {
     /// A read-write lock under `{prefix:name.rwlock}`; see [`RedisRwLock`].
     fn rw_lock(&self, name: &str) -> Result<Arc<dyn DistributedRwLock>, LockError> {
         let name = LockName::new(name)?;
-        Ok(Arc::new(RedisRwLock::new(&self.shared, name)))
+        let lock = Arc::new(RedisRwLock::new(&self.shared, name));
+        Ok(observe_rw_lock(lock, BACKEND, QUEUED))
     }
 
     /// A semaphore under `{prefix:name.semaphore}`; see [`RedisSemaphore`].
@@ -210,12 +215,14 @@ impl LockProvider for RedisLockProvider {
                 message: format!("semaphore {name:?} needs at least one permit"),
             });
         }
-        Ok(Arc::new(RedisSemaphore::new(&self.shared, name, permits)))
+        let semaphore = Arc::new(RedisSemaphore::new(&self.shared, name, permits));
+        Ok(observe_semaphore(semaphore, BACKEND, QUEUED))
     }
 
     /// An election on the queue strategy, `{prefix:name.election}:…`; see [`RedisElection`].
     fn election(&self, name: &str) -> Result<Arc<dyn Election>, LockError> {
         let name = LockName::new(name)?;
-        Ok(Arc::new(RedisElection::new(Arc::clone(&self.shared), name)))
+        let election = Arc::new(RedisElection::new(Arc::clone(&self.shared), name));
+        Ok(observe_election(election, BACKEND, QUEUED))
     }
 }

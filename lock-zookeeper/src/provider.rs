@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use lock_core::kit::{Closed, SessionOwner, SessionSlot};
-use lock_core::observe::observe_lock;
+use lock_core::observe::{observe_election, observe_lock, observe_rw_lock, observe_semaphore};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, DistributedRwLock, DistributedSemaphore, Election,
     Fencing, LockError, LockName, LockProvider, Metrics, MetricsSnapshot, WaitKind,
@@ -192,7 +192,12 @@ impl LockProvider for ZkLockProvider {
     /// A read-write lock in `{root}/{name}.rwlock`; see [`ZkRwLock`].
     fn rw_lock(&self, name: &str) -> Result<Arc<dyn DistributedRwLock>, LockError> {
         let place = self.place(name, ".rwlock")?;
-        Ok(Arc::new(ZkRwLock { place }))
+        let strategy = self.shared.config.strategy.as_str();
+        Ok(observe_rw_lock(
+            Arc::new(ZkRwLock { place }),
+            BACKEND,
+            strategy,
+        ))
     }
 
     /// A semaphore in `{root}/{name}.semaphore`; see [`ZkSemaphore`].
@@ -208,13 +213,20 @@ impl LockProvider for ZkLockProvider {
                 message: format!("semaphore {name:?} needs at least one permit"),
             });
         }
-        Ok(Arc::new(ZkSemaphore::new(place, permits)))
+        let strategy = self.shared.config.strategy.as_str();
+        let semaphore = Arc::new(ZkSemaphore::new(place, permits));
+        Ok(observe_semaphore(semaphore, BACKEND, strategy))
     }
 
     /// An election in `{root}/{name}.election`; see [`ZkElection`].
     fn election(&self, name: &str) -> Result<Arc<dyn Election>, LockError> {
         let place = self.place(name, ".election")?;
-        Ok(Arc::new(ZkElection { place }))
+        let election = Arc::new(ZkElection { place });
+        Ok(observe_election(
+            election,
+            BACKEND,
+            ZkStrategy::SequentialPredecessor.as_str(),
+        ))
     }
 
     fn metrics(&self) -> MetricsSnapshot {

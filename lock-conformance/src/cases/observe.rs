@@ -202,7 +202,21 @@ pub async fn n1_metrics_are_the_same_everywhere(h: &dyn Harness) -> CaseResult {
         let (now, _) = total(&series, gauge, &[]);
         ensure!(now == 0.0, "{gauge} is {now} with nothing held or waiting");
     }
+    labelled_alike(&series, "mutex")?;
     let expected = format!("backend={backend}");
+    for s in series.iter().filter(|s| s.name == ACQUISITIONS) {
+        ensure!(
+            s.labels.contains(&expected) && s.labels.contains(&"kind=mutex".to_owned()),
+            "{ACQUISITIONS} labelled {:?}; the guard's backend is {backend}",
+            s.labels
+        );
+    }
+    Ok(Outcome::Passed)
+}
+
+/// The labels of every `distlock_acquisitions_total` series of `series`, by key: the same
+/// for every kind of lock.
+fn labelled_alike(series: &[Series], kind: &str) -> Result<(), CaseFailure> {
     for s in series.iter().filter(|s| s.name == ACQUISITIONS) {
         let keys: Vec<&str> = s
             .labels
@@ -211,14 +225,106 @@ pub async fn n1_metrics_are_the_same_everywhere(h: &dyn Harness) -> CaseResult {
             .collect();
         ensure!(
             keys == ["backend", "call", "kind", "lock", "outcome", "strategy"],
-            "{ACQUISITIONS} labelled {:?}",
+            "{ACQUISITIONS} of the {kind} labelled {:?}",
             s.labels
+        );
+    }
+    Ok(())
+}
+
+/// How often the `kind` of lock ended `call` with `outcome`, and how many of its holds
+/// ended `end`.
+fn counted(series: &[Series], kind: &str, call: &str, outcome: &str, end: &str) -> (f64, usize) {
+    let kind = format!("kind={kind}");
+    let (call, outcome) = (format!("call={call}"), format!("outcome={outcome}"));
+    let acquisitions = total(series, ACQUISITIONS, &[&kind, &call, &outcome]).0;
+    let holds = total(series, HOLD_SECONDS, &[&kind, &format!("end={end}")]).1;
+    (acquisitions, holds)
+}
+
+/// N2: the read-write lock's sides, a semaphore's permits and an election's campaigns are
+/// recorded as the mutex is (N1), each under its own `kind` (`read`, `write`, `permit`,
+/// `election`): a grant, a busy try and the hold's end; the gauges come back to zero.
+pub async fn n2_every_kind_is_recorded(h: &dyn Harness) -> CaseResult {
+    let Some(recorded) = recorded() else {
+        return Ok(Outcome::Skipped(Skip::because(
+            "the process installed a metrics recorder of its own, which the suite cannot read",
+        )));
+    };
+    let client = h.client().await?;
+    let capabilities = client.provider.capabilities();
+    if !capabilities.reader_writer && !capabilities.semaphore && !capabilities.elections {
+        return Ok(Outcome::Skipped(Skip::not_declared(
+            "reader_writer, semaphore or elections",
+        )));
+    }
+    let timing = h.timing();
+    let mut expected: Vec<(String, &str, &str, &str, &str)> = Vec::new();
+    if capabilities.reader_writer {
+        let name = unique_name("n2-rw");
+        let lock = client.provider.rw_lock(&name)?;
+        let mut reading = lock
+            .try_read()
+            .await?
+            .ok_or_else(|| CaseFailure::new("a free read-write lock refused a reader"))?;
+        ensure!(
+            lock.try_write().await?.is_none(),
+            "a writer was granted beside a reader"
+        );
+        reading.release().await?;
+        let writing = within(timing.handoff_bound, "the write hold", lock.write(None)).await??;
+        drop(writing);
+        expected.push((name.clone(), "read", "try_acquire", "granted", "released"));
+        expected.push((name.clone(), "write", "try_acquire", "busy", ""));
+        expected.push((name, "write", "acquire", "granted", "dropped"));
+    }
+    if capabilities.semaphore {
+        let name = unique_name("n2-semaphore");
+        let semaphore = client.provider.semaphore(&name, 1)?;
+        let mut permit =
+            within(timing.handoff_bound, "a permit", semaphore.acquire(None)).await??;
+        ensure!(
+            semaphore.try_acquire().await?.is_none(),
+            "a second permit of a one-permit semaphore"
+        );
+        permit.release().await?;
+        expected.push((name.clone(), "permit", "acquire", "granted", "released"));
+        expected.push((name, "permit", "try_acquire", "busy", ""));
+    }
+    if capabilities.elections {
+        let name = unique_name("n2-election");
+        let election = client.provider.election(&name)?;
+        let mut leading = within(
+            timing.handoff_bound,
+            "leadership",
+            election.campaign(b"n2", None),
+        )
+        .await??;
+        leading.resign().await?;
+        expected.push((name, "election", "acquire", "granted", "released"));
+    }
+    // A dropped guard's release may still run in the background; the metrics were recorded
+    // as the guards ended.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    for (name, kind, call, outcome, end) in expected {
+        let series = recorded.of(&name);
+        let (acquisitions, holds) = counted(&series, kind, call, outcome, end);
+        ensure!(
+            acquisitions == 1.0,
+            "the {kind} of {name:?}: {call} {outcome} counted {acquisitions} times, expected once"
         );
         ensure!(
-            s.labels.contains(&expected) && s.labels.contains(&"kind=mutex".to_owned()),
-            "{ACQUISITIONS} labelled {:?}; the guard's backend is {backend}",
-            s.labels
+            end.is_empty() || holds == 1,
+            "the {kind} of {name:?}: {holds} holds ended {end}, expected one"
         );
+        labelled_alike(&series, kind)?;
+        for gauge in [HELD, WAITING] {
+            let (now, _) = total(&series, gauge, &[]);
+            ensure!(
+                now == 0.0,
+                "{gauge} of the {kind} is {now} with nothing held or waiting"
+            );
+        }
     }
     Ok(Outcome::Passed)
 }

@@ -285,11 +285,12 @@ impl LockProvider for MemoryLockProvider {
     }
 
     fn rw_lock(&self, name: &str) -> Result<Arc<dyn DistributedRwLock>, LockError> {
-        Ok(Arc::new(MemoryRwLock(self.shared.handle(
+        let lock = Arc::new(MemoryRwLock(self.shared.handle(
             Family::ReadWrite,
             name,
             1,
-        )?)))
+        )?));
+        Ok(crate::observe::observe_rw_lock(lock, BACKEND, "fifo"))
     }
 
     fn semaphore(
@@ -305,19 +306,23 @@ impl LockProvider for MemoryLockProvider {
                 ),
             });
         }
-        Ok(Arc::new(MemorySemaphore(self.shared.handle(
+        let semaphore = Arc::new(MemorySemaphore(self.shared.handle(
             Family::Semaphore,
             name,
             permits,
-        )?)))
+        )?));
+        Ok(crate::observe::observe_semaphore(
+            semaphore, BACKEND, "fifo",
+        ))
     }
 
     fn election(&self, name: &str) -> Result<Arc<dyn Election>, LockError> {
-        Ok(Arc::new(MemoryElection(self.shared.handle(
+        let election = Arc::new(MemoryElection(self.shared.handle(
             Family::Election,
             name,
             1,
-        )?)))
+        )?));
+        Ok(crate::observe::observe_election(election, BACKEND, "fifo"))
     }
 
     fn metrics(&self) -> MetricsSnapshot {
