@@ -16,6 +16,8 @@
 //! | `distlock_held` | gauge | guards held now | `backend`, `strategy`, `kind` |
 //! | `distlock_hold_seconds` | histogram | seconds, from the grant to the guard's release or drop | `backend`, `strategy`, `kind`, `end` |
 //! | `distlock_losses_total` | counter | holds lost | `backend`, `strategy`, `kind`, `reason` |
+//! | `distlock_renewals_total` | counter | lease renewals | `backend`, `outcome` (`renewed`, `refused`, `failed`) |
+//! | `distlock_reconnects_total` | counter | reconnections | `backend`, `what` (`session`, `connection`) |
 //!
 //! - `call`: `acquire` or `try_acquire`;
 //! - `outcome`: `granted`, `busy` (a `try_acquire` that found the lock held), `timeout`,
@@ -64,7 +66,34 @@ pub const HOLD_SECONDS: &str = "distlock_hold_seconds";
 /// `distlock_losses_total`: holds lost, by reason.
 pub const LOSSES: &str = "distlock_losses_total";
 
+/// `distlock_renewals_total`: renewals of a lease, by outcome.
+pub const RENEWALS: &str = "distlock_renewals_total";
+/// `distlock_reconnects_total`: sessions and connections made again.
+pub const RECONNECTS: &str = "distlock_reconnects_total";
+
 static LOCK_NAMES: AtomicBool = AtomicBool::new(false);
+
+/// Counts one renewal of a lease (a Redis lock's watchdog, an etcd session's keep-alive)
+/// under `distlock_renewals_total`: `renewed`, `refused` (the server says the lease or the
+/// grant is gone) or `failed` (no answer, an error; the renewal is tried again).
+///
+/// ```
+/// lock_core::observe::record_renewal("my-backend", "renewed");
+/// ```
+pub fn record_renewal(backend: &'static str, outcome: &'static str) {
+    metrics::counter!(RENEWALS, "backend" => backend, "outcome" => outcome).increment(1);
+}
+
+/// Counts a reconnection under `distlock_reconnects_total`: `session` (a new session after
+/// the last one ended: its locks were lost) or `connection` (the connection came back within
+/// the session, whose locks are kept).
+///
+/// ```
+/// lock_core::observe::record_reconnect("my-backend", "session");
+/// ```
+pub fn record_reconnect(backend: &'static str, what: &'static str) {
+    metrics::counter!(RECONNECTS, "backend" => backend, "what" => what).increment(1);
+}
 
 /// Adds (or, with `false`, stops adding) the lock's name as a `lock` label to every metric
 /// recorded from now on. Off by default: names are usually per entity, and every distinct

@@ -376,6 +376,12 @@ async fn keep_alive(session: Arc<Session>) {
             renewed = tokio::time::timeout(bound, renew(&session, &mut stream)) => renewed,
             () = session.over.wait() => return,
         };
+        let outcome = match &renewed {
+            Ok(Ok(ttl)) if *ttl > 0 => "renewed",
+            Ok(Ok(_)) | Ok(Err(LockError::SessionExpired { .. })) => "refused",
+            _ => "failed",
+        };
+        lock_core::observe::record_renewal(BACKEND, outcome);
         let pause = match renewed {
             Ok(Ok(ttl)) if ttl > 0 => {
                 let mut heard = unpoisoned(&session.heard);

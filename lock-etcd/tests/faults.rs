@@ -11,7 +11,9 @@ mod common;
 use std::time::Duration;
 
 use common::{EtcdHarness, Proxies, contenders};
+use lock_conformance::cases::observe::recorded_total;
 use lock_conformance::{ClientFaults, unique_name};
+use lock_core::observe::{RECONNECTS, RENEWALS};
 use lock_core::{LockProvider, LossReason};
 use lock_etcd::{EtcdConfig, EtcdLockProvider, EtcdStrategy};
 
@@ -96,4 +98,43 @@ async fn a_loss_names_whether_the_lease_or_the_key_went() {
     let reason = tokio::time::timeout(Duration::from_secs(3), guard.lost().wait()).await;
     assert_eq!(reason.unwrap(), Some(LossReason::EntryRemoved));
     assert!(deleted.lease_id().is_some(), "the session goes on");
+}
+
+/// The session's keep-alives are counted as renewals, and a session opened after the last
+/// one ended as a reconnection (`distlock_renewals_total`, `distlock_reconnects_total`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_and_new_sessions_are_counted() {
+    let h = EtcdHarness::new(EtcdStrategy::Predecessor).await;
+    let counted = |labels: &[&str]| {
+        let metric = if labels.contains(&"what=session") {
+            RECONNECTS
+        } else {
+            RENEWALS
+        };
+        recorded_total(metric, labels).expect("the suite's recorder, this binary's only one")
+    };
+    let renewed = ["backend=etcd", "outcome=renewed"];
+    let sessions = ["backend=etcd", "what=session"];
+    let (renewals, reconnects) = (counted(&renewed), counted(&sessions));
+    // A lease of 3 s is renewed every second.
+    let config = EtcdConfig::new(vec![h.endpoint()])
+        .with_lease_ttl(Duration::from_secs(3))
+        .with_timeout(Duration::from_secs(2));
+    let provider = EtcdLockProvider::connect(config).await.unwrap();
+    let name = unique_name("renewals");
+    let guard = provider.lock(&name).unwrap().acquire(None).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while counted(&renewed) <= renewals {
+        assert!(tokio::time::Instant::now() < deadline, "no renewal counted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let lease = provider.lease_id().unwrap();
+    h.admin().lease_client().revoke(lease).await.unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(3), guard.lost().wait()).await;
+    assert_eq!(lost.unwrap(), Some(LossReason::SessionExpired));
+    assert_eq!(counted(&sessions), reconnects, "no new session yet");
+    let mut again = provider.lock(&name).unwrap().acquire(None).await.unwrap();
+    assert_ne!(provider.lease_id(), Some(lease), "a new session");
+    assert!(counted(&sessions) > reconnects, "the new session counted");
+    again.release().await.unwrap();
 }

@@ -305,6 +305,7 @@ async fn monitor(
             SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
                 health.suspect.store(false, Ordering::Release);
                 lost_at = None;
+                lock_core::observe::record_reconnect(BACKEND, "connection");
                 tracing::debug!("zookeeper: reconnected");
             }
             terminal => {

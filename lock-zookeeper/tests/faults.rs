@@ -22,7 +22,9 @@ use std::time::Duration;
 use common::{
     Proxies, SESSION_TIMEOUT, TICK_TIME, admin_client, children, lock_dir, wait_until, zk_options,
 };
+use lock_conformance::cases::observe::recorded_total;
 use lock_conformance::{Occupancy, PollBudget, unique_name};
+use lock_core::observe::RECONNECTS;
 use lock_core::{DistributedLock, Guard, LockError, LockProvider};
 use lock_testbed::proxy::ReplyKind;
 use lock_testbed::servers::{LocalServer, ZkEnsemble, ZkServer, free_port, shared_zk};
@@ -1580,4 +1582,53 @@ async fn a_release_whose_delete_reply_is_lost_is_no_loss() {
             format_args!("{strategy:?}: 10 of 10 released, {retried} after a retry"),
         );
     }
+}
+
+/// Reconnections are counted (`distlock_reconnects_total`): a connection cut for less than
+/// the session comes back within it (`connection`), and after a cut past the session
+/// timeout the next acquisition opens a new session (`session`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnections_are_counted() {
+    let (server, _admin) = standalone().await;
+    let proxies = Proxies::start(&[server.socket_addr()]);
+    let provider = connect(proxies.hosts(), ZkStrategy::default()).await;
+    let name = unique_name("reconnections");
+    let counted = |what: &str| {
+        let what = format!("what={what}");
+        recorded_total(RECONNECTS, &["backend=zookeeper", &what])
+            .expect("the suite's recorder, this binary's only one")
+    };
+    let (connections, sessions) = (counted("connection"), counted("session"));
+
+    proxies.cut();
+    sleep(SESSION_TIMEOUT / 4).await;
+    proxies.pass();
+    wait_until(
+        SESSION_TIMEOUT * 2,
+        "the connection counted again",
+        || async { counted("connection") },
+        |now| *now > connections,
+    )
+    .await;
+    let session = provider.session_id();
+    take_free(&provider, &name).await.release().await.unwrap();
+    assert_eq!(provider.session_id(), session, "the session went on");
+    assert_eq!(counted("session"), sessions, "no new session");
+
+    proxies.cut();
+    sleep(SESSION_TIMEOUT * 2).await;
+    proxies.pass();
+    let guard = timeout(SESSION_TIMEOUT * 3, async {
+        loop {
+            match provider.lock(&name).unwrap().try_acquire().await {
+                Ok(Some(guard)) => return guard,
+                _ => sleep(Duration::from_millis(100)).await,
+            }
+        }
+    })
+    .await
+    .expect("a grant on a new session");
+    assert_ne!(provider.session_id(), session, "a new session");
+    assert!(counted("session") > sessions, "the new session counted");
+    drop(guard);
 }

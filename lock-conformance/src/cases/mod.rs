@@ -122,6 +122,7 @@ macro_rules! __with_cases {
             multi::m3_member_lost_fires_the_sets_signal => "M3", "(lost_detection) a held set's member lost fires the set's signal; its release reports the member";
             observe::n1_metrics_are_the_same_everywhere => "N1", "a grant, a busy try, a timeout, a cancel, a release, a drop and a loss are each recorded once, under the metric names and labels of every backend";
             observe::n2_every_kind_is_recorded => "N2", "(reader_writer, semaphore, elections) each kind of lock is recorded as the mutex is, under its own kind label";
+            observe::n3_renewals_are_counted => "N3", "(leases) a held lock's lease renewals are counted";
         }
     };
 }

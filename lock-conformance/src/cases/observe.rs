@@ -5,7 +5,9 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use lock_core::LockError;
-use lock_core::observe::{self, ACQUISITIONS, HELD, HOLD_SECONDS, LOSSES, WAIT_SECONDS, WAITING};
+use lock_core::observe::{
+    self, ACQUISITIONS, HELD, HOLD_SECONDS, LOSSES, RENEWALS, WAIT_SECONDS, WAITING,
+};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
 use crate::ensure;
@@ -51,6 +53,11 @@ fn recorded() -> Option<&'static Recorded> {
 impl Recorded {
     /// The series of the lock `lock`, as recorded so far.
     fn of(&self, lock: &str) -> Vec<Series> {
+        self.matching(&[&format!("lock={lock}")])
+    }
+
+    /// The series with every one of `labels` (`key=value`), as recorded so far.
+    fn matching(&self, labels: &[&str]) -> Vec<Series> {
         let mut totals = self
             .totals
             .lock()
@@ -86,10 +93,9 @@ impl Recorded {
                 }),
             }
         }
-        let own = format!("lock={lock}");
         totals
             .iter()
-            .filter(|series| series.labels.contains(&own))
+            .filter(|series| labels.iter().all(|l| series.labels.iter().any(|x| x == l)))
             .map(|series| Series {
                 name: series.name.clone(),
                 labels: series.labels.clone(),
@@ -98,6 +104,15 @@ impl Recorded {
             })
             .collect()
     }
+}
+
+/// The total so far of the series called `metric` with every one of `labels` (`key=value`),
+/// as the suite's recorder has them (installed on first use, as for case N1): for a
+/// backend's own tests of what it records, such as its reconnections. `None` when the
+/// process installed a recorder of its own.
+pub fn recorded_total(metric: &str, labels: &[&str]) -> Option<f64> {
+    let series = recorded()?.matching(labels);
+    Some(total(&series, metric, &[]).0)
 }
 
 /// The sum of the values, and of the samples, of the series called `name` with every one
@@ -326,5 +341,49 @@ pub async fn n2_every_kind_is_recorded(h: &dyn Harness) -> CaseResult {
             );
         }
     }
+    Ok(Outcome::Passed)
+}
+
+/// N3: a lease backend counts the renewals of a held lock's lease
+/// (`distlock_renewals_total`, `outcome=renewed`) as its watchdog makes them.
+pub async fn n3_renewals_are_counted(h: &dyn Harness) -> CaseResult {
+    let Some(recorded) = recorded() else {
+        return Ok(Outcome::Skipped(Skip::because(
+            "the process installed a metrics recorder of its own, which the suite cannot read",
+        )));
+    };
+    let client = h.client().await?;
+    let capabilities = client.provider.capabilities();
+    let Some(ttl) = capabilities
+        .crash_release_bound
+        .filter(|_| capabilities.leases)
+    else {
+        return Ok(Outcome::Skipped(Skip::not_declared("leases")));
+    };
+    let name = unique_name("n3");
+    let mut guard = take(client.provider.lock(&name)?.as_ref(), "the holder").await?;
+    let labels = [
+        format!("backend={}", guard.backend()),
+        "outcome=renewed".to_owned(),
+    ];
+    let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+    let renewals = || total(&recorded.matching(&labels), RENEWALS, &[]).0;
+    let before = renewals();
+    let first = guard.valid_until();
+    // The watchdog renews at a third of the lease: within one lease, the lease is later.
+    let deadline = tokio::time::Instant::now() + ttl + h.timing().operation_slack;
+    while guard.valid_until() <= first {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the lease was not renewed within {ttl:?} and the operation slack"
+        );
+        tokio::time::sleep(ttl / 20).await;
+    }
+    let after = renewals();
+    guard.release().await?;
+    ensure!(
+        after.total_cmp(&before).is_gt(),
+        "the lease was renewed, but {RENEWALS} with {labels:?} stayed at {before}"
+    );
     Ok(Outcome::Passed)
 }

@@ -210,6 +210,15 @@ async fn watchdog(
         if state.stopped.load(Ordering::Acquire) {
             return;
         }
+        let outcome = match &answer {
+            Ok(Ok(Renewal::Renewed)) => Some("renewed"),
+            Ok(Ok(Renewal::Gone)) if !releasing => Some("refused"),
+            Ok(Err(_)) | Err(_) => Some("failed"),
+            Ok(Ok(Renewal::Released | Renewal::Gone)) => None,
+        };
+        if let Some(outcome) = outcome {
+            crate::observe::record_renewal(backend, outcome);
+        }
         match answer {
             // The guard's own release is on its way and may have gone through first: its
             // answer decides, and the watchdog stops with it.

@@ -119,6 +119,7 @@ impl<S: ServerSession> SessionSlot<S> {
             return Err(error);
         }
         *latest = Some(Arc::clone(&session));
+        crate::observe::record_reconnect(backend, "session");
         Ok(session)
     }
 
