@@ -157,12 +157,19 @@ pub(crate) fn grant(
         });
     };
     session.metrics.record_grant();
-    let deleted = own_key_removed(Arc::downgrade(session), entry.key.clone(), granted);
+    let releasing = Arc::new(AtomicBool::new(false));
+    let deleted = own_key_removed(
+        Arc::downgrade(session),
+        entry.key.clone(),
+        granted,
+        Arc::clone(&releasing),
+    );
     let held = HeldKey {
         entry,
         name: name.to_string(),
         revision,
         registration,
+        releasing,
     };
     let token = FencingToken(u64::try_from(revision).unwrap_or_default());
     Ok(entry_guard(name, token, held, (notifier, lost), deleted))
@@ -170,9 +177,18 @@ pub(crate) fn grant(
 
 /// Whether the granted key was removed by someone else; `false` when the session ended
 /// first, or ends because the key went with its lease (the session's end fires the signal).
-async fn own_key_removed(session: Weak<Session>, key: String, granted: Granted) -> bool {
+/// A deletion once the holder's own release began is not asked about: it is the release's.
+async fn own_key_removed(
+    session: Weak<Session>,
+    key: String,
+    granted: Granted,
+    releasing: Arc<AtomicBool>,
+) -> bool {
     if !watch_own_key(Weak::clone(&session), key.clone(), granted).await {
         return false;
+    }
+    if releasing.load(Ordering::Acquire) {
+        return true;
     }
     match session.upgrade() {
         Some(live) => !lease_ended(&live, &key).await,
@@ -287,6 +303,8 @@ struct HeldKey {
     name: String,
     revision: i64,
     registration: u64,
+    /// Set as the holder's release (or its clean-up) begins.
+    releasing: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for HeldKey {
@@ -311,6 +329,7 @@ impl HeldEntry for HeldKey {
     }
 
     async fn remove(&mut self, sent: &AtomicBool) -> Result<Removal, RemovalError> {
+        self.releasing.store(true, Ordering::Release);
         let Some(session) = self.session().filter(|session| !session.is_over()) else {
             return Err(RemovalError::SessionOver);
         };
@@ -354,6 +373,7 @@ impl HeldEntry for HeldKey {
     }
 
     fn abandon(self: Box<Self>) {
+        self.releasing.store(true, Ordering::Release);
         self.entry.abandon();
     }
 

@@ -132,7 +132,6 @@ async fn renewals_and_new_sessions_are_counted() {
     h.admin().lease_client().revoke(lease).await.unwrap();
     let lost = tokio::time::timeout(Duration::from_secs(3), guard.lost().wait()).await;
     assert_eq!(lost.unwrap(), Some(LossReason::SessionExpired));
-    assert_eq!(counted(&sessions), reconnects, "no new session yet");
     let mut again = provider.lock(&name).unwrap().acquire(None).await.unwrap();
     assert_ne!(provider.lease_id(), Some(lease), "a new session");
     assert!(counted(&sessions) > reconnects, "the new session counted");

@@ -77,15 +77,24 @@ impl Conn {
         Ok(conn)
     }
 
-    /// Learns the server process's id, and asks the server (14 and later) to look for a
-    /// closed connection every second while a statement runs: a waiter whose client is gone
-    /// and whose cancel request never arrived (the network, a killed process) then leaves the
-    /// lock's queue at once, rather than when the lock is free and granted to nobody.
+    /// Learns the server process's id and, in the same flight, asks the server (14 and
+    /// later, where it can tell) to look for a closed connection every second while a
+    /// statement runs: a waiter whose connection was closed (a killed process, a reset) and
+    /// whose cancel request never arrived then leaves the lock's queue at once, rather than
+    /// when the lock is free and granted to nobody. A server that cannot check refuses the
+    /// setting, which changes nothing else.
     async fn session_setup(&self) -> Result<i32, LockError> {
-        const SETUP: &str = "SELECT pg_backend_pid(), \
-             CASE WHEN current_setting('server_version_num')::int >= 140000 \
+        const CHECK_CLOSED: &str = "SELECT CASE \
+             WHEN current_setting('server_version_num')::int >= 140000 \
              THEN set_config('client_connection_check_interval', '1s', false) END";
-        Self::pid_of(self.ask(SETUP, &[]).await?)
+        let (pid, checked) = tokio::join!(
+            self.ask("SELECT pg_backend_pid()", &[]),
+            self.ask(CHECK_CLOSED, &[])
+        );
+        if let Err(error) = checked {
+            tracing::debug!(%error, "postgres: closed connections are not checked for");
+        }
+        Self::pid_of(pid?)
     }
 
     /// The server process serving the connection's next statement (`pg_backend_pid()`):

@@ -1586,7 +1586,8 @@ async fn a_release_whose_delete_reply_is_lost_is_no_loss() {
 
 /// Reconnections are counted (`distlock_reconnects_total`): a connection cut for less than
 /// the session comes back within it (`connection`), and after a cut past the session
-/// timeout the next acquisition opens a new session (`session`).
+/// timeout the next acquisition opens a new session (`session`). The counters are the
+/// process's: other tests running beside this one may add to them, never take away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconnections_are_counted() {
     let (server, _admin) = standalone().await;
@@ -1613,7 +1614,6 @@ async fn reconnections_are_counted() {
     let session = provider.session_id();
     take_free(&provider, &name).await.release().await.unwrap();
     assert_eq!(provider.session_id(), session, "the session went on");
-    assert_eq!(counted("session"), sessions, "no new session");
 
     proxies.cut();
     sleep(SESSION_TIMEOUT * 2).await;
