@@ -38,6 +38,7 @@
 //! name, the backend, the strategy and the kind, and ends with an event giving its outcome, wait and fencing token: a trace shows
 //! where a request spent its time.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -173,79 +174,94 @@ fn index(values: &[&str], value: &str) -> usize {
     values.iter().position(|v| *v == value).unwrap_or(0)
 }
 
+/// One series of a lock's: a metric, and the labels it adds to the lock's own (indices
+/// into [`CALLS`], [`OUTCOMES`], [`ENDS`] and [`REASONS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Series {
+    Acquisitions { call: usize, outcome: usize },
+    Wait { call: usize, outcome: usize },
+    Held,
+    Waiting,
+    Hold { end: usize },
+    Loss { reason: usize },
+}
+
+/// How many acquisition series (one per call and outcome) there are.
+const PER_CALL: usize = CALLS.len() * OUTCOMES.len();
+
+impl Series {
+    /// Every series, in the order of their [`slot`](Self::slot)s.
+    fn all() -> impl Iterator<Item = Series> {
+        let calls =
+            || (0..CALLS.len()).flat_map(|call| (0..OUTCOMES.len()).map(move |o| (call, o)));
+        calls()
+            .map(|(call, outcome)| Series::Acquisitions { call, outcome })
+            .chain(calls().map(|(call, outcome)| Series::Wait { call, outcome }))
+            .chain([Series::Held, Series::Waiting])
+            .chain((0..ENDS.len()).map(|end| Series::Hold { end }))
+            .chain((0..REASONS.len()).map(|reason| Series::Loss { reason }))
+    }
+
+    /// Its place in a [`Catalog`].
+    fn slot(self) -> usize {
+        match self {
+            Series::Acquisitions { call, outcome } => call * OUTCOMES.len() + outcome,
+            Series::Wait { call, outcome } => PER_CALL + call * OUTCOMES.len() + outcome,
+            Series::Held => 2 * PER_CALL,
+            Series::Waiting => 2 * PER_CALL + 1,
+            Series::Hold { end } => 2 * PER_CALL + 2 + end,
+            Series::Loss { reason } => 2 * PER_CALL + 2 + ENDS.len() + reason,
+        }
+    }
+
+    /// Its key for a lock labelled `labels`.
+    fn key(self, labels: &Labels) -> Key {
+        let (name, extra) = match self {
+            Series::Acquisitions { call, outcome } => (
+                ACQUISITIONS,
+                vec![("call", CALLS[call]), ("outcome", OUTCOMES[outcome])],
+            ),
+            Series::Wait { call, outcome } => (
+                WAIT_SECONDS,
+                vec![("call", CALLS[call]), ("outcome", OUTCOMES[outcome])],
+            ),
+            Series::Held => (HELD, vec![]),
+            Series::Waiting => (WAITING, vec![]),
+            Series::Hold { end } => (HOLD_SECONDS, vec![("end", ENDS[end])]),
+            Series::Loss { reason } => (LOSSES, vec![("reason", REASONS[reason])]),
+        };
+        Key::from_parts(name, labels.with(&extra))
+    }
+}
+
 /// Every key one backend, strategy and kind of lock records under, made once: recording is
 /// then a look-up in the recorder, with no label built per event.
 #[derive(Debug)]
 pub(crate) struct Catalog {
-    backend: &'static str,
-    strategy: &'static str,
-    kind: &'static str,
-    /// `[call][outcome]`: the acquisitions counter's and the wait histogram's keys.
-    acquisitions: Vec<Vec<(Key, Key)>>,
-    held: Key,
-    waiting: Key,
-    /// `[end]`.
-    holds: Vec<Key>,
-    /// `[reason]`.
-    losses: Vec<Key>,
+    labels: Labels,
+    /// By [`Series::slot`].
+    keys: Vec<Key>,
 }
 
 /// The catalogs made so far: one per backend, strategy and kind, a handful per process.
 static CATALOGS: Mutex<Vec<&'static Catalog>> = Mutex::new(Vec::new());
 
 impl Catalog {
-    fn of(backend: &'static str, strategy: &'static str, kind: &'static str) -> &'static Self {
+    fn of(labels: Labels) -> &'static Self {
         let mut catalogs = CATALOGS.lock().unwrap_or_else(PoisonError::into_inner);
-        let known = catalogs
-            .iter()
-            .find(|c| c.backend == backend && c.strategy == strategy && c.kind == kind);
+        let known = catalogs.iter().find(|c| c.labels == labels);
         if let Some(catalog) = known {
             return catalog;
         }
-        let labels = Labels {
-            backend,
-            strategy,
-            kind,
-            lock: None,
-        };
-        let key = |name: &'static str, extra: &[(&'static str, &'static str)]| {
-            Key::from_parts(name, labels.with(extra))
-        };
-        let acquisitions = CALLS
-            .iter()
-            .map(|call| {
-                OUTCOMES
-                    .iter()
-                    .map(|outcome| {
-                        let extra = [("call", *call), ("outcome", *outcome)];
-                        (key(ACQUISITIONS, &extra), key(WAIT_SECONDS, &extra))
-                    })
-                    .collect()
-            })
-            .collect();
-        let catalog: &'static Catalog = Box::leak(Box::new(Catalog {
-            backend,
-            strategy,
-            kind,
-            acquisitions,
-            held: key(HELD, &[]),
-            waiting: key(WAITING, &[]),
-            holds: ENDS
-                .iter()
-                .map(|end| key(HOLD_SECONDS, &[("end", end)]))
-                .collect(),
-            losses: REASONS
-                .iter()
-                .map(|reason| key(LOSSES, &[("reason", reason)]))
-                .collect(),
-        }));
+        let keys = Series::all().map(|series| series.key(&labels)).collect();
+        let catalog: &'static Catalog = Box::leak(Box::new(Catalog { labels, keys }));
         catalogs.push(catalog);
         catalog
     }
 }
 
 /// What a lock's metrics are labelled with (see the [module docs](self)).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Labels {
     backend: &'static str,
     strategy: &'static str,
@@ -288,111 +304,86 @@ impl Recording {
         kind: &'static str,
         name: &LockName,
     ) -> Self {
-        match LOCK_NAMES.load(Ordering::Relaxed) {
-            true => Recording::Named(Labels {
-                backend,
-                strategy,
-                kind,
-                lock: Some(name.as_str().to_owned()),
-            }),
-            false => Recording::Catalog(Catalog::of(backend, strategy, kind)),
+        let named = LOCK_NAMES.load(Ordering::Relaxed);
+        let labels = Labels {
+            backend,
+            strategy,
+            kind,
+            lock: named.then(|| name.as_str().to_owned()),
+        };
+        match named {
+            true => Recording::Named(labels),
+            false => Recording::Catalog(Catalog::of(labels)),
+        }
+    }
+
+    fn labels(&self) -> &Labels {
+        match self {
+            Recording::Catalog(catalog) => &catalog.labels,
+            Recording::Named(labels) => labels,
         }
     }
 
     fn backend(&self) -> &'static str {
-        match self {
-            Recording::Catalog(catalog) => catalog.backend,
-            Recording::Named(labels) => labels.backend,
-        }
+        self.labels().backend
     }
 
     fn strategy(&self) -> &'static str {
-        match self {
-            Recording::Catalog(catalog) => catalog.strategy,
-            Recording::Named(labels) => labels.strategy,
-        }
+        self.labels().strategy
     }
 
     fn kind(&self) -> &'static str {
+        self.labels().kind
+    }
+
+    /// The key of `series`: the catalog's, or one made now with the lock's name.
+    fn key(&self, series: Series) -> Cow<'_, Key> {
         match self {
-            Recording::Catalog(catalog) => catalog.kind,
-            Recording::Named(labels) => labels.kind,
+            Recording::Catalog(catalog) => match catalog.keys.get(series.slot()) {
+                Some(key) => Cow::Borrowed(key),
+                None => Cow::Owned(series.key(&catalog.labels)),
+            },
+            Recording::Named(labels) => Cow::Owned(series.key(labels)),
         }
     }
 
-    fn counter(key: &Key, value: u64) {
-        metrics::with_recorder(|r| r.register_counter(key, &METADATA)).increment(value);
+    fn counter(&self, series: Series, value: u64) {
+        let key = self.key(series);
+        metrics::with_recorder(|r| r.register_counter(&key, &METADATA)).increment(value);
     }
 
-    fn gauge(key: &Key, change: f64) {
-        metrics::with_recorder(|r| r.register_gauge(key, &METADATA)).increment(change);
+    fn gauge(&self, series: Series, change: f64) {
+        let key = self.key(series);
+        metrics::with_recorder(|r| r.register_gauge(&key, &METADATA)).increment(change);
     }
 
-    fn histogram(key: &Key, value: f64) {
-        metrics::with_recorder(|r| r.register_histogram(key, &METADATA)).record(value);
+    fn histogram(&self, series: Series, value: f64) {
+        let key = self.key(series);
+        metrics::with_recorder(|r| r.register_histogram(&key, &METADATA)).record(value);
     }
 
     fn acquisition(&self, call: &'static str, outcome: &'static str, waited: Duration) {
-        let waited = waited.as_secs_f64();
-        match self {
-            Recording::Catalog(catalog) => {
-                let (count, wait) =
-                    &catalog.acquisitions[index(&CALLS, call)][index(&OUTCOMES, outcome)];
-                Self::counter(count, 1);
-                Self::histogram(wait, waited);
-            }
-            Recording::Named(labels) => {
-                let labels = labels.with(&[("call", call), ("outcome", outcome)]);
-                Self::counter(&Key::from_parts(ACQUISITIONS, labels.clone()), 1);
-                Self::histogram(&Key::from_parts(WAIT_SECONDS, labels), waited);
-            }
-        }
+        let (call, outcome) = (index(&CALLS, call), index(&OUTCOMES, outcome));
+        self.counter(Series::Acquisitions { call, outcome }, 1);
+        self.histogram(Series::Wait { call, outcome }, waited.as_secs_f64());
     }
 
     fn held(&self, change: f64) {
-        match self {
-            Recording::Catalog(catalog) => Self::gauge(&catalog.held, change),
-            Recording::Named(labels) => {
-                Self::gauge(&Key::from_parts(HELD, labels.with(&[])), change)
-            }
-        }
+        self.gauge(Series::Held, change);
     }
 
     fn waiting(&self, change: f64) {
-        match self {
-            Recording::Catalog(catalog) => Self::gauge(&catalog.waiting, change),
-            Recording::Named(labels) => {
-                Self::gauge(&Key::from_parts(WAITING, labels.with(&[])), change);
-            }
-        }
+        self.gauge(Series::Waiting, change);
     }
 
     fn hold(&self, end: &'static str, held: Duration) {
-        let held = held.as_secs_f64();
-        match self {
-            Recording::Catalog(catalog) => Self::histogram(&catalog.holds[index(&ENDS, end)], held),
-            Recording::Named(labels) => {
-                Self::histogram(
-                    &Key::from_parts(HOLD_SECONDS, labels.with(&[("end", end)])),
-                    held,
-                );
-            }
-        }
+        let end = index(&ENDS, end);
+        self.histogram(Series::Hold { end }, held.as_secs_f64());
     }
 
     pub(crate) fn loss(&self, reason: &LossReason) {
-        let reason = loss_label(reason);
-        match self {
-            Recording::Catalog(catalog) => {
-                Self::counter(&catalog.losses[index(&REASONS, reason)], 1)
-            }
-            Recording::Named(labels) => {
-                Self::counter(
-                    &Key::from_parts(LOSSES, labels.with(&[("reason", reason)])),
-                    1,
-                );
-            }
-        }
+        let reason = index(&REASONS, loss_label(reason));
+        self.counter(Series::Loss { reason }, 1);
     }
 }
 
@@ -798,6 +789,14 @@ mod tests {
 
     use super::*;
     use crate::lost_signal;
+
+    /// A catalog's keys are in the order of the series' slots.
+    #[test]
+    fn every_series_has_its_own_slot_in_order() {
+        let slots: Vec<usize> = Series::all().map(Series::slot).collect();
+        assert_eq!(slots, (0..slots.len()).collect::<Vec<_>>());
+        assert_eq!(slots.len(), 2 * PER_CALL + 2 + ENDS.len() + REASONS.len());
+    }
 
     /// A loss is counted once, whether it fires before or after the guard learns where to
     /// count it.
