@@ -77,24 +77,19 @@ impl Conn {
         Ok(conn)
     }
 
-    /// Learns the server process's id and, in the same flight, asks the server (14 and
-    /// later, where it can tell) to look for a closed connection every second while a
-    /// statement runs: a waiter whose connection was closed (a killed process, a reset) and
-    /// whose cancel request never arrived then leaves the lock's queue at once, rather than
-    /// when the lock is free and granted to nobody. A server that cannot check refuses the
-    /// setting, which changes nothing else.
+    /// Learns the server process's id and, in the same statement (one turn of a pooler
+    /// that hands statements out in turn, as its checks expect), asks a Linux server of
+    /// version 14 or later to look for a closed connection every second while a statement
+    /// runs: a waiter whose connection was closed (a killed process, a reset) and whose
+    /// cancel request never arrived then leaves the lock's queue at once, rather than when
+    /// the lock is free and granted to nobody. (Servers elsewhere may refuse the setting,
+    /// which would fail the statement: they are not asked.)
     async fn session_setup(&self) -> Result<i32, LockError> {
-        const CHECK_CLOSED: &str = "SELECT CASE \
+        const SETUP: &str = "SELECT pg_backend_pid(), CASE \
              WHEN current_setting('server_version_num')::int >= 140000 \
+             AND version() ILIKE '%linux%' \
              THEN set_config('client_connection_check_interval', '1s', false) END";
-        let (pid, checked) = tokio::join!(
-            self.ask("SELECT pg_backend_pid()", &[]),
-            self.ask(CHECK_CLOSED, &[])
-        );
-        if let Err(error) = checked {
-            tracing::debug!(%error, "postgres: closed connections are not checked for");
-        }
-        Self::pid_of(pid?)
+        Self::pid_of(self.ask(SETUP, &[]).await?)
     }
 
     /// The server process serving the connection's next statement (`pg_backend_pid()`):
