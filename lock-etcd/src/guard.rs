@@ -263,9 +263,10 @@ async fn watch_own_key(session: Weak<Session>, key: String, granted: Granted) ->
 }
 
 /// Whether the holder's key was deleted because the session's lease ended on the server:
-/// then the session ends with [`LossReason::SessionExpired`], as when a keep-alive finds the lease gone (every guard of the lease lost,
-/// for that reason), rather than the key's guard alone for a removed entry. When the server
-/// cannot tell, the deletion stands as a removal.
+/// then the session ends with [`LossReason::SessionExpired`], as when a keep-alive finds
+/// the lease gone (every guard of the lease lost, for that reason), rather than the key's
+/// guard alone for a removed entry. When the server cannot tell, the deletion stands as a
+/// removal.
 async fn lease_ended(session: &Session, key: &str) -> bool {
     let mut leases = session.client.lease_client();
     let asked = session
