@@ -9,6 +9,10 @@
 //! grow, so no key created later can get ahead of it: once its turn has come, it lasts until
 //! it deletes its key or its lease ends.
 //!
+//! A try (a deadline that does not wait) of a mutex, a writer or a reader does not queue:
+//! it writes its key only if no blocking key exists, in one transaction (see
+//! [`Place::attempt`]).
+//!
 //! While its turn has not come, a contender watches for a deletion and looks again:
 //!
 //! - herd-free ([`Predecessor`](crate::EtcdStrategy::Predecessor)): the deletion of the
@@ -166,15 +170,58 @@ impl Place {
     pub(crate) async fn attempt(
         &self,
         session: &Arc<Session>,
-        pending: Cleanup<Entry>,
+        mut pending: Cleanup<Entry>,
         blockers: Blockers<'_>,
         deadline: &Deadline,
     ) -> Result<Option<Guard>, LockError> {
+        if deadline.is_immediate() && blockers.admits == 1 {
+            let turn = match pending.entry() {
+                Some(entry) => self.try_once(session, entry, blockers, deadline).await,
+                None => Ok(None),
+            };
+            if let Ok(None) = turn {
+                // Busy, and nothing was written: no key to delete.
+                pending.disarm();
+                return Ok(None);
+            }
+            return self.settle(session, pending, turn).await;
+        }
         let turn = match pending.entry() {
             Some(entry) => self.wait_turn(session, entry, blockers, deadline).await,
             None => Ok(None),
         };
         self.settle(session, pending, turn).await
+    }
+
+    /// One try that does not queue: `entry`'s key is written only if no blocking key exists,
+    /// in one transaction (`create_revision = 0` over a range holds only when the range is
+    /// empty). A try that queued and then gave up would stand, for as long as its key lived,
+    /// in the way of every other try: tries that overlap could all fail on a lock nobody
+    /// holds. Sent again after a lost answer, the transaction finds the key it wrote.
+    async fn try_once(
+        &self,
+        session: &Arc<Session>,
+        entry: &Entry,
+        blockers: Blockers<'_>,
+        deadline: &Deadline,
+    ) -> Result<Option<Granted>, LockError> {
+        let key = entry.key.as_str();
+        let txn = Txn::new()
+            .when([Compare::create_revision(blockers.dir, CompareOp::Equal, 0).with_prefix()])
+            .and_then([TxnOp::put(
+                key,
+                self.value.to_vec(),
+                Some(PutOptions::new().with_lease(session.lease)),
+            )])
+            .or_else([TxnOp::get(key, None)]);
+        let name = self.name.as_str();
+        let answer = session
+            .again(name, deadline, || {
+                entry.send_create(session, name, txn.clone(), created_or_found)
+            })
+            .await?;
+        let revision = answer.header().map_or(0, |header| header.revision());
+        Ok(created_or_found(&answer).map(|mine| Granted::new(mine, revision)))
     }
 
     /// The end of an attempt: a guard for `pending`'s key if `turn` granted it; otherwise

@@ -353,3 +353,74 @@ pub async fn a10_fifo_no_jump(h: &dyn Harness) -> CaseResult {
     no_residue(h, &name, "after the patient waiter").await?;
     Ok(Outcome::Passed)
 }
+
+/// A11: clients that only try, and try again each time they are told of a release, all
+/// finish: tries that overlap never all fail while nobody holds the lock.
+///
+/// A backend whose try queues an entry and then withdraws it fails this: while the entry
+/// of a try that lost stands, every other try finds it in the way, and once the holder has
+/// released, a burst of tries can all fail with nobody left to release (the run stalls).
+pub async fn a11_overlapping_tries_do_not_all_fail(h: &dyn Harness) -> CaseResult {
+    const CLIENTS: usize = 6;
+    const ROUNDS: usize = 8;
+    let name = unique_name("a11");
+    let timing = h.timing();
+    let (released, _) = tokio::sync::watch::channel(0_u64);
+    let released = Arc::new(released);
+    let occupancy = Occupancy::default();
+    let mut clients = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let client = h.client().await?;
+        let lock = client.provider.lock(&name)?;
+        let (released, occupancy) = (Arc::clone(&released), occupancy.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut releases = released.subscribe();
+            for _ in 0..ROUNDS {
+                let mut guard = loop {
+                    releases.borrow_and_update();
+                    if let Some(guard) = lock.try_acquire().await? {
+                        break guard;
+                    }
+                    // Busy: wait to be told of the next release (the lock's holder sends
+                    // it after its release), then try again.
+                    let _ = releases.changed().await;
+                };
+                {
+                    let _inside = occupancy.enter();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                guard.release().await?;
+                released.send_modify(|count| *count += 1);
+            }
+            Ok::<(), LockError>(())
+        }));
+        clients.push(client);
+    }
+    let total = (CLIENTS * ROUNDS) as u32;
+    let deadline = timing.handoff_bound * total + timing.operation_slack * 4;
+    let aborts: Vec<_> = tasks.iter().map(|task| task.abort_handle()).collect();
+    let all = async {
+        for task in tasks {
+            task.await
+                .map_err(|e| CaseFailure::new(format!("task failed: {e}")))??;
+        }
+        Ok::<(), CaseFailure>(())
+    };
+    let Ok(finished) = within(deadline, "the tries", all).await else {
+        aborts.iter().for_each(tokio::task::AbortHandle::abort);
+        return Err(CaseFailure::new(format!(
+            "the tries did not finish within {deadline:?}: after {} of {total} releases, \
+             every try failed while nobody held the lock",
+            *released.borrow()
+        )));
+    };
+    finished?;
+    ensure!(
+        occupancy.peak() == 1,
+        "{} holders were inside the critical section at once",
+        occupancy.peak()
+    );
+    no_residue(h, &name, "after the tries").await?;
+    Ok(Outcome::Passed)
+}

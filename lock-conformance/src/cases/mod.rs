@@ -62,6 +62,7 @@ macro_rules! __with_cases {
             exclusion::a8_concurrent_try_exactly_one => "A8", "many concurrent try_acquire on a free lock: exactly one wins";
             exclusion::a9_fifo_order => "A9", "(fifo) waiters queued in a known order are granted in that order";
             exclusion::a10_fifo_no_jump => "A10", "(fifo) a waiter ahead that times out or is cancelled lets nobody jump the holder";
+            exclusion::a11_overlapping_tries_do_not_all_fail => "A11", "clients that only try, and try again when told of a release, all finish: overlapping tries never all fail on a free lock";
             timeouts::b1_timeout_bounds => "B1", "acquire(Some(t)) while held fails with Timeout after at least t and at most t + slack";
             timeouts::b2_zero_timeout_is_one_try => "B2", "acquire(Some(0)) behaves as one try: never waits";
             timeouts::b3_huge_timeouts => "B3", "huge timeouts are accepted or rejected as InvalidArgument; no panic";

@@ -118,10 +118,29 @@ impl Place {
         deadline: Deadline,
     ) -> Result<Option<Guard>, LockError> {
         let session = self.shared.session(&self.name, deadline).await?;
+        if deadline.is_immediate() && self.busy_now(&session, Role::of(kind)).await? {
+            return Ok(None);
+        }
         let granted = self
             .wait_turn(&session, kind, Uuid::new_v4(), deadline)
             .await?;
         Ok(granted.map(|granted| grant(&self.shared, &session, &self.name, granted)))
+    }
+
+    /// Whether a contender of `role` queued now would find another in its way. A try asks
+    /// before it creates its node, so that a busy try writes nothing: a try that queued and
+    /// gave up would stand, while its node lived, in the way of every other try, and tries
+    /// that overlap could all fail on a lock nobody holds.
+    async fn busy_now(&self, session: &Session, role: Role) -> Result<bool, LockError> {
+        let listed = self
+            .read(session, |client| client.list_children(&self.dir))
+            .await;
+        let queue = match listed {
+            Ok(children) => contenders(children),
+            Err(ZkError::NoNode) => return Ok(false),
+            Err(error) => return Err(self.error(error)),
+        };
+        Ok(role.blocker(&queue, queue.len()).is_some())
     }
 
     /// Queues a contender of `kind` and waits until its [`Role`] lets it hold, waiting as
