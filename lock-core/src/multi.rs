@@ -265,19 +265,23 @@ impl MultiGuard {
         self.guards.iter().any(Guard::is_lost)
     }
 
-    /// Releases every member, each whatever became of the others.
+    /// Releases every member, all at once (a release never waits for another lock, so the
+    /// order does not matter), each whatever became of the others.
     ///
     /// # Errors
     ///
     /// [`ReleaseErrors`] listing every member whose release failed (a lost lock, a
     /// connection error: see [`Guard::release`]); the others are released.
     pub async fn release(&mut self) -> Result<(), ReleaseErrors> {
-        let mut failures = Vec::new();
-        for guard in &mut self.guards {
-            if let Err(error) = guard.release().await {
-                failures.push((guard.name().clone(), error));
-            }
-        }
+        let releases = self.guards.iter_mut().map(|guard| async move {
+            let released = guard.release().await;
+            released.map_err(|error| (guard.name().clone(), error))
+        });
+        let failures: Vec<_> = futures_util::future::join_all(releases)
+            .await
+            .into_iter()
+            .filter_map(Result::err)
+            .collect();
         self.lost.end();
         match failures.is_empty() {
             true => Ok(()),
