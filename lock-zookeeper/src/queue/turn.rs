@@ -85,6 +85,19 @@ impl Role {
     }
 }
 
+/// How many times a try goes again after losing to contenders that were all gone once it
+/// withdrew (see [`Place::take_turn`]).
+const TRY_AGAIN: u32 = 3;
+
+/// How a contender's time in the queue ended.
+enum TurnEnd {
+    Granted(Granted),
+    /// The deadline passed, or a try found the lock busy; its node is withdrawn.
+    NotGranted,
+    /// A try lost, and once its node was withdrawn nobody was left in its way.
+    FreeOnceWithdrawn,
+}
+
 /// How a wait for the blocker ended.
 #[derive(Debug)]
 enum Wake {
@@ -111,26 +124,29 @@ fn ready_now<F: Future + ?Sized>(future: Pin<&mut F>) -> Option<F::Output> {
 
 impl Place {
     /// A contender of `kind` on the provider's session, queued and granted as
-    /// [`wait_turn`](Self::wait_turn) says: its guard, or `Ok(None)` at the deadline.
+    /// [`wait_turn`](Self::wait_turn) says: its guard, or `Ok(None)` at the deadline. A try
+    /// that lost to contenders who were all gone once it withdrew goes again, up to
+    /// [`TRY_AGAIN`] times.
     pub(crate) async fn take_turn(
         &self,
         kind: NodeKind,
         deadline: Deadline,
     ) -> Result<Option<Guard>, LockError> {
         let session = self.shared.session(&self.name, deadline).await?;
-        if deadline.is_immediate() && self.busy_now(&session, Role::of(kind)).await? {
-            return Ok(None);
+        let mut again = TRY_AGAIN;
+        loop {
+            let uuid = Uuid::new_v4();
+            match self.queue_and_wait(&session, kind, uuid, deadline).await? {
+                TurnEnd::Granted(granted) => {
+                    return Ok(Some(grant(&self.shared, &session, &self.name, granted)));
+                }
+                TurnEnd::FreeOnceWithdrawn if again > 0 => again -= 1,
+                TurnEnd::FreeOnceWithdrawn | TurnEnd::NotGranted => return Ok(None),
+            }
         }
-        let granted = self
-            .wait_turn(&session, kind, Uuid::new_v4(), deadline)
-            .await?;
-        Ok(granted.map(|granted| grant(&self.shared, &session, &self.name, granted)))
     }
 
-    /// Whether a contender of `role` queued now would find another in its way. A try asks
-    /// before it creates its node, so that a busy try writes nothing: a try that queued and
-    /// gave up would stand, while its node lived, in the way of every other try, and tries
-    /// that overlap could all fail on a lock nobody holds.
+    /// Whether a contender of `role` queued now would find another in its way.
     async fn busy_now(&self, session: &Session, role: Role) -> Result<bool, LockError> {
         let listed = self
             .read(session, |client| client.list_children(&self.dir))
@@ -169,6 +185,22 @@ impl Place {
         uuid: Uuid,
         deadline: Deadline,
     ) -> Result<Option<Granted>, LockError> {
+        let ended = self.queue_and_wait(session, kind, uuid, deadline).await?;
+        Ok(match ended {
+            TurnEnd::Granted(granted) => Some(granted),
+            TurnEnd::NotGranted | TurnEnd::FreeOnceWithdrawn => None,
+        })
+    }
+
+    /// [`wait_turn`](Self::wait_turn), telling apart a try that lost to contenders who were
+    /// all gone once it withdrew.
+    async fn queue_and_wait(
+        &self,
+        session: &Arc<Session>,
+        kind: NodeKind,
+        uuid: Uuid,
+        deadline: Deadline,
+    ) -> Result<TurnEnd, LockError> {
         let role = Role::of(kind);
         let waiting = Waiting::of(self.shared.config.strategy, kind);
         // Armed from before the create is sent: dropping this future at any point removes
@@ -196,7 +228,8 @@ impl Place {
             };
             let Some(blocker) = role.blocker(&queue, position) else {
                 pending.disarm();
-                return Ok(Some(Granted::new(path, czxid, listing.asked, own_watch)));
+                let granted = Granted::new(path, czxid, listing.asked, own_watch);
+                return Ok(TurnEnd::Granted(granted));
             };
             wakeups.busy();
             let alone = role.blocks_alone(&queue, position);
@@ -215,9 +248,24 @@ impl Place {
             };
             // 3. Hold on the blocker's deletion if it alone kept us out; 4. else look again.
             match wake {
+                Wake::TimedOut if deadline.is_immediate() => {
+                    // A try that lost withdraws its node and looks again in the same flight
+                    // (a session's requests are served in order). The nodes of tries that
+                    // lose stand in each other's way while they live, so that tries which
+                    // overlap could all lose on a lock that nobody holds: finding nobody
+                    // left, the try may go again.
+                    let metrics = &self.shared.metrics;
+                    let (_, busy) =
+                        tokio::join!(pending.remove_now(metrics), self.busy_now(session, role));
+                    // The try lost either way: a look that failed is no error of the try's.
+                    return Ok(match busy {
+                        Ok(false) => TurnEnd::FreeOnceWithdrawn,
+                        Ok(true) | Err(_) => TurnEnd::NotGranted,
+                    });
+                }
                 Wake::TimedOut => {
                     pending.remove_now(&self.shared.metrics).await;
-                    return Ok(None);
+                    return Ok(TurnEnd::NotGranted);
                 }
                 Wake::OwnNodeDeleted => {
                     pending.disarm();
@@ -226,7 +274,8 @@ impl Place {
                 Wake::BlockerDeleted { asked } if alone => {
                     wakeups.woke();
                     pending.disarm();
-                    return Ok(Some(Granted::new(path, czxid, asked, own_watch)));
+                    let granted = Granted::new(path, czxid, asked, own_watch);
+                    return Ok(TurnEnd::Granted(granted));
                 }
                 Wake::BlockerDeleted { .. } | Wake::Changed => wakeups.woke(),
                 Wake::BlockerGoneAlready => {}
