@@ -208,18 +208,9 @@ impl Place {
         let key = entry.key.as_str();
         let txn = Txn::new()
             .when([Compare::create_revision(blockers.dir, CompareOp::Equal, 0).with_prefix()])
-            .and_then([TxnOp::put(
-                key,
-                self.value.to_vec(),
-                Some(PutOptions::new().with_lease(session.lease)),
-            )])
+            .and_then([self.put(session, key)])
             .or_else([TxnOp::get(key, None)]);
-        let name = self.name.as_str();
-        let answer = session
-            .again(name, deadline, || {
-                entry.send_create(session, name, txn.clone(), created_or_found)
-            })
-            .await?;
+        let answer = self.send_create(session, entry, txn, deadline).await?;
         let revision = answer.header().map_or(0, |header| header.revision());
         Ok(created_or_found(&answer).map(|mine| Granted::new(mine, revision)))
     }
@@ -347,20 +338,11 @@ impl Place {
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
-                TxnOp::put(
-                    key,
-                    self.value.to_vec(),
-                    Some(PutOptions::new().with_lease(session.lease)),
-                ),
+                self.put(session, key),
                 TxnOp::get(blockers.dir, Some(newest)),
             ])
             .or_else([TxnOp::get(key, None)]);
-        let name = self.name.as_str();
-        let answer = session
-            .again(name, deadline, || {
-                entry.send_create(session, name, txn.clone(), created_or_found)
-            })
-            .await?;
+        let answer = self.send_create(session, entry, txn, deadline).await?;
         let mine = created_or_found(&answer).ok_or_else(|| self.place_gone())?;
         if !answer.succeeded() {
             return Ok((mine, None));
@@ -375,6 +357,26 @@ impl Place {
         before.truncate(blockers.admits as usize + 1);
         let turn = Turn::of(before, blockers.admits, mine, session.lease);
         Ok((mine, Some(turn)))
+    }
+
+    /// The put of a contender's `key` on the session's lease.
+    fn put(&self, session: &Session, key: &str) -> TxnOp {
+        let on_lease = PutOptions::new().with_lease(session.lease);
+        TxnOp::put(key, self.value.to_vec(), Some(on_lease))
+    }
+
+    /// Sends `txn`, a create of `entry`'s key that reads the key when it stands already;
+    /// sent again after a lost answer while the session lives (see [`Session::again`]).
+    async fn send_create(
+        &self,
+        session: &Arc<Session>,
+        entry: &Entry,
+        txn: Txn,
+        deadline: &Deadline,
+    ) -> Result<TxnResponse, LockError> {
+        let name = self.name.as_str();
+        let send = || entry.send_create(session, name, txn.clone(), created_or_found);
+        session.again(name, deadline, send).await
     }
 
     /// One look at the queue, at one revision no older than `known`: whether our key still
