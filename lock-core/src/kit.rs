@@ -24,7 +24,8 @@
 //!   release);
 //! - [`entry_guard`]: for a backend whose grants are entries its session owns (a node, a
 //!   key on a session's lease), the guard; the backend writes the [`HeldEntry`] (delete if
-//!   still the grant's, clean up in the background) and a watch on the entry.
+//!   still the grant's, clean up in the background) and a watch on the entry
+//!   ([`entry_guard_watching`] tells the watch when the guard's own release is under way).
 //!
 //! ```
 //! use std::time::Duration;
@@ -86,7 +87,7 @@ mod entry;
 mod lease;
 mod session_slot;
 
-pub use entry::{HeldEntry, Removal, RemovalError, entry_guard};
+pub use entry::{HeldEntry, Releasing, Removal, RemovalError, entry_guard, entry_guard_watching};
 pub use lease::{Lease, Renewal, lease_guard, release_in_background};
 /// The earlier name of [`ServerSession`], too close to [`SessionSlot`].
 #[deprecated(note = "renamed ServerSession")]

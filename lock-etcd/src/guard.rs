@@ -9,7 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnResponse};
 use lock_core::kit::{
-    Abandon, HeldEntry, Removal, RemovalError, Retry, entry_guard, retry_in_background,
+    Abandon, HeldEntry, Releasing, Removal, RemovalError, Retry, entry_guard_watching,
+    retry_in_background,
 };
 use lock_core::{Deadline, FencingToken, Guard, LockError, LockName, LossReason, lost_signal};
 use tokio::sync::watch;
@@ -157,22 +158,22 @@ pub(crate) fn grant(
         });
     };
     session.metrics.record_grant();
-    let releasing = Arc::new(AtomicBool::new(false));
-    let deleted = own_key_removed(
-        Arc::downgrade(session),
-        entry.key.clone(),
-        granted,
-        Arc::clone(&releasing),
-    );
+    let (session, key) = (Arc::downgrade(session), entry.key.clone());
+    let deleted = |releasing| own_key_removed(session, key, granted, releasing);
     let held = HeldKey {
         entry,
         name: name.to_string(),
         revision,
         registration,
-        releasing,
     };
     let token = FencingToken(u64::try_from(revision).unwrap_or_default());
-    Ok(entry_guard(name, token, held, (notifier, lost), deleted))
+    Ok(entry_guard_watching(
+        name,
+        token,
+        held,
+        (notifier, lost),
+        deleted,
+    ))
 }
 
 /// Whether the granted key was removed by someone else; `false` when the session ended
@@ -182,12 +183,12 @@ async fn own_key_removed(
     session: Weak<Session>,
     key: String,
     granted: Granted,
-    releasing: Arc<AtomicBool>,
+    releasing: Releasing,
 ) -> bool {
     if !watch_own_key(Weak::clone(&session), key.clone(), granted).await {
         return false;
     }
-    if releasing.load(Ordering::Acquire) {
+    if releasing.is_set() {
         return true;
     }
     match session.upgrade() {
@@ -304,8 +305,6 @@ struct HeldKey {
     name: String,
     revision: i64,
     registration: u64,
-    /// Set as the holder's release (or its clean-up) begins.
-    releasing: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for HeldKey {
@@ -330,7 +329,6 @@ impl HeldEntry for HeldKey {
     }
 
     async fn remove(&mut self, sent: &AtomicBool) -> Result<Removal, RemovalError> {
-        self.releasing.store(true, Ordering::Release);
         let Some(session) = self.session().filter(|session| !session.is_over()) else {
             return Err(RemovalError::SessionOver);
         };
@@ -374,7 +372,6 @@ impl HeldEntry for HeldKey {
     }
 
     fn abandon(self: Box<Self>) {
-        self.releasing.store(true, Ordering::Release);
         self.entry.abandon();
     }
 

@@ -105,10 +105,69 @@ pub fn entry_guard(
     name: &LockName,
     token: FencingToken,
     entry: impl HeldEntry,
-    (notifier, lost): (LostNotifier, LostSignal),
+    lost: (LostNotifier, LostSignal),
     removed: impl Future<Output = bool> + Send + 'static,
 ) -> Guard {
+    entry_guard_watching(name, token, entry, lost, |_| removed)
+}
+
+/// Whether a guard's own release is under way, or may have been applied: set as a release
+/// or a drop begins, cleared when a release fails without a delete that may have landed.
+#[derive(Debug, Clone)]
+pub struct Releasing(Arc<AtomicBool>);
+
+impl Releasing {
+    /// Whether the guard's own release is under way (a removal of the entry now is no
+    /// loss).
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// [`entry_guard`], its `removed` future made from the guard's [`Releasing`]: for a backend
+/// whose watch asks the server why the entry went (the end of a lease, say), which it need
+/// not ask when the removal is the guard's own release.
+///
+/// ```
+/// # use lock_core::kit::{HeldEntry, Removal, RemovalError, entry_guard_watching};
+/// # use lock_core::{async_trait, FencingToken, LockError, LockName, lost_signal};
+/// # #[derive(Debug)]
+/// # struct Node;
+/// # #[async_trait]
+/// # impl HeldEntry for Node {
+/// #     fn backend(&self) -> &'static str { "example" }
+/// #     async fn remove(&mut self, _: &std::sync::atomic::AtomicBool) -> Result<Removal, RemovalError> {
+/// #         Ok(Removal::Removed)
+/// #     }
+/// #     fn forget(&self) {}
+/// #     fn abandon(self: Box<Self>) {}
+/// #     fn is_suspect(&self) -> bool { false }
+/// # }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// let name = LockName::new("jobs")?;
+/// let mut guard = entry_guard_watching(&name, FencingToken(7), Node, lost_signal(), |releasing| {
+///     async move {
+///         // Wait for the entry's deletion here; then, unless it is our own release, ask why.
+///         std::future::pending::<()>().await;
+///         !releasing.is_set()
+///     }
+/// });
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+pub fn entry_guard_watching<F>(
+    name: &LockName,
+    token: FencingToken,
+    entry: impl HeldEntry,
+    (notifier, lost): (LostNotifier, LostSignal),
+    removed: impl FnOnce(Releasing) -> F,
+) -> Guard
+where
+    F: Future<Output = bool> + Send + 'static,
+{
     let releasing = Arc::new(AtomicBool::new(false));
+    let removed = removed(Releasing(Arc::clone(&releasing)));
     let watched = Arc::clone(&releasing);
     tokio::spawn(async move {
         if removed.await && !watched.load(Ordering::Acquire) {
