@@ -45,7 +45,8 @@ impl Place {
             .shared
             .session(&self.name, Deadline::after(None))
             .await?;
-        let children = match session.client.list_children(&self.dir).await {
+        let listed = session.resend(|client| client.list_children(&self.dir));
+        let children = match listed.await {
             Ok(children) => children,
             Err(ZkError::NoNode) => return Ok(Vec::new()),
             Err(other) => return Err(self.error(other)),

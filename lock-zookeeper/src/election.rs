@@ -65,7 +65,10 @@ impl ZkElection {
                 return Ok(None);
             };
             let path = format!("{}/{first}", place.dir);
-            match place.read(&session, |client| client.get_data(&path)).await {
+            match place
+                .resend(&session, |client| client.get_data(&path))
+                .await
+            {
                 Ok((value, stat)) => {
                     return Ok(Some((path, LeaderInfo::new(value, token(stat.czxid)))));
                 }
@@ -115,7 +118,7 @@ impl LeaderSource for ZkElection {
             // A data watch, not an exists watch: on a node already gone, an exists watch
             // would stay on the server, waiting for a creation that never comes.
             Some((path, _)) => match place
-                .read(&session, |client| client.get_and_watch_data(path))
+                .resend(&session, |client| client.get_and_watch_data(path))
                 .await
             {
                 Ok((_, _, watcher)) => Ok(Some(watcher)),
@@ -125,7 +128,7 @@ impl LeaderSource for ZkElection {
             // Whatever the look missed since makes the watch moot: a candidate already in
             // the listing, or a directory made since it was found missing.
             None => match place
-                .read(&session, |client| {
+                .resend(&session, |client| {
                     client.list_and_watch_children(&place.dir)
                 })
                 .await
@@ -138,7 +141,7 @@ impl LeaderSource for ZkElection {
                 Ok(_) => Ok(None),
                 // No directory yet: watch for its creation.
                 Err(ZkError::NoNode) => place
-                    .read(&session, |client| client.check_and_watch_stat(&place.dir))
+                    .resend(&session, |client| client.check_and_watch_stat(&place.dir))
                     .await
                     .map(|(made, watcher)| made.is_none().then_some(watcher)),
                 Err(error) => Err(error),

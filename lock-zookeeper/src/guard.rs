@@ -307,12 +307,14 @@ impl HeldEntry for HeldNode {
         let Some(session) = self.session.upgrade().filter(|session| !session.is_over()) else {
             return Err(RemovalError::SessionOver);
         };
-        let client = &session.client;
-        self.metrics
-            .record_server_requests(1 + u64::from(self.checked));
+        let metrics = &self.metrics;
         let mut version = None;
         if self.checked {
-            match client.check_stat(&self.path).await {
+            let stat = session.resend(|client| {
+                metrics.record_server_requests(1);
+                client.check_stat(&self.path)
+            });
+            match stat.await {
                 Ok(Some(stat))
                     if stat.ephemeral_owner == session.id && stat.czxid == self.czxid =>
                 {
@@ -323,8 +325,16 @@ impl HeldEntry for HeldNode {
             }
         }
         sent.store(true, Ordering::Release);
-        match client.delete(&self.path, version).await {
+        // A delete sent again after a lost answer may find its own work done.
+        let mut attempts = 0;
+        let deleted = session.resend(|client| {
+            attempts += 1;
+            metrics.record_server_requests(1);
+            client.delete(&self.path, version)
+        });
+        match deleted.await {
             Ok(()) => Ok(Removal::Removed),
+            Err(ZkError::NoNode | ZkError::BadVersion) if attempts > 1 => Ok(Removal::Removed),
             Err(ZkError::NoNode | ZkError::BadVersion) => Ok(Removal::Gone),
             Err(error) => Err(self.failed(error)),
         }

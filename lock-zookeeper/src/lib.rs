@@ -44,10 +44,17 @@
 //!   keeps that moment recent; waiters send none), or the session expires, or the guard's
 //!   node is deleted by someone else, the guard's lost signal fires — never after the
 //!   server could have expired the session and granted the lock to another client.
-//! - A release whose delete reply is lost (or whose future is dropped once the delete is
-//!   sent) returns a retryable error; retried, it returns `Ok` when the node is gone — the
-//!   delete was ours, as Curator's guaranteed delete assumes — unless a loss was signalled
-//!   before; the deletion does not fire the lost signal.
+//! - A request whose answer does not come (the connection dropped, or the server stayed
+//!   silent past the client's read timeout, two fifths of the session) is sent again once
+//!   the client has connected again, as Curator's retry loop does, when it may safely
+//!   arrive twice: reads and watches, the creates of directories, a release's delete. Only
+//!   after the session timeout, or ten attempts, does the request fail (with a retryable
+//!   `Connection` error).
+//! - A release whose delete reply is lost is sent again and ends `Ok` when it finds the node
+//!   gone — the delete was ours, as Curator's guaranteed delete assumes. A release that still
+//!   fails (or whose future is dropped once the delete is sent) returns a retryable error;
+//!   retried, it returns `Ok` when the node is gone, unless a loss was signalled before; the
+//!   deletion does not fire the lost signal.
 //! - A guard dropped without release sends its node's delete as it drops, so the delete goes
 //!   ahead of the session's next request (a next acquisition of the same lock finds no node
 //!   of its own ahead); only a delete whose outcome is unknown is retried in the background.

@@ -14,7 +14,8 @@ use crate::config::ZkStrategy;
 use crate::error::outcome_unknown;
 use crate::guard::{Granted, Leftover, Pending, grant};
 use crate::node::{NodeKind, SINGLE_NODE};
-use crate::queue::{CREATE_ATTEMPTS, Place, RETRY_PAUSE, name_and_backend};
+use crate::queue::{CREATE_ATTEMPTS, Place, name_and_backend};
+use crate::session::RETRY_PAUSE;
 use crate::session::Session;
 
 /// A lock handle from a [`ZkLockProvider`](crate::ZkLockProvider).
@@ -110,7 +111,7 @@ impl ZkLock {
                 return Ok(None);
             }
             let watcher = match place
-                .read(session, |client| client.check_and_watch_stat(&path))
+                .resend(session, |client| client.check_and_watch_stat(&path))
                 .await
             {
                 Ok((Some(_), watcher)) => watcher,

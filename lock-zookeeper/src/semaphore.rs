@@ -132,7 +132,7 @@ impl ZkSemaphore {
         loop {
             let asked = tokio::time::Instant::now();
             let (children, watcher) = place
-                .read(session, |client| client.list_and_watch_children(&place.dir))
+                .resend(session, |client| client.list_and_watch_children(&place.dir))
                 .await
                 .map_err(|e| place.error(e))?;
             let leases = contenders(children);

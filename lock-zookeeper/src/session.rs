@@ -1,5 +1,6 @@
 //! One ZooKeeper session: its client, its health, and the lost signals of its guards.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -10,7 +11,12 @@ use tokio::time::{Instant, MissedTickBehavior};
 use zookeeper_client::{Acls, Client, Error as ZkError, SessionState};
 
 use crate::config::{AclPolicy, ZkConfig};
-use crate::error::{BACKEND, lock_error};
+use crate::error::{BACKEND, lock_error, outcome_unknown};
+
+/// How many times a request whose outcome was unknown is sent in all.
+pub(crate) const SEND_ATTEMPTS: usize = 10;
+/// Pause before sending again a request whose outcome was unknown (the client reconnects).
+pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// A live session and what depends on it.
 pub(crate) struct Session {
@@ -209,6 +215,36 @@ impl Session {
     /// The negotiated session timeout.
     pub(crate) fn timeout(&self) -> Duration {
         self.client.session_timeout()
+    }
+
+    /// Sends `request` again while its outcome is unknown: the connection dropped or went
+    /// silent (a server that stalls for longer than the client's read timeout), and the
+    /// session, which outlives a connection, may well be fine. Only for a request that may
+    /// safely arrive twice: a read, a watch, a create that takes `NodeExists` as success,
+    /// a delete that takes `NoNode` as done. Bounded by [`SEND_ATTEMPTS`] and by the session
+    /// timeout, past which a session without answers is over for the server too: then the
+    /// last error is returned.
+    pub(crate) async fn resend<'s, T, F, Fut>(&'s self, mut request: F) -> Result<T, ZkError>
+    where
+        F: FnMut(&'s Client) -> Fut,
+        Fut: Future<Output = Result<T, ZkError>>,
+    {
+        let began = Instant::now();
+        let mut attempt = 1;
+        loop {
+            match request(&self.client).await {
+                Err(error)
+                    if outcome_unknown(&error)
+                        && attempt < SEND_ATTEMPTS
+                        && began.elapsed() < self.timeout() =>
+                {
+                    tracing::debug!(%error, attempt, "zookeeper: no answer; asking again");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// How often [`keep_alive`] asks the server something while guards are held.

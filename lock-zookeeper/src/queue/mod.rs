@@ -7,23 +7,21 @@ mod turn;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use lock_core::{Deadline, LockError, LockName};
 use uuid::Uuid;
-use zookeeper_client::{CreateMode, Error as ZkError, EventType, OneshotWatcher, WatchedEvent};
+use zookeeper_client::{
+    CreateMode, CreateOptions, Error as ZkError, EventType, OneshotWatcher, WatchedEvent,
+};
 
 use crate::error::{BACKEND, lock_error, outcome_unknown};
 use crate::node::{NodeKind, has_uuid, node_prefix};
-use crate::session::{Session, Shared};
+use crate::session::{RETRY_PAUSE, SEND_ATTEMPTS, Session, Shared};
 
 use turn::Waiting;
 
-/// How many times a create is retried when the directory vanished or the reply was lost,
-/// and a read whose answer did not come.
-pub(crate) const CREATE_ATTEMPTS: usize = 10;
-/// Pause before retrying a request whose outcome was unknown (the client reconnects).
-pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// How many times a create is sent when the directory vanished or the reply was lost.
+pub(crate) const CREATE_ATTEMPTS: usize = SEND_ATTEMPTS;
 
 /// A listing of the lock directory, with the watch on its children that herd waiting sets,
 /// and when it was asked for.
@@ -70,12 +68,9 @@ impl Place {
         &session.client
     }
 
-    /// A request that changes nothing on the server (a read, a watch), sent again while its
-    /// outcome is unknown: the connection dropped or went silent, and the session, which
-    /// outlives a connection, may well be fine. Bounded by [`CREATE_ATTEMPTS`] and by the
-    /// session timeout, past which a session without answers is over for the server too:
-    /// then the last error is returned (a retryable `Connection` error once mapped).
-    pub(crate) async fn read<'s, T, F, Fut>(
+    /// A request that may safely arrive twice, sent again while its outcome is unknown, as
+    /// [`Session::resend`] sends it; each attempt is counted.
+    pub(crate) async fn resend<'s, T, F, Fut>(
         &self,
         session: &'s Session,
         mut request: F,
@@ -84,22 +79,12 @@ impl Place {
         F: FnMut(&'s zookeeper_client::Client) -> Fut,
         Fut: Future<Output = Result<T, ZkError>>,
     {
-        let began = tokio::time::Instant::now();
-        let mut attempt = 1;
-        loop {
-            match request(self.ask(session)).await {
-                Err(error)
-                    if outcome_unknown(&error)
-                        && attempt < CREATE_ATTEMPTS
-                        && began.elapsed() < session.timeout() =>
-                {
-                    tracing::debug!(lock = %self.name, %error, attempt, "zookeeper: no answer to a read; asking again");
-                    tokio::time::sleep(RETRY_PAUSE).await;
-                    attempt += 1;
-                }
-                other => return other,
-            }
-        }
+        session
+            .resend(|client| {
+                self.shared.metrics.record_server_requests(1);
+                request(client)
+            })
+            .await
     }
 
     /// Creates the directory, a container that the server removes once it is empty, and if
@@ -111,15 +96,14 @@ impl Place {
     /// client could create the root again as its own and lock under it.
     pub(crate) async fn ensure_dir(&self, session: &Session) -> Result<(), LockError> {
         let directory = CreateMode::Container.with_acls(session.acls);
-        match self.ask(session).create(&self.dir, &[], &directory).await {
-            Ok(_) | Err(ZkError::NodeExists) => return Ok(()),
+        match self.create_if_missing(session, &self.dir, &directory).await {
+            Ok(()) => return Ok(()),
             Err(ZkError::NoNode) => {}
             Err(error) => return Err(self.error(error)),
         }
         let root = &self.shared.config.root;
         let persistent = CreateMode::Persistent.with_acls(session.namespace_acls);
-        self.ask(session)
-            .mkdir(root, &persistent)
+        self.resend(session, |client| client.mkdir(root, &persistent))
             .await
             .map_err(|e| self.error(e))?;
         // The containers between the root and the directory, outermost first.
@@ -134,12 +118,26 @@ impl Place {
             } else {
                 &between
             };
-            match self.ask(session).create(&path, &[], container).await {
-                Ok(_) | Err(ZkError::NodeExists) => {}
-                Err(error) => return Err(self.error(error)),
-            }
+            self.create_if_missing(session, &path, container)
+                .await
+                .map_err(|e| self.error(e))?;
         }
         Ok(())
+    }
+
+    /// Creates an empty node at `path` unless it stands: `NodeExists` is success, so that a
+    /// create sent again after a lost answer does no harm.
+    async fn create_if_missing(
+        &self,
+        session: &Session,
+        path: &str,
+        mode: &CreateOptions<'_>,
+    ) -> Result<(), ZkError> {
+        let created = self.resend(session, |client| client.create(path, &[], mode));
+        match created.await {
+            Ok(_) | Err(ZkError::NodeExists) => Ok(()),
+            Err(error) => Err(error),
+        }
     }
 
     /// `SessionExpired` for a watch event that reports the session's end.
@@ -276,9 +274,9 @@ impl Place {
         Err(self.error(last.unwrap_or(ZkError::ConnectionLoss)))
     }
 
-    /// The directory's children (none once it is gone), read as [`read`](Self::read) reads.
+    /// The directory's children (none once it is gone), asked as [`resend`](Self::resend) asks.
     pub(crate) async fn children(&self, session: &Session) -> Result<Vec<String>, LockError> {
-        let listed = self.read(session, |client| client.list_children(&self.dir));
+        let listed = self.resend(session, |client| client.list_children(&self.dir));
         match listed.await {
             Err(ZkError::NoNode) => Ok(Vec::new()),
             other => other.map_err(|error| self.error(error)),
@@ -296,7 +294,10 @@ impl Place {
             return Ok(None);
         };
         let path = format!("{}/{child}", self.dir);
-        match self.read(session, |client| client.check_stat(&path)).await {
+        match self
+            .resend(session, |client| client.check_stat(&path))
+            .await
+        {
             Ok(Some(stat)) if stat.ephemeral_owner == session.id => Ok(Some((child, stat.czxid))),
             // Not ours (cannot normally happen: the uuid is fresh) or already gone.
             Ok(_) => Ok(None),

@@ -149,7 +149,7 @@ impl Place {
     /// Whether a contender of `role` queued now would find another in its way.
     async fn busy_now(&self, session: &Session, role: Role) -> Result<bool, LockError> {
         let listed = self
-            .read(session, |client| client.list_children(&self.dir))
+            .resend(session, |client| client.list_children(&self.dir))
             .await;
         let queue = match listed {
             Ok(children) => contenders(children),
@@ -288,11 +288,11 @@ impl Place {
         let asked = tokio::time::Instant::now();
         let (children, watcher) = match waiting {
             Waiting::Children => self
-                .read(session, |client| client.list_and_watch_children(&self.dir))
+                .resend(session, |client| client.list_and_watch_children(&self.dir))
                 .await
                 .map(|(children, watcher)| (children, Some(watcher))),
             Waiting::Predecessor => self
-                .read(session, |client| client.list_children(&self.dir))
+                .resend(session, |client| client.list_children(&self.dir))
                 .await
                 .map(|children| (children, None)),
         }
@@ -324,10 +324,10 @@ impl Place {
         // Taken before the requests: any state change from here on is seen below.
         let mut states = session.client.state_watcher();
         let asked = tokio::time::Instant::now();
-        let watching_blocker = self.read(session, |client| client.get_and_watch_data(blocker));
+        let watching_blocker = self.resend(session, |client| client.get_and_watch_data(blocker));
         let watching_own = own_watch
             .is_none()
-            .then(|| self.read(session, |client| client.get_and_watch_data(own)));
+            .then(|| self.resend(session, |client| client.get_and_watch_data(own)));
         let (blocker_watch, own_watched) =
             tokio::join!(watching_blocker, async { Some(watching_own?.await) });
         match own_watched {
