@@ -192,7 +192,7 @@ async fn own_key_removed(
         return true;
     }
     match session.upgrade() {
-        Some(live) => !lease_ended(&live, &key).await,
+        Some(live) => !Box::pin(lease_ended(&live, &key)).await,
         None => false,
     }
 }
@@ -211,16 +211,15 @@ async fn watch_own_key(session: Weak<Session>, key: String, granted: Granted) ->
         mut seen,
         watch: mut waited_with,
     } = granted;
+    // The requests below are boxed: this task lives as long as the guard, and its state
+    // should be the small watch it waits on, not the larger futures of the requests.
     loop {
         let Some(live) = session.upgrade().filter(|s| !s.is_over()) else {
             return false;
         };
         let made = match waited_with.take() {
             Some(watch) => Ok(watch),
-            None => {
-                live.watch_deletions(&key, &key, false, &Deadline::after(None))
-                    .await
-            }
+            None => Box::pin(live.watch_deletions(&key, &key, false, &Deadline::after(None))).await,
         };
         let mut watch = match made {
             Ok(watch) => watch,
@@ -231,7 +230,7 @@ async fn watch_own_key(session: Weak<Session>, key: String, granted: Granted) ->
             }
         };
         if watch.from > seen {
-            match key_changed(&live, &key, created).await {
+            match Box::pin(key_changed(&live, &key, created)).await {
                 Ok((true, _)) => return true,
                 Ok((false, at)) => seen = seen.max(at),
                 Err(_) => {
@@ -402,5 +401,21 @@ impl Granted {
     /// The same, with the watch on the key made while it waited.
     pub(crate) fn watched(self, watch: Option<Watch>) -> Self {
         Granted { watch, ..self }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A held lock keeps this task as long as it is held: at many locks per process, its
+    /// size is most of a lock's client memory.
+    #[test]
+    fn a_held_keys_watch_task_stays_small() {
+        let watching = super::watch_own_key(
+            std::sync::Weak::new(),
+            String::new(),
+            super::Granted::new(1, 1),
+        );
+        let size = std::mem::size_of_val(&watching);
+        assert!(size <= 1024, "the task's state takes {size} bytes");
     }
 }

@@ -42,6 +42,10 @@ pub(crate) struct Watches {
     metrics: Arc<Metrics>,
 }
 
+/// A watch's answer as its channel carries it: boxed, because a channel allocates room for
+/// 32 answers at once, and one per held lock is kept open.
+type Delivered = Box<WatchResponse>;
+
 /// One watch on the session's stream. Dropped, it is cancelled.
 #[derive(Debug)]
 pub(crate) struct Watch {
@@ -49,7 +53,7 @@ pub(crate) struct Watch {
     pub(crate) from: i64,
     id: i64,
     stream: u64,
-    events: mpsc::UnboundedReceiver<WatchResponse>,
+    events: mpsc::UnboundedReceiver<Delivered>,
     commands: mpsc::UnboundedSender<Command>,
 }
 
@@ -129,14 +133,14 @@ impl Watch {
     ///
     /// Cancel safety: cancel-safe, it only receives.
     pub(crate) async fn next(&mut self) -> Option<WatchResponse> {
-        self.events.recv().await
+        self.events.recv().await.map(|answer| *answer)
     }
 
     /// An answer already received, without waiting: `None` when there is none yet,
     /// `Some(None)` once the stream broke or the watch was cancelled.
     pub(crate) fn received(&mut self) -> Option<Option<WatchResponse>> {
         match self.events.try_recv() {
-            Ok(answer) => Some(Some(answer)),
+            Ok(answer) => Some(Some(*answer)),
             Err(mpsc::error::TryRecvError::Empty) => None,
             Err(mpsc::error::TryRecvError::Disconnected) => Some(None),
         }
@@ -185,7 +189,7 @@ struct Open {
     /// one the server refused.
     probing: VecDeque<Option<Made>>,
     /// Each made watch's events go to its owner.
-    routes: HashMap<i64, mpsc::UnboundedSender<WatchResponse>>,
+    routes: HashMap<i64, mpsc::UnboundedSender<Delivered>>,
     metrics: Arc<Metrics>,
 }
 
@@ -210,7 +214,7 @@ struct Made {
     asked: Asked,
     id: i64,
     from: i64,
-    events: mpsc::UnboundedReceiver<WatchResponse>,
+    events: mpsc::UnboundedReceiver<Delivered>,
 }
 
 /// How many times a watch is made before it is handed over even though a probe could
@@ -409,7 +413,7 @@ impl Open {
         if !response.created() {
             let canceled = response.canceled();
             if let Some(route) = self.routes.get(&id) {
-                let _ = route.send(response);
+                let _ = route.send(Box::new(response));
             }
             if canceled {
                 self.routes.remove(&id);
