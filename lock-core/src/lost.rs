@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 /// Why a backend stopped vouching for a held lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,13 +41,9 @@ impl fmt::Display for LossReason {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum State {
-    Held,
-    Lost(LossReason),
-    /// Released or dropped without a loss; the signal can no longer fire.
-    Ended,
-}
+/// How a held lock's signal ended: lost for a reason, or (`None`) released or dropped
+/// without a loss.
+type Ending = Option<LossReason>;
 
 /// A clonable view of whether a guard's lock has been lost.
 ///
@@ -76,8 +72,7 @@ enum State {
 /// ```
 #[derive(Clone)]
 pub struct LostSignal {
-    state: Arc<watch::Sender<State>>,
-    counted: Counted,
+    shared: Arc<Shared>,
 }
 
 /// The backend's side of a [`LostSignal`]: fires the loss.
@@ -86,8 +81,22 @@ pub struct LostSignal {
 /// watches can all hold one.
 #[derive(Clone)]
 pub struct LostNotifier {
-    state: Arc<watch::Sender<State>>,
-    counted: Counted,
+    shared: Arc<Shared>,
+}
+
+/// What a notifier and its signals share. Every held lock has one, so it is kept small
+/// (a process may hold many thousands of locks): the ending, set once, and the waiters.
+#[derive(Default)]
+struct Shared {
+    /// Unset while the lock is held; set once, when the signal fires or ends.
+    ending: OnceLock<Ending>,
+    /// Woken when `ending` is set.
+    ended: Notify,
+    /// Where a loss is counted in the metrics, once the guard is observed (see
+    /// [`observe`](crate::observe)): the loss may fire before or after the guard learns
+    /// where to count it, and is counted once either way.
+    recording: OnceLock<Arc<crate::observe::Recording>>,
+    counted: AtomicBool,
 }
 
 /// Creates a connected notifier and signal for one grant.
@@ -100,35 +109,53 @@ pub struct LostNotifier {
 /// assert_eq!(signal.reason(), Some(LossReason::SessionExpired));
 /// ```
 pub fn lost_signal() -> (LostNotifier, LostSignal) {
-    let state = Arc::new(watch::Sender::new(State::Held));
-    let counted = Counted::default();
+    let shared = Arc::new(Shared::default());
     (
         LostNotifier {
-            state: Arc::clone(&state),
-            counted: Arc::clone(&counted),
+            shared: Arc::clone(&shared),
         },
-        LostSignal { state, counted },
+        LostSignal { shared },
     )
 }
 
-/// Where a loss is counted in the metrics, once the guard is observed (see
-/// [`observe`](crate::observe)), and whether it has been: the loss may fire before or after
-/// the guard learns where to count it, and is counted once either way.
-type Counted = Arc<Counting>;
+impl Shared {
+    /// The signal leaves the held state once, to lost or ended. Returns whether it did now.
+    fn leave_held(&self, ending: Ending) -> bool {
+        let lost = ending.clone();
+        if self.ending.set(ending).is_err() {
+            return false;
+        }
+        self.ended.notify_waiters();
+        if let Some(reason) = lost {
+            self.count(&reason);
+        }
+        true
+    }
 
-#[derive(Default)]
-struct Counting {
-    recording: OnceLock<Arc<crate::observe::Recording>>,
-    done: AtomicBool,
-}
-
-impl Counting {
     /// Counts the loss for `reason`, unless it has been counted or there is nowhere yet.
     fn count(&self, reason: &LossReason) {
         if let Some(recording) = self.recording.get()
-            && !self.done.swap(true, Ordering::AcqRel)
+            && !self.counted.swap(true, Ordering::AcqRel)
         {
             recording.loss(reason);
+        }
+    }
+
+    fn reason(&self) -> Option<LossReason> {
+        self.ending.get().cloned().flatten()
+    }
+
+    fn is_lost(&self) -> bool {
+        matches!(self.ending.get(), Some(Some(_)))
+    }
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.ending.get() {
+            None => f.write_str("Held"),
+            Some(Some(reason)) => f.debug_tuple("Lost").field(reason).finish(),
+            Some(None) => f.write_str("Ended"),
         }
     }
 }
@@ -138,17 +165,17 @@ impl LostNotifier {
     /// effect; after a normal release (the signal ended) it does nothing. Returns whether
     /// this call fired the signal.
     pub fn fire(&self, reason: LossReason) -> bool {
-        leave_held(&self.state, &self.counted, State::Lost(reason))
+        self.shared.leave_held(Some(reason))
     }
 
     /// Whether the signal has already fired.
     pub fn is_lost(&self) -> bool {
-        matches!(*self.state.borrow(), State::Lost(_))
+        self.shared.is_lost()
     }
 
     /// Whether `signal` belongs to this notifier.
     pub fn is_for(&self, signal: &LostSignal) -> bool {
-        Arc::ptr_eq(&self.state, &signal.state)
+        Arc::ptr_eq(&self.shared, &signal.shared)
     }
 }
 
@@ -181,15 +208,12 @@ impl LostSignal {
 
     /// Whether the lock has been lost.
     pub fn is_lost(&self) -> bool {
-        matches!(*self.state.borrow(), State::Lost(_))
+        self.shared.is_lost()
     }
 
     /// Why the lock was lost, or `None` while it is held or after it ended normally.
     pub fn reason(&self) -> Option<LossReason> {
-        match &*self.state.borrow() {
-            State::Lost(reason) => Some(reason.clone()),
-            State::Held | State::Ended => None,
-        }
+        self.shared.reason()
     }
 
     /// Waits until the lock is lost (`Some(reason)`) or the guard ends normally by release
@@ -197,65 +221,46 @@ impl LostSignal {
     ///
     /// Cancel safety: dropping the future has no effect on the signal or the guard.
     pub async fn wait(&self) -> Option<LossReason> {
-        let mut receiver = self.state.subscribe();
-        // The sender lives inside `self`, so the channel cannot close while we wait.
-        match receiver.wait_for(|state| *state != State::Held).await {
-            Ok(state) => match &*state {
-                State::Lost(reason) => Some(reason.clone()),
-                State::Held | State::Ended => None,
-            },
-            Err(_) => None,
+        loop {
+            // Registered before the look, so that an ending set after the look wakes it.
+            let ended = self.shared.ended.notified();
+            let mut ended = std::pin::pin!(ended);
+            ended.as_mut().enable();
+            if let Some(ending) = self.shared.ending.get() {
+                return ending.clone();
+            }
+            ended.await;
         }
     }
 
     /// Marks the lock lost when a release discovers the loss before the backend fired.
     pub(crate) fn mark_lost(&self, reason: LossReason) {
-        leave_held(&self.state, &self.counted, State::Lost(reason));
+        self.shared.leave_held(Some(reason));
     }
 
     /// Ends the signal after a normal release: it can no longer fire, and waiters get `None`.
     pub(crate) fn end(&self) {
-        leave_held(&self.state, &self.counted, State::Ended);
+        self.shared.leave_held(None);
     }
 
     /// Counts a loss, when it comes, in the metrics with `labels`.
     pub(crate) fn count_loss_with(&self, recording: Arc<crate::observe::Recording>) {
-        let _ = self.counted.recording.set(recording);
+        let _ = self.shared.recording.set(recording);
         if let Some(reason) = self.reason() {
-            self.counted.count(&reason);
+            self.shared.count(&reason);
         }
     }
-}
-
-/// The signal changes state once: from held to lost or ended. Returns whether it changed.
-fn leave_held(state: &watch::Sender<State>, counted: &Counted, next: State) -> bool {
-    let left = state.send_if_modified(|current| {
-        if *current == State::Held {
-            *current = next;
-            true
-        } else {
-            false
-        }
-    });
-    if let (true, State::Lost(reason)) = (left, &*state.borrow()) {
-        counted.count(reason);
-    }
-    left
 }
 
 impl fmt::Debug for LostSignal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("LostSignal")
-            .field(&*self.state.borrow())
-            .finish()
+        f.debug_tuple("LostSignal").field(&self.shared).finish()
     }
 }
 
 impl fmt::Debug for LostNotifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("LostNotifier")
-            .field(&*self.state.borrow())
-            .finish()
+        f.debug_tuple("LostNotifier").field(&self.shared).finish()
     }
 }
 
@@ -296,5 +301,30 @@ mod tests {
         assert!(!signal.is_lost());
         let got = tokio::time::timeout(Duration::from_secs(5), waiter).await;
         assert_eq!(got.unwrap().unwrap(), None);
+    }
+
+    #[test]
+    fn a_signal_stays_small() {
+        // Every held lock has one: at many locks per process, its size counts.
+        let size = std::mem::size_of::<Shared>();
+        assert!(size <= 128, "the shared state takes {size} bytes");
+    }
+
+    #[tokio::test]
+    async fn a_wait_begun_before_the_loss_sees_it_and_later_ones_too() {
+        let (notifier, signal) = lost_signal();
+        let waiters: Vec<_> = (0..8)
+            .map(|_| {
+                let signal = signal.clone();
+                tokio::spawn(async move { signal.wait().await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        notifier.fire(LossReason::EntryRemoved);
+        for waiter in waiters {
+            let got = tokio::time::timeout(Duration::from_secs(5), waiter).await;
+            assert_eq!(got.unwrap().unwrap(), Some(LossReason::EntryRemoved));
+        }
+        assert_eq!(signal.wait().await, Some(LossReason::EntryRemoved));
     }
 }
