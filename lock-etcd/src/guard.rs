@@ -13,7 +13,7 @@ use lock_core::kit::{
     retry_in_background,
 };
 use lock_core::{Deadline, FencingToken, Guard, LockError, LockName, LossReason, lost_signal};
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 use crate::error::BACKEND;
 use crate::session::{Session, Slot};
@@ -29,11 +29,8 @@ pub(crate) struct Entry {
     pub(crate) key: String,
     /// The single-key lock is shared: it is ours only while it holds this value.
     pub(crate) ours_if: Option<String>,
-    /// The key's create revision once known (0 before): a delete then takes that key
-    /// only, not a later one of the same name (a slot's key is named again once free).
-    pub(crate) created: Arc<AtomicI64>,
-    /// Whether a create of the key is on its way: a clean-up waits for its answer.
-    pub(crate) creating: Arc<watch::Sender<bool>>,
+    /// The create of the key, as a clean-up must know it.
+    pub(crate) creation: Arc<Creation>,
     /// Held, for its drop, until the key is surely gone (shared by a contender's keys, as
     /// a semaphore's contender has two).
     pub(crate) _slot: Arc<Slot>,
@@ -44,12 +41,11 @@ impl Entry {
     pub(crate) async fn remove(&self, session: &Session) -> Result<(), LockError> {
         // A create still on its way could land after the delete and leave the key behind:
         // wait for its answer first (its request is bounded by the timeout).
-        let mut creating = self.creating.subscribe();
-        let settled = creating.wait_for(|busy| !*busy);
+        let settled = self.creation.answered();
         let _ = tokio::time::timeout(session.timeout * 2, settled).await;
         let key = self.key.as_str();
         let delete = TxnOp::delete(key, None);
-        let created = self.created.load(Ordering::Acquire);
+        let created = self.creation.revision.load(Ordering::Acquire);
         let txn = match &self.ours_if {
             _ if created != 0 => Txn::new()
                 .when([Compare::create_revision(key, CompareOp::Equal, created)])
@@ -76,8 +72,7 @@ impl Entry {
             session: Arc::downgrade(session),
             key,
             ours_if,
-            created: Arc::new(AtomicI64::new(0)),
-            creating: Arc::new(watch::channel(false).0),
+            creation: Arc::default(),
             _slot: slot,
         }
     }
@@ -93,22 +88,51 @@ impl Entry {
         txn: Txn,
         created: fn(&TxnResponse) -> Option<i64>,
     ) -> Result<TxnResponse, LockError> {
-        let (creating, revision) = (Arc::clone(&self.creating), Arc::clone(&self.created));
+        let creation = Arc::clone(&self.creation);
         let (session, name) = (Arc::clone(session), name.to_owned());
-        creating.send_replace(true);
+        creation.busy.store(true, Ordering::Release);
         let sending = tokio::spawn(async move {
             let mut kv = session.client.kv_client();
             let answer = session.ask(&name, kv.txn(txn)).await;
             if let Some(known) = answer.as_ref().ok().and_then(created) {
-                revision.store(known, Ordering::Release);
+                creation.revision.store(known, Ordering::Release);
             }
-            creating.send_replace(false);
+            creation.busy.store(false, Ordering::Release);
+            creation.settled.notify_waiters();
             answer
         });
         sending.await.unwrap_or_else(|failed| {
             let message = format!("the create's task failed: {failed}");
             Err(LockError::other(BACKEND, message).retryable(true))
         })
+    }
+}
+
+/// The create of an entry's key: one per contender's key, so kept small.
+#[derive(Debug, Default)]
+pub(crate) struct Creation {
+    /// The key's create revision once known (0 before): a delete then takes that key
+    /// only, not a later one of the same name (a slot's key is named again once free).
+    pub(crate) revision: AtomicI64,
+    /// Whether a create of the key is on its way: a clean-up waits for its answer.
+    busy: AtomicBool,
+    /// Woken when a create's answer came.
+    settled: Notify,
+}
+
+impl Creation {
+    /// Returns once no create of the key is on its way.
+    async fn answered(&self) {
+        loop {
+            // Registered before the look, so that an answer after the look wakes it.
+            let settled = self.settled.notified();
+            let mut settled = std::pin::pin!(settled);
+            settled.as_mut().enable();
+            if !self.busy.load(Ordering::Acquire) {
+                return;
+            }
+            settled.await;
+        }
     }
 }
 
