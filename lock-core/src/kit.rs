@@ -25,7 +25,9 @@
 //! - [`entry_guard`]: for a backend whose grants are entries its session owns (a node, a
 //!   key on a session's lease), the guard; the backend writes the [`HeldEntry`] (delete if
 //!   still the grant's, clean up in the background) and a watch on the entry
-//!   ([`entry_guard_watching`] tells the watch when the guard's own release is under way).
+//!   ([`entry_guard_watching`] tells the watch when the guard's own release is under way);
+//! - [`notified_until`]: a wait on a [`Notify`](tokio::sync::Notify) for a condition that
+//!   may already hold, without missing a change made between the look and the wait.
 //!
 //! ```
 //! use std::time::Duration;
@@ -108,6 +110,40 @@ pub use session_slot::{ServerSession, SessionSlot};
 /// ```
 pub fn unpoisoned<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Waits until `ready` gives a value, woken by `notify`, which whoever changes what `ready`
+/// looks at must call `notify_waiters` on after the change. The waiter registers before
+/// it looks, so that a change made after the look still wakes it.
+///
+/// Cancel safety: cancel-safe, it only waits.
+///
+/// ```
+/// use std::sync::atomic::{AtomicBool, Ordering};
+/// use lock_core::kit::notified_until;
+/// use tokio::sync::Notify;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let (done, changed) = (AtomicBool::new(false), Notify::new());
+/// let waiting = notified_until(&changed, || done.load(Ordering::Acquire).then_some(()));
+/// let setting = async {
+///     done.store(true, Ordering::Release);
+///     changed.notify_waiters();
+/// };
+/// tokio::join!(waiting, setting);
+/// # }
+/// ```
+pub async fn notified_until<T>(notify: &tokio::sync::Notify, ready: impl Fn() -> Option<T>) -> T {
+    loop {
+        let changed = notify.notified();
+        let mut changed = std::pin::pin!(changed);
+        changed.as_mut().enable();
+        if let Some(value) = ready() {
+            return value;
+        }
+        changed.await;
+    }
 }
 
 use crate::election::{LeaderSource, check_value, follow};

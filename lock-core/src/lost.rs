@@ -121,13 +121,12 @@ pub fn lost_signal() -> (LostNotifier, LostSignal) {
 impl Shared {
     /// The signal leaves the held state once, to lost or ended. Returns whether it did now.
     fn leave_held(&self, ending: Ending) -> bool {
-        let lost = ending.clone();
         if self.ending.set(ending).is_err() {
             return false;
         }
         self.ended.notify_waiters();
-        if let Some(reason) = lost {
-            self.count(&reason);
+        if let Some(Some(reason)) = self.ending.get() {
+            self.count(reason);
         }
         true
     }
@@ -221,16 +220,8 @@ impl LostSignal {
     ///
     /// Cancel safety: dropping the future has no effect on the signal or the guard.
     pub async fn wait(&self) -> Option<LossReason> {
-        loop {
-            // Registered before the look, so that an ending set after the look wakes it.
-            let ended = self.shared.ended.notified();
-            let mut ended = std::pin::pin!(ended);
-            ended.as_mut().enable();
-            if let Some(ending) = self.shared.ending.get() {
-                return ending.clone();
-            }
-            ended.await;
-        }
+        let shared = &self.shared;
+        crate::kit::notified_until(&shared.ended, || shared.ending.get().cloned()).await
     }
 
     /// Marks the lock lost when a release discovers the loss before the backend fired.

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnResponse};
 use lock_core::kit::{
     Abandon, HeldEntry, Releasing, Removal, RemovalError, Retry, entry_guard_watching,
-    retry_in_background,
+    notified_until, retry_in_background,
 };
 use lock_core::{Deadline, FencingToken, Guard, LockError, LockName, LossReason, lost_signal};
 use tokio::sync::Notify;
@@ -123,16 +123,8 @@ pub(crate) struct Creation {
 impl Creation {
     /// Returns once no create of the key is on its way.
     async fn answered(&self) {
-        loop {
-            // Registered before the look, so that an answer after the look wakes it.
-            let settled = self.settled.notified();
-            let mut settled = std::pin::pin!(settled);
-            settled.as_mut().enable();
-            if !self.busy.load(Ordering::Acquire) {
-                return;
-            }
-            settled.await;
-        }
+        let idle = || (!self.busy.load(Ordering::Acquire)).then_some(());
+        notified_until(&self.settled, idle).await;
     }
 }
 

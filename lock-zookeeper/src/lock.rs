@@ -14,9 +14,8 @@ use crate::config::ZkStrategy;
 use crate::error::outcome_unknown;
 use crate::guard::{Granted, Leftover, Pending, grant};
 use crate::node::{NodeKind, SINGLE_NODE};
-use crate::queue::{CREATE_ATTEMPTS, Place, name_and_backend};
-use crate::session::RETRY_PAUSE;
-use crate::session::Session;
+use crate::queue::{Place, name_and_backend};
+use crate::session::{RETRY_PAUSE, SEND_ATTEMPTS, Session};
 
 /// A lock handle from a [`ZkLockProvider`](crate::ZkLockProvider).
 pub struct ZkLock {
@@ -80,7 +79,7 @@ impl ZkLock {
                     continue;
                 }
                 Err(ZkError::NodeExists) => None,
-                Err(error) if outcome_unknown(&error) && unknown < CREATE_ATTEMPTS => {
+                Err(error) if outcome_unknown(&error) && unknown < SEND_ATTEMPTS => {
                     unknown += 1;
                     tokio::time::sleep(RETRY_PAUSE).await;
                     // Decided by the node's owner and content, never by assumption.

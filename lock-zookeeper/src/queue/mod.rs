@@ -20,9 +20,6 @@ use crate::session::{RETRY_PAUSE, SEND_ATTEMPTS, Session, Shared};
 
 use turn::Waiting;
 
-/// How many times a create is sent when the directory vanished or the reply was lost.
-pub(crate) const CREATE_ATTEMPTS: usize = SEND_ATTEMPTS;
-
 /// A listing of the lock directory, with the watch on its children that herd waiting sets,
 /// and when it was asked for.
 struct Listing {
@@ -256,7 +253,7 @@ impl Place {
         let path = format!("{}/{prefix}", self.dir);
         let options = CreateMode::EphemeralSequential.with_acls(session.acls);
         let mut last = None;
-        for _ in 0..CREATE_ATTEMPTS {
+        for _ in 0..SEND_ATTEMPTS {
             match self.ask(session).create(&path, &self.data, &options).await {
                 Ok((stat, sequence)) => return Ok((format!("{prefix}{sequence}"), stat.czxid)),
                 Err(ZkError::NoNode) => self.ensure_dir(session).await?,
