@@ -1,6 +1,6 @@
 //! What one run of the herd scenario measured.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The figures of one (strategy, contenders) run: one object of the JSON array.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -83,8 +83,10 @@ impl Measurement {
     }
 }
 
-/// What a scale run (one provider holding many locks) measured.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// What a scale run (one provider holding many locks) measured. It reads back from its
+/// JSON: `herd` runs each scale run in a fresh process of its own and gathers their
+/// figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ScaleMeasurement {
     /// `zookeeper` or `redis`, and the strategy.
@@ -101,6 +103,12 @@ pub struct ScaleMeasurement {
     /// The same over the first round, from a fresh process: an upper bound that includes
     /// what the allocator keeps from the acquisitions in flight.
     pub rss_bytes_per_lock_first_round: f64,
+    /// The server's own memory growth per held lock, in bytes, where the server reports
+    /// its memory: ZooKeeper's data tree (`mntr`'s `zk_approximate_data_size`), etcd's heap
+    /// in use (`go_memstats_heap_inuse_bytes` of its metrics), Redis's `used_memory`
+    /// (every server of a cluster). `None` for PostgreSQL, whose lock table has a fixed
+    /// size in shared memory.
+    pub server_bytes_per_lock: Option<f64>,
     /// Nodes or keys of the locks left on the server afterwards (must be 0).
     pub leftovers: u64,
 }

@@ -50,13 +50,14 @@ const MEASUREMENT_COLUMNS: [(&str, bool); 16] = [
 ];
 
 /// Columns of [`scale_table`].
-const SCALE_COLUMNS: [(&str, bool); 7] = [
+const SCALE_COLUMNS: [(&str, bool); 8] = [
     ("strategy", true),
     ("locks", false),
     ("acquire/s", false),
     ("release/s", false),
     ("RSS B/lock", false),
     ("first round", false),
+    ("server B/lock", false),
     ("leftovers", false),
 ];
 
@@ -73,7 +74,8 @@ pub fn table(measurements: &[Measurement]) -> String {
 
 /// An aligned plain-text table of scale runs for the terminal: a header, a rule and one
 /// row per run (strategy, locks held, acquisitions and releases per second, client memory
-/// growth per lock, and locks left on the server).
+/// growth per lock in the second round and the first, the server's memory growth per lock,
+/// and locks left on the server).
 pub fn scale_table(measurements: &[ScaleMeasurement]) -> String {
     let rows: Vec<Vec<String>> = measurements.iter().map(scale_cells).collect();
     aligned(&SCALE_COLUMNS, &rows)
@@ -108,6 +110,7 @@ fn scale_cells(m: &ScaleMeasurement) -> Vec<String> {
         fixed(m.release_per_s, 1),
         fixed(m.rss_bytes_per_lock, 1),
         fixed(m.rss_bytes_per_lock_first_round, 1),
+        optional(m.server_bytes_per_lock, 1),
         m.leftovers.to_string(),
     ]
 }
@@ -359,6 +362,22 @@ pub fn svg_plot(
     series: &[(String, Vec<(f64, f64)>)],
     log_y: bool,
 ) -> io::Result<String> {
+    svg_plot_over(title, "contenders N (log scale)", y_label, series, log_y)
+}
+
+/// The plot of [`svg_plot`] against another quantity than the contenders, named by
+/// `x_label` (the locks held at once, say).
+///
+/// # Errors
+///
+/// An error of the drawing, as [`io::ErrorKind::Other`].
+pub fn svg_plot_over(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    log_y: bool,
+) -> io::Result<String> {
     let cleaned: Vec<(&str, Vec<(f64, f64)>)> = series
         .iter()
         .map(|(name, points)| {
@@ -373,7 +392,7 @@ pub fn svg_plot(
         .filter(|(_, points)| !points.is_empty())
         .collect();
     let mut svg = String::new();
-    draw_plot(&mut svg, title, y_label, cleaned, log_y)
+    draw_plot(&mut svg, title, (x_label, y_label), cleaned, log_y)
         .map_err(|error| io::Error::other(format!("drawing the plot {title:?}: {error}")))?;
     Ok(svg.trim_end().to_owned())
 }
@@ -382,7 +401,7 @@ pub fn svg_plot(
 fn draw_plot(
     svg: &mut String,
     title: &str,
-    y_label: &str,
+    (x_label, y_label): (&str, &str),
     cleaned: Vec<(&str, Vec<(f64, f64)>)>,
     log_y: bool,
 ) -> Result<(), DrawError> {
@@ -438,6 +457,7 @@ fn draw_plot(
     let parts = Parts {
         title,
         title_style,
+        x_label,
         plotted: &plotted,
     };
     if log_y {
@@ -458,6 +478,8 @@ struct Parts<'a> {
     title: &'a str,
     /// The title's font, size and colour.
     title_style: TextStyle<'a>,
+    /// What the x axis counts.
+    x_label: &'a str,
     /// The series, by name, with their points as they are drawn.
     plotted: &'a [(&'a str, Vec<(f64, f64)>)],
 }
@@ -497,7 +519,7 @@ impl Parts<'_> {
             .axis_desc_style(label_style.clone())
             .x_label_formatter(&formatter)
             .y_label_formatter(&formatter)
-            .x_desc("contenders N (log scale)")
+            .x_desc(self.x_label)
             .y_desc(y_text)
             .draw()?;
         // The axes close the plotting area left and below; a line closes it above and right.
@@ -537,13 +559,36 @@ fn series_by_strategy(
     measurements: &[Measurement],
     value: impl Fn(&Measurement) -> Option<f64>,
 ) -> Vec<(String, Vec<(f64, f64)>)> {
+    series_of(
+        measurements
+            .iter()
+            .map(|m| (m.strategy.as_str(), m.contenders as f64, value(m))),
+    )
+}
+
+/// The series of a scale plot: one line per strategy, against the locks held.
+fn scale_series(
+    scale: &[ScaleMeasurement],
+    value: impl Fn(&ScaleMeasurement) -> Option<f64>,
+) -> Vec<(String, Vec<(f64, f64)>)> {
+    series_of(
+        scale
+            .iter()
+            .map(|m| (m.strategy.as_str(), m.locks as f64, value(m))),
+    )
+}
+
+/// `(strategy, x, y)` points gathered into one series per strategy, in the order the
+/// strategies first come, each sorted by x; points without a y are left out.
+fn series_of<'a>(
+    points: impl Iterator<Item = (&'a str, f64, Option<f64>)>,
+) -> Vec<(String, Vec<(f64, f64)>)> {
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for m in measurements {
-        let Some(y) = value(m) else { continue };
-        let point = (m.contenders as f64, y);
-        match series.iter_mut().find(|(name, _)| *name == m.strategy) {
-            Some((_, points)) => points.push(point),
-            None => series.push((m.strategy.clone(), vec![point])),
+    for (strategy, x, y) in points {
+        let Some(y) = y else { continue };
+        match series.iter_mut().find(|(name, _)| name == strategy) {
+            Some((_, points)) => points.push((x, y)),
+            None => series.push((strategy.to_owned(), vec![(x, y)])),
         }
     }
     for (_, points) in &mut series {
@@ -764,7 +809,11 @@ fn summary(measurements: &[Measurement], scale: &[ScaleMeasurement], context: &s
         out.push_str("## Scale\n\n");
         let rows: Vec<Vec<String>> = scale.iter().map(scale_cells).collect();
         out.push_str(&markdown_table(&SCALE_COLUMNS, &rows));
-        out.push('\n');
+        out.push_str(
+            "\n![Client memory per held lock](scale_client_memory.svg)\n\n\
+             ![Acquisitions per second](scale_acquisitions.svg)\n\n\
+             ![Server memory per held lock](scale_server_memory.svg)\n\n",
+        );
     }
     out.push_str(
         "## Plots\n\n\
@@ -787,9 +836,11 @@ fn summary(measurements: &[Measurement], scale: &[ScaleMeasurement], context: &s
 /// Writes the report of a run into `dir`, creating it: `throughput.svg` (grants per
 /// second against contenders, log y), `wakeups.svg` (wake-ups per handoff, log y, one line
 /// per strategy that counts them), `handoff_p50.svg` (median handoff in µs),
-/// `results.json` (the measurements as a pretty JSON array), `scale.json` (only when
-/// `scale` is not empty) and `summary.md` (`context`, the results as a markdown table,
-/// the plots, and findings computed from the data).
+/// `results.json` (the measurements as a pretty JSON array), when `scale` is not empty
+/// `scale.json` and its plots against the locks held (`scale_client_memory.svg`,
+/// `scale_acquisitions.svg` with a log y, `scale_server_memory.svg`), and `summary.md`
+/// (`context`, the results as markdown tables, the plots, and findings computed from the
+/// data).
 ///
 /// Returns the paths written, in that order.
 ///
@@ -843,6 +894,37 @@ pub fn write_report(
     )?;
     if !scale.is_empty() {
         write("scale.json", serde_json::to_string_pretty(scale)? + "\n")?;
+        let locks = "locks held at once (log scale)";
+        let plots = [
+            (
+                "scale_client_memory.svg",
+                "Client memory per held lock, first round from a fresh process",
+                "bytes per held lock",
+                scale_series(scale, |m| Some(m.rss_bytes_per_lock_first_round)),
+                false,
+            ),
+            (
+                "scale_acquisitions.svg",
+                "Acquisitions per second from one provider",
+                "acquisitions per second",
+                scale_series(scale, |m| Some(m.acquire_per_s)),
+                true,
+            ),
+            // Linear: a server's figure can fall between two readings (a collector ran).
+            (
+                "scale_server_memory.svg",
+                "Server memory per held lock",
+                "bytes per held lock",
+                scale_series(scale, |m| m.server_bytes_per_lock),
+                false,
+            ),
+        ];
+        for (file, title, y_label, series, log_y) in plots {
+            write(
+                file,
+                svg_plot_over(title, locks, y_label, &series, log_y)? + "\n",
+            )?;
+        }
     }
     write("summary.md", summary(measurements, scale, context))?;
     Ok(written)
@@ -947,6 +1029,7 @@ mod tests {
             release_per_s: 901.0,
             rss_bytes_per_lock: 412.0,
             rss_bytes_per_lock_first_round: 900.0,
+            server_bytes_per_lock: Some(310.0),
             leftovers: 0,
         };
         let text = scale_table(&[run.clone(), run]);
@@ -1141,6 +1224,7 @@ mod tests {
             release_per_s: 6000.0,
             rss_bytes_per_lock: 100.0,
             rss_bytes_per_lock_first_round: 300.0,
+            server_bytes_per_lock: None,
             leftovers: 0,
         }];
         let ms = data();
@@ -1157,12 +1241,25 @@ mod tests {
                 "handoff_p50.svg",
                 "results.json",
                 "scale.json",
+                "scale_client_memory.svg",
+                "scale_acquisitions.svg",
+                "scale_server_memory.svg",
                 "summary.md"
             ]
         );
         for path in &written {
             assert!(path.is_file(), "{} missing", path.display());
         }
+        let memory = fs::read_to_string(out.join("scale_client_memory.svg")).unwrap();
+        assert_eq!(series_drawn(&memory, None), 1);
+        assert!(
+            texts(&memory)
+                .iter()
+                .any(|t| t == "locks held at once (log scale)")
+        );
+        // Redis says nothing of its memory in this data: the plot says so.
+        let server = fs::read_to_string(out.join("scale_server_memory.svg")).unwrap();
+        assert!(texts(&server).iter().any(|t| t == "no data"));
 
         let wakeups = fs::read_to_string(out.join("wakeups.svg")).unwrap();
         // zk-recipe keeps no count: five lines, not six.

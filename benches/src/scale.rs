@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use lock_core::{Guard, LockError};
 
 use crate::measure::ScaleMeasurement;
-use crate::scenario::{RedisKeys, bench_error, mntr_stat};
+use crate::scenario::{RedisKeys, bench_error, mntr_stat, server_memory};
 use crate::strategy::{Backend, Servers, Strategy};
 
 /// Acquisitions or releases in flight at once.
@@ -57,8 +57,8 @@ fn acquisitions(
 }
 
 /// One provider of `strategy` takes `locks` distinct locks, holds them all, then releases
-/// them all; measures the rates and the client memory per held lock, and checks that
-/// nothing is left on the server.
+/// them all; measures the rates and the client's and the server's memory per held lock,
+/// and checks that nothing is left on the server.
 ///
 /// # Errors
 ///
@@ -89,6 +89,7 @@ pub async fn run(
         guard.release().await?;
     }
     let rss_before = resident_bytes();
+    let server_before = server_memory(strategy.backend(), servers).await;
     let started = Instant::now();
     let results = bounded(acquisitions(&handles)).await;
     let acquire_time = started.elapsed();
@@ -108,6 +109,7 @@ pub async fn run(
     // Let the guards' background tasks settle before measuring memory.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_held = resident_bytes();
+    let server_held = server_memory(strategy.backend(), servers).await;
     let started = Instant::now();
     let releasing = guards
         .into_iter()
@@ -134,6 +136,9 @@ pub async fn run(
         rss_bytes_per_lock: rss_held.saturating_sub(rss_before) as f64 / locks as f64,
         rss_bytes_per_lock_first_round: rss_first_round.saturating_sub(rss_fresh) as f64
             / locks as f64,
+        server_bytes_per_lock: server_before
+            .zip(server_held)
+            .map(|(before, held)| (held as f64 - before as f64) / locks as f64),
         leftovers,
     })
 }

@@ -481,13 +481,7 @@ pub async fn server_requests(backend: Backend, servers: &Servers) -> Option<u64>
         // Every server's, a cluster's nodes together.
         Backend::Redis => {
             let mut total = 0;
-            for client in servers.redis_servers().await.ok()? {
-                let mut connection = client.get_multiplexed_async_connection().await.ok()?;
-                let info: String = redis::cmd("INFO")
-                    .arg("commandstats")
-                    .query_async(&mut connection)
-                    .await
-                    .ok()?;
+            for info in redis_info(servers, "commandstats").await? {
                 total += info
                     .lines()
                     .filter_map(|line| line.split("calls=").nth(1))
@@ -497,6 +491,51 @@ pub async fn server_requests(backend: Backend, servers: &Servers) -> Option<u64>
             (total > 0).then_some(total)
         }
     }
+}
+
+/// The server's own figure of its memory, in bytes, as [`ScaleMeasurement`]'s
+/// `server_bytes_per_lock` describes it; `None` when the server does not say.
+///
+/// [`ScaleMeasurement`]: crate::ScaleMeasurement
+pub(crate) async fn server_memory(backend: Backend, servers: &Servers) -> Option<u64> {
+    match backend {
+        Backend::ZooKeeper => mntr_total(servers, "zk_approximate_data_size").await,
+        Backend::Etcd => {
+            let metrics = etcd_metrics(servers.etcd.as_deref()?).await?;
+            let value = metrics
+                .lines()
+                .find_map(|line| line.strip_prefix("go_memstats_heap_inuse_bytes "))?;
+            Some(value.trim().parse::<f64>().ok()? as u64)
+        }
+        Backend::Postgres => None,
+        Backend::Redis => {
+            let mut total = 0;
+            for info in redis_info(servers, "memory").await? {
+                total += info
+                    .lines()
+                    .find_map(|line| line.strip_prefix("used_memory:"))?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()?;
+            }
+            (total > 0).then_some(total)
+        }
+    }
+}
+
+/// A section of `INFO` from every Redis server (a cluster's nodes each).
+async fn redis_info(servers: &Servers, section: &str) -> Option<Vec<String>> {
+    let mut answers = Vec::new();
+    for client in servers.redis_servers().await.ok()? {
+        let mut connection = client.get_multiplexed_async_connection().await.ok()?;
+        let info: String = redis::cmd("INFO")
+            .arg(section)
+            .query_async(&mut connection)
+            .await
+            .ok()?;
+        answers.push(info);
+    }
+    Some(answers)
 }
 
 /// etcd's `/metrics` page from `endpoint` (`http://host:port`), read within a second.

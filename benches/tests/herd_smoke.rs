@@ -316,3 +316,44 @@ async fn a_v3lock_run_leaves_the_etcd_it_was_given_working() {
         "etcd's lock service no longer hands a lock to its waiter: {granted:?}"
     );
 }
+
+/// Scale mode at two sizes on two backends: each strategy and size runs in a process of its
+/// own and the parent gathers them; every run leaves nothing behind, and the servers that
+/// report their memory report it.
+#[test]
+fn a_scale_run_of_two_sizes_reports_each_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let which = [
+        "--scale",
+        "50,200",
+        "--strategies",
+        "zk-predecessor,redis-queue",
+    ];
+    let runs = run_herd(&which, dir.path());
+    let rows: Vec<(&str, u64)> = runs
+        .iter()
+        .map(|run| {
+            (
+                run["strategy"].as_str().unwrap(),
+                run["locks"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("zk-predecessor", 50),
+            ("zk-predecessor", 200),
+            ("redis-queue", 50),
+            ("redis-queue", 200)
+        ]
+    );
+    for run in &runs {
+        assert_eq!(run["leftovers"], 0, "{run}");
+        assert!(run["acquire_per_s"].as_f64().unwrap() > 0.0, "{run}");
+        assert!(
+            run["server_bytes_per_lock"].is_f64(),
+            "no server figure: {run}"
+        );
+    }
+}

@@ -29,7 +29,7 @@ use lock_testbed::servers::{
 #[derive(Debug, Parser)]
 #[command(
     name = "herd",
-    after_help = "Examples:\n  herd                                         # every strategy, N = 1, 10, 50, 100\n  herd --strategies zk-single,zk-predecessor --contenders 10,100,250\n  herd --redis redis://127.0.0.1:6379 --strategies redis-pubsub,redis-queue\n  herd --redis-cluster --strategies redis-polling,redis-pubsub,redis-queue\n  herd --scale 10000 --strategies zk-predecessor,redis-queue\n  herd --json results.json --report target/herd"
+    after_help = "Examples:\n  herd                                         # every strategy, N = 1, 10, 50, 100\n  herd --strategies zk-single,zk-predecessor --contenders 10,100,250\n  herd --redis redis://127.0.0.1:6379 --strategies redis-pubsub,redis-queue\n  herd --redis-cluster --strategies redis-polling,redis-pubsub,redis-queue\n  herd --scale 1000,10000,100000 --strategies zk-predecessor,redis-queue\n  herd --json results.json --report target/herd"
 )]
 struct Args {
     /// Strategies, comma-separated: zk-single, zk-children, zk-predecessor, zk-recipe,
@@ -97,9 +97,12 @@ struct Args {
     /// Write plots (SVG), the JSON and a markdown summary into this directory.
     #[arg(long)]
     report: Option<PathBuf>,
-    /// Scale mode: one provider per strategy holds this many locks at once.
-    #[arg(long)]
-    scale: Option<usize>,
+    /// Scale mode: one provider per strategy holds this many locks at once. Several
+    /// numbers, comma-separated, are measured one after another; then each strategy and
+    /// number runs in a fresh process of its own (on the same servers), so that every
+    /// first round is a fresh process's.
+    #[arg(long, value_delimiter = ',')]
+    scale: Vec<usize>,
 }
 
 /// The servers of the run: given, or started here (and stopped when this is dropped).
@@ -288,24 +291,73 @@ async fn comparison(args: &Args, servers: &Servers) -> (Vec<Measurement>, Vec<St
     (results, failures)
 }
 
-async fn scale_runs(
-    args: &Args,
-    servers: &Servers,
-    locks: usize,
-) -> Result<Vec<ScaleMeasurement>, String> {
+async fn scale_runs(args: &Args, servers: &Servers) -> Result<Vec<ScaleMeasurement>, String> {
+    let runs: Vec<(Strategy, usize)> = args
+        .strategies
+        .iter()
+        .filter(|strategy| !strategy.is_peer())
+        .flat_map(|&strategy| args.scale.iter().map(move |&locks| (strategy, locks)))
+        .collect();
     let mut results = Vec::new();
-    for strategy in &args.strategies {
-        if strategy.is_peer() {
-            continue;
-        }
+    for &(strategy, locks) in &runs {
         eprintln!("scale: {strategy}, {locks} locks ...");
-        results.push(
-            scale::run(*strategy, locks, servers)
+        let measured = match runs.len() {
+            1 => scale::run(strategy, locks, servers)
                 .await
-                .map_err(|e| format!("scale {strategy}: {e}"))?,
-        );
+                .map_err(|e| e.to_string()),
+            _ => scale_run_apart(strategy, locks, servers).await,
+        };
+        results.push(measured.map_err(|e| format!("scale {strategy}, {locks} locks: {e}"))?);
     }
     Ok(results)
+}
+
+/// One scale run in a fresh process of this program, on `servers`: what it measured.
+async fn scale_run_apart(
+    strategy: Strategy,
+    locks: usize,
+    servers: &Servers,
+) -> Result<ScaleMeasurement, String> {
+    let program = std::env::current_exe().map_err(|e| format!("finding herd itself: {e}"))?;
+    let json = tempfile::NamedTempFile::new().map_err(|e| format!("a temporary file: {e}"))?;
+    let mut command = std::process::Command::new(program);
+    command
+        .args(["--scale", &locks.to_string()])
+        .args(["--strategies", strategy.as_str()])
+        .arg("--json")
+        .arg(json.path())
+        .stdout(std::process::Stdio::null());
+    if let Some(zk) = &servers.zk {
+        command.args(["--zk", zk]);
+    }
+    match &servers.redis {
+        Some(url) if url.starts_with("redis+cluster://") => {
+            command.args(["--redis-cluster", url]);
+        }
+        Some(url) => {
+            command.args(["--redis", url]);
+        }
+        None => {}
+    }
+    if let Some(etcd) = &servers.etcd {
+        command.args(["--etcd", etcd]);
+    }
+    if let Some(postgres) = &servers.postgres {
+        command.args(["--postgres", postgres]);
+    }
+    let status = tokio::task::spawn_blocking(move || command.status())
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("starting herd: {e}"))?;
+    if !status.success() {
+        return Err(format!("its process ended with {status}"));
+    }
+    let written = std::fs::read_to_string(json.path()).map_err(|e| e.to_string())?;
+    let mut measured: Vec<ScaleMeasurement> =
+        serde_json::from_str(&written).map_err(|e| format!("its JSON: {e}"))?;
+    measured
+        .pop()
+        .ok_or_else(|| "it measured nothing".to_owned())
 }
 
 async fn main_async(args: Args) -> Result<(), String> {
@@ -314,16 +366,12 @@ async fn main_async(args: Args) -> Result<(), String> {
     }
     let started = servers(&args).await?;
     let began = Instant::now();
-    let (measurements, scaled, failures) = match args.scale {
-        Some(locks) => (
-            Vec::new(),
-            scale_runs(&args, &started.servers, locks).await?,
-            Vec::new(),
-        ),
-        None => {
-            let (measurements, failures) = comparison(&args, &started.servers).await;
-            (measurements, Vec::new(), failures)
-        }
+    let (measurements, scaled, failures) = if args.scale.is_empty() {
+        let (measurements, failures) = comparison(&args, &started.servers).await;
+        (measurements, Vec::new(), failures)
+    } else {
+        let scaled = scale_runs(&args, &started.servers).await?;
+        (Vec::new(), scaled, Vec::new())
     };
     if !measurements.is_empty() {
         println!("{}", report::table(&measurements));
