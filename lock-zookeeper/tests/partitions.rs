@@ -229,7 +229,11 @@ async fn leader_cut_off_while_its_client_holds() {
     let timeline = Timeline::default();
 
     let on_leader = client_of(&ensemble, &[leader]).await;
-    let on_majority = client_of(&ensemble, &followers).await;
+    // The majority's client waits through the followers' election of a new leader, which
+    // on a loaded machine took longer than the short session once (its session expired
+    // before any member served again); how long the cut-off client's session lasts is what
+    // orders its loss before the majority's grant, not this one's.
+    let on_majority = client_with_session(&ensemble, &followers, LONG_SESSION_TIMEOUT).await;
     let mut stale = on_leader.lock(name).unwrap().acquire(None).await.unwrap();
     let stale_grant = timeline.granted("leader's client", &stale);
     let majority_lock = on_majority.lock(name).unwrap();
@@ -377,7 +381,11 @@ async fn leader_cut_off_while_its_client_leads_an_election() {
     let bound = Duration::from_secs(30);
 
     let on_leader = client_of(&ensemble, &[leader]).await;
-    let on_majority = client_of(&ensemble, &followers).await;
+    // The majority's client waits through the followers' election of a new leader, which
+    // on a loaded machine took longer than the short session once (its session expired
+    // before any member served again); how long the cut-off client's session lasts is what
+    // orders its loss before the majority's grant, not this one's.
+    let on_majority = client_with_session(&ensemble, &followers, LONG_SESSION_TIMEOUT).await;
     let mut stale = on_leader
         .election(name)
         .unwrap()
