@@ -95,7 +95,7 @@ struct Shared {
     /// Where a loss is counted in the metrics, once the guard is observed (see
     /// [`observe`](crate::observe)): the loss may fire before or after the guard learns
     /// where to count it, and is counted once either way.
-    recording: OnceLock<Arc<crate::observe::Recording>>,
+    recording: OnceLock<crate::observe::Recording>,
     counted: AtomicBool,
 }
 
@@ -235,7 +235,7 @@ impl LostSignal {
     }
 
     /// Counts a loss, when it comes, in the metrics with `labels`.
-    pub(crate) fn count_loss_with(&self, recording: Arc<crate::observe::Recording>) {
+    pub(crate) fn count_loss_with(&self, recording: crate::observe::Recording) {
         let _ = self.shared.recording.set(recording);
         if let Some(reason) = self.reason() {
             self.shared.count(&reason);

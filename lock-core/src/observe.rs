@@ -3,16 +3,26 @@
 //! [`metrics`](https://docs.rs/metrics) facade and `tracing` spans.
 //!
 //! Nothing is recorded unless the application installs a `metrics` recorder (a Prometheus
-//! or OpenTelemetry exporter, say); without one each event costs a check of the global
-//! recorder. A backend wraps what its provider hands out with [`observe_lock`],
-//! [`observe_rw_lock`], [`observe_semaphore`] and [`observe_election`], and the [`Guard`]
-//! of every grant measures its hold.
+//! or OpenTelemetry exporter, say). A backend wraps what its provider hands out with
+//! [`observe_lock`], [`observe_rw_lock`], [`observe_semaphore`] and [`observe_election`],
+//! and the [`Guard`] of every grant measures its hold.
+//!
+//! What it costs: with no recorder installed and the `DEBUG` spans below disabled, an
+//! acquisition costs one look at the facade's recorder and the spans' level, and the
+//! backend's own future runs untouched (nothing timed, nothing wrapped). Otherwise each
+//! thread registers a series' handle with the recorder on its first event and keeps it
+//! (a recorder looks a key up in a registry shared by every thread, which alone cost
+//! several times an in-memory acquisition), and registers again for another recorder: a
+//! local one (`metrics::with_local_recorder`), or the global one installed since. The
+//! facade falls back to its no-op recorder, of size zero; a recorder of size zero (one that
+//! keeps nothing of its own) is taken for it and gets nothing. With the lock's name as a
+//! label ([`label_lock_names`]), keys are made and registered per event.
 //!
 //! | metric | type | unit | labels |
 //! | --- | --- | --- | --- |
 //! | `distlock_acquisitions_total` | counter | acquisitions | `backend`, `strategy`, `kind`, `call`, `outcome` |
 //! | `distlock_wait_seconds` | histogram | seconds, from the call to its end | `backend`, `strategy`, `kind`, `call`, `outcome` |
-//! | `distlock_waiting` | gauge | callers in `acquire` now | `backend`, `strategy`, `kind` |
+//! | `distlock_waiting` | gauge | callers waiting in `acquire` now (one granted as it asks never counts) | `backend`, `strategy`, `kind` |
 //! | `distlock_held` | gauge | guards held now | `backend`, `strategy`, `kind` |
 //! | `distlock_hold_seconds` | histogram | seconds, from the grant to the guard's release or drop | `backend`, `strategy`, `kind`, `end` |
 //! | `distlock_losses_total` | counter | holds lost | `backend`, `strategy`, `kind`, `reason` |
@@ -38,14 +48,16 @@
 //! name, the backend, the strategy and the kind, and ends with an event giving its outcome, wait and fencing token: a trace shows
 //! where a request spent its time.
 
-use std::borrow::Cow;
+use std::cell::RefCell;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use metrics::{Key, Label, Level, Metadata};
+use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder};
+use quanta::Instant;
 use tracing::Instrument;
 
 use crate::election::{LeaderInfo, LeaderWatch, Leadership};
@@ -234,11 +246,12 @@ impl Series {
     }
 }
 
-/// Every key one backend, strategy and kind of lock records under, made once: recording is
-/// then a look-up in the recorder, with no label built per event.
+/// Every key one backend, strategy and kind of lock records under, made once, and its
+/// place among the catalogs (by which each thread finds the handles it registered).
 #[derive(Debug)]
 pub(crate) struct Catalog {
     labels: Labels,
+    index: usize,
     /// By [`Series::slot`].
     keys: Vec<Key>,
 }
@@ -254,10 +267,121 @@ impl Catalog {
             return catalog;
         }
         let keys = Series::all().map(|series| series.key(&labels)).collect();
-        let catalog: &'static Catalog = Box::leak(Box::new(Catalog { labels, keys }));
+        let index = catalogs.len();
+        let catalog: &'static Catalog = Box::leak(Box::new(Catalog {
+            labels,
+            index,
+            keys,
+        }));
         catalogs.push(catalog);
         catalog
     }
+
+    /// Records each change of its series with this thread's handles from `recorder`,
+    /// registering each on first use.
+    fn record(&self, recorder: &dyn Recorder, changes: &[(Series, Change)]) {
+        let from = (recorder as *const dyn Recorder).cast::<()>();
+        REGISTERED.with_borrow_mut(|registered| {
+            if registered.len() <= self.index {
+                registered.resize_with(self.index + 1, || None);
+            }
+            let Some(entry) = registered.get_mut(self.index) else {
+                return;
+            };
+            if !entry
+                .as_ref()
+                .is_some_and(|known| std::ptr::eq(known.from, from))
+            {
+                *entry = Some(Registered {
+                    from,
+                    by_slot: Vec::new(),
+                });
+            }
+            let Some(handles) = entry.as_mut() else {
+                return;
+            };
+            if handles.by_slot.len() < self.keys.len() {
+                handles.by_slot.resize_with(self.keys.len(), || None);
+            }
+            for &(series, change) in changes {
+                let slot = series.slot();
+                let (Some(handle), Some(key)) =
+                    (handles.by_slot.get_mut(slot), self.keys.get(slot))
+                else {
+                    continue;
+                };
+                handle
+                    .get_or_insert_with(|| Handle::register(recorder, series, key))
+                    .apply(change);
+            }
+        });
+    }
+}
+
+/// A series' handle, registered with a recorder.
+enum Handle {
+    Counter(Counter),
+    Gauge(Gauge),
+    Histogram(Histogram),
+}
+
+/// What an event does to its series.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    /// A counter goes up by one.
+    Count,
+    /// A gauge moves by this much.
+    Move(f64),
+    /// A histogram takes this value.
+    Record(f64),
+}
+
+impl Handle {
+    fn register(recorder: &dyn Recorder, series: Series, key: &Key) -> Self {
+        match series {
+            Series::Acquisitions { .. } | Series::Loss { .. } => {
+                Handle::Counter(recorder.register_counter(key, &METADATA))
+            }
+            Series::Held | Series::Waiting => {
+                Handle::Gauge(recorder.register_gauge(key, &METADATA))
+            }
+            Series::Wait { .. } | Series::Hold { .. } => {
+                Handle::Histogram(recorder.register_histogram(key, &METADATA))
+            }
+        }
+    }
+
+    fn apply(&self, change: Change) {
+        match (self, change) {
+            (Handle::Counter(counter), Change::Count) => counter.increment(1),
+            (Handle::Gauge(gauge), Change::Move(by)) => gauge.increment(by),
+            (Handle::Histogram(histogram), Change::Record(value)) => histogram.record(value),
+            // Each series is one kind of metric and each event one kind of change.
+            _ => {}
+        }
+    }
+}
+
+/// The handles one thread registered for one catalog, and the recorder they came from.
+struct Registered {
+    /// The recorder's address, to tell when another one records (a local recorder, or
+    /// the global one installed since): only compared, never followed.
+    from: *const (),
+    /// By [`Series::slot`], registered on first use.
+    by_slot: Vec<Option<Handle>>,
+}
+
+thread_local! {
+    /// This thread's handles, by [`Catalog::index`]: a recorder looks a key up in a
+    /// registry shared by every thread, which costs several times the rest of an
+    /// acquisition on the in-memory backend; a handle does not.
+    static REGISTERED: RefCell<Vec<Option<Registered>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Whether a recorder is installed, here or globally. The facade falls back to its no-op
+/// recorder, a type of size zero; a recorder that records keeps state, so has a size.
+fn recorder_installed() -> bool {
+    metrics::with_recorder(|recorder| std::mem::size_of_val(recorder) != 0)
 }
 
 /// What a lock's metrics are labelled with (see the [module docs](self)).
@@ -270,12 +394,12 @@ pub(crate) struct Labels {
     lock: Option<String>,
 }
 
-/// Where a lock's metrics go: the keys of its catalog, or, with its name as a label, keys
-/// made per event.
-#[derive(Debug)]
+/// Where a lock's metrics go: its catalog (keys made once, handles registered once per
+/// thread and recorder), or, with its name as a label, keys made and registered per event.
+#[derive(Debug, Clone)]
 pub(crate) enum Recording {
     Catalog(&'static Catalog),
-    Named(Labels),
+    Named(Arc<Labels>),
 }
 
 impl Labels {
@@ -312,7 +436,7 @@ impl Recording {
             lock: named.then(|| name.as_str().to_owned()),
         };
         match named {
-            true => Recording::Named(labels),
+            true => Recording::Named(Arc::new(labels)),
             false => Recording::Catalog(Catalog::of(labels)),
         }
     }
@@ -336,54 +460,57 @@ impl Recording {
         self.labels().kind
     }
 
-    /// The key of `series`: the catalog's, or one made now with the lock's name.
-    fn key(&self, series: Series) -> Cow<'_, Key> {
-        match self {
-            Recording::Catalog(catalog) => match catalog.keys.get(series.slot()) {
-                Some(key) => Cow::Borrowed(key),
-                None => Cow::Owned(series.key(&catalog.labels)),
-            },
-            Recording::Named(labels) => Cow::Owned(series.key(labels)),
-        }
+    /// Records each change of its series, if a recorder is installed; returns whether one
+    /// was.
+    fn record(&self, changes: &[(Series, Change)]) -> bool {
+        metrics::with_recorder(|recorder| {
+            if std::mem::size_of_val(recorder) == 0 {
+                return false;
+            }
+            match self {
+                Recording::Catalog(catalog) => catalog.record(recorder, changes),
+                Recording::Named(labels) => {
+                    for &(series, change) in changes {
+                        Handle::register(recorder, series, &series.key(labels)).apply(change);
+                    }
+                }
+            }
+            true
+        })
     }
 
-    fn counter(&self, series: Series, value: u64) {
-        let key = self.key(series);
-        metrics::with_recorder(|r| r.register_counter(&key, &METADATA)).increment(value);
-    }
-
-    fn gauge(&self, series: Series, change: f64) {
-        let key = self.key(series);
-        metrics::with_recorder(|r| r.register_gauge(&key, &METADATA)).increment(change);
-    }
-
-    fn histogram(&self, series: Series, value: f64) {
-        let key = self.key(series);
-        metrics::with_recorder(|r| r.register_histogram(&key, &METADATA)).record(value);
-    }
-
-    fn acquisition(&self, call: &'static str, outcome: &'static str, waited: Duration) {
+    /// An acquisition's end: how it ended, how long it waited, and, if it was granted, the
+    /// hold's start (returns whether the `held` gauge took it).
+    fn acquisition(&self, call: &'static str, outcome: &'static str, waited: Duration) -> bool {
         let (call, outcome) = (index(&CALLS, call), index(&OUTCOMES, outcome));
-        self.counter(Series::Acquisitions { call, outcome }, 1);
-        self.histogram(Series::Wait { call, outcome }, waited.as_secs_f64());
+        let waited = Change::Record(waited.as_secs_f64());
+        let ended = [
+            (Series::Acquisitions { call, outcome }, Change::Count),
+            (Series::Wait { call, outcome }, waited),
+            (Series::Held, Change::Move(1.0)),
+        ];
+        let granted = outcome == 0;
+        self.record(if granted { &ended } else { &ended[..2] }) && granted
     }
 
-    fn held(&self, change: f64) {
-        self.gauge(Series::Held, change);
+    /// Moves the `waiting` gauge; returns whether a recorder took it.
+    fn waiting(&self, change: f64) -> bool {
+        self.record(&[(Series::Waiting, Change::Move(change))])
     }
 
-    fn waiting(&self, change: f64) {
-        self.gauge(Series::Waiting, change);
-    }
-
-    fn hold(&self, end: &'static str, held: Duration) {
+    /// A hold's end, and whether the `held` gauge took its start.
+    fn hold(&self, end: &'static str, held: Duration, counted: bool) {
         let end = index(&ENDS, end);
-        self.histogram(Series::Hold { end }, held.as_secs_f64());
+        let ended = [
+            (Series::Hold { end }, Change::Record(held.as_secs_f64())),
+            (Series::Held, Change::Move(-1.0)),
+        ];
+        self.record(if counted { &ended } else { &ended[..1] });
     }
 
     pub(crate) fn loss(&self, reason: &LossReason) {
         let reason = index(&REASONS, loss_label(reason));
-        self.counter(Series::Loss { reason }, 1);
+        self.record(&[(Series::Loss { reason }, Change::Count)]);
     }
 }
 
@@ -391,51 +518,72 @@ impl Recording {
 /// when it ends.
 #[derive(Debug)]
 pub(crate) struct Hold {
-    recording: Arc<Recording>,
+    recording: Recording,
     granted: Instant,
+    /// Whether the `held` gauge took this hold (a recorder was installed at its start),
+    /// so that its end moves the gauge back only then.
+    counted: bool,
 }
 
 impl Hold {
-    /// A hold from `granted` on.
-    fn start(recording: Arc<Recording>, granted: Instant) -> Self {
-        recording.held(1.0);
-        Hold { recording, granted }
+    /// A hold from `granted` on, `counted` in the `held` gauge or not.
+    fn start(recording: Recording, granted: Instant, counted: bool) -> Self {
+        Hold {
+            recording,
+            granted,
+            counted,
+        }
     }
 
     /// Where a loss of this hold is counted.
-    pub(crate) fn recording(&self) -> Arc<Recording> {
-        Arc::clone(&self.recording)
+    pub(crate) fn recording(&self) -> Recording {
+        self.recording.clone()
     }
 
     /// Ends the hold: `released`, `dropped` or `lost`.
     pub(crate) fn end(self, end: &'static str) {
-        self.recording.held(-1.0);
-        self.recording.hold(end, self.granted.elapsed());
+        let held = self.granted.elapsed();
+        self.recording.hold(end, held, self.counted);
     }
 }
 
-/// Counts a caller inside `acquire` while it lives; a caller that drops the future counts
-/// as `cancelled`.
+/// An `acquire` call while it lives: counted as waiting once it has to wait (the `waiting`
+/// gauge), and as `cancelled` if the caller drops it.
 struct Waiting<'a> {
     recording: &'a Recording,
     began: Instant,
     done: bool,
+    /// Whether the call has had to wait (its future returned `Pending`).
+    suspended: bool,
+    /// Whether the `waiting` gauge took it, as [`Hold::counted`].
+    counted: bool,
 }
 
 impl<'a> Waiting<'a> {
     fn new(recording: &'a Recording) -> Self {
-        recording.waiting(1.0);
         Waiting {
             recording,
             began: Instant::now(),
             done: false,
+            suspended: false,
+            counted: false,
+        }
+    }
+
+    /// The call has to wait: the `waiting` gauge counts it from now on.
+    fn suspend(&mut self) {
+        if !self.suspended {
+            self.suspended = true;
+            self.counted = self.recording.waiting(1.0);
         }
     }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.recording.waiting(-1.0);
+        if self.counted {
+            self.recording.waiting(-1.0);
+        }
         if !self.done {
             let waited = self.began.elapsed();
             self.recording.acquisition("acquire", "cancelled", waited);
@@ -448,7 +596,7 @@ impl Drop for Waiting<'_> {
 /// long it waited, and the hold of what it granted.
 #[derive(Debug)]
 struct Observer {
-    recording: Arc<Recording>,
+    recording: Recording,
 }
 
 /// What an acquisition grants: a [`Guard`], or a [`Leadership`] over one.
@@ -484,7 +632,7 @@ impl Observer {
         name: &LockName,
     ) -> Self {
         Observer {
-            recording: Arc::new(Recording::new(backend, strategy, kind, name)),
+            recording: Recording::new(backend, strategy, kind, name),
         }
     }
 
@@ -502,13 +650,14 @@ impl Observer {
         }
     }
 
-    /// Records how an acquisition that began at `began` ended; returns when it ended.
+    /// Records how an acquisition that began at `began` ended; returns when it ended and
+    /// whether the `held` gauge counts what it granted.
     fn record(
         &self,
         call: &'static str,
         result: Result<Option<&Guard>, &LockError>,
         began: Instant,
-    ) -> Instant {
+    ) -> (Instant, bool) {
         let ended = Instant::now();
         let waited = ended.saturating_duration_since(began);
         let outcome = match result {
@@ -525,51 +674,74 @@ impl Observer {
                 error_kind(error)
             }
         };
-        self.recording.acquisition(call, outcome, waited);
-        ended
+        let counted = self.recording.acquisition(call, outcome, waited);
+        (ended, counted)
     }
 
-    /// What `attempt` granted at `granted`, measuring its hold.
-    fn held<G: Grant>(&self, grant: G, granted: Instant) -> G {
-        grant.with_hold(Hold::start(Arc::clone(&self.recording), granted))
+    /// What an acquisition granted at `granted`, measuring its hold.
+    fn held<G: Grant>(&self, grant: G, (granted, counted): (Instant, bool)) -> G {
+        grant.with_hold(Hold::start(self.recording.clone(), granted, counted))
     }
 
-    /// One attempt (`try_acquire` and the like), observed.
-    async fn attempt<G: Grant>(
-        &self,
+    /// `attempt` (`try_acquire` and the like), observed; or, when nothing would take note
+    /// (no recorder installed, the span disabled), the backend's own future untouched.
+    fn attempt<'a, G: Grant + Send + 'a>(
+        &'a self,
         name: &LockName,
-        attempt: impl Future<Output = Result<Option<G>, LockError>>,
-    ) -> Result<Option<G>, LockError> {
+        attempt: Boxed<'a, Option<G>>,
+    ) -> Boxed<'a, Option<G>> {
         let span = self.span(name, "try_acquire");
-        let began = Instant::now();
-        let result = attempt.instrument(span.clone()).await;
-        let _entered = span.enter();
-        let granted = result
-            .as_ref()
-            .map(|grant| grant.as_ref().map(Grant::guard));
-        let ended = self.record("try_acquire", granted, began);
-        result.map(|grant| grant.map(|grant| self.held(grant, ended)))
+        if span.is_disabled() && !recorder_installed() {
+            return attempt;
+        }
+        Box::pin(async move {
+            let began = Instant::now();
+            let result = attempt.instrument(span.clone()).await;
+            let _entered = span.enter();
+            let granted = result
+                .as_ref()
+                .map(|grant| grant.as_ref().map(Grant::guard));
+            let ended = self.record("try_acquire", granted, began);
+            result.map(|grant| grant.map(|grant| self.held(grant, ended)))
+        })
     }
 
-    /// A wait (`acquire` and the like), observed; dropped, it counts as `cancelled`.
-    async fn wait<G: Grant>(
-        &self,
+    /// `wait` (`acquire` and the like), observed as [`attempt`](Self::attempt) observes;
+    /// dropped, it counts as `cancelled`.
+    fn wait<'a, G: Grant + Send + 'a>(
+        &'a self,
         name: &LockName,
-        wait: impl Future<Output = Result<G, LockError>>,
-    ) -> Result<G, LockError> {
+        wait: Boxed<'a, G>,
+    ) -> Boxed<'a, G> {
         let span = self.span(name, "acquire");
-        let mut waiting = Waiting::new(&self.recording);
-        let result = wait.instrument(span.clone()).await;
-        waiting.done = true;
-        let _entered = span.enter();
-        let ended = self.record(
-            "acquire",
-            result.as_ref().map(|g| Some(g.guard())),
-            waiting.began,
-        );
-        result.map(|grant| self.held(grant, ended))
+        if span.is_disabled() && !recorder_installed() {
+            return wait;
+        }
+        Box::pin(async move {
+            let mut waiting = Waiting::new(&self.recording);
+            let mut wait = wait.instrument(span.clone());
+            let result = std::future::poll_fn(|cx| {
+                let poll = Pin::new(&mut wait).poll(cx);
+                if poll.is_pending() {
+                    waiting.suspend();
+                }
+                poll
+            })
+            .await;
+            waiting.done = true;
+            let _entered = span.enter();
+            let ended = self.record(
+                "acquire",
+                result.as_ref().map(|g| Some(g.guard())),
+                waiting.began,
+            );
+            result.map(|grant| self.held(grant, ended))
+        })
     }
 }
+
+/// A backend's future of an acquisition, as `async_trait` boxes it.
+type Boxed<'a, T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send + 'a>>;
 
 /// What a backend hands out (a lock, a semaphore, an election), with its acquisitions
 /// observed: see [`observe_lock`] and its siblings.
@@ -604,21 +776,40 @@ pub fn observe_lock(
     })
 }
 
+/// An observed lock's try (`$try`) and wait (`$wait`): the backend's, through `$observer`.
+/// Written out as `async_trait` expands them, without `async`, so that an acquisition that
+/// nothing takes note of returns the backend's own future.
+macro_rules! observed {
+    ($try:ident, $wait:ident, $observer:ident) => {
+        fn $try<'life0, 'async_trait>(&'life0 self) -> Boxed<'async_trait, Option<Guard>>
+        where
+            'life0: 'async_trait,
+            Self: 'async_trait,
+        {
+            self.$observer.attempt(self.inner.name(), self.inner.$try())
+        }
+
+        fn $wait<'life0, 'async_trait>(
+            &'life0 self,
+            timeout: Option<Duration>,
+        ) -> Boxed<'async_trait, Guard>
+        where
+            'life0: 'async_trait,
+            Self: 'async_trait,
+        {
+            self.$observer
+                .wait(self.inner.name(), self.inner.$wait(timeout))
+        }
+    };
+}
+
 #[async_trait]
 impl DistributedLock for Observed<dyn DistributedLock> {
     fn name(&self) -> &LockName {
         self.inner.name()
     }
 
-    async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
-        let attempt = self.inner.try_acquire();
-        self.observer.attempt(self.inner.name(), attempt).await
-    }
-
-    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        let wait = self.inner.acquire(timeout);
-        self.observer.wait(self.inner.name(), wait).await
-    }
+    observed!(try_acquire, acquire, observer);
 
     async fn queue(&self) -> Result<LockQueue, LockError> {
         self.inner.queue().await
@@ -665,29 +856,8 @@ impl DistributedRwLock for ObservedRw {
         self.inner.name()
     }
 
-    async fn try_read(&self) -> Result<Option<Guard>, LockError> {
-        self.read
-            .attempt(self.inner.name(), self.inner.try_read())
-            .await
-    }
-
-    async fn read(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        self.read
-            .wait(self.inner.name(), self.inner.read(timeout))
-            .await
-    }
-
-    async fn try_write(&self) -> Result<Option<Guard>, LockError> {
-        self.write
-            .attempt(self.inner.name(), self.inner.try_write())
-            .await
-    }
-
-    async fn write(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        self.write
-            .wait(self.inner.name(), self.inner.write(timeout))
-            .await
-    }
+    observed!(try_read, read, read);
+    observed!(try_write, write, write);
 }
 
 /// `semaphore` observed as [`observe_lock`] observes a mutex, each permit labelled with the
@@ -724,15 +894,7 @@ impl DistributedSemaphore for Observed<dyn DistributedSemaphore> {
         self.inner.permits()
     }
 
-    async fn try_acquire(&self) -> Result<Option<Guard>, LockError> {
-        let attempt = self.inner.try_acquire();
-        self.observer.attempt(self.inner.name(), attempt).await
-    }
-
-    async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        let wait = self.inner.acquire(timeout);
-        self.observer.wait(self.inner.name(), wait).await
-    }
+    observed!(try_acquire, acquire, observer);
 }
 
 /// `election` with each campaign observed as [`observe_lock`] observes an `acquire` (the
@@ -765,13 +927,18 @@ impl Election for Observed<dyn Election> {
         self.inner.name()
     }
 
-    async fn campaign(
-        &self,
-        value: &[u8],
+    fn campaign<'life0, 'life1, 'async_trait>(
+        &'life0 self,
+        value: &'life1 [u8],
         timeout: Option<Duration>,
-    ) -> Result<Leadership, LockError> {
+    ) -> Boxed<'async_trait, Leadership>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
         let campaign = self.inner.campaign(value, timeout);
-        self.observer.wait(self.inner.name(), campaign).await
+        self.observer.wait(self.inner.name(), campaign)
     }
 
     async fn leader(&self) -> Result<Option<LeaderInfo>, LockError> {
@@ -806,7 +973,7 @@ mod tests {
         let snapshotter = recorder.snapshotter();
         metrics::with_local_recorder(&recorder, || {
             let name = LockName::new("counted").expect("a valid name");
-            let recording = || Arc::new(Recording::new("test", "none", "mutex", &name));
+            let recording = || Recording::new("test", "none", "mutex", &name);
             let (early, early_signal) = lost_signal();
             early.fire(LossReason::Revoked);
             early_signal.count_loss_with(recording());
