@@ -325,7 +325,11 @@ impl MutexAttempt for RedlockLock {
             first_vote = kept_votes.then_some(asked);
             wakeups.busy();
             // A try retries split votes `retry_count` times; a wait goes on to its deadline.
-            let retrying = split_rounds > 0 && split_rounds <= self.shared.config.retry_count;
+            // The contender that keeps its votes (the split is settled for it) goes on while
+            // they are valid: were it to give up with the others, overlapping tries on a free
+            // lock could all fail.
+            let retrying =
+                split_rounds > 0 && (kept_votes || split_rounds <= self.shared.config.retry_count);
             let gave_up = if deadline.is_immediate() {
                 !retrying
             } else {

@@ -47,7 +47,9 @@ pub struct RedlockConfig {
     #[serde(rename = "drift_factor")]
     pub clock_drift_factor: f64,
     /// How many more rounds to try when a round reaches no quorum (contenders split the
-    /// votes) before the lock counts as busy. Default 3.
+    /// votes) before the lock counts as busy. Default 3. The contender the split is
+    /// settled for (the smallest owner id among the votes) keeps trying while its votes
+    /// are valid.
     pub retry_count: u32,
     /// The delay before such a retry (randomised by the provider); more than 0 and at most
     /// 1 minute. Default 200 ms.
