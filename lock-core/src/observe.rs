@@ -13,7 +13,9 @@
 //! thread registers a series' handle with the recorder on its first event and keeps it
 //! (a recorder looks a key up in a registry shared by every thread, which alone cost
 //! several times an in-memory acquisition), and registers again for another recorder: a
-//! local one (`metrics::with_local_recorder`), or the global one installed since. The
+//! local one (`metrics::with_local_recorder`), or the global one installed since; a
+//! recorder is told apart by its address, so a local recorder made on one thread at the
+//! address of an earlier, dropped one would be taken for it (keep each alive). The
 //! facade falls back to its no-op recorder, of size zero; a recorder of size zero (one that
 //! keeps nothing of its own) is taken for it and gets nothing. With the lock's name as a
 //! label ([`label_lock_names`]), keys are made and registered per event.
@@ -381,7 +383,13 @@ thread_local! {
 /// Whether a recorder is installed, here or globally. The facade falls back to its no-op
 /// recorder, a type of size zero; a recorder that records keeps state, so has a size.
 fn recorder_installed() -> bool {
-    metrics::with_recorder(|recorder| std::mem::size_of_val(recorder) != 0)
+    metrics::with_recorder(records)
+}
+
+/// Whether `recorder` records: not the facade's no-op fallback (see
+/// [`recorder_installed`]).
+fn records(recorder: &dyn Recorder) -> bool {
+    std::mem::size_of_val(recorder) != 0
 }
 
 /// What a lock's metrics are labelled with (see the [module docs](self)).
@@ -464,7 +472,7 @@ impl Recording {
     /// was.
     fn record(&self, changes: &[(Series, Change)]) -> bool {
         metrics::with_recorder(|recorder| {
-            if std::mem::size_of_val(recorder) == 0 {
+            if !records(recorder) {
                 return false;
             }
             match self {
