@@ -126,10 +126,10 @@ impl Guard {
 
     /// Ends the hold's measure, if any: as `otherwise` says, or `lost` when the backend
     /// stopped vouching for the lock.
-    fn end_hold(&mut self, otherwise: &'static str) {
+    fn end_hold(&mut self, otherwise: crate::observe::HoldEnd) {
         if let Some(hold) = self.hold.take() {
             hold.end(if self.lost.is_lost() {
-                "lost"
+                crate::observe::HoldEnd::Lost
             } else {
                 otherwise
             });
@@ -218,7 +218,7 @@ impl Guard {
             },
         };
         if self.inner.is_none() {
-            self.end_hold("released");
+            self.end_hold(crate::observe::HoldEnd::Released);
         }
         released
     }
@@ -239,7 +239,7 @@ impl Drop for Guard {
             // First: a loss firing from now on is no loss of this hold.
             self.lost.end();
         }
-        self.end_hold("dropped");
+        self.end_hold(crate::observe::HoldEnd::Dropped);
         if let Some(inner) = inner {
             tracing::debug!(backend = self.backend, lock = %self.name, "guard dropped without release; releasing in the background");
             inner.release_on_drop();
