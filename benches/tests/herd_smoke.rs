@@ -357,3 +357,21 @@ fn a_scale_run_of_two_sizes_reports_each_and_leaves_nothing() {
         );
     }
 }
+
+/// A count of zero locks or contenders is refused before any server starts, with the
+/// option named.
+#[test]
+fn zero_locks_or_contenders_are_refused() {
+    for option in ["--scale", "--contenders"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_herd"))
+            .args([option, "0"])
+            .output()
+            .expect("the herd binary runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{option} 0: {stderr}");
+        assert!(
+            stderr.contains(option) && stderr.contains("at least 1"),
+            "{option} 0: {stderr}"
+        );
+    }
+}

@@ -42,7 +42,7 @@ struct Args {
     )]
     strategies: Vec<Strategy>,
     /// Numbers of contenders, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,10,50,100")]
+    #[arg(long, value_delimiter = ',', default_value = "1,10,50,100", value_parser = at_least_one)]
     contenders: Vec<usize>,
     /// Handoffs measured per run.
     #[arg(long, default_value_t = 100)]
@@ -101,8 +101,17 @@ struct Args {
     /// numbers, comma-separated, are measured one after another; then each strategy and
     /// number runs in a fresh process of its own (on the same servers), so that every
     /// first round is a fresh process's.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = at_least_one)]
     scale: Vec<usize>,
+}
+
+/// A count of contenders or locks: a whole number, 1 or more.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(count) => Ok(count),
+        Err(error) => Err(error.to_string()),
+    }
 }
 
 /// The servers of the run: given, or started here (and stopped when this is dropped).
