@@ -24,14 +24,15 @@
 //! cancellations carry their watch's id.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use etcd_client::{
     Client, EventType, WatchFilterType, WatchOptions, WatchResponse, WatchStream, Watcher,
 };
 use lock_core::{LockError, Metrics};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::error::{BACKEND, connection, lock_error, timed_out};
 
@@ -42,9 +43,46 @@ pub(crate) struct Watches {
     metrics: Arc<Metrics>,
 }
 
-/// A watch's answer as its channel carries it: boxed, because a channel allocates room for
-/// 32 answers at once, and one per held lock is kept open.
+/// A watch's answer as its mailbox keeps it: boxed, so that the room its queue keeps after
+/// an answer is small (one mailbox per held lock stays open).
 type Delivered = Box<WatchResponse>;
+
+/// Where a watch's answers wait for its owner: a queue, a wake-up and whether the stream
+/// let go of it. About a tenth of a tokio channel, which gives each end a cache line of its
+/// own and makes room for 32 answers as it is made, 800 bytes for each held lock.
+#[derive(Debug, Default)]
+struct Mailbox {
+    answers: Mutex<VecDeque<Delivered>>,
+    /// One permit for the owner, its only waiter, whenever an answer came or the mailbox
+    /// closed: an answer that comes between a look and the wait is not missed.
+    arrived: Notify,
+    closed: AtomicBool,
+}
+
+/// The stream's end of a watch's mailbox; dropped (the watch cancelled, or the stream
+/// broke), it closes the mailbox.
+#[derive(Debug)]
+struct Route(Arc<Mailbox>);
+
+impl Route {
+    fn send(&self, answer: Delivered) {
+        let mut answers = self
+            .0
+            .answers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        answers.push_back(answer);
+        drop(answers);
+        self.0.arrived.notify_one();
+    }
+}
+
+impl Drop for Route {
+    fn drop(&mut self) {
+        self.0.closed.store(true, Ordering::Release);
+        self.0.arrived.notify_one();
+    }
+}
 
 /// One watch on the session's stream. Dropped, it is cancelled.
 #[derive(Debug)]
@@ -53,7 +91,7 @@ pub(crate) struct Watch {
     pub(crate) from: i64,
     id: i64,
     stream: u64,
-    events: mpsc::UnboundedReceiver<Delivered>,
+    mailbox: Arc<Mailbox>,
     commands: mpsc::UnboundedSender<Command>,
 }
 
@@ -133,16 +171,27 @@ impl Watch {
     ///
     /// Cancel safety: cancel-safe, it only receives.
     pub(crate) async fn next(&mut self) -> Option<WatchResponse> {
-        self.events.recv().await.map(|answer| *answer)
+        loop {
+            if let Some(answer) = self.received() {
+                return answer;
+            }
+            self.mailbox.arrived.notified().await;
+        }
     }
 
     /// An answer already received, without waiting: `None` when there is none yet,
     /// `Some(None)` once the stream broke or the watch was cancelled.
     pub(crate) fn received(&mut self) -> Option<Option<WatchResponse>> {
-        match self.events.try_recv() {
-            Ok(answer) => Some(Some(*answer)),
-            Err(mpsc::error::TryRecvError::Empty) => None,
-            Err(mpsc::error::TryRecvError::Disconnected) => Some(None),
+        // Read before the queue: every answer sent before the close is in it by then.
+        let closed = self.mailbox.closed.load(Ordering::Acquire);
+        let mut answers = self
+            .mailbox
+            .answers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match answers.pop_front() {
+            Some(answer) => Some(Some(*answer)),
+            None => closed.then_some(None),
         }
     }
 }
@@ -189,7 +238,7 @@ struct Open {
     /// one the server refused.
     probing: VecDeque<Option<Made>>,
     /// Each made watch's events go to its owner.
-    routes: HashMap<i64, mpsc::UnboundedSender<Delivered>>,
+    routes: HashMap<i64, Route>,
     metrics: Arc<Metrics>,
 }
 
@@ -214,7 +263,7 @@ struct Made {
     asked: Asked,
     id: i64,
     from: i64,
-    events: mpsc::UnboundedReceiver<Delivered>,
+    mailbox: Arc<Mailbox>,
 }
 
 /// How many times a watch is made before it is handed over even though a probe could
@@ -285,7 +334,8 @@ impl Stream {
                 }
                 Step::Answer(broken) => {
                     // Every watch on it ends (its owner looks again), and those not yet
-                    // made fail, retryably: dropping the stream drops their channels.
+                    // made fail, retryably: dropping the stream drops their replies and
+                    // closes their mailboxes.
                     tracing::debug!(?broken, "etcd: the watch stream broke");
                     open = None;
                 }
@@ -413,7 +463,7 @@ impl Open {
         if !response.created() {
             let canceled = response.canceled();
             if let Some(route) = self.routes.get(&id) {
-                let _ = route.send(Box::new(response));
+                route.send(Box::new(response));
             }
             if canceled {
                 self.routes.remove(&id);
@@ -428,13 +478,13 @@ impl Open {
                 self.probing.push_back(None);
             }
             Some(Expected::Watch(asked)) => {
-                let (route, events) = mpsc::unbounded_channel();
-                self.routes.insert(id, route);
+                let mailbox = Arc::new(Mailbox::default());
+                self.routes.insert(id, Route(Arc::clone(&mailbox)));
                 self.probing.push_back(Some(Made {
                     asked,
                     id,
                     from: revision,
-                    events,
+                    mailbox,
                 }));
             }
             Some(Expected::Probe) => {
@@ -456,7 +506,7 @@ impl Open {
                         from: made.from,
                         id: made.id,
                         stream: self.number,
-                        events: made.events,
+                        mailbox: made.mailbox,
                         commands: commands.clone(),
                     };
                     // An owner that gave up meanwhile drops the watch, which cancels it.

@@ -169,11 +169,14 @@ where
     let releasing = Arc::new(AtomicBool::new(false));
     let removed = removed(Releasing(Arc::clone(&releasing)));
     let watched = Arc::clone(&releasing);
-    tokio::spawn(async move {
-        if removed.await && !watched.load(Ordering::Acquire) {
+    // A combinator rather than an `async` block: the block would keep `removed` twice (as
+    // what it captured and as what it awaits), doubling every held lock's task.
+    let fire = move |removed: bool| {
+        if removed && !watched.load(Ordering::Acquire) {
             notifier.fire(LossReason::EntryRemoved);
         }
-    });
+    };
+    tokio::spawn(futures_util::FutureExt::map(removed, fire));
     let backend = EntryGuard {
         backend: entry.backend(),
         entry: Some(Box::new(entry)),
