@@ -703,9 +703,9 @@ impl<G: Grant> Granted for Option<G> {
     }
 }
 
-/// An acquisition observed while it runs (one future, written out rather than an `async`
-/// block around the backend's, which cost a third of the observation on the in-memory
-/// backend): polls the backend's future inside the span, and records how and when it ended.
+/// An acquisition observed while it runs (one future, written out, in place of an `async`
+/// block around `poll_fn` and `Instrument` around the backend's): polls the backend's future
+/// inside the span, and records how and when it ended.
 /// An `acquire` is counted as waiting once its future returns `Pending`, and as `cancelled`
 /// if it is dropped before it ends.
 struct Observing<'a, T> {

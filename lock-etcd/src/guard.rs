@@ -227,9 +227,8 @@ async fn watch_own_key(session: &Weak<Session>, key: &str, granted: Granted) -> 
         mut seen,
         watch: mut waited_with,
     } = granted;
-    // The requests and pauses below are boxed: this task lives as long as the guard, and
-    // its state should be the small watch it waits on, not the larger futures of the
-    // requests or a timer's (laid out on cache lines of its own).
+    // The requests below are boxed: this task lives as long as the guard, and its state
+    // should be the small watch it waits on, not the larger futures of the requests.
     loop {
         let Some(live) = session.upgrade().filter(|s| !s.is_over()) else {
             return false;
@@ -242,7 +241,7 @@ async fn watch_own_key(session: &Weak<Session>, key: &str, granted: Granted) -> 
             Ok(watch) => watch,
             Err(_) => {
                 drop(live);
-                Box::pin(tokio::time::sleep(CLEANUP_PAUSE)).await;
+                tokio::time::sleep(CLEANUP_PAUSE).await;
                 continue;
             }
         };
@@ -252,7 +251,7 @@ async fn watch_own_key(session: &Weak<Session>, key: &str, granted: Granted) -> 
                 Ok((false, at)) => seen = seen.max(at),
                 Err(_) => {
                     drop((live, watch));
-                    Box::pin(tokio::time::sleep(CLEANUP_PAUSE)).await;
+                    tokio::time::sleep(CLEANUP_PAUSE).await;
                     continue;
                 }
             }
