@@ -25,7 +25,8 @@
 //! - [`entry_guard`]: for a backend whose grants are entries its session owns (a node, a
 //!   key on a session's lease), the guard; the backend writes the [`HeldEntry`] (delete if
 //!   still the grant's, clean up in the background) and a watch on the entry
-//!   ([`entry_guard_watching`] tells the watch when the guard's own release is under way);
+//!   ([`entry_guard_watching`] tells the watch when the guard's own release is under way;
+//!   [`entry_guard_signalled`] has no watch per entry, the session's fires the signal);
 //! - [`notified_until`]: a wait on a [`Notify`](tokio::sync::Notify) for a condition that
 //!   may already hold, without missing a change made between the look and the wait.
 //!
@@ -89,7 +90,10 @@ mod entry;
 mod lease;
 mod session_slot;
 
-pub use entry::{HeldEntry, Releasing, Removal, RemovalError, entry_guard, entry_guard_watching};
+pub use entry::{
+    HeldEntry, Releasing, Removal, RemovalError, entry_guard, entry_guard_signalled,
+    entry_guard_watching,
+};
 pub use lease::{Lease, Renewal, lease_guard, release_in_background};
 /// The earlier name of [`ServerSession`], too close to [`SessionSlot`].
 #[deprecated(note = "renamed ServerSession")]

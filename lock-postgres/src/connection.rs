@@ -1,13 +1,20 @@
-//! Server connections: one per contender while it waits or holds (a PostgreSQL advisory
-//! lock belongs to the connection that took it), and a few idle ones kept for the next.
+//! Server connections. A PostgreSQL advisory lock belongs to the connection that took it,
+//! and the server stacks a lock taken twice by one connection, so a connection keeps the
+//! set of locks it holds or is trying ([`Holdings`]) and never takes one twice. The
+//! provider's [`Pool`] shares its connections between holders: tries, releases and looks
+//! are statements that never wait, pipelined on whichever connection does not hold the
+//! lock already; a wait in the server's queue blocks its connection, so it takes one that
+//! holds nothing, which holds the lock once granted and is shared again.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::poll_fn;
 use lock_core::kit::unpoisoned;
-use lock_core::{LockError, Metrics};
+use lock_core::{LockError, LossReason, LostNotifier, Metrics};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, watch};
 use tokio_postgres::tls::MakeTlsConnect;
@@ -17,8 +24,14 @@ use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Row, Socket};
 use crate::error::{BACKEND, from_pg, no_answer};
 use crate::tls::Tls;
 
-/// How many idle connections a provider keeps.
+/// How many connections that hold nothing a provider keeps open.
 const MAX_IDLE: usize = 16;
+
+/// The most locks one connection holds or tries. The server walks a connection's whole
+/// table of locks at the end of each of its transactions (every statement), so a statement
+/// on a connection holding many locks costs that much more: 100 000 on one connection made
+/// each take milliseconds.
+const MAX_HELD: usize = 1_000;
 
 /// One server connection: its client, the server process serving it, and its driver's
 /// news (closed, notifications).
@@ -39,6 +52,17 @@ pub(crate) struct Conn {
     pub(crate) timeout: Duration,
     /// Counts every statement sent, as the provider's server requests.
     metrics: Arc<Metrics>,
+    /// The locks held or tried on the connection.
+    holdings: Mutex<Holdings>,
+}
+
+/// The locks of one connection: a slot per lock held or being tried (by the lock's slot
+/// number, see [`Target`](crate::lock::Target)), with the holder's lost signal once
+/// granted; and whether the connection's watch runs (it runs while anything is held).
+#[derive(Debug, Default)]
+struct Holdings {
+    slots: HashMap<u64, Option<LostNotifier>>,
+    watched: bool,
 }
 
 impl Conn {
@@ -72,6 +96,7 @@ impl Conn {
             notified: tokio::sync::Mutex::new(notified),
             timeout,
             metrics,
+            holdings: Mutex::new(Holdings::default()),
         };
         conn.pid = conn.session_setup().await?;
         Ok(conn)
@@ -196,6 +221,64 @@ impl Conn {
         self.close.send_replace(true);
     }
 
+    /// Takes the slot `slot` for a try of its lock; `false` when the connection holds that
+    /// lock or tries it already, or holds [`MAX_HELD`] locks.
+    pub(crate) fn reserve(&self, slot: u64) -> bool {
+        let mut holdings = unpoisoned(&self.holdings);
+        if holdings.slots.len() >= MAX_HELD || holdings.slots.contains_key(&slot) {
+            return false;
+        }
+        holdings.slots.insert(slot, None);
+        true
+    }
+
+    /// Gives the slot `slot` up: its lock is not held (the try failed, or the lock was
+    /// released).
+    pub(crate) fn vacate(&self, slot: u64) {
+        unpoisoned(&self.holdings).slots.remove(&slot);
+    }
+
+    /// Records the lock of `slot` as held, with its holder's `notifier`; `true` when the
+    /// connection's watch must be started (nothing was held).
+    pub(crate) fn hold(&self, slot: u64, notifier: LostNotifier) -> bool {
+        let mut holdings = unpoisoned(&self.holdings);
+        holdings.slots.insert(slot, Some(notifier));
+        !std::mem::replace(&mut holdings.watched, true)
+    }
+
+    /// Whether the connection's watch should go on: `false` (and the watch is over) once
+    /// nothing is held or tried.
+    pub(crate) fn keep_watching(&self) -> bool {
+        let mut holdings = unpoisoned(&self.holdings);
+        holdings.watched = !holdings.slots.is_empty();
+        holdings.watched
+    }
+
+    /// Whether the connection holds or tries nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        unpoisoned(&self.holdings).slots.is_empty()
+    }
+
+    /// Closes the connection and fires the lost signal of every lock it held, for `reason`.
+    pub(crate) fn lose_all(&self, reason: &LossReason) {
+        self.close();
+        // A grant answered as the connection ended holds after this: unwatched, it starts a
+        // watch of its own, which finds the connection closed.
+        let slots = {
+            let mut holdings = unpoisoned(&self.holdings);
+            holdings.watched = false;
+            std::mem::take(&mut holdings.slots)
+        };
+        let fired = slots
+            .into_values()
+            .flatten()
+            .filter(|notifier| notifier.fire(reason.clone()))
+            .count();
+        if fired > 0 {
+            tracing::debug!(pid = self.pid, fired, %reason, "postgres: the locks of a connection are lost");
+        }
+    }
+
     /// Cancels the statement the connection is running (a wait for a lock), then closes
     /// it: a waiter given up leaves no request behind that the server could grant later.
     /// Runs in the background; without a runtime (the process is ending), only closes.
@@ -279,14 +362,63 @@ where
     ended_tx.send_replace(true);
 }
 
-/// The idle connections of a provider, and how to open more.
+/// A provider's connections that run no wait: they serve tries, releases and looks, and
+/// hold the locks granted on them. A connection taken for a wait
+/// ([`for_wait`](Pool::for_wait)) is out of the pool until it is shared again.
 #[derive(Debug)]
 pub(crate) struct Pool {
     pg: tokio_postgres::Config,
     tls: Option<Tls>,
     timeout: Duration,
     metrics: Arc<Metrics>,
-    idle: Mutex<Vec<Arc<Conn>>>,
+    open: Mutex<Vec<Arc<Conn>>>,
+    /// Held while a connection for tries is opened.
+    connecting: tokio::sync::Mutex<()>,
+    /// Numbers the looks' slots.
+    looks: AtomicU64,
+}
+
+/// The bit that sets a look's slot apart from a lock's.
+pub(crate) const LOOKS: u64 = 1 << 63;
+
+/// A slot taken on a shared connection: given up when dropped, unless
+/// [`kept`](Reserved::kept) for a grant.
+#[derive(Debug)]
+pub(crate) struct Reserved {
+    pub(crate) conn: Arc<Conn>,
+    slot: u64,
+    armed: bool,
+}
+
+impl Reserved {
+    /// The slot `slot` of `conn`, taken for a try or held by a grant.
+    pub(crate) fn new(conn: Arc<Conn>, slot: u64) -> Self {
+        Reserved {
+            conn,
+            slot,
+            armed: true,
+        }
+    }
+
+    /// The slot, handed to a new owner: this one no longer gives it up.
+    pub(crate) fn hand_over(&mut self) -> Reserved {
+        self.armed = false;
+        Reserved::new(Arc::clone(&self.conn), self.slot)
+    }
+
+    /// The connection, its slot kept (the try granted: [`Conn::hold`] fills it).
+    pub(crate) fn kept(mut self) -> Arc<Conn> {
+        self.armed = false;
+        Arc::clone(&self.conn)
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        if self.armed {
+            self.conn.vacate(self.slot);
+        }
+    }
 }
 
 impl Pool {
@@ -301,21 +433,14 @@ impl Pool {
             tls,
             timeout,
             metrics,
-            idle: Mutex::new(Vec::new()),
+            open: Mutex::new(Vec::new()),
+            connecting: tokio::sync::Mutex::new(()),
+            looks: AtomicU64::new(0),
         }
     }
 
-    /// An idle connection that is still open, or a new one.
-    pub(crate) async fn get(&self) -> Result<Arc<Conn>, LockError> {
-        loop {
-            let Some(conn) = unpoisoned(&self.idle).pop() else {
-                break;
-            };
-            if !conn.is_closed() {
-                conn.drain_notifications();
-                return Ok(conn);
-            }
-        }
+    /// A new connection.
+    async fn connect(&self) -> Result<Arc<Conn>, LockError> {
         Conn::open(
             &self.pg,
             self.tls.as_ref(),
@@ -326,17 +451,92 @@ impl Pool {
         .map(Arc::new)
     }
 
-    /// Keeps `conn` for the next contender; it must hold no lock and listen on no channel.
-    pub(crate) fn put(&self, conn: Arc<Conn>) {
-        let mut idle = unpoisoned(&self.idle);
-        if !conn.is_closed() && idle.len() < MAX_IDLE {
-            idle.push(conn);
+    /// A shared connection with the slot `slot` taken for a try (the first that does not
+    /// hold that lock and has room, so that the locks gather on few connections), or a new
+    /// one.
+    pub(crate) async fn reserve(&self, slot: u64) -> Result<Reserved, LockError> {
+        if let Some(reserved) = self.reserve_open(slot) {
+            return Ok(reserved);
+        }
+        // One connection opened at a time: the tries that found no room wait for it, rather
+        // than each opening one.
+        let _connecting = self.connecting.lock().await;
+        if let Some(reserved) = self.reserve_open(slot) {
+            return Ok(reserved);
+        }
+        let conn = self.connect().await?;
+        conn.reserve(slot);
+        unpoisoned(&self.open).push(Arc::clone(&conn));
+        Ok(Reserved::new(conn, slot))
+    }
+
+    /// [`reserve`](Self::reserve) on the connections open now.
+    fn reserve_open(&self, slot: u64) -> Option<Reserved> {
+        let mut open = unpoisoned(&self.open);
+        open.retain(|conn| !conn.is_closed());
+        let conn = open.iter().find(|conn| conn.reserve(slot))?;
+        Some(Reserved::new(Arc::clone(conn), slot))
+    }
+
+    /// A shared connection for a look (a slot of its own keeps it from being taken for a
+    /// wait meanwhile), or a new one.
+    pub(crate) async fn look(&self) -> Result<Reserved, LockError> {
+        let slot = LOOKS | self.looks.fetch_add(1, Ordering::Relaxed);
+        self.reserve(slot).await
+    }
+
+    /// A connection of its own for a wait: one of the pool's that holds and tries nothing,
+    /// taken out of it, or a new one.
+    pub(crate) async fn for_wait(&self) -> Result<Arc<Conn>, LockError> {
+        match self.free_now() {
+            Some(conn) => Ok(conn),
+            None => self.connect().await,
         }
     }
 
-    /// Closes every idle connection.
+    /// One of the pool's connections that holds and tries nothing, taken out of it for a
+    /// wait, if there is one.
+    pub(crate) fn free_now(&self) -> Option<Arc<Conn>> {
+        let conn = {
+            let mut open = unpoisoned(&self.open);
+            open.retain(|conn| !conn.is_closed());
+            let at = open.iter().rposition(|conn| conn.is_empty())?;
+            open.swap_remove(at)
+        };
+        conn.drain_notifications();
+        Some(conn)
+    }
+
+    /// Shares `conn` again (its wait is over; it may hold the lock it waited for), closing
+    /// connections that hold nothing beyond [`MAX_IDLE`]; it must listen on no channel.
+    pub(crate) fn share(&self, conn: Arc<Conn>) {
+        if conn.is_closed() {
+            return;
+        }
+        unpoisoned(&self.open).push(conn);
+        self.trim();
+    }
+
+    /// Closes the shared connections that hold nothing beyond [`MAX_IDLE`] of them.
+    pub(crate) fn trim(&self) {
+        let mut open = unpoisoned(&self.open);
+        let mut idle = 0;
+        open.retain(|conn| {
+            if !conn.is_empty() {
+                return true;
+            }
+            idle += 1;
+            if idle <= MAX_IDLE {
+                return true;
+            }
+            conn.close();
+            false
+        });
+    }
+
+    /// Closes every shared connection (their watches then fire their holders' signals).
     pub(crate) fn clear(&self) {
-        for conn in unpoisoned(&self.idle).drain(..) {
+        for conn in unpoisoned(&self.open).drain(..) {
             conn.close();
         }
     }

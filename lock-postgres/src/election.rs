@@ -27,14 +27,14 @@ pub const OBSERVE_INTERVAL: Duration = Duration::from_millis(100);
 /// An election from a [`PostgresLockProvider`](crate::PostgresLockProvider).
 pub struct PostgresElection {
     shared: Arc<Shared>,
-    target: Target,
+    target: Arc<Target>,
     /// The statement that reads the leader.
     read_leader: String,
 }
 
 impl PostgresElection {
     pub(crate) fn new(shared: Arc<Shared>, name: LockName) -> Self {
-        let target = Target::new(&shared.config.schema, name, Kind::Election);
+        let target = Arc::new(Target::new(&shared.config.schema, name, Kind::Election));
         let read_leader = format!(
             "SELECT l.term, l.value FROM {schema}.{LEADERS_TABLE} l WHERE l.name = $3 \
              AND EXISTS (SELECT 1 FROM pg_locks k WHERE k.pid = l.pid AND k.granted AND \
@@ -88,7 +88,7 @@ impl LeaderSource for PostgresElection {
     async fn leader(&self) -> Result<Option<LeaderInfo>, LockError> {
         let shared = &self.shared;
         shared.closed.check(BACKEND, &self.target.name)?;
-        let conn = shared.pool.get().await?;
+        let look = shared.pool.look().await?;
         let key: &str = &self.target.key;
         let kind = self.target.kind as i64;
         let row: &str = self.target.name.as_str();
@@ -97,11 +97,12 @@ impl LeaderSource for PostgresElection {
             (&kind, Type::INT8),
             (&row, Type::TEXT),
         ];
-        let rows = conn
+        let rows = look
+            .conn
             .ask(&self.read_leader, &params)
             .await
             .map_err(|error| error.for_lock(&self.target.name))?;
-        shared.pool.put(conn);
+        drop(look);
         Ok(rows.first().map(|row| {
             let term: i64 = row.get(0);
             let value: Vec<u8> = row.get(1);

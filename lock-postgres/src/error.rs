@@ -11,11 +11,17 @@ pub(crate) const BACKEND: &str = "postgres";
 /// [`LockError::PermissionDenied`], a broken or closed connection [`LockError::Connection`]
 /// (retryable), anything else a backend error,
 /// retryable when the server says it may pass (a cancelled statement, a server shutting
-/// down, a deadlock, a serialization failure).
+/// down, a deadlock, a serialization failure, a lock table full until locks are released);
+/// the server's hint, if it gives one, ends the message.
 pub(crate) fn from_pg(error: tokio_postgres::Error, what: &str) -> LockError {
     let code = error.code().cloned();
     let message = match error.as_db_error() {
-        Some(db) => format!("{what}: {} ({})", db.message(), db.code().code()),
+        // The server's hint says what to change ("You might need to increase
+        // max_locks_per_transaction." when its lock table is full).
+        Some(db) => match db.hint() {
+            Some(hint) => format!("{what}: {} ({}); {hint}", db.message(), db.code().code()),
+            None => format!("{what}: {} ({})", db.message(), db.code().code()),
+        },
         None => format!("{what}: {error}"),
     };
     match code {
@@ -37,7 +43,8 @@ pub(crate) fn from_pg(error: tokio_postgres::Error, what: &str) -> LockError {
             | SqlState::CANNOT_CONNECT_NOW
             | SqlState::T_R_DEADLOCK_DETECTED
             | SqlState::T_R_SERIALIZATION_FAILURE
-            | SqlState::TOO_MANY_CONNECTIONS,
+            | SqlState::TOO_MANY_CONNECTIONS
+            | SqlState::OUT_OF_MEMORY,
         ) => LockError::other(BACKEND, message)
             .retryable(true)
             .with_source(error),

@@ -1,13 +1,18 @@
 //! PostgreSQL backend for distlock: the server's advisory locks, fenced by a counter row.
 //!
-//! - **Locks belong to connections.** A contender takes a connection of its own for as long
-//!   as it waits or holds; the server frees a session-level advisory lock when its
-//!   connection ends (the client crashed, an administrator ran `pg_terminate_backend`, the
-//!   server restarted), and the holder's guard then reports the loss. A holder's connection
-//!   is checked every third of the [`keepalive`](PostgresConfig::keepalive), and the server
-//!   probes it by TCP keepalives: a holder gone without a word frees its locks within
-//!   2 × keepalive + 1 s. distlock locks are not re-entrant: two acquires of one name by one
-//!   provider use two connections, and the second waits.
+//! - **Locks belong to connections, which holders share.** The server frees a session-level
+//!   advisory lock when its connection ends (the client crashed, an administrator ran
+//!   `pg_terminate_backend`, the server restarted), and the holder's guard then reports the
+//!   loss. Tries and releases never wait, so a provider pipelines them on a few shared
+//!   connections (one holds thousands of locks); a waiter in the server's queue takes a
+//!   connection of its own, shared once granted. distlock locks are not re-entrant: a
+//!   connection never takes one lock twice (the server would stack it), so two acquires of
+//!   one name by one provider use two connections, and the second waits. Each connection
+//!   that holds locks is checked every third of the
+//!   [`keepalive`](PostgresConfig::keepalive), and the server probes it by TCP keepalives:
+//!   a holder gone without a word frees its locks within 2 × keepalive + 1 s. Many held
+//!   locks need room in the server's lock table, `max_locks_per_transaction ×
+//!   (max_connections + max_prepared_transactions)` (6 400 by default).
 //! - **Fencing.** The statement that takes the lock also raises the name's row in
 //!   `{schema}.distlock_fencing` (`INSERT ... ON CONFLICT DO UPDATE ... RETURNING`): one round
 //!   trip, and tokens that strictly increase across holders and survive restarts (the row
@@ -17,6 +22,8 @@
 //!   the herd), `polling` on a timer.
 //! - **Cancel-safety.** A waiter that gives up (timeout, dropped future) cancels its
 //!   statement on the server and closes its connection: nothing of it can be granted later.
+//!   A try given up after it was sent is undone by an unlock sent behind it on its
+//!   connection.
 //! - **Interoperation.** The mutex `N` of schema `S` is the advisory lock
 //!   `hashtextextended('S/N', 0)`, so `SELECT pg_advisory_lock(hashtextextended('public/N', 0))`
 //!   in psql excludes distlock's holders of `N` (and the other way round); the read-write

@@ -1,28 +1,34 @@
-//! The mutex and the read-write lock: PostgreSQL's session-level advisory locks, one
-//! connection per contender, and a counter row per name for the fencing token.
+//! The mutex and the read-write lock: PostgreSQL's session-level advisory locks, on
+//! connections the provider's holders share, and a counter row per name for the fencing
+//! token.
 //!
-//! A contender takes a connection and sends one statement that takes the advisory lock
-//! and raises the name's counter row (`INSERT ... ON CONFLICT DO UPDATE ... RETURNING`):
-//! the lock is granted and the token known in one round trip, and the token is raised
-//! only by a holder. The first statement only tries (`pg_try_advisory_lock`, which fails
-//! while anyone waits, so a newcomer never passes the queue); a busy lock is then waited
-//! for as the strategy says:
+//! A contender sends one statement that tries the advisory lock and, if it took it, raises
+//! the name's counter row (`INSERT ... ON CONFLICT DO UPDATE ... RETURNING`): the lock is
+//! granted and the token known in one round trip, and the token is raised only by a
+//! holder. The try (`pg_try_advisory_lock`, which fails while anyone waits, so a newcomer
+//! never passes the queue) runs on a shared connection that does not hold the lock yet,
+//! pipelined with the other holders' statements; a busy lock is then waited for as the
+//! strategy says:
 //!
-//! - `advisory`: `pg_advisory_lock` blocks on the server, which queues the waiters in the
-//!   order they asked and grants the next one at each release;
-//! - `notify`: the waiter listens on the lock's channel, and tries again at each release's
-//!   `pg_notify` (every waiter does: a herd), or after `keepalive` (a holder that died
-//!   notifies nobody);
+//! - `advisory`: on a connection of its own (a waiting statement blocks its connection),
+//!   `pg_advisory_lock` waits in the server's queue, which grants the waiters in the order
+//!   they asked, one per release; the connection is shared again once granted;
+//! - `notify`: the waiter listens on the lock's channel on a connection of its own, and
+//!   tries again at each release's `pg_notify` (every waiter does: a herd), or after
+//!   `keepalive` (a holder that died notifies nobody);
 //! - `polling`: the waiter tries again every `poll_interval`, with jitter.
 //!
 //! A waiter given up (deadline, dropped future, error) cancels its statement on the
 //! server and closes its connection, so nothing of it can be granted later; should the
 //! cancel not arrive, the server finds the closed connection within a second
-//! (`client_connection_check_interval`, set at connect). The read-write
-//! lock is the same with `pg_advisory_lock_shared` for readers, and always waits in the
-//! server's queue, whatever the strategy: the server makes a reader that comes after a
-//! waiting writer wait too (a request conflicting with a waiter's joins the queue), so
-//! writers are not starved; a writer waiting at home would be.
+//! (`client_connection_check_interval`, set at connect). A try given up after it was sent
+//! is undone by an unlock on its connection, sent behind it. Each connection that holds
+//! locks is watched by one task (not one per lock), which fires the lost signal of every
+//! lock on it when the connection ends or stops answering. The read-write lock is the same
+//! with `pg_advisory_lock_shared` for readers, and always waits in the server's queue,
+//! whatever the strategy: the server makes a reader that comes after a waiting writer wait
+//! too (a request conflicting with a waiter's joins the queue), so writers are not
+//! starved; a writer waiting at home would be.
 
 use std::fmt;
 use std::sync::Arc;
@@ -30,17 +36,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use lock_core::kit::{
-    HeldEntry, MutexAttempt, Removal, RemovalError, RwAttempt, RwSide, Wakeups, entry_guard,
+    HeldEntry, MutexAttempt, Removal, RemovalError, RwAttempt, RwSide, Wakeups,
+    entry_guard_signalled,
 };
 use lock_core::queue::{LockQueue, QueuedContender};
-use lock_core::{
-    Deadline, FencingToken, Guard, LockError, LockName, LossReason, LostNotifier, lost_signal,
-};
-use tokio::sync::watch;
-use tokio_postgres::types::Type;
+use lock_core::{Deadline, FencingToken, Guard, LockError, LockName, LossReason, lost_signal};
+use tokio_postgres::types::{ToSql, Type};
 
 use crate::config::PostgresStrategy;
-use crate::connection::Conn;
+use crate::connection::{Conn, LOOKS, Reserved};
 use crate::error::BACKEND;
 use crate::shared::{Mode, Shared};
 
@@ -58,8 +62,9 @@ pub(crate) enum Kind {
     Election = 4,
 }
 
-/// One lock of a name: the key text its advisory lock is hashed from, and its channel.
-#[derive(Debug, Clone)]
+/// One lock of a name: the key text its advisory lock is hashed from, its channel, and its
+/// slot on the connections that take it.
+#[derive(Debug)]
 pub(crate) struct Target {
     pub(crate) name: LockName,
     /// `{schema}/{name}`: the advisory lock's key is `hashtextextended(key, kind)`.
@@ -67,17 +72,28 @@ pub(crate) struct Target {
     pub(crate) kind: Kind,
     /// The channel a release notifies (`notify` strategy).
     pub(crate) channel: String,
+    /// The lock's number among a connection's holdings: a hash of the key and the kind
+    /// (two locks whose numbers collide only never share a connection).
+    pub(crate) slot: u64,
 }
 
 impl Target {
     pub(crate) fn new(schema: &str, name: LockName, kind: Kind) -> Self {
         let key = format!("{schema}/{}", name.as_str());
         let channel = format!("distlock_{:016x}_{}", fnv1a(&key), kind as i64);
+        Target::with_key(name, key, kind, channel)
+    }
+
+    /// The lock of `name` whose key text is `key`, released with a notification of
+    /// `channel`.
+    pub(crate) fn with_key(name: LockName, key: String, kind: Kind, channel: String) -> Self {
+        let slot = (fnv1a(&key) ^ (kind as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)) & !LOOKS;
         Target {
             name,
             key,
             kind,
             channel,
+            slot,
         }
     }
 }
@@ -89,8 +105,8 @@ fn fnv1a(text: &str) -> u64 {
     })
 }
 
-/// A contender's connection while it waits: given up (dropped) before the grant, it is
-/// cancelled and closed, so that no request of it stays queued on the server.
+/// A contender's connection of its own while it waits: given up (dropped) before the
+/// grant, it is cancelled and closed, so that no request of it stays queued on the server.
 pub(crate) struct Waiting {
     pub(crate) conn: Arc<Conn>,
     armed: bool,
@@ -121,11 +137,66 @@ impl Drop for Waiting {
     }
 }
 
+/// A try of a lock on a shared connection, its slot there reserved: given up once its
+/// statement may have been sent (dropped, or no answer in time), the lock it may have taken
+/// is unlocked by a statement sent behind it, and only then is the slot given up.
+struct Trying<'a> {
+    reserved: &'a mut Reserved,
+    shared: &'a Arc<Shared>,
+    target: &'a Arc<Target>,
+    mode: Mode,
+    unanswered: bool,
+}
+
+impl Trying<'_> {
+    /// The try's answer is known: nothing to undo.
+    fn answered(mut self) {
+        self.unanswered = false;
+    }
+}
+
+impl Drop for Trying<'_> {
+    fn drop(&mut self) {
+        if self.unanswered {
+            unlock_in_background(
+                Arc::clone(self.shared),
+                Arc::clone(self.target),
+                self.mode,
+                self.reserved.hand_over(),
+            );
+        }
+    }
+}
+
+/// Unlocks `target` on the connection of `reserved` (a try given up, a guard dropped), then
+/// gives its slot up. A connection that does not answer is closed, which frees whatever it
+/// held (and fires its holders' signals); so is one with no runtime to send on.
+fn unlock_in_background(shared: Arc<Shared>, target: Arc<Target>, mode: Mode, reserved: Reserved) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        reserved.conn.close();
+        return;
+    };
+    runtime.spawn(async move {
+        let key: &str = &target.key;
+        let kind = target.kind as i64;
+        let params = [
+            (&key as &(dyn ToSql + Sync), Type::TEXT),
+            (&kind, Type::INT8),
+        ];
+        let unlock = &shared.statements(mode).unlock;
+        if reserved.conn.ask(unlock, &params).await.is_err() {
+            reserved.conn.lose_all(&LossReason::Disconnected);
+        }
+        drop(reserved);
+        shared.pool.trim();
+    });
+}
+
 /// Takes `target` in `mode`, or gives up at `deadline` with `Ok(None)`. A campaign gives
 /// its `value`, which the grant writes as the leader's.
 pub(crate) async fn contend(
     shared: &Arc<Shared>,
-    target: &Target,
+    target: &Arc<Target>,
     mode: Mode,
     value: Option<&[u8]>,
     deadline: Deadline,
@@ -143,93 +214,169 @@ pub(crate) async fn contend(
             PostgresStrategy::Advisory
         }
     };
-    let waiting = Waiting::new(shared.pool.get().await?);
-    let conn = Arc::clone(&waiting.conn);
     let key: &str = &target.key;
     let kind = target.kind as i64;
     let row: &str = target.name.as_str();
-    let mut grant_params = vec![
-        (
-            &key as &(dyn tokio_postgres::types::ToSql + Sync),
-            Type::TEXT,
-        ),
-        (&kind, Type::INT8),
-        (&row, Type::TEXT),
-    ];
+    let mut params: Vec<(&(dyn ToSql + Sync), Type)> =
+        vec![(&key, Type::TEXT), (&kind, Type::INT8), (&row, Type::TEXT)];
     if let Some(value) = &value {
-        grant_params.push((value, Type::BYTEA));
+        params.push((value, Type::BYTEA));
     }
+    if strategy == PostgresStrategy::Notify && !deadline.is_immediate() {
+        return listen_and_wait(shared, target, &statements.try_grant, &params, deadline).await;
+    }
+    // A waiter that finds a connection free queues on it at once (its statement tries
+    // first): one round trip. Without one, it tries on a shared connection before it opens
+    // one, so that holders taken by `acquire` share connections too.
+    let free = (strategy == PostgresStrategy::Advisory && !deadline.is_immediate())
+        .then(|| shared.pool.free_now())
+        .flatten();
+    let conn = match free {
+        Some(conn) => conn,
+        None => {
+            let attempt = (target, mode, statements.try_grant.as_str(), strategy);
+            if let Some(tried) = try_until_queued(shared, attempt, &params, deadline).await? {
+                return Ok(tried);
+            }
+            shared.pool.for_wait().await?
+        }
+    };
+    queue_on(
+        shared,
+        target,
+        mode,
+        conn,
+        &statements.grant,
+        &params,
+        deadline,
+    )
+    .await
+}
+
+/// Tries on a shared connection: the tries' outcome (`Some(None)` when the lock stayed
+/// busy until the deadline), or `None` when an `advisory` waiter must now queue on the
+/// server. A poller tries again after each `poll_interval`; its slot stays reserved while
+/// it sleeps, so its tries go to one connection, whose end ends the wait with an error, as
+/// a waiter's own connection would.
+async fn try_until_queued(
+    shared: &Arc<Shared>,
+    (target, mode, try_grant, strategy): (&Arc<Target>, Mode, &str, PostgresStrategy),
+    params: &[(&(dyn ToSql + Sync), Type)],
+    deadline: Deadline,
+) -> Result<Option<Option<Guard>>, LockError> {
     let notifies = strategy == PostgresStrategy::Notify;
-    let listening = notifies && !deadline.is_immediate();
-    let granted = |rows: &[tokio_postgres::Row], waiting: Waiting| {
-        let token = token_of(rows)?;
-        let conn = waiting.settle();
-        Some(grant(
+    let mut reserved = shared.pool.reserve(target.slot).await?;
+    let mut wakeups = Wakeups::new(&shared.metrics);
+    loop {
+        let conn = Arc::clone(&reserved.conn);
+        let trying = Trying {
+            reserved: &mut reserved,
             shared,
             target,
             mode,
-            conn,
-            token,
-            (listening, notifies),
-        ))
-    };
-    let mut wakeups = Wakeups::new(&shared.metrics);
-    if strategy == PostgresStrategy::Advisory && !deadline.is_immediate() {
-        // One statement that tries, and queues on the server only if the lock is busy:
-        // waiters are granted in the order their one statement arrived.
-        let queued = conn.wait(&statements.grant, &grant_params);
-        let rows = match deadline.remaining() {
-            None => queued.await?,
-            Some(left) => match tokio::time::timeout(left, queued).await {
-                Ok(rows) => rows?,
-                // Cancelled and closed as `waiting` drops.
-                Err(_) => return Ok(None),
-            },
+            unanswered: true,
         };
-        if rows.first().and_then(|row| row.try_get::<_, bool>(1).ok()) == Some(true) {
-            wakeups.woke();
+        let rows = conn.ask(try_grant, params).await?;
+        trying.answered();
+        if let Some(token) = token_of(&rows) {
+            let conn = reserved.kept();
+            let guard = grant(shared, target, mode, conn, token, (false, notifies));
+            return Ok(Some(Some(guard)));
         }
-        return Ok(granted(&rows, waiting));
-    }
-    let first = if listening {
-        // Listening before the first try: a release in between is not missed.
-        let listen = format!("LISTEN {}", target.channel);
-        let (listened, tried) = tokio::join!(
-            conn.run(&listen),
-            conn.ask(&statements.try_grant, &grant_params)
-        );
-        listened?;
-        tried?
-    } else {
-        conn.ask(&statements.try_grant, &grant_params).await?
-    };
-    if token_of(&first).is_some() {
-        return Ok(granted(&first, waiting));
-    }
-    loop {
         wakeups.busy();
         if deadline.is_immediate() || deadline.has_passed() {
-            if listening {
-                // The connection listens: it goes, rather than back to the pool.
-                waiting.discard();
-            } else {
-                shared.pool.put(waiting.settle());
-            }
+            return Ok(Some(None));
+        }
+        if strategy != PostgresStrategy::Polling {
             return Ok(None);
         }
-        if strategy == PostgresStrategy::Notify {
-            conn.notification(deadline.cap(shared.config.keepalive))
-                .await;
-        } else {
-            let interval = shared.config.poll_interval;
-            let jitter = interval.mul_f64(fastrand::f64() / 2.0);
-            tokio::time::sleep(deadline.cap(interval + jitter)).await;
-        }
+        let interval = shared.config.poll_interval;
+        let jitter = interval.mul_f64(fastrand::f64() / 2.0);
+        tokio::time::sleep(deadline.cap(interval + jitter)).await;
         wakeups.woke();
-        let rows = conn.ask(&statements.try_grant, &grant_params).await?;
-        if token_of(&rows).is_some() {
-            return Ok(granted(&rows, waiting));
+    }
+}
+
+/// Waits in the server's queue on `conn`, a connection of its own (the wait blocks it):
+/// waiters are granted in the order their statement, which tries once more first, arrived.
+/// Shares the connection again once granted.
+async fn queue_on(
+    shared: &Arc<Shared>,
+    target: &Arc<Target>,
+    mode: Mode,
+    conn: Arc<Conn>,
+    grant_statement: &str,
+    params: &[(&(dyn ToSql + Sync), Type)],
+    deadline: Deadline,
+) -> Result<Option<Guard>, LockError> {
+    let waiting = Waiting::new(conn);
+    let queued = waiting.conn.wait(grant_statement, params);
+    let rows = match deadline.remaining() {
+        None => queued.await?,
+        Some(left) => match tokio::time::timeout(left, queued).await {
+            Ok(rows) => rows?,
+            // Cancelled and closed as `waiting` drops.
+            Err(_) => return Ok(None),
+        },
+    };
+    if rows.first().and_then(|row| row.try_get::<_, bool>(1).ok()) == Some(true) {
+        Wakeups::new(&shared.metrics).woke();
+    }
+    let Some(token) = token_of(&rows) else {
+        return Ok(None);
+    };
+    let conn = waiting.settle();
+    let guard = grant(
+        shared,
+        target,
+        mode,
+        Arc::clone(&conn),
+        token,
+        (false, false),
+    );
+    shared.pool.share(conn);
+    Ok(Some(guard))
+}
+
+/// The `notify` strategy's wait, on a connection of its own that listens on the lock's
+/// channel (before its first try: a release in between is not missed) and tries again at
+/// each notification, or after the keepalive.
+async fn listen_and_wait(
+    shared: &Arc<Shared>,
+    target: &Arc<Target>,
+    try_grant: &str,
+    params: &[(&(dyn ToSql + Sync), Type)],
+    deadline: Deadline,
+) -> Result<Option<Guard>, LockError> {
+    let waiting = Waiting::new(shared.pool.for_wait().await?);
+    let conn = Arc::clone(&waiting.conn);
+    let listen = format!("LISTEN {}", target.channel);
+    let (listened, tried) = tokio::join!(conn.run(&listen), conn.ask(try_grant, params));
+    listened?;
+    let mut rows = tried?;
+    let mut wakeups = Wakeups::new(&shared.metrics);
+    loop {
+        if let Some(token) = token_of(&rows) {
+            let conn = waiting.settle();
+            return Ok(Some(grant(
+                shared,
+                target,
+                Mode::Exclusive,
+                conn,
+                token,
+                (true, true),
+            )));
         }
+        wakeups.busy();
+        if deadline.has_passed() {
+            // The connection listens: it goes, rather than back to the pool.
+            waiting.discard();
+            return Ok(None);
+        }
+        conn.notification(deadline.cap(shared.config.keepalive))
+            .await;
+        wakeups.woke();
+        rows = conn.ask(try_grant, params).await?;
     }
 }
 
@@ -239,10 +386,13 @@ pub(crate) fn token_of(rows: &[tokio_postgres::Row]) -> Option<i64> {
 }
 
 /// The guard of a lock granted on `conn`: released by unlocking on that connection, lost
-/// when the connection ends or stops answering.
+/// when the connection ends or stops answering (its watch, started with its first lock,
+/// fires the signal). `listening`: the connection listens on the lock's channel (it is the
+/// holder's own until the release stops that); `notifies`: its release notifies the
+/// channel.
 pub(crate) fn grant(
     shared: &Arc<Shared>,
-    target: &Target,
+    target: &Arc<Target>,
     mode: Mode,
     conn: Arc<Conn>,
     token: i64,
@@ -250,49 +400,44 @@ pub(crate) fn grant(
 ) -> Guard {
     shared.metrics.record_grant();
     let (notifier, lost) = lost_signal();
-    let (done, released) = watch::channel(false);
-    let watched = watch_holder(
-        Arc::clone(&conn),
-        Arc::clone(shared),
-        released,
-        notifier.clone(),
-    );
+    if conn.hold(target.slot, notifier) {
+        tokio::spawn(watch_connection(Arc::clone(&conn), Arc::clone(shared)));
+    }
     let held = HeldLock {
         conn: Some(conn),
         shared: Arc::clone(shared),
-        target: target.clone(),
+        target: Arc::clone(target),
         mode,
         listening,
         notifies,
-        done,
     };
     let token = FencingToken(u64::try_from(token).unwrap_or_default());
-    entry_guard(&target.name, token, held, (notifier, lost), watched)
+    entry_guard_signalled(&target.name, token, held, lost)
 }
 
-/// Watches a holder's connection until the grant ends (`released`): fires the lost signal
-/// when the connection ends (its server process was terminated, the server restarted), when
-/// a check (`SELECT pg_backend_pid()` every third of the keepalive) has no answer within the
-/// keepalive or names another server process (a pooler moved the session), or
-/// when the provider is closed; the connection is then closed, which frees the lock on the
-/// server. Resolves to `false`: the signal is fired here, with its reason.
-async fn watch_holder(
-    conn: Arc<Conn>,
-    shared: Arc<Shared>,
-    mut released: watch::Receiver<bool>,
-    notifier: LostNotifier,
-) -> bool {
+/// Watches a connection while it holds locks: fires the lost signal of every lock on it
+/// when the connection ends (its server process was terminated, the server restarted),
+/// when a check (`SELECT pg_backend_pid()` every third of the keepalive) has no answer
+/// within the keepalive or names another server process (a pooler moved the session), or
+/// when the provider is closed; the connection is then closed, which frees its locks on the
+/// server. Ends once the connection holds nothing.
+async fn watch_connection(conn: Arc<Conn>, shared: Arc<Shared>) {
     let keepalive = shared.config.keepalive;
     let reason = loop {
         tokio::select! {
             () = conn.closed() => break LossReason::SessionExpired,
-            _ = async { released.wait_for(|released| *released).await.map(drop) } => return false,
             () = shared.closed.wait() => break LossReason::SessionExpired,
             () = tokio::time::sleep(keepalive / 3) => {
+                if !conn.keep_watching() {
+                    return;
+                }
                 match conn.within(keepalive, "SELECT pg_backend_pid()", &[]).await {
+                    // A check queued behind a wait that took the connection once it held
+                    // nothing: not an answer missed.
+                    Err(_) if conn.is_empty() => {}
                     Err(_) => break LossReason::Disconnected,
-                    // A pooler handed the connection another server session: the lock
-                    // stays with the one that took it.
+                    // A pooler handed the connection another server session: the locks
+                    // stay with the one that took them.
                     Ok(Ok(rows)) if backend_pid(&rows).is_some_and(|pid| pid != conn.pid) => {
                         break LossReason::Other(MOVED_SESSION.to_owned());
                     }
@@ -301,12 +446,7 @@ async fn watch_holder(
             }
         }
     };
-    conn.close();
-    if !*released.borrow() {
-        tracing::debug!(pid = conn.pid, %reason, "postgres: a held lock is lost");
-        notifier.fire(reason);
-    }
-    false
+    conn.lose_all(&reason);
 }
 
 /// The loss of a holder whose statements a pooler sent to another server session.
@@ -321,17 +461,16 @@ fn backend_pid(rows: &[tokio_postgres::Row]) -> Option<i32> {
 
 /// A granted lock, as its guard releases it.
 struct HeldLock {
-    /// The holder's connection, until the release hands it back.
+    /// The holder's connection, until the release.
     conn: Option<Arc<Conn>>,
     shared: Arc<Shared>,
-    target: Target,
+    target: Arc<Target>,
     mode: Mode,
-    /// Whether the connection listens on the lock's channel (`notify`).
+    /// Whether the connection listens on the lock's channel (`notify`, a semaphore's
+    /// permit): the holder's own connection, out of the pool until it stops listening.
     listening: bool,
     /// Whether its release notifies the lock's channel (a `notify` mutex, a permit).
     notifies: bool,
-    /// Set once the grant is over: the holder's watch stops.
-    done: watch::Sender<bool>,
 }
 
 impl fmt::Debug for HeldLock {
@@ -345,16 +484,17 @@ impl fmt::Debug for HeldLock {
 }
 
 impl HeldLock {
-    /// Hands the holder's connection back to the pool, unlistening first if it listens.
+    /// After the release: a listening connection stops listening and is shared again; a
+    /// shared one that now holds nothing may be closed.
     fn give_back(&self, conn: Arc<Conn>) {
         let shared = Arc::clone(&self.shared);
         if !self.listening {
-            shared.pool.put(conn);
+            shared.pool.trim();
             return;
         }
         tokio::spawn(async move {
             if conn.run("UNLISTEN *").await.is_ok() {
-                shared.pool.put(conn);
+                shared.pool.share(conn);
             } else {
                 conn.close();
             }
@@ -377,37 +517,27 @@ impl HeldEntry for HeldLock {
         let key: &str = &self.target.key;
         let kind = self.target.kind as i64;
         let channel: &str = &self.target.channel;
-        sent.store(true, Ordering::Release);
-        let answer = if self.notifies {
-            let params = [
-                (
-                    &key as &(dyn tokio_postgres::types::ToSql + Sync),
-                    Type::TEXT,
-                ),
-                (&kind, Type::INT8),
-                (&channel, Type::TEXT),
-            ];
-            conn.ask(&statements.unlock_and_notify, &params).await
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> =
+            vec![(&key, Type::TEXT), (&kind, Type::INT8)];
+        let unlock = if self.notifies {
+            params.push((&channel, Type::TEXT));
+            &statements.unlock_and_notify
         } else {
-            let params = [
-                (
-                    &key as &(dyn tokio_postgres::types::ToSql + Sync),
-                    Type::TEXT,
-                ),
-                (&kind, Type::INT8),
-            ];
-            conn.ask(&statements.unlock, &params).await
+            &statements.unlock
         };
-        match answer {
+        sent.store(true, Ordering::Release);
+        match conn.ask(unlock, &params).await {
             Ok(rows) => {
-                self.done.send_replace(true);
                 self.conn = None;
+                conn.vacate(self.target.slot);
                 let unlocked = rows.first().and_then(|row| row.try_get::<_, bool>(0).ok());
                 if unlocked == Some(true) {
                     self.give_back(conn);
                     Ok(Removal::Removed)
                 } else {
-                    conn.close();
+                    // Not held by the session the connection reaches: neither are the
+                    // other locks taken on it.
+                    conn.lose_all(&LossReason::Other(MOVED_SESSION.to_owned()));
                     Ok(Removal::Gone)
                 }
             }
@@ -419,12 +549,18 @@ impl HeldEntry for HeldLock {
 
     fn forget(&self) {}
 
-    /// Closes the holder's connection: the server ends its process, which frees the lock.
+    /// Unlocks in the background, on the holder's connection; a listening connection (the
+    /// holder's own) is closed instead, which frees the lock.
     fn abandon(self: Box<Self>) {
-        self.done.send_replace(true);
-        if let Some(conn) = &self.conn {
+        let Some(conn) = self.conn else {
+            return;
+        };
+        if self.listening {
             conn.close();
+            return;
         }
+        let reserved = Reserved::new(conn, self.target.slot);
+        unlock_in_background(self.shared, self.target, self.mode, reserved);
     }
 
     fn is_suspect(&self) -> bool {
@@ -436,12 +572,12 @@ impl HeldEntry for HeldLock {
 /// `hashtextextended('{schema}/{name}', 0)`.
 pub struct PostgresLock {
     shared: Arc<Shared>,
-    target: Target,
+    target: Arc<Target>,
 }
 
 impl PostgresLock {
     pub(crate) fn new(shared: Arc<Shared>, name: LockName) -> Self {
-        let target = Target::new(&shared.config.schema, name, Kind::Mutex);
+        let target = Arc::new(Target::new(&shared.config.schema, name, Kind::Mutex));
         PostgresLock { shared, target }
     }
 }
@@ -477,7 +613,7 @@ impl MutexAttempt for PostgresLock {
     /// which is the order the server grants them in. Only `advisory` waiters wait on the
     /// server; the other strategies' are not seen.
     async fn queue(&self) -> Result<LockQueue, LockError> {
-        let conn = self.shared.pool.get().await?;
+        let look = self.shared.pool.look().await?;
         let key: &str = &self.target.key;
         let kind = self.target.kind as i64;
         let row: &str = self.target.name.as_str();
@@ -489,11 +625,12 @@ impl MutexAttempt for PostgresLock {
             (&kind, Type::INT8),
             (&row, Type::TEXT),
         ];
-        let rows = conn
+        let rows = look
+            .conn
             .ask(&self.shared.statements(Mode::Exclusive).queue, &params)
             .await
             .map_err(|error| error.for_lock(&self.target.name))?;
-        self.shared.pool.put(conn);
+        drop(look);
         let contenders = rows
             .iter()
             .map(|row| {
@@ -531,12 +668,12 @@ impl MutexAttempt for PostgresLock {
 /// the writer.
 pub struct PostgresRwLock {
     shared: Arc<Shared>,
-    target: Target,
+    target: Arc<Target>,
 }
 
 impl PostgresRwLock {
     pub(crate) fn new(shared: Arc<Shared>, name: LockName) -> Self {
-        let target = Target::new(&shared.config.schema, name, Kind::RwLock);
+        let target = Arc::new(Target::new(&shared.config.schema, name, Kind::RwLock));
         PostgresRwLock { shared, target }
     }
 }

@@ -29,9 +29,10 @@ const SERVER_QUEUE: &str = "advisory";
 /// The most permits a semaphore may have: each is an advisory lock a taker may try.
 const MAX_PERMITS: u32 = 10_000;
 
-/// A distlock provider over a PostgreSQL server: its advisory locks, one connection per
-/// contender while it waits or holds (a lock belongs to the connection that took it, and
-/// the server frees it when that connection ends), fenced by a counter row per name in the
+/// A distlock provider over a PostgreSQL server: its advisory locks, on connections its
+/// holders share (a lock belongs to the connection that took it, and the server frees it
+/// when that connection ends; a waiter in the server's queue has one of its own), fenced by
+/// a counter row per name in the
 /// table `distlock_fencing` of the configured schema; elections write their leaders in
 /// `distlock_leaders` (both created at connect if missing).
 ///
@@ -70,14 +71,14 @@ impl PostgresLockProvider {
         let pg = config.pg_config()?;
         let tls = crate::tls::connector(&config, &pg)?;
         let pool = Pool::new(pg, tls, config.timeout, Arc::clone(&metrics));
-        let first = pool.get().await?;
-        let second = pool.get().await?;
+        let first = pool.for_wait().await?;
+        let second = pool.for_wait().await?;
         refuse_shared_server_sessions(&first, &second).await?;
         let table = format!("{}.{FENCING_TABLE}", config.schema);
         let leaders = format!("{}.{LEADERS_TABLE}", config.schema);
         ensure_tables(&first, &[&table, &leaders]).await?;
-        pool.put(first);
-        pool.put(second);
+        pool.share(first);
+        pool.share(second);
         let shared = Arc::new(Shared {
             exclusive: Statements::new(&table, Mode::Exclusive),
             shared: Statements::new(&table, Mode::Shared),

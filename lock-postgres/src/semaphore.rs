@@ -41,13 +41,13 @@ impl PostgresSemaphore {
 
     /// The permit `index`: its advisory lock, released with a notification of the queue's
     /// channel.
-    fn permit(&self, index: i32) -> Target {
-        Target {
-            name: self.queue.name.clone(),
-            key: format!("{}/{index}", self.queue.key),
-            kind: Kind::Permit,
-            channel: self.queue.channel.clone(),
-        }
+    fn permit(&self, index: i32) -> Arc<Target> {
+        Arc::new(Target::with_key(
+            self.queue.name.clone(),
+            format!("{}/{index}", self.queue.key),
+            Kind::Permit,
+            self.queue.channel.clone(),
+        ))
     }
 
     /// The statement that takes the first free permit (trying them in order, stopping at
@@ -103,7 +103,8 @@ impl PostgresSemaphore {
     async fn take(&self, deadline: Deadline) -> Result<Option<Guard>, LockError> {
         let shared = &self.shared;
         shared.closed.check(BACKEND, &self.queue.name)?;
-        let waiting = Waiting::new(shared.pool.get().await?);
+        // A connection of its own: the queue's wait blocks it, and its head listens.
+        let waiting = Waiting::new(shared.pool.for_wait().await?);
         let conn = Arc::clone(&waiting.conn);
         let key: &str = &self.queue.key;
         let kind = self.queue.kind as i64;
@@ -121,7 +122,7 @@ impl PostgresSemaphore {
                 .await?;
             let headed = rows.first().and_then(|row| row.try_get::<_, bool>(0).ok());
             if headed != Some(true) {
-                shared.pool.put(waiting.settle());
+                shared.pool.share(waiting.settle());
                 return Ok(None);
             }
         } else {
@@ -167,13 +168,18 @@ impl PostgresSemaphore {
         };
         // Out of the queue (the statement left it), the permit held.
         let permit = self.permit(index);
-        Ok(Some(grant(
+        let conn = waiting.settle();
+        let guard = grant(
             shared,
             &permit,
             Mode::Exclusive,
-            waiting.settle(),
+            Arc::clone(&conn),
             token,
             (listening, true),
-        )))
+        );
+        if !listening {
+            shared.pool.share(conn);
+        }
+        Ok(Some(guard))
     }
 }

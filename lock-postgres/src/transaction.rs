@@ -58,7 +58,7 @@ const SAVEPOINT: &str = "distlock_wait";
 /// ```
 #[derive(Clone)]
 pub struct TransactionLock {
-    target: Target,
+    target: Arc<Target>,
     statements: Arc<TransactionStatements>,
     /// The provider's, when it made the lock.
     metrics: Option<Arc<Metrics>>,
@@ -92,7 +92,7 @@ impl TransactionLock {
         check_schema(schema)?;
         let table = format!("{schema}.{FENCING_TABLE}");
         Ok(TransactionLock {
-            target: Target::new(schema, LockName::new(name)?, Kind::Mutex),
+            target: Arc::new(Target::new(schema, LockName::new(name)?, Kind::Mutex)),
             statements: Arc::new(TransactionStatements::new(&table)),
             metrics: None,
         })
@@ -101,7 +101,7 @@ impl TransactionLock {
     /// The provider's lock `name`, its statements counted in the provider's metrics.
     pub(crate) fn of_provider(shared: &Shared, name: LockName) -> Self {
         TransactionLock {
-            target: Target::new(&shared.config.schema, name, Kind::Mutex),
+            target: Arc::new(Target::new(&shared.config.schema, name, Kind::Mutex)),
             statements: Arc::clone(&shared.transaction),
             metrics: Some(Arc::clone(&shared.metrics)),
         }

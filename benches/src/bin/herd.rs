@@ -209,8 +209,12 @@ async fn servers(args: &Args) -> Result<Started, String> {
         Some(url) => Some(url.clone()),
         None if wants(Backend::Postgres) => {
             eprintln!("starting PostgreSQL ...");
-            // Every contender holds a connection of its own while it waits.
-            let options = PostgresOptions::default().with_setting("max_connections", "1000");
+            // Every contender holds a connection of its own while it waits; the scale mode
+            // holds up to 100 000 advisory locks, and the server's lock table has room for
+            // max_locks_per_transaction × (max_connections + its own processes) of them.
+            let options = PostgresOptions::default()
+                .with_setting("max_connections", "1000")
+                .with_setting("max_locks_per_transaction", "256");
             let server = PostgresServer::start(options)
                 .await
                 .map_err(|e| format!("starting PostgreSQL: {e}"))?;

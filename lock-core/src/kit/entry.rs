@@ -177,9 +177,60 @@ where
         }
     };
     tokio::spawn(futures_util::FutureExt::map(removed, fire));
+    guard_over(name, token, Box::new(entry), releasing, lost)
+}
+
+/// [`entry_guard`] for a backend that watches its entries per session rather than per
+/// entry: it keeps the grant's [`LostNotifier`] where its session's one watch finds it, and
+/// fires it itself (with the reason it found) when the entry or the session goes; no task
+/// is spawned per grant.
+///
+/// ```
+/// # use lock_core::kit::{HeldEntry, Removal, RemovalError, entry_guard_signalled};
+/// # use lock_core::{async_trait, FencingToken, LockError, LockName, LossReason, lost_signal};
+/// # #[derive(Debug)]
+/// # struct Node;
+/// # #[async_trait]
+/// # impl HeldEntry for Node {
+/// #     fn backend(&self) -> &'static str { "example" }
+/// #     async fn remove(&mut self, _: &std::sync::atomic::AtomicBool) -> Result<Removal, RemovalError> {
+/// #         Ok(Removal::Removed)
+/// #     }
+/// #     fn forget(&self) {}
+/// #     fn abandon(self: Box<Self>) {}
+/// #     fn is_suspect(&self) -> bool { false }
+/// # }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// let name = LockName::new("jobs")?;
+/// let (notifier, lost) = lost_signal();
+/// let guard = entry_guard_signalled(&name, FencingToken(7), Node, lost);
+/// // The session's watch, having seen the connection end:
+/// notifier.fire(LossReason::SessionExpired);
+/// assert!(guard.is_lost());
+/// # Ok(()) }
+/// ```
+pub fn entry_guard_signalled(
+    name: &LockName,
+    token: FencingToken,
+    entry: impl HeldEntry,
+    lost: LostSignal,
+) -> Guard {
+    let releasing = Arc::new(AtomicBool::new(false));
+    guard_over(name, token, Box::new(entry), releasing, lost)
+}
+
+/// The guard over `entry`, whose release sets `releasing` while it is under way.
+fn guard_over(
+    name: &LockName,
+    token: FencingToken,
+    entry: Box<dyn HeldEntry>,
+    releasing: Arc<AtomicBool>,
+    lost: LostSignal,
+) -> Guard {
     let backend = EntryGuard {
         backend: entry.backend(),
-        entry: Some(Box::new(entry)),
+        entry: Some(entry),
         name: name.to_string(),
         releasing,
         in_doubt: AtomicBool::new(false),
