@@ -29,8 +29,8 @@ const MAX_IDLE: usize = 16;
 
 /// The most locks one connection holds or tries. The server walks a connection's whole
 /// table of locks at the end of each of its transactions (every statement), so a statement
-/// on a connection holding many locks costs that much more: 100 000 on one connection made
-/// each take milliseconds.
+/// on a connection holding many locks costs that much more: `SELECT 1` took 0.13, 0.2, 1
+/// and 14 ms on a connection holding 0, 1 000, 10 000 and 100 000 (PostgreSQL 15).
 const MAX_HELD: usize = 1_000;
 
 /// One server connection: its client, the server process serving it, and its driver's
