@@ -2,13 +2,13 @@
 //! and the server stacks a lock taken twice by one connection, so a connection keeps the
 //! set of locks it holds or is trying ([`Holdings`]) and never takes one twice. The
 //! provider's [`Pool`] shares its connections between holders: tries, releases and looks
-//! are statements that never wait, pipelined on whichever connection does not hold the
-//! lock already; a wait in the server's queue blocks its connection, so it takes one that
+//! are statements that never wait for a lock, pipelined on whichever connection does not
+//! hold the lock already; a wait in the server's queue blocks its connection, so it takes one that
 //! holds nothing, which holds the lock once granted and is shared again.
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -58,11 +58,14 @@ pub(crate) struct Conn {
 
 /// The locks of one connection: a slot per lock held or being tried (by the lock's slot
 /// number, see [`Target`](crate::lock::Target)), with the holder's lost signal once
-/// granted; and whether the connection's watch runs (it runs while anything is held).
+/// granted; whether the connection's watch runs (while anything is held or tried); how
+/// many times it was taken for a wait; and, once its locks were lost, why.
 #[derive(Debug, Default)]
 struct Holdings {
     slots: HashMap<u64, Option<LostNotifier>>,
     watched: bool,
+    waits: u64,
+    lost: Option<LossReason>,
 }
 
 impl Conn {
@@ -204,9 +207,10 @@ impl Conn {
         }
     }
 
-    /// Whether the connection is closed (by the server, the network, or [`close`](Self::close)).
+    /// Whether the connection is closed (by the server, the network, or [`close`](Self::close),
+    /// whose driver may not have ended yet).
     pub(crate) fn is_closed(&self) -> bool {
-        *self.ended.borrow() || self.client.is_closed()
+        *self.close.borrow() || *self.ended.borrow() || self.client.is_closed()
     }
 
     /// Resolves once the connection is closed.
@@ -225,7 +229,10 @@ impl Conn {
     /// lock or tries it already, or holds [`MAX_HELD`] locks.
     pub(crate) fn reserve(&self, slot: u64) -> bool {
         let mut holdings = unpoisoned(&self.holdings);
-        if holdings.slots.len() >= MAX_HELD || holdings.slots.contains_key(&slot) {
+        if holdings.lost.is_some()
+            || holdings.slots.len() >= MAX_HELD
+            || holdings.slots.contains_key(&slot)
+        {
             return false;
         }
         holdings.slots.insert(slot, None);
@@ -239,11 +246,23 @@ impl Conn {
     }
 
     /// Records the lock of `slot` as held, with its holder's `notifier`; `true` when the
-    /// connection's watch must be started (nothing was held).
+    /// connection's watch must be started (nothing was held). A grant answered after the
+    /// connection's locks were lost is lost at once.
     pub(crate) fn hold(&self, slot: u64, notifier: LostNotifier) -> bool {
         let mut holdings = unpoisoned(&self.holdings);
+        if let Some(reason) = holdings.lost.clone() {
+            drop(holdings);
+            notifier.fire(reason);
+            return false;
+        }
         holdings.slots.insert(slot, Some(notifier));
         !std::mem::replace(&mut holdings.watched, true)
+    }
+
+    /// How many times the connection was taken for a wait: a check sent before a wait
+    /// began may go unanswered until the wait ends.
+    pub(crate) fn waits(&self) -> u64 {
+        unpoisoned(&self.holdings).waits
     }
 
     /// Whether the connection's watch should go on: `false` (and the watch is over) once
@@ -262,11 +281,10 @@ impl Conn {
     /// Closes the connection and fires the lost signal of every lock it held, for `reason`.
     pub(crate) fn lose_all(&self, reason: &LossReason) {
         self.close();
-        // A grant answered as the connection ended holds after this: unwatched, it starts a
-        // watch of its own, which finds the connection closed.
+        // A grant answered after this is lost at once (see `hold`), and no try starts.
         let slots = {
             let mut holdings = unpoisoned(&self.holdings);
-            holdings.watched = false;
+            holdings.lost.get_or_insert_with(|| reason.clone());
             std::mem::take(&mut holdings.slots)
         };
         let fired = slots
@@ -376,6 +394,8 @@ pub(crate) struct Pool {
     connecting: tokio::sync::Mutex<()>,
     /// Numbers the looks' slots.
     looks: AtomicU64,
+    /// Set when the provider is closed.
+    cleared: AtomicBool,
 }
 
 /// The bit that sets a look's slot apart from a lock's.
@@ -436,11 +456,18 @@ impl Pool {
             open: Mutex::new(Vec::new()),
             connecting: tokio::sync::Mutex::new(()),
             looks: AtomicU64::new(0),
+            cleared: AtomicBool::new(false),
         }
     }
 
-    /// A new connection.
+    /// A new connection; none once the provider is closed.
     async fn connect(&self) -> Result<Arc<Conn>, LockError> {
+        if self.cleared.load(Ordering::Acquire) {
+            return Err(LockError::SessionExpired {
+                backend: BACKEND,
+                name: None,
+            });
+        }
         Conn::open(
             &self.pg,
             self.tls.as_ref(),
@@ -458,9 +485,11 @@ impl Pool {
         if let Some(reserved) = self.reserve_open(slot) {
             return Ok(reserved);
         }
-        // One connection opened at a time: the tries that found no room wait for it, rather
-        // than each opening one.
-        let _connecting = self.connecting.lock().await;
+        // One connection opened at a time: the tries that found no room wait for it (as
+        // long as one connection may take), rather than each opening one.
+        let _connecting = tokio::time::timeout(self.timeout, self.connecting.lock())
+            .await
+            .map_err(|_| no_answer("connecting", self.timeout))?;
         if let Some(reserved) = self.reserve_open(slot) {
             return Ok(reserved);
         }
@@ -503,6 +532,7 @@ impl Pool {
             let at = open.iter().rposition(|conn| conn.is_empty())?;
             open.swap_remove(at)
         };
+        unpoisoned(&conn.holdings).waits += 1;
         conn.drain_notifications();
         Some(conn)
     }
@@ -510,6 +540,9 @@ impl Pool {
     /// Shares `conn` again (its wait is over; it may hold the lock it waited for), closing
     /// connections that hold nothing beyond [`MAX_IDLE`]; it must listen on no channel.
     pub(crate) fn share(&self, conn: Arc<Conn>) {
+        if self.cleared.load(Ordering::Acquire) {
+            conn.close();
+        }
         if conn.is_closed() {
             return;
         }
@@ -534,8 +567,10 @@ impl Pool {
         });
     }
 
-    /// Closes every shared connection (their watches then fire their holders' signals).
+    /// Closes every shared connection (their watches then fire their holders' signals),
+    /// and every one shared or asked for later.
     pub(crate) fn clear(&self) {
+        self.cleared.store(true, Ordering::Release);
         for conn in unpoisoned(&self.open).drain(..) {
             conn.close();
         }

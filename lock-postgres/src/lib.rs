@@ -3,9 +3,10 @@
 //! - **Locks belong to connections, which holders share.** The server frees a session-level
 //!   advisory lock when its connection ends (the client crashed, an administrator ran
 //!   `pg_terminate_backend`, the server restarted), and the holder's guard then reports the
-//!   loss. Tries and releases never wait, so a provider pipelines them on a few shared
-//!   connections (one holds thousands of locks); a waiter in the server's queue takes a
-//!   connection of its own, shared once granted. distlock locks are not re-entrant: a
+//!   loss. Tries and releases never wait for a lock, so a provider pipelines them on a few
+//!   shared connections (up to 1 000 locks each); a waiter in the server's queue takes a
+//!   connection of its own, shared once granted, and so does a `notify` waiter while it
+//!   listens and holds, and a semaphore's taker. distlock locks are not re-entrant: a
 //!   connection never takes one lock twice (the server would stack it), so two acquires of
 //!   one name by one provider use two connections, and the second waits. Each connection
 //!   that holds locks is checked every third of the
@@ -20,10 +21,10 @@
 //! - **Strategies** ([`PostgresStrategy`]): `advisory` waits in the server's own queue
 //!   (FIFO, one waiter woken per release), `notify` on `LISTEN`/`NOTIFY` (every waiter woken:
 //!   the herd), `polling` on a timer.
-//! - **Cancel-safety.** A waiter that gives up (timeout, dropped future) cancels its
-//!   statement on the server and closes its connection: nothing of it can be granted later.
-//!   A try given up after it was sent is undone by an unlock sent behind it on its
-//!   connection.
+//! - **Cancel-safety.** A waiter queued on the server that gives up (timeout, dropped
+//!   future) cancels its statement and closes its connection: nothing of it can be granted
+//!   later. A try given up after it was sent is undone by an unlock sent behind it on its
+//!   shared connection; a poller given up between tries has nothing on the server.
 //! - **Interoperation.** The mutex `N` of schema `S` is the advisory lock
 //!   `hashtextextended('S/N', 0)`, so `SELECT pg_advisory_lock(hashtextextended('public/N', 0))`
 //!   in psql excludes distlock's holders of `N` (and the other way round); the read-write

@@ -145,6 +145,8 @@ struct Trying<'a> {
     shared: &'a Arc<Shared>,
     target: &'a Arc<Target>,
     mode: Mode,
+    /// Whether a release of the lock notifies its channel.
+    notifies: bool,
     unanswered: bool,
 }
 
@@ -161,30 +163,44 @@ impl Drop for Trying<'_> {
             unlock_in_background(
                 Arc::clone(self.shared),
                 Arc::clone(self.target),
-                self.mode,
+                (self.mode, self.notifies),
                 self.reserved.hand_over(),
             );
         }
     }
 }
 
-/// Unlocks `target` on the connection of `reserved` (a try given up, a guard dropped), then
-/// gives its slot up. A connection that does not answer is closed, which frees whatever it
-/// held (and fires its holders' signals); so is one with no runtime to send on.
-fn unlock_in_background(shared: Arc<Shared>, target: Arc<Target>, mode: Mode, reserved: Reserved) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        reserved.conn.close();
-        return;
-    };
+/// Unlocks `target` on the connection of `reserved` (a try given up, a guard dropped),
+/// notifying its channel when its releases do (`notifies`), then gives its slot up. A
+/// connection that does not answer within the keepalive, or refuses the unlock, is closed,
+/// which frees whatever it held (and fires its holders' signals): a lock it may still hold
+/// must not be left to nobody. Runs on the provider's runtime, so a guard dropped on a
+/// thread of its own is unlocked too.
+fn unlock_in_background(
+    shared: Arc<Shared>,
+    target: Arc<Target>,
+    (mode, notifies): (Mode, bool),
+    reserved: Reserved,
+) {
+    let runtime = shared.runtime.clone();
     runtime.spawn(async move {
         let key: &str = &target.key;
         let kind = target.kind as i64;
-        let params = [
-            (&key as &(dyn ToSql + Sync), Type::TEXT),
-            (&kind, Type::INT8),
-        ];
-        let unlock = &shared.statements(mode).unlock;
-        if reserved.conn.ask(unlock, &params).await.is_err() {
+        let channel: &str = &target.channel;
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> =
+            vec![(&key, Type::TEXT), (&kind, Type::INT8)];
+        let statements = shared.statements(mode);
+        let unlock = if notifies {
+            params.push((&channel, Type::TEXT));
+            &statements.unlock_and_notify
+        } else {
+            &statements.unlock
+        };
+        let keepalive = shared.config.keepalive;
+        if !matches!(
+            reserved.conn.within(keepalive, unlock, &params).await,
+            Ok(Ok(_))
+        ) {
             reserved.conn.lose_all(&LossReason::Disconnected);
         }
         drop(reserved);
@@ -223,6 +239,14 @@ pub(crate) async fn contend(
         params.push((value, Type::BYTEA));
     }
     if strategy == PostgresStrategy::Notify && !deadline.is_immediate() {
+        // A try on a shared connection first; only a busy lock is listened for, on a
+        // connection of its own, whose first try after its `LISTEN` sees a release made
+        // in between.
+        let attempt = (target, mode, statements.try_grant.as_str(), strategy);
+        let once = Deadline::after(Some(std::time::Duration::ZERO));
+        if let Some(Some(guard)) = try_until_queued(shared, attempt, &params, once).await? {
+            return Ok(Some(guard));
+        }
         return listen_and_wait(shared, target, &statements.try_grant, &params, deadline).await;
     }
     // A waiter that finds a connection free queues on it at once (its statement tries
@@ -274,6 +298,7 @@ async fn try_until_queued(
             shared,
             target,
             mode,
+            notifies,
             unanswered: true,
         };
         let rows = conn.ask(try_grant, params).await?;
@@ -431,10 +456,11 @@ async fn watch_connection(conn: Arc<Conn>, shared: Arc<Shared>) {
                 if !conn.keep_watching() {
                     return;
                 }
+                let waits = conn.waits();
                 match conn.within(keepalive, "SELECT pg_backend_pid()", &[]).await {
                     // A check queued behind a wait that took the connection once it held
                     // nothing: not an answer missed.
-                    Err(_) if conn.is_empty() => {}
+                    Err(_) if conn.is_empty() || conn.waits() != waits => {}
                     Err(_) => break LossReason::Disconnected,
                     // A pooler handed the connection another server session: the locks
                     // stay with the one that took them.
@@ -513,6 +539,9 @@ impl HeldEntry for HeldLock {
             // The server frees a closed connection's locks.
             return Err(RemovalError::SessionOver);
         };
+        // An unlock of ours sent before may have been applied: an unlock that finds the
+        // lock not held then means that one did.
+        let in_doubt = sent.load(Ordering::Acquire);
         let statements = self.shared.statements(self.mode);
         let key: &str = &self.target.key;
         let kind = self.target.kind as i64;
@@ -531,9 +560,13 @@ impl HeldEntry for HeldLock {
                 self.conn = None;
                 conn.vacate(self.target.slot);
                 let unlocked = rows.first().and_then(|row| row.try_get::<_, bool>(0).ok());
-                if unlocked == Some(true) {
+                if unlocked == Some(true) || in_doubt {
                     self.give_back(conn);
-                    Ok(Removal::Removed)
+                    Ok(if unlocked == Some(true) {
+                        Removal::Removed
+                    } else {
+                        Removal::Gone
+                    })
                 } else {
                     // Not held by the session the connection reaches: neither are the
                     // other locks taken on it.
@@ -560,7 +593,8 @@ impl HeldEntry for HeldLock {
             return;
         }
         let reserved = Reserved::new(conn, self.target.slot);
-        unlock_in_background(self.shared, self.target, self.mode, reserved);
+        let mode = (self.mode, self.notifies);
+        unlock_in_background(self.shared, self.target, mode, reserved);
     }
 
     fn is_suspect(&self) -> bool {

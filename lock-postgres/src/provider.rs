@@ -67,6 +67,9 @@ impl PostgresLockProvider {
     /// must run when the role may not create the missing fencing table.
     pub async fn connect(config: PostgresConfig) -> Result<Self, LockError> {
         config.validate()?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| LockError::Config {
+            message: "a PostgreSQL provider is made inside a tokio runtime".to_owned(),
+        })?;
         let metrics = Arc::new(Metrics::new());
         let pg = config.pg_config()?;
         let tls = crate::tls::connector(&config, &pg)?;
@@ -89,6 +92,7 @@ impl PostgresLockProvider {
             table,
             closed: Closed::new(),
             metrics,
+            runtime,
         });
         let closing = Arc::clone(&shared);
         Ok(PostgresLockProvider {

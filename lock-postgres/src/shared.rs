@@ -31,6 +31,9 @@ pub(crate) struct Shared {
     pub(crate) election: Statements,
     /// A lock's inside the caller's transaction.
     pub(crate) transaction: Arc<TransactionStatements>,
+    /// The runtime the provider was made on: what a guard dropped anywhere leaves to the
+    /// background runs there.
+    pub(crate) runtime: tokio::runtime::Handle,
 }
 
 impl Shared {

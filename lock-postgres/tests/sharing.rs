@@ -73,14 +73,13 @@ async fn take_all(provider: &PostgresLockProvider, names: &[String]) -> Vec<Guar
     guards
 }
 
-/// 2 000 locks held by one provider take a few connections (a connection each, as a lock
+/// 2 000 locks held by one provider of `strategy` take a few connections (a connection each, as a lock
 /// per connection would need, is more than the server allows), each lock held once; a
 /// second acquisition of a held name by the same provider is busy (the server would stack
 /// it on the holder's connection); after the release nothing is held and the connections
 /// left idle are few.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn many_locks_share_few_connections_and_leave_nothing() {
-    let h = PgHarness::new(PostgresStrategy::Advisory).await;
+async fn many_locks_share_few_connections_and_leave_nothing(strategy: PostgresStrategy) {
+    let h = PgHarness::new(strategy).await;
     let application = format!("distlock-sharing-{}", uuid::Uuid::new_v4().simple());
     let provider = provider_as(&h, &application).await;
     let names: Vec<String> = (0..LOCKS).map(|_| unique_name("sharing")).collect();
@@ -144,6 +143,21 @@ async fn a_connection_ended_fires_every_lock_it_held() {
         guard.release().await.unwrap();
     }
     drop(guards);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_locks_share_few_connections_and_leave_nothing() {
+    many_locks_share_few_connections_and_leave_nothing(PostgresStrategy::Advisory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_locks_share_few_connections_and_leave_nothing() {
+    many_locks_share_few_connections_and_leave_nothing(PostgresStrategy::Notify).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_locks_share_few_connections_and_leave_nothing() {
+    many_locks_share_few_connections_and_leave_nothing(PostgresStrategy::Polling).await;
 }
 
 /// A server whose lock table is small: taking more locks than it has room for fails with a
