@@ -111,4 +111,8 @@ pub struct ScaleMeasurement {
     pub server_bytes_per_lock: Option<f64>,
     /// Nodes or keys of the locks left on the server afterwards (must be 0).
     pub leftovers: u64,
+    /// Milliseconds from closing the provider, every lock held again, until the lost
+    /// signal of the last of them fired (every one must fire).
+    #[serde(default)]
+    pub all_lost_ms: f64,
 }

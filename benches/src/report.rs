@@ -50,7 +50,7 @@ const MEASUREMENT_COLUMNS: [(&str, bool); 16] = [
 ];
 
 /// Columns of [`scale_table`].
-const SCALE_COLUMNS: [(&str, bool); 8] = [
+const SCALE_COLUMNS: [(&str, bool); 9] = [
     ("strategy", true),
     ("locks", false),
     ("acquire/s", false),
@@ -59,6 +59,7 @@ const SCALE_COLUMNS: [(&str, bool); 8] = [
     ("first round", false),
     ("server B/lock", false),
     ("leftovers", false),
+    ("all lost ms", false),
 ];
 
 /// An aligned plain-text table of `measurements` for the terminal: a header, a rule and
@@ -75,7 +76,8 @@ pub fn table(measurements: &[Measurement]) -> String {
 /// An aligned plain-text table of scale runs for the terminal: a header, a rule and one
 /// row per run (strategy, locks held, acquisitions and releases per second, client memory
 /// growth per lock in the second round and the first, the server's memory growth per lock,
-/// and locks left on the server).
+/// locks left on the server, and how long after the provider's close the last lost signal
+/// fired).
 pub fn scale_table(measurements: &[ScaleMeasurement]) -> String {
     let rows: Vec<Vec<String>> = measurements.iter().map(scale_cells).collect();
     aligned(&SCALE_COLUMNS, &rows)
@@ -112,6 +114,7 @@ fn scale_cells(m: &ScaleMeasurement) -> Vec<String> {
         fixed(m.rss_bytes_per_lock_first_round, 1),
         optional(m.server_bytes_per_lock, 1),
         m.leftovers.to_string(),
+        fixed(m.all_lost_ms, 1),
     ]
 }
 
@@ -1031,11 +1034,13 @@ mod tests {
             rss_bytes_per_lock_first_round: 900.0,
             server_bytes_per_lock: Some(310.0),
             leftovers: 0,
+            all_lost_ms: 41.5,
         };
         let text = scale_table(&[run.clone(), run]);
         assert_eq!(text.lines().count(), 4);
         assert!(text.contains("10000"));
         assert!(text.contains("812.3"));
+        assert!(text.contains("41.5"));
     }
 
     fn two_series() -> Vec<(String, Vec<(f64, f64)>)> {
@@ -1226,6 +1231,7 @@ mod tests {
             rss_bytes_per_lock_first_round: 300.0,
             server_bytes_per_lock: None,
             leftovers: 0,
+            all_lost_ms: 12.0,
         }];
         let ms = data();
         let written = write_report(&out, &ms, &scale, "host x, 2025-01-01, `cargo run`").unwrap();

@@ -12,6 +12,9 @@ use crate::strategy::{Backend, Servers, Strategy};
 /// Acquisitions or releases in flight at once.
 const IN_FLIGHT: usize = 64;
 
+/// How long after the provider's close every lost signal must have fired.
+const LOSS_BOUND: Duration = Duration::from_secs(30);
+
 /// This process's resident memory, in bytes (Linux; 0 elsewhere).
 pub fn resident_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
@@ -91,21 +94,8 @@ pub async fn run(
     let rss_before = resident_bytes();
     let server_before = server_memory(strategy.backend(), servers).await;
     let started = Instant::now();
-    let results = bounded(acquisitions(&handles)).await;
+    let guards = take_all(&handles, locks).await?;
     let acquire_time = started.elapsed();
-    let mut guards: Vec<Guard> = Vec::with_capacity(locks);
-    for result in results {
-        match result? {
-            Some(guard) => guards.push(guard),
-            None => return Err(bench_error("a fresh lock was refused")),
-        }
-    }
-    if guards.len() != locks {
-        return Err(bench_error(format!(
-            "{} of {locks} acquisitions finished",
-            guards.len()
-        )));
-    }
     // Let the guards' background tasks settle before measuring memory.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_held = resident_bytes();
@@ -123,8 +113,11 @@ pub async fn run(
     // its ephemeral nodes, whether released or left behind.
     let mut check = LeftoverCheck::connect(strategy, servers, &run, ephemerals_before).await?;
     let left_connected = check.count(servers).await?;
+    // The session's end: every lock held again, the provider closed, and every lost signal
+    // must fire.
+    let held = take_all(&handles, locks).await?;
     drop(handles);
-    drop(provider);
+    let all_lost = all_lost_after(provider, held).await?;
     // And once more after: what closing the provider left.
     let leftovers = left_connected.max(check.count(servers).await?);
     let rate = |time: Duration| locks as f64 / time.as_secs_f64().max(1e-9);
@@ -140,7 +133,60 @@ pub async fn run(
             .zip(server_held)
             .map(|(before, held)| (held as f64 - before as f64) / locks as f64),
         leftovers,
+        all_lost_ms: all_lost.as_secs_f64() * 1e3,
     })
+}
+
+/// Takes every lock of `handles`, all free: the `locks` guards.
+async fn take_all(
+    handles: &[Arc<dyn lock_core::DistributedLock>],
+    locks: usize,
+) -> Result<Vec<Guard>, LockError> {
+    let mut guards: Vec<Guard> = Vec::with_capacity(locks);
+    for result in bounded(acquisitions(handles)).await {
+        match result? {
+            Some(guard) => guards.push(guard),
+            None => return Err(bench_error("a fresh lock was refused")),
+        }
+    }
+    if guards.len() != locks {
+        return Err(bench_error(format!(
+            "{} of {locks} acquisitions finished",
+            guards.len()
+        )));
+    }
+    Ok(guards)
+}
+
+/// Closes `provider` (its last handle) while `held` are held, and measures how long until
+/// the last of their lost signals fired.
+///
+/// # Errors
+///
+/// Signals that did not fire within [`LOSS_BOUND`] of the close.
+async fn all_lost_after(
+    provider: Arc<dyn lock_core::LockProvider>,
+    held: Vec<Guard>,
+) -> Result<Duration, LockError> {
+    let signals: Vec<_> = held.iter().map(Guard::lost).collect();
+    let closed = Instant::now();
+    drop(provider);
+    let mut silent = 0;
+    for signal in &signals {
+        let left = LOSS_BOUND.saturating_sub(closed.elapsed());
+        if tokio::time::timeout(left, signal.wait()).await.is_err() {
+            silent += 1;
+        }
+    }
+    let all_lost = closed.elapsed();
+    drop(held);
+    if silent > 0 {
+        return Err(bench_error(format!(
+            "{silent} of {} lost signals did not fire within {LOSS_BOUND:?} of the close",
+            signals.len()
+        )));
+    }
+    Ok(all_lost)
 }
 
 /// ZooKeeper's count of ephemeral nodes (`mntr`), where the server tells it.
@@ -219,7 +265,13 @@ impl LeftoverCheck {
                         _ => 0,
                     }
                 }
-                LeftoverCheck::Redis { keys, pattern } => keys.left(pattern).await?.len() as u64,
+                // The server may be busy with the clean-up of a closed provider's locks,
+                // and a look at its keys time out: asked again until the deadline.
+                LeftoverCheck::Redis { keys, pattern } => match keys.left(pattern).await {
+                    Ok(left) => left.len() as u64,
+                    Err(error) if Instant::now() >= deadline => return Err(error),
+                    Err(_) => u64::MAX,
+                },
                 LeftoverCheck::Etcd { client, prefix } => {
                     let options = etcd_client::GetOptions::new()
                         .with_prefix()

@@ -318,8 +318,8 @@ async fn a_v3lock_run_leaves_the_etcd_it_was_given_working() {
 }
 
 /// Scale mode at two sizes on two backends: each strategy and size runs in a process of its
-/// own and the parent gathers them; every run leaves nothing behind, and the servers that
-/// report their memory report it.
+/// own and the parent gathers them; every run leaves nothing behind, the servers that
+/// report their memory report it, and closing the provider fires every lost signal.
 #[test]
 fn a_scale_run_of_two_sizes_reports_each_and_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -354,6 +354,10 @@ fn a_scale_run_of_two_sizes_reports_each_and_leaves_nothing() {
         assert!(
             run["server_bytes_per_lock"].is_f64(),
             "no server figure: {run}"
+        );
+        assert!(
+            run["all_lost_ms"].as_f64().is_some_and(|ms| ms >= 0.0),
+            "no time to the last lost signal: {run}"
         );
     }
 }
