@@ -20,7 +20,7 @@
 //! - [`Wakeups`]: the wake-up and futile wake-up counts of a wait loop, for the herd
 //!   measurements;
 //! - [`lease_guard`]: for a backend whose grants are leases (a key with an expiry), the
-//!   guard and the watchdog that renews it; the backend writes the [`Lease`] (renew,
+//!   guard, renewed by one timer per session; the backend writes the [`Lease`] (renew,
 //!   release);
 //! - [`entry_guard`]: for a backend whose grants are entries its session owns (a node, a
 //!   key on a session's lease), the guard; the backend writes the [`HeldEntry`] (delete if
@@ -80,7 +80,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -360,31 +360,46 @@ impl<T: SemaphoreAttempt> DistributedSemaphore for T {
 /// # Ok::<(), LockError>(())
 /// ```
 #[derive(Debug)]
-pub struct Closed(watch::Sender<bool>);
+pub struct Closed {
+    ended: watch::Sender<bool>,
+    /// The renewals of the session's leases, made with the first lease.
+    renewals: OnceLock<Arc<lease::Renewals>>,
+}
 
 impl Closed {
     /// Open.
     pub fn new() -> Self {
-        Closed(watch::channel(false).0)
+        Closed {
+            ended: watch::channel(false).0,
+            renewals: OnceLock::new(),
+        }
     }
 
     /// Marks the session over and wakes every [`wait`](Closed::wait). Returns whether this
     /// call closed it (false if it was closed already).
     pub fn close(&self) -> bool {
-        !self.0.send_replace(true)
+        !self.ended.send_replace(true)
     }
 
     /// Whether the session is over.
     pub fn is_closed(&self) -> bool {
-        *self.0.borrow()
+        *self.ended.borrow()
     }
 
     /// Completes once the session is over.
     ///
     /// Cancel safety: cancel-safe, it only waits.
     pub async fn wait(&self) {
-        let mut closed = self.0.subscribe();
+        let mut closed = self.ended.subscribe();
         let _ = closed.wait_for(|closed| *closed).await;
+    }
+
+    fn subscribe(&self) -> watch::Receiver<bool> {
+        self.ended.subscribe()
+    }
+
+    fn renewals(&self) -> &Arc<lease::Renewals> {
+        self.renewals.get_or_init(Arc::default)
     }
 
     /// [`LockError::SessionExpired`] for the lock `name` once the session is over: the

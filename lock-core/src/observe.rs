@@ -87,7 +87,7 @@ pub const RECONNECTS: &str = "distlock_reconnects_total";
 
 static LOCK_NAMES: AtomicBool = AtomicBool::new(false);
 
-/// Counts one renewal of a lease (a Redis lock's watchdog, an etcd session's keep-alive)
+/// Counts one renewal of a lease (a Redis lock's renewal, an etcd session's keep-alive)
 /// under `distlock_renewals_total`: `renewed`, `refused` (the server says the lease or the
 /// grant is gone) or `failed` (no answer, an error; the renewal is tried again).
 ///

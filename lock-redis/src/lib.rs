@@ -46,7 +46,8 @@
 //!
 //! - A grant sets the owner key only if it is absent; a release deletes it only if it is
 //!   ours (compare-and-delete), a renewal extends it only if it is ours
-//!   (compare-and-pexpire). A watchdog renews at ttl/3 while the guard lives.
+//!   (compare-and-pexpire). The provider's one renewal timer renews every held key at
+//!   ttl/3 while its guard lives.
 //! - A guard's [`valid_until`](lock_core::Guard::valid_until) is counted from the sending of
 //!   the request that granted or last renewed it, less a drift margin (1% of the ttl and
 //!   2 ms). When it passes without a confirmed renewal, or a renewal finds the key gone or

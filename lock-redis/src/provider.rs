@@ -30,7 +30,7 @@ const QUEUED: &str = "queue";
 ///
 /// **Efficiency-grade**: see the [crate docs](crate) for what a failover or a paused
 /// process does to a Redis lock. Each lock is an owner key with the lease as its expiry,
-/// renewed by a watchdog at ttl/3 while its guard lives; tokens come from a counter bumped
+/// renewed at ttl/3 by the provider's renewal timer while its guard lives; tokens come from a counter bumped
 /// in the same script.
 ///
 /// The provider is the session (see [`LockProvider`]): dropping its last handle releases

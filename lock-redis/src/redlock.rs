@@ -34,8 +34,8 @@ pub(crate) const REDLOCK: &str = "redlock";
 /// holds when a majority ([`RedlockConfig::quorum`]) granted within the validity
 /// `ttl − elapsed − drift`, drift being `clock_drift_factor × ttl + 2 ms`; otherwise it
 /// releases on every server, so that no partial grant is left, and retries after a random
-/// delay. Release and renewal go to every server; the watchdog renews at ttl/3 and a
-/// renewal counts when a majority confirms it.
+/// delay. Release and renewal go to every server; the provider's renewal timer renews at
+/// ttl/3 and a renewal counts when a majority confirms it.
 ///
 /// **Fencing tokens increase from grant to grant** while the servers keep their data. Each
 /// server keeps its own counter, and a vote counts it up; a grant's token is the largest

@@ -1,21 +1,34 @@
-//! Guards over leases: the watchdog that renews a grant and the guard that vouches for it.
+//! Guards over leases: the session's timer that renews every grant, and the guard that
+//! vouches for it.
 //!
 //! A lease-based backend (a key with an expiry, say) writes one [`Lease`] per grant: how to
 //! renew it and how to give it up. [`lease_guard`] turns a grant into a [`Guard`] whose
 //! validity runs from when the granting request was *sent* (the server set the expiry no
-//! earlier), less a clock-drift margin, and starts a watchdog that renews it every ttl/3.
+//! earlier), less a clock-drift margin, and has it renewed every ttl/3.
 //! The guard's lost signal fires when the validity passes without a confirmed renewal
 //! ([`LossReason::LeaseExpired`]), when the server says the grant is gone or someone
 //! else's ([`LossReason::EntryRemoved`]), or when the provider's session ends
 //! ([`LossReason::SessionExpired`]).
+//!
+//! Implementation details: a process may hold many thousands of leases, so a held lease is
+//! a small record ([`Held`]) and no task of its own. Each session ([`Closed`]) has one
+//! timer task and one queue of the times its leases next need it: at such a time the timer
+//! either finds the validity passed (the lease is lost) or spawns the renewal, which runs
+//! as long as the server takes and then queues the lease again. A renewal is the only
+//! other place a lease's next time is decided, so a lease is in the queue or being renewed,
+//! never both. When the session ends, the timer fires every queued lease's signal before
+//! it sends any clean-up, and a renewal under way ends its own lease.
 
+use std::cmp::Ordering as Order;
+use std::collections::BinaryHeap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{Closed, Retry, retry_in_background, unpoisoned};
@@ -32,7 +45,7 @@ const BLOCKING_POLL: Duration = Duration::from_millis(50);
 
 /// One grant held under a lease: what a lease-based backend writes for [`lease_guard`].
 ///
-/// Both requests must be idempotent for the grant's owner: the watchdog and the release
+/// Both requests must be idempotent for the grant's owner: the renewals and the release
 /// send them again after errors, and a reply may be lost after the server acted.
 #[async_trait]
 pub trait Lease: Send + Sync + fmt::Debug + 'static {
@@ -47,8 +60,8 @@ pub trait Lease: Send + Sync + fmt::Debug + 'static {
     /// Renews the lease for another [`ttl`](Lease::ttl), if the grant is still ours.
     ///
     /// It must not block its thread (wrap blocking I/O in `tokio::task::spawn_blocking`):
-    /// the watchdog gives the grant up at its validity's end by a timer, which cannot cut
-    /// a renewal that holds the thread short — the lost signal would fire only once the
+    /// a renewal is cut short at the validity's end by a timer, which cannot cut a renewal
+    /// that holds the thread — the lost signal would fire only once the
     /// renewal returned, after `valid_until`. A poll of it that takes more than 50 ms is
     /// logged as an error.
     async fn extend(&self) -> Result<Renewal, LockError>;
@@ -70,18 +83,18 @@ pub enum Renewal {
     Gone,
 }
 
-/// What the guard and its watchdog share.
-#[derive(Debug)]
-struct LeaseState {
+/// A held lease: what its guard, its session's timer and its renewals share.
+struct Held {
+    lease: Arc<dyn Lease>,
+    notifier: LostNotifier,
     valid_until: Mutex<Instant>,
     suspect: AtomicBool,
     stopped: AtomicBool,
     /// The guard's release is on its way: a renewal that finds the grant gone is no loss.
     releasing: AtomicBool,
-    stop: Notify,
 }
 
-impl LeaseState {
+impl Held {
     fn until(&self) -> MutexGuard<'_, Instant> {
         unpoisoned(&self.valid_until)
     }
@@ -95,22 +108,271 @@ impl LeaseState {
         self.suspect.store(false, Ordering::Release);
     }
 
+    fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    /// No more renewals: the guard's release went through, or the lease is lost.
     fn stop(&self) {
         self.stopped.store(true, Ordering::Release);
-        self.stop.notify_waiters();
     }
 
     /// The backend no longer vouches for the lock: its validity ends now.
-    fn lost(&self, notifier: &LostNotifier, reason: LossReason) {
+    fn lost(&self, reason: LossReason) {
         *self.until() = Instant::now();
-        notifier.fire(reason);
+        self.notifier.fire(reason);
+    }
+
+    /// The session ended: the lease is lost, unless it was stopped already. Returns whether
+    /// its grant is left to give up.
+    fn end_with_session(&self) -> bool {
+        if self.stopped.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        self.lost(LossReason::SessionExpired);
+        true
+    }
+
+    /// Has the session's timer look at this lease at `at`, or at its validity's end if
+    /// that comes first.
+    fn schedule(self: &Arc<Self>, at: Instant) {
+        let at = at.min(self.valid_until());
+        self.lease.session().renewals().enqueue(self, at);
+    }
+
+    /// The timer's look: the validity has passed without a confirmed renewal, or it is
+    /// time to renew.
+    fn come_due(self: Arc<Self>, now: Instant) {
+        if self.is_stopped() {
+            return;
+        }
+        if now >= self.valid_until() {
+            tracing::warn!(
+                backend = self.lease.backend(),
+                lease = ?self.lease,
+                "the lease ran out without a confirmed renewal"
+            );
+            self.lost(LossReason::LeaseExpired);
+            return;
+        }
+        tokio::spawn(renew(self));
+    }
+}
+
+/// One renewal of `held`, then its next time in the session's queue (unless it ended).
+async fn renew(held: Arc<Held>) {
+    let lease = held.lease.as_ref();
+    let backend = lease.backend();
+    let period = lease.ttl() / 3;
+    let now = Instant::now();
+    let budget = held.valid_until().saturating_duration_since(now);
+    let answer = tokio::select! {
+        () = lease.session().wait() => {
+            if held.end_with_session() {
+                release_in_background(Arc::clone(&held.lease));
+            }
+            return;
+        }
+        answer = tokio::time::timeout(budget, extend_checked(lease)) => answer,
+    };
+    // Read before `stopped`: a release that ends sets `stopped`, then clears this.
+    let releasing = held.releasing.load(Ordering::Acquire);
+    if held.is_stopped() {
+        return;
+    }
+    let outcome = match &answer {
+        Ok(Ok(Renewal::Renewed)) => Some("renewed"),
+        Ok(Ok(Renewal::Gone)) if !releasing => Some("refused"),
+        Ok(Err(_)) | Err(_) => Some("failed"),
+        Ok(Ok(Renewal::Released | Renewal::Gone)) => None,
+    };
+    if let Some(outcome) = outcome {
+        crate::observe::record_renewal(backend, outcome);
+    }
+    let next = match answer {
+        // The guard's own release is on its way and may have gone through first: its
+        // answer decides, and the renewals stop with it.
+        Ok(Ok(Renewal::Released | Renewal::Gone)) if releasing => {
+            Instant::now() + RETRY_PAUSE.min(period)
+        }
+        Ok(Ok(Renewal::Renewed)) => {
+            let until = (now + lease.ttl())
+                .checked_sub(lease.drift())
+                .unwrap_or(now);
+            held.renewed(until);
+            now + period
+        }
+        // Our own release went through, its reply lost: no loss, but the lock is no
+        // longer this guard's to vouch for.
+        Ok(Ok(Renewal::Released)) => {
+            held.renewed(Instant::now());
+            held.suspect.store(true, Ordering::Release);
+            return;
+        }
+        Ok(Ok(Renewal::Gone)) => {
+            tracing::warn!(backend, ?lease, "the lease is gone or someone else's");
+            held.lost(LossReason::EntryRemoved);
+            return;
+        }
+        Ok(Err(error)) => {
+            tracing::debug!(backend, %error, "renewal failed; retrying");
+            held.suspect.store(true, Ordering::Release);
+            Instant::now() + RETRY_PAUSE.min(period)
+        }
+        // The validity has run out: the timer finds it so at once.
+        Err(_) => {
+            held.suspect.store(true, Ordering::Release);
+            Instant::now()
+        }
+    };
+    held.schedule(next);
+}
+
+/// A lease's next look by its session's timer. Ordered so that the earliest is on top of
+/// the queue.
+struct Due {
+    at: Instant,
+    /// Weak, so that a released guard's record goes with the guard, not at its next time.
+    held: Weak<Held>,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+
+impl Eq for Due {}
+
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<Order> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> Order {
+        other.at.cmp(&self.at)
+    }
+}
+
+/// One session's lease timer (see the module's implementation details).
+#[derive(Default)]
+pub(super) struct Renewals {
+    queue: Mutex<BinaryHeap<Due>>,
+    /// A lease was queued ahead of the timer's next time, or after the session's end.
+    changed: Notify,
+    /// The timer task. One that finished before the session ended ran on a runtime that
+    /// has shut down since: the next lease starts another on the caller's runtime.
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl fmt::Debug for Renewals {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Renewals")
+            .field("queued", &unpoisoned(&self.queue).len())
+            .finish()
+    }
+}
+
+impl Renewals {
+    fn enqueue(self: &Arc<Self>, held: &Arc<Held>, at: Instant) {
+        let session = held.lease.session();
+        let first = {
+            let mut queue = unpoisoned(&self.queue);
+            let first = queue.peek().is_none_or(|due| at < due.at);
+            queue.push(Due {
+                at,
+                held: Arc::downgrade(held),
+            });
+            first
+        };
+        self.run_timer(session);
+        if first || session.is_closed() {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Starts the timer task unless it runs.
+    fn run_timer(self: &Arc<Self>, session: &Closed) {
+        let mut task = unpoisoned(&self.task);
+        if task.as_ref().is_some_and(|task| !task.is_finished()) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::error!("a lease guard made outside a tokio runtime is not renewed");
+            return;
+        };
+        *task = Some(runtime.spawn(timer(Arc::clone(self), session.subscribe())));
+    }
+
+    /// Takes the leases whose time has come, and returns the next time.
+    fn take_due(&self, now: Instant) -> (Vec<Arc<Held>>, Option<Instant>) {
+        let mut queue = unpoisoned(&self.queue);
+        let mut due = Vec::new();
+        while queue.peek().is_some_and(|next| next.at <= now) {
+            if let Some(held) = queue.pop().and_then(|next| next.held.upgrade()) {
+                due.push(held);
+            }
+        }
+        (due, queue.peek().map(|next| next.at))
+    }
+
+    /// Takes every queued lease.
+    fn take_all(&self) -> Vec<Arc<Held>> {
+        let queue = std::mem::take(&mut *unpoisoned(&self.queue));
+        queue
+            .into_iter()
+            .filter_map(|due| due.held.upgrade())
+            .collect()
+    }
+}
+
+/// The session's timer: looks at each lease at its time until the session ends, then ends
+/// every lease queued, then and later, until the session is dropped.
+async fn timer(renewals: Arc<Renewals>, mut ended: watch::Receiver<bool>) {
+    loop {
+        // `notify_one` keeps a permit for a wait not yet begun: nothing queued while this
+        // pass runs is missed.
+        let changed = renewals.changed.notified();
+        let next = if *ended.borrow_and_update() {
+            let ending = renewals.take_all();
+            // Every signal first, then the clean-ups: 100 000 of them must not hold the
+            // last signal back.
+            let left: Vec<_> = ending
+                .into_iter()
+                .filter(|held| held.end_with_session())
+                .collect();
+            for held in left {
+                release_in_background(Arc::clone(&held.lease));
+            }
+            None
+        } else {
+            let (due, next) = renewals.take_due(Instant::now());
+            let now = Instant::now();
+            for held in due {
+                held.come_due(now);
+            }
+            next
+        };
+        let sleep = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = ended.changed() => if changed.is_err() { return },
+            () = changed => {}
+            () = sleep => {}
+        }
     }
 }
 
 /// The guard of a grant whose request was sent at `sent` and whose lease the server set to
 /// `length` (the ttl, or a shorter first lease such as a hand-off's): its validity runs
-/// from `sent`, less the drift. The watchdog starts at once, and renews first within half
-/// of `length`.
+/// from `sent`, less the drift. The session's timer renews it first within half of
+/// `length`, then every ttl/3.
 ///
 /// # Errors
 ///
@@ -134,132 +396,21 @@ pub fn lease_guard(
             .for_lock(name));
     }
     let (notifier, lost) = lost_signal();
-    let state = Arc::new(LeaseState {
+    let first_renewal = sent + (length / 2).min(lease.ttl() / 3);
+    let held = Arc::new(Held {
+        lease,
+        notifier,
         valid_until: Mutex::new(valid_until),
         suspect: AtomicBool::new(false),
         stopped: AtomicBool::new(false),
         releasing: AtomicBool::new(false),
-        stop: Notify::new(),
     });
-    let first_renewal = sent + (length / 2).min(lease.ttl() / 3);
-    tokio::spawn(watchdog(
-        lease.clone(),
-        Arc::clone(&state),
-        notifier,
-        first_renewal,
-    ));
+    held.schedule(first_renewal);
     let backend = LeaseGuard {
-        lease,
-        state,
+        held,
         name: name.to_string(),
     };
     Ok(Guard::new(name.clone(), token, lost, Box::new(backend)))
-}
-
-/// Renews the lease every ttl/3 while the guard lives; fires the lost signal when the
-/// validity passes without a confirmed renewal, or the grant is gone or someone else's.
-async fn watchdog(
-    lease: Arc<dyn Lease>,
-    state: Arc<LeaseState>,
-    notifier: LostNotifier,
-    first_renewal: Instant,
-) {
-    let backend = lease.backend();
-    let period = lease.ttl() / 3;
-    let mut next = first_renewal;
-    loop {
-        let wake = next.min(state.valid_until());
-        let stopped = state.stop.notified();
-        tokio::pin!(stopped);
-        stopped.as_mut().enable();
-        if state.stopped.load(Ordering::Acquire) {
-            return;
-        }
-        tokio::select! {
-            () = &mut stopped => return,
-            () = lease.session().wait() => {
-                // The provider is the session: its end frees the lock at once, and the
-                // guard can no longer vouch for it.
-                state.lost(&notifier, LossReason::SessionExpired);
-                state.stop();
-                // The session's end wakes every one of its watchdogs at once: each lets the
-                // others fire their signals before its clean-up goes out (the release
-                // would run next, in the slot a spawning task fills, and 100 000 of them
-                // kept the last signal 2.5 s late).
-                tokio::task::yield_now().await;
-                release_in_background(lease);
-                return;
-            }
-            () = tokio::time::sleep_until(wake) => {}
-        }
-        if state.stopped.load(Ordering::Acquire) {
-            return;
-        }
-        let now = Instant::now();
-        if now >= state.valid_until() {
-            tracing::warn!(
-                backend,
-                ?lease,
-                "the lease ran out without a confirmed renewal"
-            );
-            state.lost(&notifier, LossReason::LeaseExpired);
-            return;
-        }
-        let budget = state.valid_until().saturating_duration_since(now);
-        let answer = tokio::select! {
-            () = &mut stopped => return,
-            answer = tokio::time::timeout(budget, extend_checked(lease.as_ref())) => answer,
-        };
-        // Read before `stopped`: a release that ends sets `stopped`, then clears this.
-        let releasing = state.releasing.load(Ordering::Acquire);
-        if state.stopped.load(Ordering::Acquire) {
-            return;
-        }
-        let outcome = match &answer {
-            Ok(Ok(Renewal::Renewed)) => Some("renewed"),
-            Ok(Ok(Renewal::Gone)) if !releasing => Some("refused"),
-            Ok(Err(_)) | Err(_) => Some("failed"),
-            Ok(Ok(Renewal::Released | Renewal::Gone)) => None,
-        };
-        if let Some(outcome) = outcome {
-            crate::observe::record_renewal(backend, outcome);
-        }
-        match answer {
-            // The guard's own release is on its way and may have gone through first: its
-            // answer decides, and the watchdog stops with it.
-            Ok(Ok(Renewal::Released | Renewal::Gone)) if releasing => {
-                next = Instant::now() + RETRY_PAUSE.min(period);
-            }
-            Ok(Ok(Renewal::Renewed)) => {
-                let until = (now + lease.ttl())
-                    .checked_sub(lease.drift())
-                    .unwrap_or(now);
-                state.renewed(until);
-                next = now + period;
-            }
-            // Our own release went through, its reply lost: no loss, but the lock is
-            // no longer this guard's to vouch for.
-            Ok(Ok(Renewal::Released)) => {
-                state.renewed(Instant::now());
-                state.suspect.store(true, Ordering::Release);
-                return;
-            }
-            Ok(Ok(Renewal::Gone)) => {
-                tracing::warn!(backend, ?lease, "the lease is gone or someone else's");
-                state.lost(&notifier, LossReason::EntryRemoved);
-                return;
-            }
-            Ok(Err(error)) => {
-                tracing::debug!(backend, %error, "renewal failed; retrying");
-                state.suspect.store(true, Ordering::Release);
-                next = Instant::now() + RETRY_PAUSE.min(period);
-            }
-            Err(_) => {
-                state.suspect.store(true, Ordering::Release);
-                next = Instant::now();
-            }
-        }
-    }
 }
 
 /// `lease.extend()`, with a poll that blocks its thread logged as an error (see
@@ -274,7 +425,7 @@ async fn extend_checked(lease: &dyn Lease) -> Result<Renewal, LockError> {
             tracing::error!(
                 backend = lease.backend(),
                 ?took,
-                "Lease::extend blocked its thread, which keeps the watchdog from giving \
+                "Lease::extend blocked its thread, which keeps the lease's timer from giving \
                  the grant up in time; it must not block (use spawn_blocking)"
             );
         }
@@ -311,16 +462,15 @@ impl Drop for Releasing<'_> {
 
 /// The backend side of a guard over a lease.
 struct LeaseGuard {
-    lease: Arc<dyn Lease>,
-    state: Arc<LeaseState>,
+    held: Arc<Held>,
     name: String,
 }
 
 impl fmt::Debug for LeaseGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaseGuard")
-            .field("lease", &self.lease)
-            .field("valid_until", &self.state.valid_until())
+            .field("lease", &self.held.lease)
+            .field("valid_until", &self.held.valid_until())
             .finish()
     }
 }
@@ -328,7 +478,7 @@ impl fmt::Debug for LeaseGuard {
 impl LeaseGuard {
     fn lost(&self, reason: LossReason) -> LockError {
         LockError::Lost {
-            backend: self.lease.backend(),
+            backend: self.held.lease.backend(),
             name: self.name.clone(),
             reason,
         }
@@ -338,47 +488,47 @@ impl LeaseGuard {
 #[async_trait]
 impl GuardBackend for LeaseGuard {
     fn backend(&self) -> &'static str {
-        self.lease.backend()
+        self.held.lease.backend()
     }
 
     async fn release(&mut self) -> Result<(), LockError> {
-        if self.lease.session().is_closed() {
+        if self.held.lease.session().is_closed() {
             // The provider's end gives the lock up; make sure of it.
-            self.state.stop();
-            release_in_background(Arc::clone(&self.lease));
+            self.held.stop();
+            release_in_background(Arc::clone(&self.held.lease));
             return Err(self.lost(LossReason::SessionExpired));
         }
         // Until the release has answered, a renewal that finds the grant gone is no loss.
-        self.state.releasing.store(true, Ordering::Release);
-        let _releasing = Releasing(&self.state.releasing);
-        match self.lease.release().await {
+        self.held.releasing.store(true, Ordering::Release);
+        let _releasing = Releasing(&self.held.releasing);
+        match self.held.lease.release().await {
             Ok(true) => {
-                self.state.stop();
+                self.held.stop();
                 Ok(())
             }
             Ok(false) => {
-                self.state.stop();
+                self.held.stop();
                 Err(self.lost(LossReason::EntryRemoved))
             }
-            // Still ours as far as we know: the watchdog keeps renewing, and tells a
+            // Still ours as far as we know: the renewals go on, and tells a
             // release that went through with its reply lost from a loss by the receipt.
             Err(error) => Err(error),
         }
     }
 
     fn release_on_drop(self: Box<Self>) {
-        self.state.stop();
+        self.held.stop();
         // The release is conditional on ownership, so harmless after the session's end
         // released it.
-        release_in_background(Arc::clone(&self.lease));
+        release_in_background(Arc::clone(&self.held.lease));
     }
 
     fn valid_until(&self) -> Option<std::time::Instant> {
-        Some(self.state.valid_until().into_std())
+        Some(self.held.valid_until().into_std())
     }
 
     fn is_suspect(&self) -> bool {
-        self.state.suspect.load(Ordering::Acquire)
+        self.held.suspect.load(Ordering::Acquire)
     }
 }
 
@@ -474,7 +624,7 @@ mod tests {
         guard.release().await.unwrap();
         let renewals = lease.counts().0;
         tokio::time::sleep(TTL * 2).await;
-        assert_eq!(lease.counts(), (renewals, 1), "the watchdog stopped");
+        assert_eq!(lease.counts(), (renewals, 1), "the renewals stopped");
     }
 
     #[tokio::test(start_paused = true)]
@@ -628,6 +778,103 @@ mod tests {
             written.contains("Lease::extend blocked its thread"),
             "nothing reported: {written:?}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_timer_serves_every_lease_of_a_session() {
+        let tasks = || {
+            tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks()
+        };
+        let before = tasks();
+        let leases = Arc::new(Shares::default());
+        let guards: Vec<Guard> = (0..1000).map(|_| leases.guard()).collect();
+        assert_eq!(tasks() - before, 1, "one timer task, however many leases");
+        tokio::time::sleep(TTL * 2).await;
+        assert!(guards.iter().all(|guard| !guard.is_lost()));
+        let renewals = leases.extends.load(Ordering::SeqCst);
+        // Each lease renewed at 1, 2, 3, 4 and 5 s (and maybe at 6 s).
+        assert!((5000..=6000).contains(&renewals), "{renewals} renewals");
+        assert_eq!(tasks() - before, 1, "the renewals' tasks have ended");
+        leases.session.close();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(
+            guards.iter().all(Guard::is_lost),
+            "the session's end loses every lease"
+        );
+        assert_eq!(leases.releases.load(Ordering::SeqCst), 1000);
+        // A lease granted as the session ended is lost at once.
+        let late = leases.guard();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(late.is_lost());
+        assert_eq!(leases.releases.load(Ordering::SeqCst), 1001);
+    }
+
+    /// Leases on one session that renew and release successfully, counted together.
+    #[derive(Debug, Default)]
+    struct Shares {
+        session: Closed,
+        extends: AtomicU32,
+        releases: AtomicU32,
+    }
+
+    /// One lease of [`Shares`].
+    #[derive(Debug)]
+    struct Share(Arc<Shares>);
+
+    impl Shares {
+        fn guard(self: &Arc<Self>) -> Guard {
+            let name = LockName::new("jobs").unwrap();
+            let lease = Arc::new(Share(Arc::clone(self))) as Arc<dyn Lease>;
+            lease_guard(lease, &name, FencingToken(1), Instant::now(), TTL).unwrap()
+        }
+    }
+
+    #[async_trait]
+    impl Lease for Share {
+        fn backend(&self) -> &'static str {
+            "shares"
+        }
+        fn ttl(&self) -> Duration {
+            TTL
+        }
+        fn drift(&self) -> Duration {
+            Duration::from_millis(30)
+        }
+        fn session(&self) -> &Closed {
+            &self.0.session
+        }
+        async fn extend(&self) -> Result<Renewal, LockError> {
+            self.0.extends.fetch_add(1, Ordering::SeqCst);
+            Ok(Renewal::Renewed)
+        }
+        async fn release(&self) -> Result<bool, LockError> {
+            self.0.releases.fetch_add(1, Ordering::SeqCst);
+            Ok(true)
+        }
+    }
+
+    #[test]
+    fn a_timer_whose_runtime_ended_is_started_again() {
+        let leases = Arc::new(Shares::default());
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap()
+        };
+        let first = runtime().block_on(async { leases.guard() });
+        let second = runtime().block_on(async {
+            let second = leases.guard();
+            tokio::time::sleep(TTL * 2).await;
+            second
+        });
+        // Both leases renewed, by a timer on the second runtime.
+        assert!(leases.extends.load(Ordering::SeqCst) >= 10);
+        assert!(!second.is_lost());
+        drop((first, second));
     }
 
     #[tokio::test(start_paused = true)]
