@@ -499,11 +499,13 @@ impl Pool {
         Ok(Reserved::new(conn, slot))
     }
 
-    /// [`reserve`](Self::reserve) on the connections open now.
+    /// [`reserve`](Self::reserve) on the connections open now. Closed ones are skipped here
+    /// and dropped by the next [`trim`](Self::trim) (a release that empties a connection).
     fn reserve_open(&self, slot: u64) -> Option<Reserved> {
-        let mut open = unpoisoned(&self.open);
-        open.retain(|conn| !conn.is_closed());
-        let conn = open.iter().find(|conn| conn.reserve(slot))?;
+        let open = unpoisoned(&self.open);
+        let conn = open
+            .iter()
+            .find(|conn| !conn.is_closed() && conn.reserve(slot))?;
         Some(Reserved::new(Arc::clone(conn), slot))
     }
 
@@ -550,11 +552,15 @@ impl Pool {
         self.trim();
     }
 
-    /// Closes the shared connections that hold nothing beyond [`MAX_IDLE`] of them.
+    /// Drops the closed connections, and closes the shared connections that hold nothing
+    /// beyond [`MAX_IDLE`] of them.
     pub(crate) fn trim(&self) {
         let mut open = unpoisoned(&self.open);
         let mut idle = 0;
         open.retain(|conn| {
+            if conn.is_closed() {
+                return false;
+            }
             if !conn.is_empty() {
                 return true;
             }

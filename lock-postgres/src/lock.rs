@@ -46,7 +46,7 @@ use tokio_postgres::types::{ToSql, Type};
 use crate::config::PostgresStrategy;
 use crate::connection::{Conn, LOOKS, Reserved};
 use crate::error::BACKEND;
-use crate::shared::{Mode, Shared};
+use crate::shared::{Mode, Shared, Statements};
 
 /// Which advisory lock of a name a kind of lock takes (the second argument of
 /// `hashtextextended`): a mutex and a read-write lock of one name never exclude each other.
@@ -75,6 +75,8 @@ pub(crate) struct Target {
     /// The lock's number among a connection's holdings: a hash of the key and the kind
     /// (two locks whose numbers collide only never share a connection).
     pub(crate) slot: u64,
+    /// `kind` as the statements' parameter.
+    seed: i64,
 }
 
 impl Target {
@@ -94,7 +96,24 @@ impl Target {
             kind,
             channel,
             slot,
+            seed: kind as i64,
         }
+    }
+
+    /// The statement that unlocks this lock from `statements`, notifying its channel when
+    /// `notifies`, and its parameters.
+    fn unlock<'a>(
+        &'a self,
+        statements: &'a Statements,
+        notifies: bool,
+    ) -> (&'a str, Vec<(&'a (dyn ToSql + Sync), Type)>) {
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> =
+            vec![(&self.key, Type::TEXT), (&self.seed, Type::INT8)];
+        if !notifies {
+            return (&statements.unlock, params);
+        }
+        params.push((&self.channel, Type::TEXT));
+        (&statements.unlock_and_notify, params)
     }
 }
 
@@ -184,18 +203,7 @@ fn unlock_in_background(
 ) {
     let runtime = shared.runtime.clone();
     runtime.spawn(async move {
-        let key: &str = &target.key;
-        let kind = target.kind as i64;
-        let channel: &str = &target.channel;
-        let mut params: Vec<(&(dyn ToSql + Sync), Type)> =
-            vec![(&key, Type::TEXT), (&kind, Type::INT8)];
-        let statements = shared.statements(mode);
-        let unlock = if notifies {
-            params.push((&channel, Type::TEXT));
-            &statements.unlock_and_notify
-        } else {
-            &statements.unlock
-        };
+        let (unlock, params) = target.unlock(shared.statements(mode), notifies);
         let keepalive = shared.config.keepalive;
         if !matches!(
             reserved.conn.within(keepalive, unlock, &params).await,
@@ -203,8 +211,11 @@ fn unlock_in_background(
         ) {
             reserved.conn.lose_all(&LossReason::Disconnected);
         }
+        let conn = Arc::clone(&reserved.conn);
         drop(reserved);
-        shared.pool.trim();
+        if conn.is_empty() {
+            shared.pool.trim();
+        }
     });
 }
 
@@ -515,7 +526,9 @@ impl HeldLock {
     fn give_back(&self, conn: Arc<Conn>) {
         let shared = Arc::clone(&self.shared);
         if !self.listening {
-            shared.pool.trim();
+            if conn.is_empty() {
+                shared.pool.trim();
+            }
             return;
         }
         tokio::spawn(async move {
@@ -543,17 +556,7 @@ impl HeldEntry for HeldLock {
         // lock not held then means that one did.
         let in_doubt = sent.load(Ordering::Acquire);
         let statements = self.shared.statements(self.mode);
-        let key: &str = &self.target.key;
-        let kind = self.target.kind as i64;
-        let channel: &str = &self.target.channel;
-        let mut params: Vec<(&(dyn ToSql + Sync), Type)> =
-            vec![(&key, Type::TEXT), (&kind, Type::INT8)];
-        let unlock = if self.notifies {
-            params.push((&channel, Type::TEXT));
-            &statements.unlock_and_notify
-        } else {
-            &statements.unlock
-        };
+        let (unlock, params) = self.target.unlock(statements, self.notifies);
         sent.store(true, Ordering::Release);
         match conn.ask(unlock, &params).await {
             Ok(rows) => {
