@@ -12,7 +12,7 @@ use lock_core::kit::{
     Abandon, HeldEntry, Releasing, Removal, RemovalError, Retry, entry_guard_watching,
     notified_until, retry_in_background,
 };
-use lock_core::{Deadline, FencingToken, Guard, LockError, LockName, LossReason, lost_signal};
+use lock_core::{Deadline, FencingToken, Guard, LockError, LockName, lost_signal};
 use tokio::sync::Notify;
 
 use crate::error::BACKEND;
@@ -208,7 +208,7 @@ async fn own_key_removed(
         return true;
     }
     match session.upgrade() {
-        Some(live) => !Box::pin(lease_ended(&live, &key)).await,
+        Some(live) => !Box::pin(live.lease_ended(&key)).await,
         None => false,
     }
 }
@@ -276,23 +276,6 @@ async fn watch_own_key(session: &Weak<Session>, key: &str, granted: Granted) -> 
             }
         }
     }
-}
-
-/// Whether the holder's key was deleted because the session's lease ended on the server:
-/// then the session ends with [`LossReason::SessionExpired`], as when a keep-alive finds
-/// the lease gone (every guard of the lease lost, for that reason), rather than the key's
-/// guard alone for a removed entry. When the server cannot tell, the deletion stands as a
-/// removal.
-async fn lease_ended(session: &Session, key: &str) -> bool {
-    let mut leases = session.client.lease_client();
-    let asked = session
-        .ask(key, leases.time_to_live(session.lease, None))
-        .await;
-    let ended = asked.is_ok_and(|answer| answer.ttl() <= 0);
-    if ended {
-        session.end(LossReason::SessionExpired);
-    }
-    ended
 }
 
 /// Whether the key is gone or is not the one created at `revision`, and the revision at

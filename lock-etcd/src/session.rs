@@ -46,6 +46,9 @@ pub(crate) struct Session {
     pub(crate) watches: Watches,
     pub(crate) timeout: Duration,
     ttl: Duration,
+    /// The latest answer to "has the lease ended?" and when its question was sent: one
+    /// answer serves every deletion seen before that.
+    lease_asked: tokio::sync::Mutex<Option<(Instant, bool)>>,
 }
 
 impl Session {
@@ -116,6 +119,7 @@ impl Session {
             watches,
             timeout,
             ttl: Duration::from_secs(grant.ttl().max(1) as u64),
+            lease_asked: tokio::sync::Mutex::new(None),
         });
         tracing::debug!(
             lease = format_args!("{:x}", session.lease),
@@ -158,6 +162,38 @@ impl Session {
         if guards > 0 {
             tracing::warn!(%reason, guards, lease = format_args!("{:x}", self.lease), "etcd: guards lost");
         }
+    }
+
+    /// Whether a held key seen deleted went because the session's lease ended on the
+    /// server: then the session ends with [`LossReason::SessionExpired`], as when a
+    /// keep-alive finds the lease gone (every guard of the lease lost, for that reason),
+    /// rather than the key's guard alone for a removed entry. When the server cannot tell,
+    /// the deletion stands as a removal. Also `true` once the session is over for another
+    /// reason: its end fires the signals.
+    ///
+    /// A revoked or expired lease deletes every key on it at once: the holders ask one at
+    /// a time, and an answer to a question sent after a deletion was seen serves that
+    /// deletion, so the whole session's keys cost one question, not one each.
+    pub(crate) async fn lease_ended(&self, key: &str) -> bool {
+        let seen = Instant::now();
+        let mut asked = self.lease_asked.lock().await;
+        if self.is_over() {
+            return true;
+        }
+        if let Some((sent, ended)) = *asked
+            && sent >= seen
+        {
+            return ended;
+        }
+        let sent = Instant::now();
+        let mut leases = self.client.lease_client();
+        let answer = self.ask(key, leases.time_to_live(self.lease, None)).await;
+        let ended = answer.is_ok_and(|answer| answer.ttl() <= 0);
+        *asked = Some((sent, ended));
+        if ended {
+            self.end(LossReason::SessionExpired);
+        }
+        ended
     }
 
     /// Registers a guard's lost signal; `None` when the session is over already, or its

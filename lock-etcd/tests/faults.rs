@@ -137,3 +137,37 @@ async fn renewals_and_new_sessions_are_counted() {
     assert!(counted(&sessions) > reconnects, "the new session counted");
     again.release().await.unwrap();
 }
+
+/// A revoked lease deletes every key the session holds at once: the session ends with one
+/// question to the server, not one per held key, and every lost signal fires. (What else
+/// is sent: the cancels of the watches that saw their deletion before the session ended.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_lease_is_asked_about_once() {
+    const LOCKS: usize = 2000;
+    let h = EtcdHarness::new(EtcdStrategy::Predecessor).await;
+    let config = EtcdConfig::new(vec![h.endpoint()])
+        .with_lease_ttl(Duration::from_secs(30))
+        .with_timeout(Duration::from_secs(5));
+    let provider = EtcdLockProvider::connect(config).await.unwrap();
+    let name = unique_name("revoked-many");
+    let mut guards = Vec::with_capacity(LOCKS);
+    for i in 0..LOCKS {
+        let lock = provider.lock(&format!("{name}-{i}")).unwrap();
+        guards.push(lock.try_acquire().await.unwrap().expect("a free lock"));
+    }
+    let before = provider.metrics().server_requests;
+    let lease = provider.lease_id().unwrap();
+    let revoked = tokio::time::Instant::now();
+    h.admin().lease_client().revoke(lease).await.unwrap();
+    for guard in &guards {
+        let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost().wait()).await;
+        assert_eq!(reason.unwrap(), Some(LossReason::SessionExpired));
+    }
+    let took = revoked.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let asked = provider.metrics().server_requests - before;
+    assert!(
+        asked < LOCKS as u64 / 10,
+        "{asked} requests after the revoke; all {LOCKS} lost after {took:?}"
+    );
+}
