@@ -58,6 +58,7 @@
 //! etcds://h1:2379?tls_ca=/etc/etcd/ca.pem    # TLS; without tls_ca, the system's authorities
 //! ```
 
+mod channel;
 mod config;
 mod contenders;
 mod election;

@@ -21,6 +21,7 @@ use lock_core::kit::{Closed, LostSignals, ServerSession, SessionSlot, unpoisoned
 use lock_core::{Deadline, LockError, LossReason, LostNotifier, Metrics};
 use tokio::time::Instant;
 
+use crate::channel::WideWindow;
 use crate::config::EtcdConfig;
 use crate::error::{BACKEND, connection, lock_error, timed_out};
 use crate::watches::{Watch, Watches};
@@ -328,7 +329,8 @@ async fn connect_and_grant(
     if config.uses_tls() {
         options = options.with_tls(tls_options(config)?);
     }
-    let connecting = Client::connect(config.endpoints.clone(), Some(options));
+    let connecting =
+        Client::connect_with_balanced_channel(&config.endpoints, Some(options), WideWindow);
     let client = bounded(timeout, None, connecting).await?;
     let granting = Instant::now();
     let mut leases = client.lease_client();
