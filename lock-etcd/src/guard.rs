@@ -201,9 +201,12 @@ async fn own_key_removed(
     granted: Granted,
     releasing: Releasing,
 ) -> bool {
-    if !watch_own_key(&session, &key, granted).await {
+    // The watch that saw the deletion is kept until the question below is answered: when
+    // the lease ended, the session's end stops the stream, and none of its held keys'
+    // watches is cancelled one by one.
+    let Some(_seen_by) = watch_own_key(&session, &key, granted).await else {
         return false;
-    }
+    };
     if releasing.is_set() {
         return true;
     }
@@ -213,15 +216,15 @@ async fn own_key_removed(
     }
 }
 
-/// Whether the granted key was deleted (or replaced); `false` when the session ended first
-/// (its end fires the signal).
+/// The watch that saw the granted key deleted (or replaced); `None` when the session ended
+/// first (its end fires the signal).
 ///
 /// The key was the holder's at `granted.seen`, and a watch sees only after the revision it
 /// began at (see [`crate::watches`]): the watch made while the holder waited began no
 /// later than that; when a watch made now begins later, the key is read once more, so that
 /// a deletion in between is not missed. So again whenever the watch is made anew (its
 /// stream broke, or a compaction cancelled it).
-async fn watch_own_key(session: &Weak<Session>, key: &str, granted: Granted) -> bool {
+async fn watch_own_key(session: &Weak<Session>, key: &str, granted: Granted) -> Option<Watch> {
     let Granted {
         created,
         mut seen,
@@ -230,9 +233,7 @@ async fn watch_own_key(session: &Weak<Session>, key: &str, granted: Granted) -> 
     // The requests below are boxed: this task lives as long as the guard, and its state
     // should be the small watch it waits on, not the larger futures of the requests.
     loop {
-        let Some(live) = session.upgrade().filter(|s| !s.is_over()) else {
-            return false;
-        };
+        let live = session.upgrade().filter(|s| !s.is_over())?;
         let made = match waited_with.take() {
             Some(watch) => Ok(watch),
             None => Box::pin(live.watch_deletions(key, key, false, &Deadline::after(None))).await,
@@ -247,7 +248,7 @@ async fn watch_own_key(session: &Weak<Session>, key: &str, granted: Granted) -> 
         };
         if watch.from > seen {
             match Box::pin(key_changed(&live, key, created)).await {
-                Ok((true, _)) => return true,
+                Ok((true, _)) => return Some(watch),
                 Ok((false, at)) => seen = seen.max(at),
                 Err(_) => {
                     drop((live, watch));
@@ -259,7 +260,7 @@ async fn watch_own_key(session: &Weak<Session>, key: &str, granted: Granted) -> 
         loop {
             let answer = tokio::select! {
                 answer = watch.next() => answer,
-                () = live.over.wait() => return false,
+                () = live.over.wait() => return None,
             };
             match answer {
                 // Compacted, or the stream broke: watch anew (and look).
@@ -270,7 +271,7 @@ async fn watch_own_key(session: &Weak<Session>, key: &str, granted: Granted) -> 
                 // hold of the lock): only a deletion after `seen` is of this key.
                 Some(answer) => {
                     if deleted_after(&answer, seen).is_some() {
-                        return true;
+                        return Some(watch);
                     }
                 }
             }
