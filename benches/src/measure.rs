@@ -115,4 +115,14 @@ pub struct ScaleMeasurement {
     /// signal of the last of them fired (every one must fire).
     #[serde(default)]
     pub all_lost_ms: f64,
+    /// Milliseconds from the server's end of a fresh client's session, every lock held,
+    /// until the last lost signal fired: ZooKeeper's session closed, etcd's lease revoked,
+    /// PostgreSQL's connections terminated. `None` where the server keeps no session
+    /// (Redis's locks are leases).
+    #[serde(default)]
+    pub server_end_lost_ms: Option<f64>,
+    /// The requests that client sent from the session's end until its last lost signal:
+    /// a question per lock would be a herd.
+    #[serde(default)]
+    pub server_end_requests: Option<u64>,
 }

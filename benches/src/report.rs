@@ -50,7 +50,7 @@ const MEASUREMENT_COLUMNS: [(&str, bool); 16] = [
 ];
 
 /// Columns of [`scale_table`].
-const SCALE_COLUMNS: [(&str, bool); 9] = [
+const SCALE_COLUMNS: [(&str, bool); 11] = [
     ("strategy", true),
     ("locks", false),
     ("acquire/s", false),
@@ -60,6 +60,8 @@ const SCALE_COLUMNS: [(&str, bool); 9] = [
     ("server B/lock", false),
     ("leftovers", false),
     ("all lost ms", false),
+    ("server end: lost ms", false),
+    ("requests", false),
 ];
 
 /// An aligned plain-text table of `measurements` for the terminal: a header, a rule and
@@ -76,8 +78,8 @@ pub fn table(measurements: &[Measurement]) -> String {
 /// An aligned plain-text table of scale runs for the terminal: a header, a rule and one
 /// row per run (strategy, locks held, acquisitions and releases per second, client memory
 /// growth per lock in the second round and the first, the server's memory growth per lock,
-/// locks left on the server, and how long after the provider's close the last lost signal
-/// fired).
+/// locks left on the server, how long after the provider's close the last lost signal
+/// fired, and after the server ended a session, with the requests sent meanwhile).
 pub fn scale_table(measurements: &[ScaleMeasurement]) -> String {
     let rows: Vec<Vec<String>> = measurements.iter().map(scale_cells).collect();
     aligned(&SCALE_COLUMNS, &rows)
@@ -115,6 +117,9 @@ fn scale_cells(m: &ScaleMeasurement) -> Vec<String> {
         optional(m.server_bytes_per_lock, 1),
         m.leftovers.to_string(),
         fixed(m.all_lost_ms, 1),
+        optional(m.server_end_lost_ms, 1),
+        m.server_end_requests
+            .map_or_else(|| "–".to_owned(), |requests| requests.to_string()),
     ]
 }
 
@@ -1035,6 +1040,8 @@ mod tests {
             server_bytes_per_lock: Some(310.0),
             leftovers: 0,
             all_lost_ms: 41.5,
+            server_end_lost_ms: Some(63.0),
+            server_end_requests: Some(1),
         };
         let text = scale_table(&[run.clone(), run]);
         assert_eq!(text.lines().count(), 4);
@@ -1232,6 +1239,8 @@ mod tests {
             server_bytes_per_lock: None,
             leftovers: 0,
             all_lost_ms: 12.0,
+            server_end_lost_ms: None,
+            server_end_requests: None,
         }];
         let ms = data();
         let written = write_report(&out, &ms, &scale, "host x, 2025-01-01, `cargo run`").unwrap();

@@ -7,7 +7,7 @@ use lock_core::{Guard, LockError};
 
 use crate::measure::ScaleMeasurement;
 use crate::scenario::{RedisKeys, bench_error, mntr_stat, server_memory};
-use crate::strategy::{Backend, Servers, Strategy};
+use crate::strategy::{Backend, Servers, SessionEnd, Strategy};
 
 /// Acquisitions or releases in flight at once.
 const IN_FLIGHT: usize = 64;
@@ -61,7 +61,9 @@ fn acquisitions(
 
 /// One provider of `strategy` takes `locks` distinct locks, holds them all, then releases
 /// them all; measures the rates and the client's and the server's memory per held lock,
-/// and checks that nothing is left on the server.
+/// and checks that nothing is left on the server. Then the lost signals: every lock held
+/// again and the provider closed, and every lock held by a fresh provider whose session
+/// the server ends (where it keeps one).
 ///
 /// # Errors
 ///
@@ -118,7 +120,9 @@ pub async fn run(
     let held = take_all(&handles, locks).await?;
     drop(handles);
     let all_lost = all_lost_after(provider, held).await?;
-    // And once more after: what closing the provider left.
+    let server_end = ended_by_server(strategy, servers, &names, locks).await?;
+    // And once more after: what closing the provider, and the server's end of a session,
+    // left.
     let leftovers = left_connected.max(check.count(servers).await?);
     let rate = |time: Duration| locks as f64 / time.as_secs_f64().max(1e-9);
     Ok(ScaleMeasurement {
@@ -134,6 +138,8 @@ pub async fn run(
             .map(|(before, held)| (held as f64 - before as f64) / locks as f64),
         leftovers,
         all_lost_ms: all_lost.as_secs_f64() * 1e3,
+        server_end_lost_ms: server_end.map(|(lost, _)| lost.as_secs_f64() * 1e3),
+        server_end_requests: server_end.map(|(_, requests)| requests),
     })
 }
 
@@ -168,22 +174,64 @@ async fn all_lost_after(
     provider: Arc<dyn lock_core::LockProvider>,
     held: Vec<Guard>,
 ) -> Result<Duration, LockError> {
-    let signals: Vec<_> = held.iter().map(Guard::lost).collect();
     let closed = Instant::now();
     drop(provider);
+    all_lost_since(&held, closed, "the close").await
+}
+
+/// A fresh client of `strategy` takes the locks of `names`, then its server ends its
+/// session ([`SessionEnd`]): how long until the last lost signal fired, and how many
+/// requests the client sent meanwhile (one question per lock would be a herd). `None`
+/// where the server keeps no session to end.
+///
+/// # Errors
+///
+/// As [`all_lost_after`], and the session's end refused.
+async fn ended_by_server(
+    strategy: Strategy,
+    servers: &Servers,
+    names: &[String],
+    locks: usize,
+) -> Result<Option<(Duration, u64)>, LockError> {
+    let (provider, end) = strategy.connect_ending(servers).await?;
+    if matches!(end, SessionEnd::Unsupported) {
+        return Ok(None);
+    }
+    let handles = names
+        .iter()
+        .map(|name| provider.lock(name))
+        .collect::<Result<Vec<_>, _>>()?;
+    let held = take_all(&handles, locks).await?;
+    let before = provider.metrics().server_requests;
+    let ended = Instant::now();
+    end.end().await?;
+    let all_lost = all_lost_since(&held, ended, "the server's end of the session").await?;
+    let requests = provider.metrics().server_requests.saturating_sub(before);
+    Ok(Some((all_lost, requests)))
+}
+
+/// Waits for the lost signal of every guard of `held`, for at most [`LOSS_BOUND`] after
+/// `since`: the time from `since` until the last fired.
+///
+/// # Errors
+///
+/// Signals that did not fire within that bound.
+async fn all_lost_since(held: &[Guard], since: Instant, what: &str) -> Result<Duration, LockError> {
     let mut silent = 0;
-    for signal in &signals {
-        let left = LOSS_BOUND.saturating_sub(closed.elapsed());
-        if tokio::time::timeout(left, signal.wait()).await.is_err() {
+    for guard in held {
+        let left = LOSS_BOUND.saturating_sub(since.elapsed());
+        if tokio::time::timeout(left, guard.lost().wait())
+            .await
+            .is_err()
+        {
             silent += 1;
         }
     }
-    let all_lost = closed.elapsed();
-    drop(held);
+    let all_lost = since.elapsed();
     if silent > 0 {
         return Err(bench_error(format!(
-            "{silent} of {} lost signals did not fire within {LOSS_BOUND:?} of the close",
-            signals.len()
+            "{silent} of {} lost signals did not fire within {LOSS_BOUND:?} of {what}",
+            held.len()
         )));
     }
     Ok(all_lost)

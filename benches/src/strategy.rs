@@ -144,6 +144,21 @@ impl Strategy {
     ///
     /// The backend's connection errors.
     pub async fn connect(self, servers: &Servers) -> Result<Arc<dyn LockProvider>, LockError> {
+        self.connect_ending(servers)
+            .await
+            .map(|(provider, _)| provider)
+    }
+
+    /// A new client as [`connect`](Self::connect) makes it, and how to have its server end
+    /// its session.
+    ///
+    /// # Errors
+    ///
+    /// The backend's connection errors.
+    pub async fn connect_ending(
+        self,
+        servers: &Servers,
+    ) -> Result<(Arc<dyn LockProvider>, SessionEnd), LockError> {
         let zk = || {
             servers.zk.clone().ok_or_else(|| LockError::Config {
                 message: format!("{self} needs a ZooKeeper server"),
@@ -161,10 +176,19 @@ impl Strategy {
             _ => None,
         };
         if let Some(strategy) = zk_strategy {
-            let config = ZkConfig::new(zk()?.split(','))
+            let endpoints = zk()?;
+            let config = ZkConfig::new(endpoints.split(','))
                 .with_strategy(strategy)
                 .with_session_timeout(Duration::from_secs(10));
-            return Ok(Arc::new(ZkLockProvider::connect(config).await?));
+            let provider = ZkLockProvider::connect(config).await?;
+            let end =
+                provider
+                    .client()
+                    .map_or(SessionEnd::Unsupported, |client| SessionEnd::ZooKeeper {
+                        session: client.session().clone(),
+                        endpoints,
+                    });
+            return Ok((Arc::new(provider), end));
         }
         let redis_strategy = match self {
             Strategy::RedisPolling => Some(RedisStrategy::Polling),
@@ -176,7 +200,8 @@ impl Strategy {
             let mut config = RedisConfig::from_url(&redis()?)?;
             config.strategy = strategy;
             config.lease.ttl = Duration::from_secs(10);
-            return Ok(Arc::new(RedisLockProvider::connect(config).await?));
+            let provider = RedisLockProvider::connect(config).await?;
+            return Ok((Arc::new(provider), SessionEnd::Unsupported));
         }
         let etcd = || {
             servers.etcd.clone().ok_or_else(|| LockError::Config {
@@ -190,10 +215,18 @@ impl Strategy {
             _ => None,
         };
         if let Some(strategy) = etcd_strategy {
-            let config = EtcdConfig::new([etcd()?])
+            let endpoint = etcd()?;
+            let config = EtcdConfig::new([endpoint.clone()])
                 .with_strategy(strategy)
                 .with_lease_ttl(ETCD_LEASE_TTL);
-            return Ok(Arc::new(EtcdLockProvider::connect(config).await?));
+            let provider = EtcdLockProvider::connect(config).await?;
+            let end = provider
+                .lease_id()
+                .map_or(SessionEnd::Unsupported, |lease| SessionEnd::Etcd {
+                    endpoint,
+                    lease,
+                });
+            return Ok((Arc::new(provider), end));
         }
         let postgres_strategy = match self {
             Strategy::PgAdvisory => Some(PostgresStrategy::Advisory),
@@ -205,16 +238,98 @@ impl Strategy {
             let url = servers.postgres.clone().ok_or_else(|| LockError::Config {
                 message: format!("{self} needs a PostgreSQL server"),
             })?;
-            let mut config = PostgresConfig::new(url);
+            let mut config = PostgresConfig::new(url.clone());
             config.strategy = strategy;
-            return Ok(Arc::new(PostgresLockProvider::connect(config).await?));
+            let provider = PostgresLockProvider::connect(config).await?;
+            return Ok((Arc::new(provider), SessionEnd::Postgres { url }));
         }
+        let peer: Arc<dyn LockProvider> = match self {
+            Strategy::EtcdV3Lock => {
+                Arc::new(V3LockProvider::connect(&etcd()?, ETCD_LEASE_TTL).await?)
+            }
+            _ => Arc::new(RecipeProvider::connect(&zk()?).await?),
+        };
+        Ok((peer, SessionEnd::Unsupported))
+    }
+}
+
+/// How the server is made to end a client's session, where it keeps one: what the scale
+/// mode does to see every lost signal fire.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SessionEnd {
+    /// ZooKeeper: the session taken over on a connection of our own (the server drops the
+    /// client's), then closed.
+    ZooKeeper {
+        /// The client's session.
+        session: zookeeper_client::SessionInfo,
+        /// The servers, `host:port,…`.
+        endpoints: String,
+    },
+    /// etcd: the session's lease revoked.
+    Etcd {
+        /// A member.
+        endpoint: String,
+        /// The session's lease.
+        lease: i64,
+    },
+    /// PostgreSQL: the server processes of the client's connections (application name
+    /// `distlock`) terminated.
+    Postgres {
+        /// The server.
+        url: String,
+    },
+    /// No session on the server to end: Redis's leases, the peers' recipes.
+    Unsupported,
+}
+
+impl SessionEnd {
+    /// Has the server end the session; `false` when there is none to end.
+    ///
+    /// # Errors
+    ///
+    /// Connection errors, and a server that refuses.
+    pub async fn end(&self) -> Result<bool, LockError> {
+        let failed = |what: &str, error: &dyn fmt::Display| {
+            LockError::other("herd", format!("ending the session: {what}: {error}"))
+        };
         match self {
-            Strategy::EtcdV3Lock => Ok(Arc::new(
-                V3LockProvider::connect(&etcd()?, ETCD_LEASE_TTL).await?,
-            )),
-            _ => Ok(Arc::new(RecipeProvider::connect(&zk()?).await?)),
+            SessionEnd::ZooKeeper { session, endpoints } => {
+                let taken = zookeeper_client::Client::connector()
+                    .with_session(session.clone())
+                    .connect(endpoints)
+                    .await
+                    .map_err(|e| failed("taking the ZooKeeper session over", &e))?;
+                // The last handle's drop sends the session's close.
+                drop(taken);
+            }
+            SessionEnd::Etcd { endpoint, lease } => {
+                let client = etcd_client::Client::connect([endpoint], None)
+                    .await
+                    .map_err(|e| failed("connecting to etcd", &e))?;
+                client
+                    .lease_client()
+                    .revoke(*lease)
+                    .await
+                    .map_err(|e| failed("revoking the lease", &e))?;
+            }
+            SessionEnd::Postgres { url } => {
+                let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                    .await
+                    .map_err(|e| failed("connecting to PostgreSQL", &e))?;
+                tokio::spawn(connection);
+                client
+                    .execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                         WHERE application_name = 'distlock' AND pid <> pg_backend_pid()",
+                        &[],
+                    )
+                    .await
+                    .map_err(|e| failed("terminating the connections", &e))?;
+            }
+            SessionEnd::Unsupported => return Ok(false),
         }
+        Ok(true)
     }
 }
 

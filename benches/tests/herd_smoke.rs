@@ -359,6 +359,16 @@ fn a_scale_run_of_two_sizes_reports_each_and_leaves_nothing() {
             run["all_lost_ms"].as_f64().is_some_and(|ms| ms >= 0.0),
             "no time to the last lost signal: {run}"
         );
+        // ZooKeeper's server can end a session; Redis keeps none (its locks are leases).
+        let server_ends = run["strategy"] == "zk-predecessor";
+        assert_eq!(
+            run["server_end_lost_ms"]
+                .as_f64()
+                .is_some_and(|ms| ms >= 0.0),
+            server_ends,
+            "{run}"
+        );
+        assert_eq!(run["server_end_requests"].is_u64(), server_ends, "{run}");
     }
 }
 
