@@ -139,8 +139,8 @@ async fn renewals_and_new_sessions_are_counted() {
 }
 
 /// A revoked lease deletes every key the session holds at once: the session ends with one
-/// question to the server, not one per held key, and every lost signal fires. (What else
-/// is sent: the cancels of the watches that saw their deletion before the session ended.)
+/// question to the server, not one per held key, and every lost signal fires; the watches
+/// that saw their deletion are not cancelled one by one either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_lease_is_asked_about_once() {
     const LOCKS: usize = 2000;

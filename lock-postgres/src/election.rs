@@ -90,11 +90,10 @@ impl LeaderSource for PostgresElection {
         shared.closed.check(BACKEND, &self.target.name)?;
         let look = shared.pool.look().await?;
         let key: &str = &self.target.key;
-        let kind = self.target.kind as i64;
         let row: &str = self.target.name.as_str();
         let params = [
             (&key as &(dyn ToSql + Sync), Type::TEXT),
-            (&kind, Type::INT8),
+            (&self.target.seed, Type::INT8),
             (&row, Type::TEXT),
         ];
         let rows = look

@@ -76,7 +76,7 @@ pub(crate) struct Target {
     /// (two locks whose numbers collide only never share a connection).
     pub(crate) slot: u64,
     /// `kind` as the statements' parameter.
-    seed: i64,
+    pub(crate) seed: i64,
 }
 
 impl Target {
@@ -242,10 +242,12 @@ pub(crate) async fn contend(
         }
     };
     let key: &str = &target.key;
-    let kind = target.kind as i64;
     let row: &str = target.name.as_str();
-    let mut params: Vec<(&(dyn ToSql + Sync), Type)> =
-        vec![(&key, Type::TEXT), (&kind, Type::INT8), (&row, Type::TEXT)];
+    let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
+        (&key, Type::TEXT),
+        (&target.seed, Type::INT8),
+        (&row, Type::TEXT),
+    ];
     if let Some(value) = &value {
         params.push((value, Type::BYTEA));
     }
@@ -652,14 +654,13 @@ impl MutexAttempt for PostgresLock {
     async fn queue(&self) -> Result<LockQueue, LockError> {
         let look = self.shared.pool.look().await?;
         let key: &str = &self.target.key;
-        let kind = self.target.kind as i64;
         let row: &str = self.target.name.as_str();
         let params = [
             (
                 &key as &(dyn tokio_postgres::types::ToSql + Sync),
                 Type::TEXT,
             ),
-            (&kind, Type::INT8),
+            (&self.target.seed, Type::INT8),
             (&row, Type::TEXT),
         ];
         let rows = look
@@ -690,8 +691,8 @@ impl MutexAttempt for PostgresLock {
             })
             .collect();
         let queue = LockQueue::new(contenders).at(format!(
-            "advisory lock hashtextextended('{}', {kind})",
-            self.target.key
+            "advisory lock hashtextextended('{}', {})",
+            self.target.key, self.target.seed
         ));
         Ok(match self.shared.config.strategy {
             PostgresStrategy::Advisory => queue,

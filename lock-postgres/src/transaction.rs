@@ -203,7 +203,7 @@ impl TransactionLock {
     ) -> Result<Option<FencingToken>, LockError> {
         let (key, kind, row) = (
             self.target.key.as_str(),
-            self.target.kind as i64,
+            self.target.seed,
             self.target.name.as_str(),
         );
         let params: [(&(dyn ToSql + Sync), Type); 3] =

@@ -259,70 +259,76 @@ impl Ord for Due {
 /// One session's lease timer (see the module's implementation details).
 #[derive(Default)]
 pub(super) struct Renewals {
-    queue: Mutex<BinaryHeap<Due>>,
+    queued: Mutex<Queued>,
     /// A lease was queued ahead of the timer's next time, or after the session's end.
     changed: Notify,
+}
+
+/// The due times, and the task that serves them: one lock for both, taken once per lease
+/// queued.
+#[derive(Default)]
+struct Queued {
+    due: BinaryHeap<Due>,
     /// The timer task. One that finished before the session ended ran on a runtime that
     /// has shut down since: the next lease starts another on the caller's runtime.
-    task: Mutex<Option<JoinHandle<()>>>,
+    timer: Option<JoinHandle<()>>,
 }
 
 impl fmt::Debug for Renewals {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Renewals")
-            .field("queued", &unpoisoned(&self.queue).len())
+            .field("queued", &unpoisoned(&self.queued).due.len())
             .finish()
     }
 }
 
 impl Renewals {
+    /// Queues `held` for `at`, starting the timer task unless it runs.
     fn enqueue(self: &Arc<Self>, held: &Arc<Held>, at: Instant) {
         let session = held.lease.session();
         let first = {
-            let mut queue = unpoisoned(&self.queue);
-            let first = queue.peek().is_none_or(|due| at < due.at);
-            queue.push(Due {
+            let mut queued = unpoisoned(&self.queued);
+            let first = queued.due.peek().is_none_or(|due| at < due.at);
+            queued.due.push(Due {
                 at,
                 held: Arc::downgrade(held),
             });
+            if queued.timer.as_ref().is_none_or(JoinHandle::is_finished) {
+                match tokio::runtime::Handle::try_current() {
+                    Ok(runtime) => {
+                        let timer = timer(Arc::clone(self), session.subscribe());
+                        queued.timer = Some(runtime.spawn(timer));
+                    }
+                    Err(_) => {
+                        tracing::error!(
+                            "a lease guard made outside a tokio runtime is not renewed"
+                        );
+                    }
+                }
+            }
             first
         };
-        self.run_timer(session);
         if first || session.is_closed() {
             self.changed.notify_one();
         }
     }
 
-    /// Starts the timer task unless it runs.
-    fn run_timer(self: &Arc<Self>, session: &Closed) {
-        let mut task = unpoisoned(&self.task);
-        if task.as_ref().is_some_and(|task| !task.is_finished()) {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::error!("a lease guard made outside a tokio runtime is not renewed");
-            return;
-        };
-        *task = Some(runtime.spawn(timer(Arc::clone(self), session.subscribe())));
-    }
-
     /// Takes the leases whose time has come, and returns the next time.
     fn take_due(&self, now: Instant) -> (Vec<Arc<Held>>, Option<Instant>) {
-        let mut queue = unpoisoned(&self.queue);
+        let mut queued = unpoisoned(&self.queued);
         let mut due = Vec::new();
-        while queue.peek().is_some_and(|next| next.at <= now) {
-            if let Some(held) = queue.pop().and_then(|next| next.held.upgrade()) {
+        while queued.due.peek().is_some_and(|next| next.at <= now) {
+            if let Some(held) = queued.due.pop().and_then(|next| next.held.upgrade()) {
                 due.push(held);
             }
         }
-        (due, queue.peek().map(|next| next.at))
+        (due, queued.due.peek().map(|next| next.at))
     }
 
     /// Takes every queued lease.
     fn take_all(&self) -> Vec<Arc<Held>> {
-        let queue = std::mem::take(&mut *unpoisoned(&self.queue));
-        queue
-            .into_iter()
+        let due = std::mem::take(&mut unpoisoned(&self.queued).due);
+        due.into_iter()
             .filter_map(|due| due.held.upgrade())
             .collect()
     }
@@ -348,8 +354,8 @@ async fn timer(renewals: Arc<Renewals>, mut ended: watch::Receiver<bool>) {
             }
             None
         } else {
-            let (due, next) = renewals.take_due(Instant::now());
             let now = Instant::now();
+            let (due, next) = renewals.take_due(now);
             for held in due {
                 held.come_due(now);
             }
