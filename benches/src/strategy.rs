@@ -179,7 +179,7 @@ impl Strategy {
             let endpoints = zk()?;
             let config = ZkConfig::new(endpoints.split(','))
                 .with_strategy(strategy)
-                .with_session_timeout(Duration::from_secs(10));
+                .with_session_timeout(ZK_SESSION_TIMEOUT);
             let provider = ZkLockProvider::connect(config).await?;
             let end =
                 provider
@@ -253,6 +253,12 @@ impl Strategy {
     }
 }
 
+/// The session timeout of the ZooKeeper clients the benchmark makes.
+const ZK_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How many times a ZooKeeper session is taken over before its end counts as refused.
+const ZK_TAKEOVER_TRIES: u32 = 8;
+
 /// How the server is made to end a client's session, where it keeps one: what the scale
 /// mode does to see every lost signal fire.
 #[derive(Debug)]
@@ -295,11 +301,23 @@ impl SessionEnd {
         };
         match self {
             SessionEnd::ZooKeeper { session, endpoints } => {
-                let taken = zookeeper_client::Client::connector()
-                    .with_session(session.clone())
-                    .connect(endpoints)
-                    .await
-                    .map_err(|e| failed("taking the ZooKeeper session over", &e))?;
+                // The server drops the client's connection for ours, and the client
+                // reconnects at once and may take the session back before our handshake
+                // ends: a few tries.
+                let mut tries = 0;
+                let taken = loop {
+                    tries += 1;
+                    let connecting = zookeeper_client::Client::connector()
+                        .with_session(session.clone())
+                        .with_session_timeout(ZK_SESSION_TIMEOUT)
+                        .connect(endpoints)
+                        .await;
+                    match connecting {
+                        Ok(taken) => break taken,
+                        Err(_) if tries < ZK_TAKEOVER_TRIES => {}
+                        Err(e) => return Err(failed("taking the ZooKeeper session over", &e)),
+                    }
+                };
                 // The last handle's drop sends the session's close.
                 drop(taken);
             }
