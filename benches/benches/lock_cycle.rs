@@ -111,8 +111,8 @@ fn handoff(c: &mut Criterion) {
 }
 
 /// The memory backend's uncontended cycle with a `metrics` recorder in place (one that keeps
-/// every value, as an exporter would aggregate them, and Prometheus's exporter): the cost
-/// of the metrics that every lock records. Each recorder is the main thread's own while its
+/// every value, as an exporter would aggregate them, and Prometheus's exporter), and with
+/// none: the cost of the metrics that every lock records. Each recorder is the main thread's own while its
 /// run lasts (`block_on` polls there).
 fn uncontended_recorded(c: &mut Criterion) {
     let rt = runtime();
@@ -127,6 +127,9 @@ fn uncontended_recorded(c: &mut Criterion) {
             });
         });
     };
+    // The same cycle with no recorder, beside them: the servers the other groups start
+    // are not warming up meanwhile.
+    cycles("memory_unrecorded");
     let debugging = metrics_util::debugging::DebuggingRecorder::new();
     metrics::with_local_recorder(&debugging, || cycles("memory"));
     // The recorder's histograms keep every value until read.

@@ -95,7 +95,7 @@ struct Shared {
     /// Where a loss is counted in the metrics, once the guard is observed (see
     /// [`observe`](crate::observe)): the loss may fire before or after the guard learns
     /// where to count it, and is counted once either way.
-    recording: OnceLock<crate::observe::Recording>,
+    recording: crate::observe::LossRecording,
     counted: AtomicBool,
 }
 
@@ -236,7 +236,7 @@ impl LostSignal {
 
     /// Counts a loss, when it comes, in the metrics with `labels`.
     pub(crate) fn count_loss_with(&self, recording: crate::observe::Recording) {
-        let _ = self.shared.recording.set(recording);
+        self.shared.recording.set(recording);
         if let Some(reason) = self.reason() {
             self.shared.count(&reason);
         }

@@ -9,7 +9,9 @@
 //!
 //! What it costs: with no recorder installed and the `DEBUG` spans below disabled, an
 //! acquisition costs one look at the facade's recorder and the spans' level, and the
-//! backend's own future runs untouched (nothing timed, nothing wrapped). Otherwise each
+//! backend's own future runs untouched (nothing timed, nothing wrapped); a lock of the kit
+//! ([`MutexAttempt`]) is observed at its attempt, in the one future the kit makes around
+//! it anyway, so that observing it allocates nothing of its own. Otherwise each
 //! thread registers a series' handle with the recorder on its first event and keeps it
 //! (a recorder looks a key up in a registry shared by every thread, which alone cost
 //! several times an in-memory acquisition), and registers again for another recorder: a
@@ -53,7 +55,7 @@
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -62,9 +64,10 @@ use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder};
 use quanta::Clock;
 
 use crate::election::{LeaderInfo, LeaderWatch, Leadership};
+use crate::kit::MutexAttempt;
 use crate::{
-    DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Guard, LockError, LockName,
-    LossReason, queue::LockQueue,
+    Deadline, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Guard, LockError,
+    LockName, LossReason, queue::LockQueue,
 };
 
 /// `distlock_acquisitions_total`: acquisitions by how they ended.
@@ -297,6 +300,12 @@ impl Catalog {
         catalog
     }
 
+    /// The catalog made `index`-th.
+    fn at(index: usize) -> Option<&'static Self> {
+        let catalogs = CATALOGS.lock().unwrap_or_else(PoisonError::into_inner);
+        catalogs.get(index).copied()
+    }
+
     /// Records each change of its series with this thread's handles from `recorder`,
     /// registering each on first use.
     fn record(&self, recorder: &dyn Recorder, changes: &[(Series, Change)]) {
@@ -430,6 +439,16 @@ impl Tick {
     fn until(self, later: Tick) -> Duration {
         Self::clock().delta(self.0, later.0)
     }
+
+    /// [`until`](Self::until) in seconds, as metrics take it: nanoseconds multiplied,
+    /// where a `Duration` would divide three times.
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "a wait or hold of 2^53 ns is 104 days; a histogram keeps less"
+    )]
+    fn seconds_until(self, later: Tick) -> f64 {
+        Self::clock().delta_as_nanos(self.0, later.0) as f64 * 1e-9
+    }
 }
 
 /// What a lock's metrics are labelled with (see the [module docs](self)).
@@ -529,9 +548,9 @@ impl Recording {
 
     /// An acquisition's end: how it ended, how long it waited, and, if it was granted, the
     /// hold's start (returns whether the `held` gauge took it).
-    fn acquisition(&self, call: Call, outcome: usize, waited: Duration) -> bool {
+    fn acquisition(&self, call: Call, outcome: usize, waited: f64) -> bool {
         let call = call as usize;
-        let waited = Change::Record(waited.as_secs_f64());
+        let waited = Change::Record(waited);
         let ended = [
             (Series::Acquisitions { call, outcome }, Change::Count),
             (Series::Wait { call, outcome }, waited),
@@ -547,10 +566,10 @@ impl Recording {
     }
 
     /// A hold's end, and whether the `held` gauge took its start.
-    fn hold(&self, end: HoldEnd, held: Duration, counted: bool) {
+    fn hold(&self, end: HoldEnd, held: f64, counted: bool) {
         let end = end as usize;
         let ended = [
-            (Series::Hold { end }, Change::Record(held.as_secs_f64())),
+            (Series::Hold { end }, Change::Record(held)),
             (Series::Held, Change::Move(-1.0)),
         ];
         self.record(if counted { &ended } else { &ended[..1] });
@@ -559,6 +578,37 @@ impl Recording {
     pub(crate) fn loss(&self, reason: &LossReason) {
         let reason = index(&REASONS, loss_label(reason));
         self.record(&[(Series::Loss { reason }, Change::Count)]);
+    }
+}
+
+/// Where a held lock's loss is counted, set once its guard is observed: one plus the
+/// catalog's index in one atomic word (set with one store, where a `OnceLock` takes two
+/// read-modify-writes on every grant), or the labels of a lock named in its metrics.
+#[derive(Debug, Default)]
+pub(crate) struct LossRecording {
+    catalog: AtomicUsize,
+    named: OnceLock<Arc<Labels>>,
+}
+
+impl LossRecording {
+    /// Sets where losses are counted. Sequentially consistent, as the read of the loss
+    /// that follows it in `LostSignal::count_loss_with`: of this and a loss fired
+    /// meanwhile, one sees the other.
+    pub(crate) fn set(&self, recording: Recording) {
+        match recording {
+            Recording::Catalog(catalog) => self.catalog.store(catalog.index + 1, Ordering::SeqCst),
+            Recording::Named(labels) => {
+                let _ = self.named.set(labels);
+            }
+        }
+    }
+
+    /// Where losses are counted, if set.
+    pub(crate) fn get(&self) -> Option<Recording> {
+        match self.catalog.load(Ordering::SeqCst).checked_sub(1) {
+            Some(index) => Catalog::at(index).map(Recording::Catalog),
+            None => self.named.get().cloned().map(Recording::Named),
+        }
     }
 }
 
@@ -590,7 +640,7 @@ impl Hold {
 
     /// Ends the hold.
     pub(crate) fn end(self, end: HoldEnd) {
-        let held = self.granted.until(Tick::now());
+        let held = self.granted.seconds_until(Tick::now());
         self.recording.hold(end, held, self.counted);
     }
 }
@@ -661,20 +711,41 @@ impl Observer {
         call: Call,
         inner: Boxed<'a, T>,
     ) -> Boxed<'a, T> {
-        let span = self.span(name, call);
-        if span.is_disabled() && !recorder_installed() {
-            return inner;
+        match self.span_if_noted(name, call) {
+            Some(span) => Box::pin(Observing::new(&self.recording, call, span, inner, Ok)),
+            None => inner,
         }
-        Box::pin(Observing {
-            recording: &self.recording,
-            call,
-            inner,
-            span,
-            began: Tick::now(),
-            done: false,
-            suspended: false,
-            waiting_counted: false,
-        })
+    }
+
+    /// A kit `attempt`, a `call` on the lock `name`, observed as the caller's acquisition
+    /// whose result `answer` makes of the attempt's; or, when nothing would take note, that
+    /// acquisition alone. Either way one future around the attempt, as the kit's own.
+    fn observe_attempt<'a, I, T, F>(
+        &'a self,
+        name: &LockName,
+        call: Call,
+        attempt: Boxed<'a, I>,
+        answer: F,
+    ) -> Boxed<'a, T>
+    where
+        I: Send + 'a,
+        T: Granted + Send + 'a,
+        F: FnOnce(I) -> Result<T, LockError> + Send + Unpin + 'a,
+    {
+        match self.span_if_noted(name, call) {
+            Some(span) => Box::pin(Observing::new(&self.recording, call, span, attempt, answer)),
+            None => Box::pin(async move { answer(attempt.await?) }),
+        }
+    }
+
+    /// The span of a `call` on `name`, unless nothing would take note of it (no recorder
+    /// installed, the span disabled).
+    fn span_if_noted(&self, name: &LockName, call: Call) -> Option<tracing::Span> {
+        let span = self.span(name, call);
+        match span.is_disabled() && !recorder_installed() {
+            true => None,
+            false => Some(span),
+        }
     }
 }
 
@@ -708,10 +779,12 @@ impl<G: Grant> Granted for Option<G> {
 /// inside the span, and records how and when it ended.
 /// An `acquire` is counted as waiting once its future returns `Pending`, and as `cancelled`
 /// if it is dropped before it ends.
-struct Observing<'a, T> {
+struct Observing<'a, I, F> {
     recording: &'a Recording,
     call: Call,
-    inner: Boxed<'a, T>,
+    inner: Boxed<'a, I>,
+    /// Makes the caller's result of the backend's answer; taken when it comes.
+    answer: Option<F>,
     span: tracing::Span,
     began: Tick,
     done: bool,
@@ -721,7 +794,35 @@ struct Observing<'a, T> {
     waiting_counted: bool,
 }
 
-impl<T: Granted> Future for Observing<'_, T> {
+impl<'a, I, F> Observing<'a, I, F> {
+    /// `inner`, a `call` recorded in `recording`, polled in `span`; `answer` makes the
+    /// caller's result of its answer.
+    fn new(
+        recording: &'a Recording,
+        call: Call,
+        span: tracing::Span,
+        inner: Boxed<'a, I>,
+        answer: F,
+    ) -> Self {
+        Observing {
+            recording,
+            call,
+            inner,
+            answer: Some(answer),
+            span,
+            began: Tick::now(),
+            done: false,
+            suspended: false,
+            waiting_counted: false,
+        }
+    }
+}
+
+impl<I, T, F> Future for Observing<'_, I, F>
+where
+    T: Granted,
+    F: FnOnce(I) -> Result<T, LockError> + Unpin,
+{
     type Output = Result<T, LockError>;
 
     fn poll(
@@ -729,8 +830,12 @@ impl<T: Granted> Future for Observing<'_, T> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
         let this = &mut *self;
+        if this.done {
+            // Polled after its end, which the contract of `Future` leaves open: no panic.
+            return std::task::Poll::Pending;
+        }
         let _entered = this.span.enter();
-        let std::task::Poll::Ready(result) = this.inner.as_mut().poll(cx) else {
+        let std::task::Poll::Ready(answered) = this.inner.as_mut().poll(cx) else {
             if this.call == Call::Acquire && !this.suspended {
                 this.suspended = true;
                 this.waiting_counted = this.recording.waiting(1.0);
@@ -738,24 +843,28 @@ impl<T: Granted> Future for Observing<'_, T> {
             return std::task::Poll::Pending;
         };
         this.done = true;
+        let Some(answer) = this.answer.take() else {
+            return std::task::Poll::Pending;
+        };
+        let result = answered.and_then(answer);
         let ended = Tick::now();
-        let waited = this.began.until(ended);
         let outcome = match &result {
             Ok(granted) => match granted.guard() {
                 Some(guard) => {
-                    tracing::debug!(?waited, token = %guard.fencing_token(), "distlock: granted");
+                    tracing::debug!(waited = ?this.began.until(ended), token = %guard.fencing_token(), "distlock: granted");
                     GRANTED
                 }
                 None => {
-                    tracing::debug!(?waited, "distlock: busy");
+                    tracing::debug!(waited = ?this.began.until(ended), "distlock: busy");
                     BUSY
                 }
             },
             Err(error) => {
-                tracing::debug!(?waited, %error, "distlock: not granted");
+                tracing::debug!(waited = ?this.began.until(ended), %error, "distlock: not granted");
                 index(&OUTCOMES, error_kind(error))
             }
         };
+        let waited = this.began.seconds_until(ended);
         let counted = this.recording.acquisition(this.call, outcome, waited);
         let recording = this.recording;
         std::task::Poll::Ready(
@@ -764,16 +873,17 @@ impl<T: Granted> Future for Observing<'_, T> {
     }
 }
 
-impl<T> Drop for Observing<'_, T> {
+impl<I, F> Drop for Observing<'_, I, F> {
     fn drop(&mut self) {
         if self.waiting_counted {
             self.recording.waiting(-1.0);
         }
         if !self.done && self.call == Call::Acquire {
-            let waited = self.began.until(Tick::now());
+            let ended = Tick::now();
+            let waited = self.began.seconds_until(ended);
             self.recording.acquisition(Call::Acquire, CANCELLED, waited);
             let _entered = self.span.enter();
-            tracing::debug!(?waited, "distlock: acquisition cancelled");
+            tracing::debug!(waited = ?self.began.until(ended), "distlock: acquisition cancelled");
         }
     }
 }
@@ -789,9 +899,19 @@ struct Observed<L: ?Sized> {
     observer: Observer,
 }
 
+impl<L: ?Sized> Observed<L> {
+    fn new(inner: Arc<L>, observer: Observer) -> Arc<Self> {
+        Arc::new(Observed { inner, observer })
+    }
+}
+
 /// `lock` with its acquisitions, waits, holds and losses recorded (see the
 /// [module docs](self)), labelled with `backend`, `strategy` and the kind `mutex`: what a
 /// backend's [`LockProvider::lock`](crate::LockProvider::lock) hands out.
+///
+/// Any [`DistributedLock`] can be observed; a lock of the kit (a [`MutexAttempt`]) is
+/// observed at its attempt, in the one future the kit would make around it, so that
+/// observing it costs no allocation of its own (see [`ObservableLock`]).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -802,16 +922,45 @@ struct Observed<L: ?Sized> {
 ///     lock_core::observe::observe_lock(lock, "my-backend", "queue")
 /// }
 /// ```
-pub fn observe_lock(
-    lock: Arc<dyn DistributedLock>,
+pub fn observe_lock<L: ObservableLock + ?Sized>(
+    lock: Arc<L>,
     backend: &'static str,
     strategy: &'static str,
 ) -> Arc<dyn DistributedLock> {
-    let observer = Observer::new(backend, strategy, "mutex", lock.name());
-    Arc::new(Observed {
-        inner: lock,
-        observer,
-    })
+    L::observed(lock, backend, strategy)
+}
+
+/// What [`observe_lock`] observes: any `dyn` [`DistributedLock`], whose futures it wraps,
+/// or a lock of the kit ([`MutexAttempt`]), whose attempts it observes directly.
+pub trait ObservableLock: Send + Sync + 'static {
+    /// `lock` observed: see [`observe_lock`].
+    fn observed(
+        lock: Arc<Self>,
+        backend: &'static str,
+        strategy: &'static str,
+    ) -> Arc<dyn DistributedLock>;
+}
+
+impl ObservableLock for dyn DistributedLock {
+    fn observed(
+        lock: Arc<Self>,
+        backend: &'static str,
+        strategy: &'static str,
+    ) -> Arc<dyn DistributedLock> {
+        let observer = Observer::new(backend, strategy, "mutex", lock.name());
+        Observed::new(lock, observer)
+    }
+}
+
+impl<T: MutexAttempt + 'static> ObservableLock for T {
+    fn observed(
+        lock: Arc<Self>,
+        backend: &'static str,
+        strategy: &'static str,
+    ) -> Arc<dyn DistributedLock> {
+        let observer = Observer::new(backend, strategy, "mutex", MutexAttempt::name(&*lock));
+        Observed::new(lock, observer)
+    }
 }
 
 /// An observed lock's try (`$try`) and wait (`$wait`): the backend's, through `$observer`.
@@ -852,6 +1001,49 @@ impl DistributedLock for Observed<dyn DistributedLock> {
 
     async fn queue(&self) -> Result<LockQueue, LockError> {
         self.inner.queue().await
+    }
+}
+
+/// A kit lock observed at its attempt: as the kit derives [`DistributedLock`] (see
+/// [`MutexAttempt`]), with the observation in the same future.
+#[async_trait]
+impl<T: MutexAttempt + 'static> DistributedLock for Observed<T> {
+    fn name(&self) -> &LockName {
+        MutexAttempt::name(&*self.inner)
+    }
+
+    fn try_acquire<'life0, 'async_trait>(&'life0 self) -> Boxed<'async_trait, Option<Guard>>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        let attempt = self.inner.attempt(Deadline::after(Some(Duration::ZERO)));
+        self.observer
+            .observe(DistributedLock::name(self), Call::TryAcquire, attempt)
+    }
+
+    fn acquire<'life0, 'async_trait>(
+        &'life0 self,
+        timeout: Option<Duration>,
+    ) -> Boxed<'async_trait, Guard>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        let lock = &*self.inner;
+        let attempt = lock.attempt(Deadline::after(timeout));
+        let answer = move |granted: Option<Guard>| {
+            granted.ok_or_else(|| {
+                LockError::timed_out(lock.backend(), MutexAttempt::name(lock), timeout)
+            })
+        };
+        let name = DistributedLock::name(self);
+        self.observer
+            .observe_attempt(name, Call::Acquire, attempt, answer)
+    }
+
+    async fn queue(&self) -> Result<LockQueue, LockError> {
+        MutexAttempt::queue(&*self.inner).await
     }
 }
 
@@ -917,10 +1109,7 @@ pub fn observe_semaphore(
     strategy: &'static str,
 ) -> Arc<dyn DistributedSemaphore> {
     let observer = Observer::new(backend, strategy, "permit", semaphore.name());
-    Arc::new(Observed {
-        inner: semaphore,
-        observer,
-    })
+    Observed::new(semaphore, observer)
 }
 
 #[async_trait]
@@ -954,10 +1143,7 @@ pub fn observe_election(
     strategy: &'static str,
 ) -> Arc<dyn Election> {
     let observer = Observer::new(backend, strategy, "election", election.name());
-    Arc::new(Observed {
-        inner: election,
-        observer,
-    })
+    Observed::new(election, observer)
 }
 
 #[async_trait]

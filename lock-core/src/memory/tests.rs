@@ -875,3 +875,75 @@ mod semaphore {
         next.release().await.unwrap();
     }
 }
+
+/// A lock of the kit, observed at its attempt, records what the same lock observed through
+/// `dyn DistributedLock` records: the same series, with the same counts, for a grant, a
+/// busy try, a timeout, a cancelled wait and a dropped guard.
+#[test]
+fn a_kit_lock_is_observed_as_any_lock_is() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    // Both recorders live to the end: a thread knows a recorder by its address (see
+    // `lock_core::observe`), and a second one made where the first was dropped would be
+    // taken for it.
+    let recorders = [DebuggingRecorder::new(), DebuggingRecorder::new()];
+    let recorded = |through_dyn: bool| {
+        let recorder = &recorders[usize::from(through_dyn)];
+        let snapshotter = recorder.snapshotter();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        metrics::with_local_recorder(recorder, || {
+            runtime.block_on(async {
+                let provider = MemoryServer::new().provider();
+                let handle = provider
+                    .shared
+                    .handle(Family::Mutex, "observed", 1)
+                    .unwrap();
+                let lock = Arc::new(MemoryLock(handle));
+                let lock = match through_dyn {
+                    true => crate::observe::observe_lock(
+                        lock as Arc<dyn DistributedLock>,
+                        "memory",
+                        "fifo",
+                    ),
+                    false => crate::observe::observe_lock(lock, "memory", "fifo"),
+                };
+                let guard = lock.acquire(None).await.unwrap();
+                assert!(lock.try_acquire().await.unwrap().is_none());
+                let waited = lock.acquire(Some(Duration::from_millis(5))).await;
+                assert!(
+                    matches!(waited, Err(LockError::Timeout { .. })),
+                    "{waited:?}"
+                );
+                let wait = tokio::time::timeout(Duration::from_millis(5), lock.acquire(None));
+                assert!(wait.await.is_err(), "the wait was cut short");
+                drop(guard);
+            });
+        });
+        let mut series: Vec<String> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| match value {
+                // The times differ from run to run; their number does not.
+                DebugValue::Histogram(values) => format!("{key:?} {} values", values.len()),
+                value => format!("{key:?} {value:?}"),
+            })
+            .collect();
+        series.sort();
+        series
+    };
+    let through_dyn = recorded(true);
+    for outcome in ["granted", "busy", "timeout", "cancelled"] {
+        let label = format!("{outcome:?}");
+        assert!(
+            through_dyn
+                .iter()
+                .any(|s| s.contains(&label) && s.contains("Counter(1)")),
+            "{outcome} missing: {through_dyn:#?}"
+        );
+    }
+    assert_eq!(recorded(false), through_dyn);
+}
