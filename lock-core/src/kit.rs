@@ -195,13 +195,24 @@ impl<T: MutexAttempt> DistributedLock for T {
     }
 
     async fn acquire(&self, timeout: Option<Duration>) -> Result<Guard, LockError> {
-        self.attempt(Deadline::after(timeout))
-            .await?
-            .ok_or_else(|| LockError::timed_out(self.backend(), MutexAttempt::name(self), timeout))
+        let granted = self.attempt(Deadline::after(timeout)).await?;
+        granted_or_timed_out(self, timeout)(granted)
     }
 
     async fn queue(&self) -> Result<LockQueue, LockError> {
         MutexAttempt::queue(self).await
+    }
+}
+
+/// What an `acquire` of `lock` with `timeout` answers for its attempt's result: the guard,
+/// or, when the attempt gave up at the deadline, the timeout error.
+pub(crate) fn granted_or_timed_out<T: MutexAttempt + ?Sized>(
+    lock: &T,
+    timeout: Option<Duration>,
+) -> impl FnOnce(Option<Guard>) -> Result<Guard, LockError> + Send + Unpin + '_ {
+    move |granted| {
+        granted
+            .ok_or_else(|| LockError::timed_out(lock.backend(), MutexAttempt::name(lock), timeout))
     }
 }
 

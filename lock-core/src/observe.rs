@@ -783,11 +783,11 @@ struct Observing<'a, I, F> {
     recording: &'a Recording,
     call: Call,
     inner: Boxed<'a, I>,
-    /// Makes the caller's result of the backend's answer; taken when it comes.
+    /// Makes the caller's result of the backend's answer; taken when it comes, so that
+    /// `None` means the acquisition has ended.
     answer: Option<F>,
     span: tracing::Span,
     began: Tick,
-    done: bool,
     /// Whether the call has had to wait (its future returned `Pending`).
     suspended: bool,
     /// Whether the `waiting` gauge took it, as [`Hold::counted`].
@@ -811,7 +811,6 @@ impl<'a, I, F> Observing<'a, I, F> {
             answer: Some(answer),
             span,
             began: Tick::now(),
-            done: false,
             suspended: false,
             waiting_counted: false,
         }
@@ -830,20 +829,17 @@ where
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
         let this = &mut *self;
-        if this.done {
+        let Some(answer) = this.answer.take() else {
             // Polled after its end, which the contract of `Future` leaves open: no panic.
             return std::task::Poll::Pending;
-        }
+        };
         let _entered = this.span.enter();
         let std::task::Poll::Ready(answered) = this.inner.as_mut().poll(cx) else {
+            this.answer = Some(answer);
             if this.call == Call::Acquire && !this.suspended {
                 this.suspended = true;
                 this.waiting_counted = this.recording.waiting(1.0);
             }
-            return std::task::Poll::Pending;
-        };
-        this.done = true;
-        let Some(answer) = this.answer.take() else {
             return std::task::Poll::Pending;
         };
         let result = answered.and_then(answer);
@@ -878,7 +874,7 @@ impl<I, F> Drop for Observing<'_, I, F> {
         if self.waiting_counted {
             self.recording.waiting(-1.0);
         }
-        if !self.done && self.call == Call::Acquire {
+        if self.answer.is_some() && self.call == Call::Acquire {
             let ended = Tick::now();
             let waited = self.began.seconds_until(ended);
             self.recording.acquisition(Call::Acquire, CANCELLED, waited);
@@ -1030,13 +1026,8 @@ impl<T: MutexAttempt + 'static> DistributedLock for Observed<T> {
         'life0: 'async_trait,
         Self: 'async_trait,
     {
-        let lock = &*self.inner;
-        let attempt = lock.attempt(Deadline::after(timeout));
-        let answer = move |granted: Option<Guard>| {
-            granted.ok_or_else(|| {
-                LockError::timed_out(lock.backend(), MutexAttempt::name(lock), timeout)
-            })
-        };
+        let attempt = self.inner.attempt(Deadline::after(timeout));
+        let answer = crate::kit::granted_or_timed_out(&*self.inner, timeout);
         let name = DistributedLock::name(self);
         self.observer
             .observe_attempt(name, Call::Acquire, attempt, answer)
