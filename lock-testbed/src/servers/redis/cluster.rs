@@ -278,13 +278,22 @@ impl RedisClusterSet {
     }
 
     /// Has replica `index` take over from its primary (`CLUSTER FAILOVER`), and waits until
-    /// it serves as a primary and every node sees every slot served again.
+    /// it serves as a primary, the table [`owner_of`](Self::owner_of) reads says so, and
+    /// every node sees every slot served again.
     pub async fn failover(&self, index: usize) -> Result<(), ServerError> {
         let replica = self.member(index)?;
+        let address = replica.socket_addr();
         self.ask(replica, &["CLUSTER", "FAILOVER"]).await?;
         let deadline = Instant::now() + self.opts.startup_timeout;
         loop {
-            if self.is_primary(replica).await.unwrap_or(false) {
+            // The replica knows its new role first; another node learns it by gossip.
+            if self.is_primary(replica).await.unwrap_or(false)
+                && self.table().await.is_ok_and(|table| {
+                    table.iter().any(|entry| {
+                        entry.address == address && entry.primary && !entry.slots.is_empty()
+                    })
+                })
+            {
                 break;
             }
             if Instant::now() >= deadline {
