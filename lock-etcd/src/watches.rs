@@ -22,6 +22,13 @@
 //! requests are handled one by one, in order, so "created" replies come back in the order
 //! the watches were asked for: that is how a reply finds its caller. Events and
 //! cancellations carry their watch's id.
+//!
+//! The task that reads the stream never waits to send on it: requests go through a
+//! forwarder task of their own. etcd-client's request queue holds 100; a reader that waits
+//! for room in it stops reading, the server's send loop then waits for the reader (HTTP/2
+//! flow control), its receive loop for the send loop, and the queue never drains. With
+//! thousands of watches asked for at once, that stalled every watch of the session for
+//! seconds and made the server count nearly all of them as slow watchers.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -228,7 +235,8 @@ struct Stream {
 /// An open stream and what it serves.
 struct Open {
     number: u64,
-    watcher: Watcher,
+    /// To the forwarder task, which owns the stream's sending half.
+    requests: mpsc::UnboundedSender<Request>,
     responses: WatchStream,
     /// The key of the stream's anchor, which probes watch too.
     anchor: String,
@@ -240,6 +248,28 @@ struct Open {
     /// Each made watch's events go to its owner.
     routes: HashMap<i64, Route>,
     metrics: Arc<Metrics>,
+}
+
+/// A request on the stream, as the forwarder sends it.
+enum Request {
+    Watch { key: String, options: WatchOptions },
+    Cancel(i64),
+}
+
+/// Sends `requests` on the stream in order, waiting for room as long as it takes, until
+/// the stream breaks or its [`Open`] is dropped.
+async fn forward(mut watcher: Watcher, mut requests: mpsc::UnboundedReceiver<Request>) {
+    while let Some(request) = requests.recv().await {
+        let sent = match request {
+            Request::Watch { key, options } => watcher.watch(key, Some(options)).await,
+            Request::Cancel(id) => watcher.cancel_by_id(id).await,
+        };
+        if let Err(error) = sent {
+            // The stream broke; its end is the reader's next answer.
+            tracing::debug!(%error, "etcd: a watch request could not be sent");
+            return;
+        }
+    }
 }
 
 /// A watch asked for by an owner.
@@ -292,7 +322,7 @@ impl Stream {
                         Ok(mut fresh) => {
                             opened += 1;
                             let first = Asked::new(key, options, reply);
-                            fresh.ask(batch(first, &mut commands, &mut taken)).await;
+                            fresh.ask(batch(first, &mut commands, &mut taken));
                             open = Some(fresh);
                         }
                         Err(error) => {
@@ -318,19 +348,19 @@ impl Stream {
                     reply,
                 })) => {
                     let first = Asked::new(key, options, reply);
-                    current.ask(batch(first, &mut commands, &mut taken)).await;
+                    current.ask(batch(first, &mut commands, &mut taken));
                 }
                 Step::Command(Some(Command::Cancel { stream, id })) => {
                     if stream == current.number && current.routes.remove(&id).is_some() {
                         self.metrics.record_server_requests(1);
-                        if current.watcher.cancel_by_id(id).await.is_err() {
+                        if !current.send(Request::Cancel(id)) {
                             open = None;
                         }
                     }
                 }
                 Step::Command(Some(Command::Stop) | None) => return,
                 Step::Answer(Ok(Some(response))) => {
-                    current.deliver(response, &self.commands).await;
+                    current.deliver(response, &self.commands);
                 }
                 Step::Answer(broken) => {
                     // Every watch on it ends (its owner looks again), and those not yet
@@ -355,9 +385,11 @@ impl Stream {
             Err(_) => return Err(timed_out(None, self.timeout)),
         };
         tracing::debug!(number, "etcd: a watch stream opened");
+        let (requests, to_send) = mpsc::unbounded_channel();
+        tokio::spawn(forward(watcher, to_send));
         Ok(Open {
             number,
-            watcher,
+            requests,
             responses,
             anchor: self.anchor.clone(),
             expected: VecDeque::new(),
@@ -425,7 +457,7 @@ impl Open {
     /// revision after the watches' insertion: the same revision as a watch's means no
     /// write came in between, and that watch is synced; a later one, and the watch is made
     /// again (up to [`PROBE_TRIES`] times).
-    async fn ask(&mut self, batch: Vec<Asked>) {
+    fn ask(&mut self, batch: Vec<Asked>) {
         // The probe's create and its cancel.
         self.metrics.record_server_requests(2);
         for mut asked in batch {
@@ -433,32 +465,35 @@ impl Open {
             if asked.tries > 1 {
                 self.metrics.record_server_requests(1);
             }
-            let options = Some(asked.options.clone());
-            if let Err(error) = self.watcher.watch(asked.key.clone(), options).await {
+            let request = Request::Watch {
+                key: asked.key.clone(),
+                options: asked.options.clone(),
+            };
+            if !self.send(request) {
                 // The stream is broken, and its end is the next answer: the watches asked
                 // for fail (retryably) as their replies are dropped, those sent already
                 // end with the stream.
-                tracing::debug!(%error, "etcd: a watch could not be sent");
                 return;
             }
             self.expected.push_back(Expected::Watch(asked));
         }
-        let probe = self
-            .watcher
-            .watch(self.anchor.clone(), Some(sees_nothing()));
-        match probe.await {
-            Ok(()) => self.expected.push_back(Expected::Probe),
-            Err(error) => tracing::debug!(%error, "etcd: a probe could not be sent"),
+        let probe = Request::Watch {
+            key: self.anchor.clone(),
+            options: sees_nothing(),
+        };
+        if self.send(probe) {
+            self.expected.push_back(Expected::Probe);
         }
+    }
+
+    /// Hands `request` to the forwarder; `false` once the stream broke.
+    fn send(&self, request: Request) -> bool {
+        self.requests.send(request).is_ok()
     }
 
     /// Hands `response` to the watch it is for: a "created" to the watch or probe its
     /// create was for, anything else by its watch id.
-    async fn deliver(
-        &mut self,
-        response: WatchResponse,
-        commands: &mpsc::UnboundedSender<Command>,
-    ) {
+    fn deliver(&mut self, response: WatchResponse, commands: &mpsc::UnboundedSender<Command>) {
         let id = response.watch_id();
         if !response.created() {
             let canceled = response.canceled();
@@ -489,7 +524,7 @@ impl Open {
             }
             Some(Expected::Probe) => {
                 if !response.canceled() {
-                    let _ = self.watcher.cancel_by_id(id).await;
+                    self.send(Request::Cancel(id));
                 }
                 // The probe tells about every watch made since the one before it.
                 let mut again = Vec::new();
@@ -498,7 +533,7 @@ impl Open {
                         tracing::trace!(made.from, revision, "etcd: a watch made again");
                         self.routes.remove(&made.id);
                         self.metrics.record_server_requests(1);
-                        let _ = self.watcher.cancel_by_id(made.id).await;
+                        let _ = self.requests.send(Request::Cancel(made.id));
                         again.push(made.asked);
                         continue;
                     }
@@ -513,7 +548,7 @@ impl Open {
                     let _ = made.asked.reply.send(Ok(watch));
                 }
                 if !again.is_empty() {
-                    self.ask(again).await;
+                    self.ask(again);
                 }
             }
         }

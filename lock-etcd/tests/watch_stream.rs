@@ -7,6 +7,7 @@
 //! - A guard granted after a wait notices a foreign delete of its key at once: its watch is
 //!   never one the server catches up on its 100 ms loop.
 //! - A waiter whose key is deleted by someone else fails at once, while the holder holds.
+//! - Thousands of held keys deleted at once are all noticed, and the stream serves after.
 #![allow(
     clippy::expect_used,
     clippy::unwrap_used,
@@ -394,4 +395,61 @@ async fn a_waiter_whose_key_is_deleted_fails_at_once() {
     assert_eq!(contenders(&admin, PREFIX, &name).await, keys[..1].to_vec());
     holder.release().await.unwrap();
     assert!(contenders(&admin, PREFIX, &name).await.is_empty());
+}
+
+/// A session whose thousands of held keys are deleted at once by someone else notices every
+/// deletion: thousands of events come on its one stream while the guards that saw them
+/// cancel their watches on it, and the stream's reader never stops reading to wait for room
+/// to send (which stalled the server's side of the stream with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_deletions_at_once_are_all_noticed() {
+    const HELD: usize = 3000;
+    let endpoint = shared_etcd().unwrap().client_address();
+    let admin = admin_client(&endpoint).await;
+    let holders = provider(vec![endpoint]).await;
+    let base = unique_name("many");
+    let mut taking = tokio::task::JoinSet::new();
+    for index in 0..HELD {
+        let lock = holders.lock(&format!("{base}-{index}")).unwrap();
+        taking.spawn(async move { lock.try_acquire().await });
+    }
+    let mut guards = Vec::with_capacity(HELD);
+    while let Some(taken) = taking.join_next().await {
+        guards.push(taken.unwrap().unwrap().expect("every lock is free"));
+    }
+    let deleting = Instant::now();
+    let deleted = admin
+        .kv_client()
+        .delete(
+            format!("{PREFIX}/{base}-"),
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(deleted.deleted(), HELD as i64, "every holder's key deleted");
+    for guard in &guards {
+        let left = Duration::from_secs(10).saturating_sub(deleting.elapsed());
+        let lost = tokio::time::timeout(left, guard.lost().wait()).await;
+        assert!(lost.is_ok(), "a deletion went unnoticed for 10 s");
+    }
+    eprintln!("{HELD} deletions noticed after {:?}", deleting.elapsed());
+    // And the stream still serves: a lock taken now notices a deletion of its key.
+    let mut last = holders
+        .lock(&format!("{base}-last"))
+        .unwrap()
+        .acquire(None)
+        .await
+        .unwrap();
+    let key = contenders(&admin, PREFIX, &format!("{base}-last")).await;
+    admin
+        .kv_client()
+        .delete(key[0].as_str(), None)
+        .await
+        .unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(5), last.lost().wait()).await;
+    assert!(lost.is_ok(), "the stream no longer serves after the burst");
+    assert!(
+        last.release().await.is_err(),
+        "the deleted lock was not held any more"
+    );
 }
