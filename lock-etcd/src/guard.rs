@@ -247,10 +247,10 @@ async fn watch_own_key(session: &Weak<Session>, key: &str, granted: Granted) -> 
             }
         };
         if watch.from > seen {
-            match Box::pin(key_changed(&live, key, created)).await {
-                Ok((true, _)) => return Some(watch),
-                Ok((false, at)) => seen = seen.max(at),
-                Err(_) => {
+            match Box::pin(live.key_reads.changed(key, created, watch.from)).await {
+                Some((true, _)) => return Some(watch),
+                Some((false, at)) => seen = seen.max(at),
+                None => {
                     drop((live, watch));
                     tokio::time::sleep(CLEANUP_PAUSE).await;
                     continue;
@@ -277,25 +277,6 @@ async fn watch_own_key(session: &Weak<Session>, key: &str, granted: Granted) -> 
             }
         }
     }
-}
-
-/// Whether the key is gone or is not the one created at `revision`, and the revision at
-/// which that was seen.
-async fn key_changed(
-    session: &Session,
-    key: &str,
-    revision: i64,
-) -> Result<(bool, i64), LockError> {
-    let mut kv = session.client.kv_client();
-    let found = session.ask(key, kv.get(key, None)).await?;
-    let changed = found
-        .kvs()
-        .first()
-        .is_none_or(|kv| kv.create_revision() != revision);
-    Ok((
-        changed,
-        found.header().map_or(0, |header| header.revision()),
-    ))
 }
 
 /// A granted key, as its guard releases it.

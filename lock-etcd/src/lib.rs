@@ -64,6 +64,7 @@ mod contenders;
 mod election;
 mod error;
 mod guard;
+mod key_reads;
 mod lock;
 mod provider;
 mod queue;

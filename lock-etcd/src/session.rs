@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use crate::channel::WideWindow;
 use crate::config::EtcdConfig;
 use crate::error::{BACKEND, connection, lock_error, timed_out};
+use crate::key_reads::KeyReads;
 use crate::watches::{Watch, Watches};
 
 /// How often the connection is pinged while idle.
@@ -45,6 +46,8 @@ pub(crate) struct Session {
     pub(crate) metrics: Arc<Metrics>,
     /// The session's one watch stream, shared by its waits, guards and observers.
     pub(crate) watches: Watches,
+    /// Held keys read again after their watches began (see [`KeyReads`]).
+    pub(crate) key_reads: KeyReads,
     pub(crate) timeout: Duration,
     ttl: Duration,
     /// The latest answer to "has the lease ended?" and when its question was sent: one
@@ -108,6 +111,7 @@ impl Session {
         // The watch stream's anchor: `{prefix}/` itself, which is no lock's key.
         let anchor = format!("{}/", config.prefix);
         let watches = Watches::start(client.clone(), anchor, Arc::clone(&metrics), timeout);
+        let key_reads = KeyReads::start(client.clone(), Arc::clone(&metrics), timeout);
         let session = Arc::new(Session {
             client,
             lease: grant.id(),
@@ -118,6 +122,7 @@ impl Session {
             slots: Mutex::new(HashMap::new()),
             metrics,
             watches,
+            key_reads,
             timeout,
             ttl: Duration::from_secs(grant.ttl().max(1) as u64),
             lease_asked: tokio::sync::Mutex::new(None),

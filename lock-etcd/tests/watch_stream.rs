@@ -400,7 +400,8 @@ async fn a_waiter_whose_key_is_deleted_fails_at_once() {
 /// A session whose thousands of held keys are deleted at once by someone else notices every
 /// deletion: thousands of events come on its one stream while the guards that saw them
 /// cancel their watches on it, and the stream's reader never stops reading to wait for room
-/// to send (which stalled the server's side of the stream with it).
+/// to send (which stalled the server's side of the stream with it). Keys deleted before
+/// their guards' watches began are found gone when read again (many in one transaction).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousands_of_deletions_at_once_are_all_noticed() {
     const HELD: usize = 3000;
