@@ -80,12 +80,15 @@ async fn serve(
             .unwrap_or_default()
             .into_iter();
         for ask in batch {
-            let changed = found.next().map(|range| match range {
-                TxnOpResponse::Get(range) => range
-                    .kvs()
-                    .first()
-                    .is_none_or(|kv| kv.create_revision() != ask.created),
-                _ => true,
+            // Anything but a read's answer (none is expected) tells nothing: asked again.
+            let changed = found.next().and_then(|range| match range {
+                TxnOpResponse::Get(range) => Some(
+                    range
+                        .kvs()
+                        .first()
+                        .is_none_or(|kv| kv.create_revision() != ask.created),
+                ),
+                _ => None,
             });
             let _ = ask.reply.send(changed.map(|changed| (changed, revision)));
         }

@@ -411,13 +411,10 @@ async fn thousands_of_deletions_at_once_are_all_noticed() {
     const IN_FLIGHT: usize = 64;
     let endpoint = shared_etcd().unwrap().client_address();
     let admin = admin_client(&endpoint).await;
-    let holders = EtcdLockProvider::connect(
-        EtcdConfig::new(vec![endpoint])
-            .with_lease_ttl(LEASE_TTL)
-            .with_timeout(Duration::from_secs(10)),
-    )
-    .await
-    .unwrap();
+    let holders =
+        EtcdLockProvider::connect(config(vec![endpoint]).with_timeout(Duration::from_secs(10)))
+            .await
+            .unwrap();
     let base = unique_name("many");
     let mut taking = tokio::task::JoinSet::<Result<Option<lock_core::Guard>, LockError>>::new();
     let mut guards = Vec::with_capacity(HELD);
