@@ -311,39 +311,48 @@ impl Catalog {
     fn record(&self, recorder: &dyn Recorder, changes: &[(Series, Change)]) {
         let from = (recorder as *const dyn Recorder).cast::<()>();
         REGISTERED.with_borrow_mut(|registered| {
-            if registered.len() <= self.index {
-                registered.resize_with(self.index + 1, || None);
+            let current = registered
+                .get(self.index)
+                .and_then(Option::as_ref)
+                .is_some_and(|known| std::ptr::eq(known.from, from));
+            if !current {
+                self.fresh_handles(registered, from);
             }
-            let Some(entry) = registered.get_mut(self.index) else {
+            let Some(Some(handles)) = registered.get_mut(self.index) else {
                 return;
             };
-            if !entry
-                .as_ref()
-                .is_some_and(|known| std::ptr::eq(known.from, from))
-            {
-                *entry = Some(Registered {
-                    from,
-                    by_slot: Vec::new(),
-                });
-            }
-            let Some(handles) = entry.as_mut() else {
-                return;
-            };
-            if handles.by_slot.len() < self.keys.len() {
-                handles.by_slot.resize_with(self.keys.len(), || None);
-            }
             for &(series, change) in changes {
                 let slot = series.slot();
-                let (Some(handle), Some(key)) =
-                    (handles.by_slot.get_mut(slot), self.keys.get(slot))
-                else {
+                let Some(handle) = handles.by_slot.get_mut(slot) else {
                     continue;
                 };
-                handle
-                    .get_or_insert_with(|| Handle::register(recorder, series, key))
-                    .apply(change);
+                match handle {
+                    Some(handle) => handle.apply(change),
+                    None => {
+                        if let Some(key) = self.keys.get(slot) {
+                            handle
+                                .insert(Handle::register(recorder, series, key))
+                                .apply(change);
+                        }
+                    }
+                }
             }
         });
+    }
+
+    /// Empties this thread's place for the handles of this catalog, for the recorder at
+    /// `from`: the catalog's first event on the thread, or its first under another
+    /// recorder.
+    #[cold]
+    fn fresh_handles(&self, registered: &mut Vec<Option<Registered>>, from: *const ()) {
+        if registered.len() <= self.index {
+            registered.resize_with(self.index + 1, || None);
+        }
+        let mut by_slot = Vec::new();
+        by_slot.resize_with(self.keys.len(), || None);
+        if let Some(place) = registered.get_mut(self.index) {
+            *place = Some(Registered { from, by_slot });
+        }
     }
 }
 
