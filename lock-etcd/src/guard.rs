@@ -230,8 +230,11 @@ async fn watch_own_key(session: &Weak<Session>, key: &str, granted: Granted) -> 
         mut seen,
         watch: mut waited_with,
     } = granted;
-    // The requests below are boxed: this task lives as long as the guard, and its state
-    // should be the small watch it waits on, not the larger futures of the requests.
+    // The requests and pauses below are boxed: this task lives as long as the guard, and
+    // its state should be the small watch it waits on, not their larger futures. The
+    // session's end needs no wait of its own here: it closes the watch stream after it
+    // marks the session over, which ends the watch (`None`), and the next turn finds the
+    // session over.
     loop {
         let live = session.upgrade().filter(|s| !s.is_over())?;
         let made = match waited_with.take() {
@@ -242,7 +245,7 @@ async fn watch_own_key(session: &Weak<Session>, key: &str, granted: Granted) -> 
             Ok(watch) => watch,
             Err(_) => {
                 drop(live);
-                tokio::time::sleep(CLEANUP_PAUSE).await;
+                Box::pin(tokio::time::sleep(CLEANUP_PAUSE)).await;
                 continue;
             }
         };
@@ -252,17 +255,13 @@ async fn watch_own_key(session: &Weak<Session>, key: &str, granted: Granted) -> 
                 Some((false, at)) => seen = seen.max(at),
                 None => {
                     drop((live, watch));
-                    tokio::time::sleep(CLEANUP_PAUSE).await;
+                    Box::pin(tokio::time::sleep(CLEANUP_PAUSE)).await;
                     continue;
                 }
             }
         }
         loop {
-            let answer = tokio::select! {
-                answer = watch.next() => answer,
-                () = live.over.wait() => return None,
-            };
-            match answer {
+            match watch.next().await {
                 // Compacted, or the stream broke: watch anew (and look).
                 Some(answer) if answer.canceled() => break,
                 None => break,

@@ -31,15 +31,18 @@
 //! seconds and made the server count nearly all of them as slow watchers.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 use std::time::Duration;
 
 use etcd_client::{
     Client, EventType, WatchFilterType, WatchOptions, WatchResponse, WatchStream, Watcher,
 };
+use futures_util::task::AtomicWaker;
 use lock_core::{LockError, Metrics};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{BACKEND, connection, lock_error, timed_out};
 
@@ -60,9 +63,10 @@ type Delivered = Box<WatchResponse>;
 #[derive(Debug, Default)]
 struct Mailbox {
     answers: Mutex<VecDeque<Delivered>>,
-    /// One permit for the owner, its only waiter, whenever an answer came or the mailbox
-    /// closed: an answer that comes between a look and the wait is not missed.
-    arrived: Notify,
+    /// The owner, its only waiter, woken whenever an answer came or the mailbox closed.
+    /// One waker rather than a `Notify`: a wait then needs no waiter node of its own, and
+    /// a held lock's watching task stays small.
+    arrived: AtomicWaker,
     closed: AtomicBool,
 }
 
@@ -80,14 +84,14 @@ impl Route {
             .unwrap_or_else(PoisonError::into_inner);
         answers.push_back(answer);
         drop(answers);
-        self.0.arrived.notify_one();
+        self.0.arrived.wake();
     }
 }
 
 impl Drop for Route {
     fn drop(&mut self) {
         self.0.closed.store(true, Ordering::Release);
-        self.0.arrived.notify_one();
+        self.0.arrived.wake();
     }
 }
 
@@ -177,13 +181,18 @@ impl Watch {
     /// `None` once the stream broke or the watch was cancelled.
     ///
     /// Cancel safety: cancel-safe, it only receives.
-    pub(crate) async fn next(&mut self) -> Option<WatchResponse> {
-        loop {
+    pub(crate) fn next(&mut self) -> impl Future<Output = Option<WatchResponse>> + Send + '_ {
+        std::future::poll_fn(move |cx| {
             if let Some(answer) = self.received() {
-                return answer;
+                return Poll::Ready(answer);
             }
-            self.mailbox.arrived.notified().await;
-        }
+            // Registered before the second look: an answer delivered in between wakes it.
+            self.mailbox.arrived.register(cx.waker());
+            match self.received() {
+                Some(answer) => Poll::Ready(answer),
+                None => Poll::Pending,
+            }
+        })
     }
 
     /// An answer already received, without waiting: `None` when there is none yet,
