@@ -259,6 +259,12 @@ const ZK_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// How many times a ZooKeeper session is taken over before its end counts as refused.
 const ZK_TAKEOVER_TRIES: u32 = 8;
 
+/// How long a takeover of a ZooKeeper session may take.
+const ZK_TAKEOVER_WAIT: Duration = Duration::from_secs(5);
+
+/// The pause between takeovers of a ZooKeeper session: time for the close to go out.
+const ZK_TAKEOVER_PAUSE: Duration = Duration::from_millis(50);
+
 /// How the server is made to end a client's session, where it keeps one: what the scale
 /// mode does to see every lost signal fire.
 #[derive(Debug)]
@@ -302,24 +308,27 @@ impl SessionEnd {
         match self {
             SessionEnd::ZooKeeper { session, endpoints } => {
                 // The server drops the client's connection for ours, and the client
-                // reconnects at once and may take the session back before our handshake
-                // ends: a few tries.
-                let mut tries = 0;
-                let taken = loop {
-                    tries += 1;
+                // reconnects at once and may take the session back: before our handshake
+                // ends, or before the close that our handle's drop sends went out, which
+                // then goes nowhere. So taken over and closed until a takeover finds the
+                // session expired.
+                for _ in 0..ZK_TAKEOVER_TRIES {
                     let connecting = zookeeper_client::Client::connector()
                         .with_session(session.clone())
                         .with_session_timeout(ZK_SESSION_TIMEOUT)
-                        .connect(endpoints)
-                        .await;
-                    match connecting {
-                        Ok(taken) => break taken,
-                        Err(_) if tries < ZK_TAKEOVER_TRIES => {}
-                        Err(e) => return Err(failed("taking the ZooKeeper session over", &e)),
+                        .connect(endpoints);
+                    match tokio::time::timeout(ZK_TAKEOVER_WAIT, connecting).await {
+                        Ok(Err(zookeeper_client::Error::SessionExpired)) => return Ok(true),
+                        // The last handle's drop sends the session's close.
+                        Ok(Ok(taken)) => drop(taken),
+                        Ok(Err(_)) | Err(_) => {}
                     }
-                };
-                // The last handle's drop sends the session's close.
-                drop(taken);
+                    tokio::time::sleep(ZK_TAKEOVER_PAUSE).await;
+                }
+                return Err(failed(
+                    "closing the ZooKeeper session",
+                    &format!("still open after {ZK_TAKEOVER_TRIES} takeovers"),
+                ));
             }
             SessionEnd::Etcd { endpoint, lease } => {
                 let client = etcd_client::Client::connect([endpoint], None)
