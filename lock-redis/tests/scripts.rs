@@ -46,6 +46,20 @@ impl Mutex {
         id: &str,
         queue: &str,
     ) -> i64 {
+        self.run_candidate(script, admin, id, queue, "", None).await
+    }
+
+    /// As [`run`](Self::run), for an election: the candidates' values under `values`, and
+    /// `value` sent as a join or a try sends it.
+    async fn run_candidate(
+        &self,
+        script: &Script,
+        admin: &mut ConnectionManager,
+        id: &str,
+        queue: &str,
+        values: &str,
+        value: Option<&str>,
+    ) -> i64 {
         let mut invocation = script.prepare_invoke();
         for key in ["owner", "fence", "queue", "deadlines", "released"] {
             invocation.key(format!("{{t}}:{key}"));
@@ -58,8 +72,11 @@ impl Mutex {
             .arg("queue")
             .arg("{t}:released")
             .arg(CLAIM_MS)
-            .arg("")
+            .arg(values)
             .arg(queue);
+        if let Some(value) = value {
+            invocation.arg(value);
+        }
         invocation.invoke_async(admin).await.unwrap()
     }
 }
@@ -148,4 +165,67 @@ async fn a_token_left_by_a_lapsed_claim_is_no_grant() {
         left, 0,
         "permits: a queued waiter's list holds no stale token"
     );
+}
+
+/// An election candidate whose value is gone (a failover lost it, or its refreshes stopped
+/// for longer than it lasts) never leads with an empty value: a hand-off passes it over,
+/// and its own refresh gives its place up, whether the lock is held or free.
+#[tokio::test]
+async fn a_candidate_without_its_value_never_leads() {
+    const VALUES: &str = "{t}:v:";
+    let server = start_server().await;
+    let mut admin = admin(&server).await;
+    let m = Mutex::new();
+    let (attempt, release) = (&m.attempt, &m.release);
+
+    assert_eq!(
+        m.run_candidate(attempt, &mut admin, "h", "0", VALUES, Some("h"))
+            .await,
+        1
+    );
+    for candidate in ["c", "d"] {
+        let queued = m.run_candidate(attempt, &mut admin, candidate, "1", VALUES, Some(candidate));
+        assert_eq!(queued.await, 0, "{candidate} queued");
+    }
+    let _: () = admin.del("{t}:v:c").await.unwrap();
+    assert_eq!(
+        m.run_candidate(release, &mut admin, "h", "", VALUES, None)
+            .await,
+        1
+    );
+    let owner: Option<String> = admin.get("{t}:owner").await.unwrap();
+    assert_eq!(owner.as_deref(), Some("d"), "the hand-off passed c over");
+    assert_eq!(
+        m.run_candidate(attempt, &mut admin, "c", "2", VALUES, None)
+            .await,
+        -1
+    );
+    assert_eq!(
+        m.run_candidate(attempt, &mut admin, "d", "2", VALUES, None)
+            .await,
+        2
+    );
+
+    // The lock free (d's lease ran out) with c first in the queue, its value gone.
+    let joined = m.run_candidate(attempt, &mut admin, "c", "1", VALUES, Some("c"));
+    assert_eq!(joined.await, 0);
+    let _: () = admin.del(&["{t}:owner", "{t}:v:c"]).await.unwrap();
+    assert_eq!(
+        m.run_candidate(attempt, &mut admin, "c", "2", VALUES, None)
+            .await,
+        -1
+    );
+    let owner: Option<String> = admin.get("{t}:owner").await.unwrap();
+    assert_eq!(owner, None, "c did not lead without its value");
+    let queue: Vec<String> = admin.lrange("{t}:queue", 0, -1).await.unwrap();
+    assert!(queue.is_empty(), "c's place is gone: {queue:?}");
+
+    // Joining again with its value, it leads with it.
+    assert_eq!(
+        m.run_candidate(attempt, &mut admin, "c", "1", VALUES, Some("c"))
+            .await,
+        3
+    );
+    let value: Option<String> = admin.get("{t}:v:c").await.unwrap();
+    assert_eq!(value.as_deref(), Some("c"));
 }

@@ -6,7 +6,8 @@
 --   the lock free with a live waiter ahead (its holder's lease ran out): hand it over;
 --   otherwise, with queue = '1', join the queue; with queue = '2' (a waiter's refresh), stay
 --   in it, or answer -1 when one's place is gone (deleted by someone, or dropped as dead
---   after refreshing too late); either way push one's deadline to now + liveness.
+--   after refreshing too late, or an election candidate's value gone); either way push
+--   one's deadline to now + liveness.
 -- An election candidate passes its value when it joins or tries (a refresh keeps it), kept
 -- in `values .. id` as long as its place (liveness) or its lease (ttl), whichever is
 -- longer, and dropped when it gives up.
@@ -26,6 +27,15 @@ if redis.call('GET', owner_key) == id then
   redis.call('LREM', queue_key, 1, id)
   redis.call('HDEL', deadlines_key, id)
   return tonumber(token) or tonumber(redis.call('GET', counter_key))
+end
+-- A candidate's value lasts as long as its place. A refresh that finds it gone (a failover
+-- lost it, the refreshes stopped for longer) gives the place up: leading without it would
+-- announce an empty value.
+if queue == '2' and values ~= '' and redis.call('EXISTS', values .. id) == 0 then
+  redis.call('LREM', queue_key, 1, id)
+  redis.call('HDEL', deadlines_key, id)
+  redis.call('DEL', prefix .. id)
+  return -1
 end
 -- Drop dead waiters at the head, so that they keep nobody out.
 while true do

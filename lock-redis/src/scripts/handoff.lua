@@ -51,15 +51,17 @@ end
 -- Gives the lock to the first live waiter: the owner key becomes its id with the short
 -- `claim` lease (the waiter renews it to the full ttl once it has the token, so a waiter
 -- that died since its last refresh holds the lock no longer than that), the counter goes
--- up, and the token is pushed onto the waiter's own list. Dead waiters are dropped on the
--- way. Returns the new owner's id, or false when nobody waits.
+-- up, and the token is pushed onto the waiter's own list. Dead waiters, and candidates
+-- whose value is gone (see attempt.lua), are dropped on the way. Returns the new owner's
+-- id, or false when nobody waits.
 local function handoff(claim, liveness, prefix, now)
   while true do
     local head = redis.call('LPOP', queue_key)
     if not head then return false end
     local deadline = redis.call('HGET', deadlines_key, head)
     redis.call('HDEL', deadlines_key, head)
-    if deadline and tonumber(deadline) >= now then
+    if deadline and tonumber(deadline) >= now
+        and (values == '' or redis.call('EXISTS', values .. head) == 1) then
       redis.call('SET', owner_key, head, 'PX', claim)
       succeed(head)
       local token = redis.call('INCR', counter_key)

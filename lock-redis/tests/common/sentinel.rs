@@ -29,6 +29,17 @@ use super::{
 /// with 5 s too beside other suites.
 pub(crate) const SENTINEL_TTL: Duration = Duration::from_secs(8);
 
+/// How long the sentinels of a suite's set wait before they call a silent primary down,
+/// except while a case kills it ([`KILL_DOWN_AFTER`]): a failover is the kill's alone. With
+/// the sentinels' usual second, a loaded machine had them fail a live primary over, which
+/// took writes for seconds more until they demoted it: a holder renewed its lease there while
+/// it ran out on the new primary, and another client took the lock (F1); a waiting
+/// candidate's value ran out while its place did not (L5).
+const QUIET_DOWN_AFTER: Duration = Duration::from_secs(60);
+
+/// How long the sentinels wait before they call a killed primary down.
+const KILL_DOWN_AFTER: Duration = Duration::from_secs(1);
+
 /// The data servers' options: the admin password only; the clients' users are made per
 /// client.
 fn server_options() -> RedisOptions {
@@ -38,10 +49,16 @@ fn server_options() -> RedisOptions {
 /// A primary with two replicas under three sentinels, started for a test as processes or
 /// in containers, as `LOCK_TEST_SERVERS` says.
 pub(crate) async fn start_set() -> RedisSentinelSet {
+    start_set_down_after(KILL_DOWN_AFTER).await
+}
+
+/// [`start_set`], with sentinels that call a silent primary down after `down_after`.
+async fn start_set_down_after(down_after: Duration) -> RedisSentinelSet {
     let servers = ServerMode::from_env().unwrap_or_else(|error| panic!("{error}"));
     let options = RedisSentinelOptions::default()
         .with_server(server_options())
-        .with_servers(servers);
+        .with_servers(servers)
+        .with_down_after(down_after);
     RedisSentinelSet::start(options)
         .await
         .unwrap_or_else(|error| panic!("a Redis Sentinel set: {error}"))
@@ -85,7 +102,7 @@ async fn restore_users(set: &RedisSentinelSet, clients: usize) -> FaultResult {
 
 impl SentinelHarness {
     pub(crate) async fn new(strategy: RedisStrategy) -> Self {
-        let set = start_set().await;
+        let set = start_set_down_after(QUIET_DOWN_AFTER).await;
         SentinelHarness {
             strategy,
             sentinel_url: set.url(None),
@@ -232,8 +249,8 @@ impl Faults for SentinelHarness {
         waiter.map(|_| ()).ok_or_else(|| failed("no waiter queued"))
     }
 
-    /// Pauses every data server: the service stops answering (a paused primary alone is
-    /// failed over, and its holders keep their locks on the promoted replica).
+    /// Pauses every data server: the service stops answering (a paused primary alone would
+    /// answer through its replicas once failed over, which only a kill asks for here).
     async fn pause_server(&self, duration: Duration) -> FaultResult {
         let set = self.set.lock().await;
         let running = running(&set).await?;
@@ -247,9 +264,9 @@ impl Faults for SentinelHarness {
         Ok(())
     }
 
-    /// Restarts the primary (as a process, too quickly for the sentinels to call it down;
-    /// a container may take long enough for a failover): it comes back empty, and so do its
-    /// replicas once they have synchronised again.
+    /// Restarts the primary (well within [`QUIET_DOWN_AFTER`], so the sentinels do not call
+    /// it down): it comes back empty, and so do its replicas once they have synchronised
+    /// again.
     async fn restart_server(&self) -> FaultResult {
         let mut set = self.set.lock().await;
         let index = set.primary_index().await.map_err(failed)?;
@@ -259,13 +276,15 @@ impl Faults for SentinelHarness {
     }
 
     /// Kills the primary, once its replicas hold all it wrote, and waits until the
-    /// sentinels have promoted one of them.
+    /// sentinels have promoted one of them (called down after [`KILL_DOWN_AFTER`] for
+    /// this).
     async fn kill_leader(&self) -> FaultResult {
         let mut set = self.set.lock().await;
         let primary = set.primary().await.map_err(failed)?;
         replicated(primary, set.data_servers().len() - 1).await?;
+        set.set_down_after(KILL_DOWN_AFTER).await.map_err(failed)?;
         set.kill_primary().await.map_err(failed)?;
-        Ok(())
+        set.set_down_after(QUIET_DOWN_AFTER).await.map_err(failed)
     }
 
     async fn unreachable_provider(&self) -> FaultResult<Result<Arc<dyn LockProvider>, LockError>> {

@@ -80,6 +80,12 @@ impl RedisSentinelOptions {
         self.servers = servers;
         self
     }
+
+    /// Sets how long the primary must be silent before the sentinels call it down.
+    pub fn with_down_after(mut self, down_after: Duration) -> Self {
+        self.down_after = down_after;
+        self
+    }
 }
 
 /// A primary, its replicas and the sentinels that watch them, on 127.0.0.1.
@@ -295,6 +301,25 @@ impl RedisSentinelSet {
         self.member_mut(index)?.kill().await?;
         let after = self.wait_for_new_primary(before).await?;
         Ok((index, after))
+    }
+
+    /// Tells every sentinel to call the primary down after `down_after` of silence from now
+    /// on ([`RedisSentinelOptions::down_after`] at the start): a set that fails over only
+    /// when its primary is killed starts with a long one and shortens it for the kill.
+    pub async fn set_down_after(&mut self, down_after: Duration) -> Result<(), ServerError> {
+        let millis = down_after.as_millis().to_string();
+        let args = [
+            "SENTINEL",
+            "SET",
+            self.opts.service.as_str(),
+            "down-after-milliseconds",
+            &millis,
+        ];
+        for sentinel in &self.sentinels {
+            redis_query(sentinel.node_addr(), None, &args, ASK_TIMEOUT).await?;
+        }
+        self.opts.down_after = down_after;
+        Ok(())
     }
 
     /// The index in [`data_servers`](Self::data_servers) of the primary the sentinels name.
