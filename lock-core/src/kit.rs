@@ -26,7 +26,8 @@
 //!   key on a session's lease), the guard; the backend writes the [`HeldEntry`] (delete if
 //!   still the grant's, clean up in the background) and a watch on the entry
 //!   ([`entry_guard_watching`] tells the watch when the guard's own release is under way;
-//!   [`entry_guard_signalled`] has no watch per entry, the session's fires the signal);
+//!   [`entry_guard_signalled`] has no watch per entry, the session's fires the signal, and
+//!   [`entry_guard_releasing`] gives that watch the guard's [`Releasing`]);
 //! - [`notified_until`]: a wait on a [`Notify`](tokio::sync::Notify) for a condition that
 //!   may already hold, without missing a change made between the look and the wait.
 //!
@@ -91,8 +92,8 @@ mod lease;
 mod session_slot;
 
 pub use entry::{
-    HeldEntry, Releasing, Removal, RemovalError, entry_guard, entry_guard_signalled,
-    entry_guard_watching,
+    HeldEntry, Releasing, Removal, RemovalError, entry_guard, entry_guard_releasing,
+    entry_guard_signalled, entry_guard_watching,
 };
 pub use lease::{Lease, Renewal, lease_guard, release_in_background};
 /// The earlier name of [`ServerSession`], too close to [`SessionSlot`].

@@ -7,17 +7,20 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use etcd_client::WatchResponse;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnResponse};
 use lock_core::kit::{
-    Abandon, HeldEntry, Releasing, Removal, RemovalError, Retry, entry_guard_watching,
+    Abandon, HeldEntry, Releasing, Removal, RemovalError, Retry, entry_guard_releasing,
     notified_until, retry_in_background,
 };
-use lock_core::{Deadline, FencingToken, Guard, LockError, LockName, lost_signal};
+use lock_core::{
+    Deadline, FencingToken, Guard, LockError, LockName, LossReason, LostNotifier, lost_signal,
+};
 use tokio::sync::Notify;
 
 use crate::error::BACKEND;
 use crate::session::{Session, Slot};
-use crate::watches::{Watch, deleted_after};
+use crate::watches::{Held, Watch, deleted_after};
 
 /// How a background clean-up backs off while the connection is down.
 const CLEANUP_PAUSE: Duration = Duration::from_millis(200);
@@ -157,7 +160,8 @@ impl Abandon for Entry {
 }
 
 /// Turns a granted key into a guard: its lost signal registered with the session, and a
-/// watch on the key so that a deletion by someone else is noticed.
+/// watch on the key, which the session's watch stream looks after, so that a deletion by
+/// someone else is noticed.
 pub(crate) fn grant(
     session: &Arc<Session>,
     name: &LockName,
@@ -174,8 +178,7 @@ pub(crate) fn grant(
         });
     };
     session.metrics.record_grant();
-    let (session, key) = (Arc::downgrade(session), entry.key.clone());
-    let deleted = |releasing| own_key_removed(session, key, granted, releasing);
+    let key = entry.key.clone();
     let held = HeldKey {
         entry,
         name: name.to_string(),
@@ -183,98 +186,121 @@ pub(crate) fn grant(
         registration,
     };
     let token = FencingToken(u64::try_from(revision).unwrap_or_default());
-    Ok(entry_guard_watching(
-        name,
-        token,
-        held,
-        (notifier, lost),
-        deleted,
-    ))
+    let (guard, releasing) = entry_guard_releasing(name, token, held, lost);
+    let own = Arc::new(OwnKey {
+        session: Arc::downgrade(session),
+        key,
+        created: granted.created,
+        seen: AtomicI64::new(granted.seen),
+        releasing,
+        notifier,
+    });
+    match granted.watch {
+        // The watch made while it waited sees every deletion after `seen`.
+        Some(watch) if watch.from <= granted.seen => watch.hold(own),
+        waited_with => drop(tokio::spawn(own.watch(waited_with))),
+    }
+    Ok(guard)
 }
 
-/// Whether the granted key was removed by someone else; `false` when the session ended
-/// first, or ends because the key went with its lease (the session's end fires the signal).
-/// A deletion once the holder's own release began is not asked about: it is the release's.
-async fn own_key_removed(
+/// A held key as the session's watch stream looks after it (see [`Held`]): a task runs for
+/// it only to make its watch, and to ask why the key went.
+struct OwnKey {
     session: Weak<Session>,
     key: String,
-    granted: Granted,
+    /// The key's create revision.
+    created: i64,
+    /// A revision at which the key stood as the holder's: a deletion after it is this
+    /// key's. A watch made on a member behind the one that granted can still report the
+    /// deletion of an earlier key of the same name (this session's previous hold of the
+    /// lock).
+    seen: AtomicI64,
     releasing: Releasing,
-) -> bool {
-    // The watch that saw the deletion is kept until the question below is answered: when
-    // the lease ended, the session's end stops the stream, and none of its held keys'
-    // watches is cancelled one by one.
-    let Some(_seen_by) = watch_own_key(&session, &key, granted).await else {
-        return false;
-    };
-    if releasing.is_set() {
-        return true;
+    notifier: LostNotifier,
+}
+
+impl Held for OwnKey {
+    fn is_deleted(&self, answer: &WatchResponse) -> bool {
+        deleted_after(answer, self.seen.load(Ordering::Acquire)).is_some()
     }
-    match session.upgrade() {
-        Some(live) => !Box::pin(live.lease_ended(&key)).await,
-        None => false,
+
+    fn deleted(self: Arc<Self>, watch: Watch) {
+        // The guard's own release asks nothing: its watch is cancelled at once.
+        if !self.releasing.is_set() {
+            drop(tokio::spawn(self.removed(watch)));
+        }
+    }
+
+    fn ended(self: Arc<Self>) {
+        drop(tokio::spawn(self.watch(None)));
     }
 }
 
-/// The watch that saw the granted key deleted (or replaced); `None` when the session ended
-/// first (its end fires the signal).
-///
-/// The key was the holder's at `granted.seen`, and a watch sees only after the revision it
-/// began at (see [`crate::watches`]): the watch made while the holder waited began no
-/// later than that; when a watch made now begins later, the key is read once more, so that
-/// a deletion in between is not missed. So again whenever the watch is made anew (its
-/// stream broke, or a compaction cancelled it).
-async fn watch_own_key(session: &Weak<Session>, key: &str, granted: Granted) -> Option<Watch> {
-    let Granted {
-        created,
-        mut seen,
-        watch: mut waited_with,
-    } = granted;
-    // The requests and pauses below are boxed: this task lives as long as the guard, and
-    // its state should be the small watch it waits on, not their larger futures. The
-    // session's end needs no wait of its own here: it closes the watch stream after it
-    // marks the session over, which ends the watch (`None`), and the next turn finds the
-    // session over.
-    loop {
-        let live = session.upgrade().filter(|s| !s.is_over())?;
-        let made = match waited_with.take() {
-            Some(watch) => Ok(watch),
-            None => Box::pin(live.watch_deletions(key, key, false, &Deadline::after(None))).await,
-        };
-        let mut watch = match made {
-            Ok(watch) => watch,
-            Err(_) => {
+impl OwnKey {
+    /// Makes the key's watch (or takes `waited_with`, made while the holder waited) and
+    /// hands it to the session's stream; until the session is over.
+    ///
+    /// The key was the holder's at `seen`, and a watch sees only after the revision it
+    /// began at (see [`crate::watches`]): a watch that begins later is followed by one more
+    /// read of the key, so that a deletion in between is not missed.
+    async fn watch(self: Arc<Self>, mut waited_with: Option<Watch>) {
+        // Its requests and pauses are boxed: each grant runs this task, many side by side,
+        // and what the allocator keeps of them grows with their size.
+        loop {
+            let Some(live) = self.session.upgrade().filter(|s| !s.is_over()) else {
+                return;
+            };
+            let made = match waited_with.take() {
+                Some(watch) => Ok(watch),
+                None => {
+                    let forever = Deadline::after(None);
+                    Box::pin(live.watch_deletions(&self.key, &self.key, false, &forever)).await
+                }
+            };
+            let Ok(watch) = made else {
                 drop(live);
                 Box::pin(tokio::time::sleep(CLEANUP_PAUSE)).await;
                 continue;
-            }
-        };
-        if watch.from > seen {
-            match Box::pin(live.key_reads.changed(key, created, watch.from)).await {
-                Some((true, _)) => return Some(watch),
-                Some((false, at)) => seen = seen.max(at),
-                None => {
-                    drop((live, watch));
-                    Box::pin(tokio::time::sleep(CLEANUP_PAUSE)).await;
-                    continue;
-                }
-            }
-        }
-        loop {
-            match watch.next().await {
-                // Compacted, or the stream broke: watch anew (and look).
-                Some(answer) if answer.canceled() => break,
-                None => break,
-                // A watch made on a member behind the one that granted can still report
-                // the deletion of an earlier key of the same name (this session's previous
-                // hold of the lock): only a deletion after `seen` is of this key.
-                Some(answer) => {
-                    if deleted_after(&answer, seen).is_some() {
-                        return Some(watch);
+            };
+            if watch.from > self.seen.load(Ordering::Acquire) {
+                let read = live.key_reads.changed(&self.key, self.created, watch.from);
+                match Box::pin(read).await {
+                    Some((true, _)) => {
+                        drop(live);
+                        if !self.releasing.is_set() {
+                            Box::pin(self.removed(watch)).await;
+                        }
+                        return;
+                    }
+                    Some((false, at)) => {
+                        self.seen.fetch_max(at, Ordering::AcqRel);
+                    }
+                    None => {
+                        drop((live, watch));
+                        Box::pin(tokio::time::sleep(CLEANUP_PAUSE)).await;
+                        continue;
                     }
                 }
             }
+            watch.hold(self);
+            return;
         }
+    }
+
+    /// The key was seen deleted, not by the guard's release when it was seen: a loss,
+    /// unless the session's lease ended (then the session's end fires every signal), or
+    /// the release began meanwhile. The watch that saw it is kept until the question is
+    /// answered: when the lease ended, the session's end stops the stream, and none of its
+    /// held keys' watches is cancelled one by one.
+    async fn removed(self: Arc<Self>, watch: Watch) {
+        let lease_ended = match self.session.upgrade() {
+            Some(live) => live.lease_ended(&self.key).await,
+            None => true,
+        };
+        if !lease_ended && !self.releasing.is_set() {
+            self.notifier.fire(LossReason::EntryRemoved);
+        }
+        drop(watch);
     }
 }
 
@@ -386,13 +412,53 @@ impl Granted {
 
 #[cfg(test)]
 mod tests {
-    /// A held lock keeps this task as long as it is held: at many locks per process, its
-    /// size is most of a lock's client memory.
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicI64};
+
+    use lock_core::kit::{HeldEntry, Removal, RemovalError, entry_guard_releasing};
+    use lock_core::{FencingToken, LockName, lost_signal};
+
+    #[derive(Debug)]
+    struct Nothing;
+
+    #[async_trait::async_trait]
+    impl HeldEntry for Nothing {
+        fn backend(&self) -> &'static str {
+            "test"
+        }
+        async fn remove(&mut self, _: &AtomicBool) -> Result<Removal, RemovalError> {
+            Ok(Removal::Removed)
+        }
+        fn forget(&self) {}
+        fn abandon(self: Box<Self>) {}
+        fn is_suspect(&self) -> bool {
+            false
+        }
+    }
+
+    /// A held lock keeps its key's state on the session's watch stream as long as it is
+    /// held, and each grant runs the task that makes its key's watch: at many locks per
+    /// process, both are much of a lock's client memory.
     #[test]
-    fn a_held_keys_watch_task_stays_small() {
-        let session = std::sync::Weak::new();
-        let watching = super::watch_own_key(&session, "", super::Granted::new(1, 1));
+    fn a_held_keys_state_and_watch_task_stay_small() {
+        let size = std::mem::size_of::<super::OwnKey>();
+        assert!(size <= 80, "a held key's state takes {size} bytes");
+        let (notifier, lost) = lost_signal();
+        let name = LockName::new("small").unwrap_or_else(|error| panic!("{error}"));
+        let (_guard, releasing) = entry_guard_releasing(&name, FencingToken(1), Nothing, lost);
+        let own = Arc::new(super::OwnKey {
+            session: std::sync::Weak::new(),
+            key: String::new(),
+            created: 1,
+            seen: AtomicI64::new(1),
+            releasing,
+            notifier,
+        });
+        let watching = own.watch(None);
         let size = std::mem::size_of_val(&watching);
-        assert!(size <= 768, "the task's state takes {size} bytes");
+        assert!(
+            size <= 320,
+            "the task making a held key's watch takes {size} bytes"
+        );
     }
 }

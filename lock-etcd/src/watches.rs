@@ -29,6 +29,10 @@
 //! flow control), its receive loop for the send loop, and the queue never drains. With
 //! thousands of watches asked for at once, that stalled every watch of the session for
 //! seconds and made the server count nearly all of them as slow watchers.
+//!
+//! A held key's watch is looked after by the stream's task itself ([`Held`]): a process may
+//! hold many thousands of locks, and a task of their own each, to wait for a deletion that
+//! seldom comes, was most of a held lock's memory.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -73,9 +77,9 @@ struct Mailbox {
 /// The stream's end of a watch's mailbox; dropped (the watch cancelled, or the stream
 /// broke), it closes the mailbox.
 #[derive(Debug)]
-struct Route(Arc<Mailbox>);
+struct Outbox(Arc<Mailbox>);
 
-impl Route {
+impl Outbox {
     fn send(&self, answer: Delivered) {
         let mut answers = self
             .0
@@ -88,11 +92,42 @@ impl Route {
     }
 }
 
-impl Drop for Route {
+impl Drop for Outbox {
     fn drop(&mut self) {
         self.0.closed.store(true, Ordering::Release);
         self.0.arrived.wake();
     }
+}
+
+impl Mailbox {
+    /// The answers received and not yet taken.
+    fn take_all(&self) -> VecDeque<Delivered> {
+        std::mem::take(&mut *self.answers.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// A held key's owner, told of its watch's answers by the stream's task, so that a held
+/// lock needs no task of its own while nothing happens to its key. Its calls must not
+/// wait: what takes a request is for a task of its own.
+pub(crate) trait Held: Send + Sync {
+    /// Whether `answer` (events) reports the held key deleted.
+    fn is_deleted(&self, answer: &WatchResponse) -> bool;
+    /// The held key was seen deleted; dropping `watch` cancels the watch on the server.
+    fn deleted(self: Arc<Self>, watch: Watch);
+    /// The watch ended with no deletion seen: the stream broke, or a compaction cancelled
+    /// it. The owner watches anew.
+    fn ended(self: Arc<Self>);
+}
+
+/// Where the stream hands a watch's answers.
+enum Route {
+    /// A wait's or an observer's mailbox.
+    Mailbox(Outbox),
+    /// A held key's watch, whose answers the stream's task looks at itself.
+    Held(Arc<dyn Held>),
+    /// A held key seen deleted, while its owner asks why: its answers go nowhere, and its
+    /// owner's cancel finds it.
+    Settling,
 }
 
 /// One watch on the session's stream. Dropped, it is cancelled.
@@ -104,6 +139,8 @@ pub(crate) struct Watch {
     stream: u64,
     mailbox: Arc<Mailbox>,
     commands: mpsc::UnboundedSender<Command>,
+    /// Whether dropping it cancels it: no longer once the stream holds it for a held key.
+    cancels: bool,
 }
 
 enum Command {
@@ -115,6 +152,13 @@ enum Command {
     Cancel {
         stream: u64,
         id: i64,
+    },
+    /// A held key's watch, handed to the stream (see [`Held`]).
+    Hold {
+        stream: u64,
+        id: i64,
+        mailbox: Arc<Mailbox>,
+        held: Arc<dyn Held>,
     },
     /// The session is over: close the stream and stop.
     Stop,
@@ -195,6 +239,20 @@ impl Watch {
         })
     }
 
+    /// Hands the watch to the stream, which tells `held` of its answers from now on (those
+    /// received already first) and cancels it once `held` is done with it; see [`Held`].
+    pub(crate) fn hold(mut self, held: Arc<dyn Held>) {
+        self.cancels = false;
+        let command = Command::Hold {
+            stream: self.stream,
+            id: self.id,
+            mailbox: Arc::clone(&self.mailbox),
+            held,
+        };
+        // Refused only once the session is over, whose end fires the held keys' signals.
+        let _ = self.commands.send(command);
+    }
+
     /// An answer already received, without waiting: `None` when there is none yet,
     /// `Some(None)` once the stream broke or the watch was cancelled.
     pub(crate) fn received(&mut self) -> Option<Option<WatchResponse>> {
@@ -214,6 +272,9 @@ impl Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
+        if !self.cancels {
+            return;
+        }
         let _ = self.commands.send(Command::Cancel {
             stream: self.stream,
             id: self.id,
@@ -339,6 +400,8 @@ impl Stream {
                         }
                     },
                     Some(Command::Cancel { .. }) => {}
+                    // The stream it was on broke.
+                    Some(Command::Hold { held, .. }) => held.ended(),
                     Some(Command::Stop) | None => return,
                 }
                 continue;
@@ -363,8 +426,20 @@ impl Stream {
                     if stream == current.number && current.routes.remove(&id).is_some() {
                         self.metrics.record_server_requests(1);
                         if !current.send(Request::Cancel(id)) {
-                            open = None;
+                            close(&mut open);
                         }
+                    }
+                }
+                Step::Command(Some(Command::Hold {
+                    stream,
+                    id,
+                    mailbox,
+                    held,
+                })) => {
+                    if stream == current.number {
+                        current.hold(id, &mailbox, held, &self.commands);
+                    } else {
+                        held.ended();
                     }
                 }
                 Step::Command(Some(Command::Stop) | None) => return,
@@ -376,7 +451,7 @@ impl Stream {
                     // made fail, retryably: dropping the stream drops their replies and
                     // closes their mailboxes.
                     tracing::debug!(?broken, "etcd: the watch stream broke");
-                    open = None;
+                    close(&mut open);
                 }
             }
         }
@@ -406,6 +481,19 @@ impl Stream {
             routes: HashMap::new(),
             metrics: Arc::clone(&self.metrics),
         })
+    }
+}
+
+/// Drops the stream: every watch on it ends, a wait's or an observer's as its mailbox
+/// closes, a held key's as it is told to watch anew.
+fn close(open: &mut Option<Open>) {
+    let Some(mut broken) = open.take() else {
+        return;
+    };
+    for (_, route) in broken.routes.drain() {
+        if let Route::Held(held) = route {
+            held.ended();
+        }
     }
 }
 
@@ -495,6 +583,46 @@ impl Open {
         }
     }
 
+    /// Takes over watch `id` for the held key `held` from its owner (see [`Watch::hold`]),
+    /// with the answers its mailbox kept: a deletion among them is told at once.
+    fn hold(
+        &mut self,
+        id: i64,
+        mailbox: &Mailbox,
+        held: Arc<dyn Held>,
+        commands: &mpsc::UnboundedSender<Command>,
+    ) {
+        for answer in mailbox.take_all() {
+            if answer.canceled() {
+                self.routes.remove(&id);
+                held.ended();
+                return;
+            }
+            if held.is_deleted(&answer) {
+                self.routes.insert(id, Route::Settling);
+                held.deleted(self.cancelling(id, commands));
+                return;
+            }
+        }
+        match self.routes.get_mut(&id) {
+            Some(route @ Route::Mailbox(_)) => *route = Route::Held(held),
+            // Cancelled by the server, its answer taken above.
+            _ => held.ended(),
+        }
+    }
+
+    /// A handle on watch `id` whose drop cancels it.
+    fn cancelling(&self, id: i64, commands: &mpsc::UnboundedSender<Command>) -> Watch {
+        Watch {
+            from: 0,
+            id,
+            stream: self.number,
+            mailbox: Arc::default(),
+            commands: commands.clone(),
+            cancels: true,
+        }
+    }
+
     /// Hands `request` to the forwarder; `false` once the stream broke.
     fn send(&self, request: Request) -> bool {
         self.requests.send(request).is_ok()
@@ -506,11 +634,28 @@ impl Open {
         let id = response.watch_id();
         if !response.created() {
             let canceled = response.canceled();
-            if let Some(route) = self.routes.get(&id) {
-                route.send(Box::new(response));
-            }
+            let held = match self.routes.get(&id) {
+                Some(Route::Held(held)) => Arc::clone(held),
+                Some(Route::Mailbox(outbox)) => {
+                    outbox.send(Box::new(response));
+                    if canceled {
+                        self.routes.remove(&id);
+                    }
+                    return;
+                }
+                Some(Route::Settling) | None => {
+                    if canceled {
+                        self.routes.remove(&id);
+                    }
+                    return;
+                }
+            };
             if canceled {
                 self.routes.remove(&id);
+                held.ended();
+            } else if held.is_deleted(&response) {
+                self.routes.insert(id, Route::Settling);
+                held.deleted(self.cancelling(id, commands));
             }
             return;
         }
@@ -523,7 +668,8 @@ impl Open {
             }
             Some(Expected::Watch(asked)) => {
                 let mailbox = Arc::new(Mailbox::default());
-                self.routes.insert(id, Route(Arc::clone(&mailbox)));
+                self.routes
+                    .insert(id, Route::Mailbox(Outbox(Arc::clone(&mailbox))));
                 self.probing.push_back(Some(Made {
                     asked,
                     id,
@@ -552,6 +698,7 @@ impl Open {
                         stream: self.number,
                         mailbox: made.mailbox,
                         commands: commands.clone(),
+                        cancels: true,
                     };
                     // An owner that gave up meanwhile drops the watch, which cancels it.
                     let _ = made.asked.reply.send(Ok(watch));

@@ -6,6 +6,8 @@
 //!   queued, none twice, one at a time, and no key is left behind.
 //! - A guard granted after a wait notices a foreign delete of its key at once: its watch is
 //!   never one the server catches up on its 100 ms loop.
+//! - Held keys are watched anew after a stream reset: a deletion while it was down and one
+//!   after are both noticed.
 //! - A waiter whose key is deleted by someone else fails at once, while the holder holds.
 //! - Thousands of held keys deleted at once are all noticed, and the stream serves after.
 #![allow(
@@ -25,7 +27,7 @@ use std::time::Duration;
 use common::{Proxies, admin_client, contenders};
 use etcd_client::Client as EtcdClient;
 use lock_conformance::{ClientFaults, Occupancy, observe_until, unique_name};
-use lock_core::{DistributedLock, LockError, LockProvider};
+use lock_core::{DistributedLock, LockError, LockProvider, LossReason};
 use lock_etcd::{EtcdConfig, EtcdLockProvider};
 use lock_testbed::servers::containers;
 use lock_testbed::servers::{EtcdCluster, EtcdOptions, ServerMode, etcd_metric, shared_etcd};
@@ -352,6 +354,78 @@ async fn a_foreign_delete_is_noticed_at_once() {
         p50 < Duration::from_millis(25),
         "p50 {p50:?}, p99 {p99:?}: the guard's watch waits for the server's catch-up loop"
     );
+}
+
+/// Held keys keep being watched across a reset of their session's stream (every
+/// connection of the holder's client cut and restored): a key deleted by someone else while
+/// the stream was down is noticed once it is watched anew (read again), one deleted after
+/// as it goes; a key nobody deleted stays held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_keys_are_watched_across_a_stream_reset() {
+    let endpoint = shared_etcd().unwrap().client_address();
+    let admin = admin_client(&endpoint).await;
+    let proxies = Proxies::start(std::slice::from_ref(&endpoint));
+    let (others, holders) = (
+        provider(vec![endpoint]).await,
+        provider(proxies.endpoints()).await,
+    );
+    let names: Vec<String> = (0..3).map(|_| unique_name("held-reset")).collect();
+    // The first two taken at once, the third after a wait (its watch made while waiting).
+    let mut guards = Vec::new();
+    for name in &names[..2] {
+        guards.push(holders.lock(name).unwrap().acquire(None).await.unwrap());
+    }
+    let mut other = others.lock(&names[2]).unwrap().acquire(None).await.unwrap();
+    let waiting = holders.lock(&names[2]).unwrap();
+    let waiter = tokio::spawn(async move { waiting.acquire(Some(Duration::from_secs(30))).await });
+    observe_until(
+        Duration::from_secs(10),
+        "the waiter queued",
+        || contenders(&admin, PREFIX, &names[2]),
+        |keys| keys.len() == 2,
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    other.release().await.unwrap();
+    guards.push(waiter.await.unwrap().unwrap());
+    // Every held key's watch on the stream before the reset.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    proxies.cut_connection().await.unwrap();
+    let key = |name: &str| {
+        let admin = admin.clone();
+        let name = name.to_owned();
+        async move { contenders(&admin, PREFIX, &name).await.remove(0) }
+    };
+    let first = key(&names[0]).await;
+    admin.kv_client().delete(first, None).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxies.restore().await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(10), guards[0].lost().wait()).await;
+    assert_eq!(
+        reason.expect("a key deleted while the stream was down went unnoticed for 10 s"),
+        Some(LossReason::EntryRemoved)
+    );
+
+    for (index, guard) in guards.iter().enumerate().skip(1) {
+        let key = key(&names[index]).await;
+        // Watched anew by now: nothing else is lost meanwhile.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !guard.lost().is_lost(),
+            "lock {index} lost with its key standing"
+        );
+        admin.kv_client().delete(key, None).await.unwrap();
+        let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost().wait()).await;
+        assert_eq!(
+            reason.unwrap_or_else(|_| panic!(
+                "lock {index}: a foreign delete after the reset went unnoticed for 5 s"
+            )),
+            Some(LossReason::EntryRemoved)
+        );
+    }
+    assert!(holders.lease_id().is_some(), "the session goes on");
 }
 
 /// A waiter whose key someone else deletes fails at once, with a retryable error, while the

@@ -220,6 +220,51 @@ pub fn entry_guard_signalled(
     guard_over(name, token, Box::new(entry), releasing, lost)
 }
 
+/// [`entry_guard_signalled`], with the guard's [`Releasing`]: for a backend whose session
+/// watches its entries for all of them and must tell the guard's own release from a loss
+/// when an entry goes (it asks the server why only when it was not the release).
+///
+/// ```
+/// # use lock_core::kit::{HeldEntry, Removal, RemovalError, entry_guard_releasing};
+/// # use lock_core::{async_trait, FencingToken, LockError, LockName, LossReason, lost_signal};
+/// # #[derive(Debug)]
+/// # struct Node;
+/// # #[async_trait]
+/// # impl HeldEntry for Node {
+/// #     fn backend(&self) -> &'static str { "example" }
+/// #     async fn remove(&mut self, _: &std::sync::atomic::AtomicBool) -> Result<Removal, RemovalError> {
+/// #         Ok(Removal::Removed)
+/// #     }
+/// #     fn forget(&self) {}
+/// #     fn abandon(self: Box<Self>) {}
+/// #     fn is_suspect(&self) -> bool { false }
+/// # }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// let name = LockName::new("jobs")?;
+/// let (notifier, lost) = lost_signal();
+/// let (guard, releasing) = entry_guard_releasing(&name, FencingToken(7), Node, lost);
+/// // The session's watch, having seen the entry deleted while no release was under way:
+/// if !releasing.is_set() {
+///     notifier.fire(LossReason::EntryRemoved);
+/// }
+/// assert!(guard.is_lost());
+/// # Ok(()) }
+/// ```
+pub fn entry_guard_releasing(
+    name: &LockName,
+    token: FencingToken,
+    entry: impl HeldEntry,
+    lost: LostSignal,
+) -> (Guard, Releasing) {
+    let releasing = Arc::new(AtomicBool::new(false));
+    let handle = Releasing(Arc::clone(&releasing));
+    (
+        guard_over(name, token, Box::new(entry), releasing, lost),
+        handle,
+    )
+}
+
 /// The guard over `entry`, whose release sets `releasing` while it is under way.
 fn guard_over(
     name: &LockName,
