@@ -58,18 +58,17 @@ pub(crate) struct Watches {
 }
 
 /// A watch's answer as its mailbox keeps it: boxed, so that the room its queue keeps after
-/// an answer is small (one mailbox per held lock stays open).
+/// an answer is small (a waiter's mailboxes stay open while it waits).
 type Delivered = Box<WatchResponse>;
 
 /// Where a watch's answers wait for its owner: a queue, a wake-up and whether the stream
 /// let go of it. About a tenth of a tokio channel, which gives each end a cache line of its
-/// own and makes room for 32 answers as it is made, 800 bytes for each held lock.
+/// own and makes room for 32 answers as it is made, 800 bytes for each watch.
 #[derive(Debug, Default)]
 struct Mailbox {
     answers: Mutex<VecDeque<Delivered>>,
     /// The owner, its only waiter, woken whenever an answer came or the mailbox closed.
-    /// One waker rather than a `Notify`: a wait then needs no waiter node of its own, and
-    /// a held lock's watching task stays small.
+    /// One waker rather than a `Notify`: a wait then needs no waiter node of its own.
     arrived: AtomicWaker,
     closed: AtomicBool,
 }
@@ -114,14 +113,15 @@ pub(crate) trait Held: Send + Sync {
     fn is_deleted(&self, answer: &WatchResponse) -> bool;
     /// The held key was seen deleted; dropping `watch` cancels the watch on the server.
     fn deleted(self: Arc<Self>, watch: Watch);
-    /// The watch ended with no deletion seen: the stream broke, or a compaction cancelled
-    /// it. The owner watches anew.
+    /// The watch ended with no deletion told: the stream broke, or a compaction cancelled
+    /// it. The owner watches anew (and reads the key again).
     fn ended(self: Arc<Self>);
 }
 
 /// Where the stream hands a watch's answers.
 enum Route {
-    /// A wait's or an observer's mailbox.
+    /// A wait's or an observer's mailbox; a held key's watch's too, until it is handed to
+    /// the stream.
     Mailbox(Outbox),
     /// A held key's watch, whose answers the stream's task looks at itself.
     Held(Arc<dyn Held>),
