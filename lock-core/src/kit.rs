@@ -101,6 +101,38 @@ pub use lease::{Lease, Renewal, lease_guard, release_in_background};
 pub use session_slot::ServerSession as SlotSession;
 pub use session_slot::{ServerSession, SessionSlot};
 
+/// Checks a semaphore's permit count: at least one, and at most `max` (what the backend's
+/// store can count; `u32::MAX` where any count will do). The error names the semaphore.
+///
+/// ```
+/// use lock_core::kit::check_permits;
+///
+/// assert!(check_permits("example", "jobs", 3, u32::MAX).is_ok());
+/// let zero = check_permits("example", "jobs", 0, u32::MAX).unwrap_err();
+/// assert_eq!(
+///     zero.to_string(),
+///     "example: invalid argument: semaphore \"jobs\" needs at least one permit"
+/// );
+/// let many = check_permits("example", "jobs", 9, 8).unwrap_err();
+/// assert!(many.to_string().contains("needs 1 to 8 permits, not 9"));
+/// ```
+pub fn check_permits(
+    backend: &'static str,
+    name: &str,
+    permits: u32,
+    max: u32,
+) -> Result<(), LockError> {
+    let message = match permits {
+        0 if max == u32::MAX => format!("semaphore {name:?} needs at least one permit"),
+        0 => format!("semaphore {name:?} needs 1 to {max} permits, not 0"),
+        permits if permits > max => {
+            format!("semaphore {name:?} needs 1 to {max} permits, not {permits}")
+        }
+        _ => return Ok(()),
+    };
+    Err(LockError::InvalidArgument { backend, message })
+}
+
 /// Locks `mutex` whether or not a panic poisoned it: for mutexes over values that every
 /// holder leaves whole (no await, no half-made update while held), as a backend's bookkeeping
 /// is.

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use lock_core::kit::{Closed, SessionOwner};
+use lock_core::kit::{Closed, SessionOwner, check_permits};
 use lock_core::observe::{observe_election, observe_lock, observe_rw_lock, observe_semaphore};
 use lock_core::{
     Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Fencing,
@@ -312,14 +312,7 @@ impl LockProvider for PostgresLockProvider {
         permits: u32,
     ) -> Result<Arc<dyn DistributedSemaphore>, LockError> {
         let name = LockName::new(name)?;
-        if permits == 0 || permits > MAX_PERMITS {
-            return Err(LockError::InvalidArgument {
-                backend: BACKEND,
-                message: format!(
-                    "semaphore {name:?} needs 1 to {MAX_PERMITS} permits, not {permits}"
-                ),
-            });
-        }
+        check_permits(BACKEND, name.as_str(), permits, MAX_PERMITS)?;
         let semaphore = Arc::new(PostgresSemaphore::new(
             Arc::clone(&self.shared),
             name,

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use lock_core::kit::{Closed, SessionOwner};
+use lock_core::kit::{Closed, SessionOwner, check_permits};
 use lock_core::observe::{observe_election, observe_lock, observe_rw_lock, observe_semaphore};
 use lock_core::{
     Capabilities, DistributedLock, DistributedRwLock, DistributedSemaphore, Election, Fencing,
@@ -209,12 +209,7 @@ impl LockProvider for RedisLockProvider {
         permits: u32,
     ) -> Result<Arc<dyn DistributedSemaphore>, LockError> {
         let name = LockName::new(name)?;
-        if permits == 0 {
-            return Err(LockError::InvalidArgument {
-                backend: BACKEND,
-                message: format!("semaphore {name:?} needs at least one permit"),
-            });
-        }
+        check_permits(BACKEND, name.as_str(), permits, u32::MAX)?;
         let semaphore = Arc::new(RedisSemaphore::new(&self.shared, name, permits));
         Ok(observe_semaphore(semaphore, BACKEND, QUEUED))
     }

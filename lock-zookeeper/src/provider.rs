@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use lock_core::kit::{Closed, SessionOwner, SessionSlot};
+use lock_core::kit::{Closed, SessionOwner, SessionSlot, check_permits};
 use lock_core::observe::{observe_election, observe_lock, observe_rw_lock, observe_semaphore};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, DistributedRwLock, DistributedSemaphore, Election,
@@ -207,12 +207,7 @@ impl LockProvider for ZkLockProvider {
         permits: u32,
     ) -> Result<Arc<dyn DistributedSemaphore>, LockError> {
         let place = self.place(name, ".semaphore")?;
-        if permits == 0 {
-            return Err(LockError::InvalidArgument {
-                backend: BACKEND,
-                message: format!("semaphore {name:?} needs at least one permit"),
-            });
-        }
+        check_permits(BACKEND, name, permits, u32::MAX)?;
         let strategy = self.shared.config.strategy.as_str();
         let semaphore = Arc::new(ZkSemaphore::new(place, permits));
         Ok(observe_semaphore(semaphore, BACKEND, strategy))

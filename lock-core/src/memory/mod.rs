@@ -298,14 +298,7 @@ impl LockProvider for MemoryLockProvider {
         name: &str,
         permits: u32,
     ) -> Result<Arc<dyn DistributedSemaphore>, LockError> {
-        if permits == 0 {
-            return Err(LockError::InvalidArgument {
-                backend: BACKEND,
-                message: format!(
-                    "semaphore {name:?}: zero permits; a semaphore needs at least one"
-                ),
-            });
-        }
+        crate::kit::check_permits(BACKEND, name, permits, u32::MAX)?;
         let semaphore = Arc::new(MemorySemaphore(self.shared.handle(
             Family::Semaphore,
             name,
