@@ -97,6 +97,10 @@ struct Shared {
     /// where to count it, and is counted once either way.
     recording: crate::observe::LossRecording,
     counted: AtomicBool,
+    /// The guard's own release is under way (see [`kit::Releasing`](crate::kit::Releasing)):
+    /// kept here, where the guard and the backend's watch both reach it, rather than in an
+    /// allocation of its own per held lock.
+    releasing: AtomicBool,
 }
 
 /// Creates a connected notifier and signal for one grant.
@@ -179,6 +183,12 @@ impl LostNotifier {
 }
 
 impl LostSignal {
+    /// Set while the guard's own release is under way (see
+    /// [`kit::Releasing`](crate::kit::Releasing)).
+    pub(crate) fn releasing(&self) -> &AtomicBool {
+        &self.shared.releasing
+    }
+
     /// The [`LockError::Lost`](crate::LockError::Lost) of the lock `name`: with the reason
     /// signalled, if the signal fired, otherwise `otherwise` (what the caller just found).
     ///

@@ -1,6 +1,7 @@
 //! Lock names: validation and the escaped form backends use in paths and keys.
 
 use std::fmt;
+use std::sync::Arc;
 
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use sha2::{Digest, Sha256};
@@ -57,6 +58,9 @@ pub enum NameError {
 /// non-ASCII text are allowed; backends store the [escaped](LockName::escaped) form, so no
 /// name can leave its namespace or collide with another.
 ///
+/// A clone shares the text (a reference count), so that a lock handle, its guards and the
+/// backend's records of a held lock keep one copy of the name between them.
+///
 /// ```
 /// use lock_core::{LockName, NameError};
 ///
@@ -69,14 +73,14 @@ pub enum NameError {
 /// # Ok::<(), lock_core::LockError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LockName(String);
+pub struct LockName(Arc<str>);
 
 impl LockName {
     /// Validates `name`; the error is [`LockError::InvalidName`] with the reason.
     pub fn new(name: impl Into<String>) -> Result<Self, LockError> {
         let name = name.into();
         match validate(&name) {
-            Ok(()) => Ok(LockName(name)),
+            Ok(()) => Ok(LockName(Arc::from(name))),
             Err(reason) => Err(LockError::InvalidName {
                 name: display_prefix(&name),
                 reason,

@@ -37,7 +37,7 @@ impl Place {
             .with_sort(SortTarget::Create, SortOrder::Ascend);
         let mut kv = session.client.kv_client();
         let found = session
-            .ask(self.name.as_str(), kv.get(self.dir.as_str(), Some(options)))
+            .ask(self.name.as_str(), kv.get(&*self.dir, Some(options)))
             .await?;
         Ok(found
             .kvs()
@@ -59,7 +59,7 @@ impl Place {
                 .with_fencing_token(contender.fencing_token())
                 .with_detail("create_revision", contender.create_revision)
         });
-        let queue = LockQueue::new(listed.collect()).at(self.dir.clone());
+        let queue = LockQueue::new(listed.collect()).at(self.dir.to_string());
         Ok(match self.strategy {
             EtcdStrategy::Single => queue
                 .without_recorded_waiters()

@@ -71,7 +71,7 @@ impl EtcdElection {
             .read(place.name.as_str(), &Deadline::after(None), || {
                 let mut kv = session.client.kv_client();
                 let first = first.clone();
-                async move { kv.get(place.dir.as_str(), Some(first)).await }
+                async move { kv.get(&*place.dir, Some(first)).await }
             })
             .await?;
         let revision = answer.header().map_or(0, |header| header.revision());
@@ -134,7 +134,7 @@ impl LeaderSource for EtcdElection {
             let (key, options) = match &head {
                 Some((key, _)) => (key.as_str(), WatchOptions::new()),
                 None => (
-                    place.dir.as_str(),
+                    &*place.dir,
                     WatchOptions::new()
                         .with_prefix()
                         .with_filters([WatchFilterType::NoDelete]),

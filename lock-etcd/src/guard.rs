@@ -29,7 +29,8 @@ const CLEANUP_PAUSE: Duration = Duration::from_millis(200);
 #[derive(Debug)]
 pub(crate) struct Entry {
     pub(crate) session: Weak<Session>,
-    pub(crate) key: String,
+    /// Shared with the held key's watch ([`OwnKey`]).
+    pub(crate) key: Arc<str>,
     /// The single-key lock is shared: it is ours only while it holds this value.
     pub(crate) ours_if: Option<String>,
     /// The create of the key, as a clean-up must know it.
@@ -46,7 +47,7 @@ impl Entry {
         // wait for its answer first (its request is bounded by the timeout).
         let settled = self.creation.answered();
         let _ = tokio::time::timeout(session.timeout * 2, settled).await;
-        let key = self.key.as_str();
+        let key = &*self.key;
         let delete = TxnOp::delete(key, None);
         let created = self.creation.revision.load(Ordering::Acquire);
         let txn = match &self.ours_if {
@@ -73,7 +74,7 @@ impl Entry {
     ) -> Entry {
         Entry {
             session: Arc::downgrade(session),
-            key,
+            key: key.into(),
             ours_if,
             creation: Arc::default(),
             _slot: slot,
@@ -135,6 +136,15 @@ impl Abandon for Entry {
     /// Retries the removal until it succeeds or the session is over (its keys go with the
     /// lease).
     fn abandon(self) {
+        // Asked here too, not only in the task: every guard of a closed provider lands here
+        // as it drops, and a task each would be a burst of thousands for nothing.
+        if self
+            .session
+            .upgrade()
+            .is_none_or(|session| session.is_over())
+        {
+            return;
+        }
         let what = format!("clean-up of {}", self.key);
         let entry = Arc::new(self);
         retry_in_background(
@@ -181,7 +191,7 @@ pub(crate) fn grant(
     let key = entry.key.clone();
     let held = HeldKey {
         entry,
-        name: name.to_string(),
+        name: name.clone(),
         revision,
         registration,
     };
@@ -207,7 +217,7 @@ pub(crate) fn grant(
 /// it only to make its watch, and to ask why the key went.
 struct OwnKey {
     session: Weak<Session>,
-    key: String,
+    key: Arc<str>,
     /// The key's create revision.
     created: i64,
     /// A revision at which the key stood as the holder's: a deletion after it is this
@@ -307,7 +317,7 @@ impl OwnKey {
 /// A granted key, as its guard releases it.
 struct HeldKey {
     entry: Entry,
-    name: String,
+    name: LockName,
     revision: i64,
     registration: u64,
 }
@@ -337,7 +347,7 @@ impl HeldEntry for HeldKey {
         let Some(session) = self.session().filter(|session| !session.is_over()) else {
             return Err(RemovalError::SessionOver);
         };
-        let key = self.entry.key.as_str();
+        let key = &*self.entry.key;
         let txn = Txn::new()
             .when([Compare::create_revision(
                 key,
@@ -442,13 +452,13 @@ mod tests {
     #[test]
     fn a_held_keys_state_and_watch_task_stay_small() {
         let size = std::mem::size_of::<super::OwnKey>();
-        assert!(size <= 80, "a held key's state takes {size} bytes");
+        assert!(size <= 64, "a held key's state takes {size} bytes");
         let (notifier, lost) = lost_signal();
         let name = LockName::new("small").unwrap_or_else(|error| panic!("{error}"));
         let (_guard, releasing) = entry_guard_releasing(&name, FencingToken(1), Nothing, lost);
         let own = Arc::new(super::OwnKey {
             session: std::sync::Weak::new(),
-            key: String::new(),
+            key: Arc::from(""),
             created: 1,
             seen: AtomicI64::new(1),
             releasing,

@@ -77,7 +77,7 @@ impl MutexAttempt for EtcdLock {
                 .await;
         }
         let key = format!("{}{SINGLE_KEY}", place.dir);
-        let ours_if = Some(slot.key.clone());
+        let ours_if = Some(slot.key());
         let pending = Cleanup::new(Entry::new(&session, key, ours_if, slot));
         let turn = match pending.entry() {
             Some(entry) => self.single(&session, entry, &deadline).await,
@@ -101,10 +101,7 @@ impl EtcdLock {
         deadline: &Deadline,
     ) -> Result<Option<Granted>, LockError> {
         let place = &self.place;
-        let (key, value) = (
-            entry.key.as_str(),
-            entry.ours_if.as_deref().unwrap_or_default(),
-        );
+        let (key, value) = (&*entry.key, entry.ours_if.as_deref().unwrap_or_default());
         let mut wakeups = Wakeups::new(&place.shared.metrics);
         let mut watching = Watching::default();
         loop {

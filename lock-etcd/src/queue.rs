@@ -63,8 +63,8 @@ use crate::watches::{Watch, deleted_after};
 pub(crate) struct Place {
     pub(crate) shared: Arc<Shared>,
     pub(crate) name: LockName,
-    /// Ends in `/`.
-    pub(crate) dir: String,
+    /// Ends in `/`. Shared with the slots that contenders take in it.
+    pub(crate) dir: Arc<str>,
     /// How waiters wait: the provider's strategy, or always herd-free (elections).
     pub(crate) strategy: EtcdStrategy,
     /// What a contender's key holds: nothing for locks, an election candidate's value.
@@ -134,7 +134,7 @@ impl Place {
             strategy: shared.config.strategy,
             shared,
             name,
-            dir,
+            dir: dir.into(),
             value: Arc::from(&[][..]),
         }
     }
@@ -155,7 +155,7 @@ impl Place {
         slot: &Arc<Slot>,
         within: &str,
     ) -> Cleanup<Entry> {
-        let key = format!("{}{within}{}", self.dir, slot.id);
+        let key = format!("{}{within}{}", self.dir, slot.id());
         Cleanup::new(Entry::new(session, key, None, Arc::clone(slot)))
     }
 
@@ -205,7 +205,7 @@ impl Place {
         blockers: Blockers<'_>,
         deadline: &Deadline,
     ) -> Result<Option<Granted>, LockError> {
-        let key = entry.key.as_str();
+        let key = &*entry.key;
         let txn = Txn::new()
             .when([Compare::create_revision(blockers.dir, CompareOp::Equal, 0).with_prefix()])
             .and_then([self.put(session, key)])
@@ -328,7 +328,7 @@ impl Place {
         blockers: Blockers<'_>,
         deadline: &Deadline,
     ) -> Result<(i64, Option<Turn>), LockError> {
-        let key = entry.key.as_str();
+        let key = &*entry.key;
         // Ours and the `admits + 1` nearest before it, should ours be in `blockers.dir`.
         let newest = GetOptions::new()
             .with_prefix()

@@ -42,7 +42,7 @@ pub(crate) struct Session {
     heard: Mutex<Instant>,
     guards: LostSignals,
     /// The key slots in use, per lock directory: see [`Slot`].
-    slots: Mutex<HashMap<String, BTreeSet<u32>>>,
+    slots: Mutex<HashMap<Arc<str>, TakenSlots>>,
     pub(crate) metrics: Arc<Metrics>,
     /// The session's one watch stream, shared by its waits, guards and observers.
     pub(crate) watches: Watches,
@@ -492,35 +492,78 @@ async fn renew(
 /// on one lock (`{lease}` for slot 0, `{lease}_{n}` after). A slot is taken until its key is
 /// surely gone (released, cleaned up, or the session over), so that a new contender never
 /// adopts a key that a clean-up is about to delete.
+///
+/// Kept for as long as a lock is held, so it names its key rather than keeping it, and
+/// shares its directory with the lock's handle and the session's record of the slots.
 #[derive(Debug)]
 pub(crate) struct Slot {
     session: Weak<Session>,
-    dir: String,
+    lease: i64,
+    dir: Arc<str>,
     number: u32,
-    /// `{lease}` or `{lease}_{n}`: the last segment of the contender's keys.
-    pub(crate) id: String,
-    /// `{dir}{id}`.
-    pub(crate) key: String,
+}
+
+/// The slots taken in one directory: one for each of the session's contenders there, so
+/// nearly always just slot 0, which takes no allocation of its own.
+#[derive(Debug, Default)]
+struct TakenSlots {
+    /// Slots 0 to 63, a bit each.
+    low: u64,
+    /// Slots from 64 on.
+    high: BTreeSet<u32>,
+}
+
+impl TakenSlots {
+    /// Takes the smallest free slot.
+    fn take(&mut self) -> u32 {
+        if self.low != u64::MAX {
+            let number = self.low.trailing_ones();
+            self.low |= 1 << number;
+            return number;
+        }
+        let number = (64..).find(|n| !self.high.contains(n)).unwrap_or_default();
+        self.high.insert(number);
+        number
+    }
+
+    fn free(&mut self, number: u32) {
+        match number {
+            0..64 => self.low &= !(1 << number),
+            _ => {
+                self.high.remove(&number);
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.low == 0 && self.high.is_empty()
+    }
 }
 
 impl Slot {
     /// The smallest free slot of `dir` (a lock's directory, ending in `/`).
-    pub(crate) fn take(session: &Arc<Session>, dir: &str) -> Slot {
+    pub(crate) fn take(session: &Arc<Session>, dir: &Arc<str>) -> Slot {
         let mut slots = unpoisoned(&session.slots);
-        let taken = slots.entry(dir.to_owned()).or_default();
-        let number = (0..).find(|n| !taken.contains(n)).unwrap_or_default();
-        taken.insert(number);
-        let id = match number {
-            0 => format!("{:x}", session.lease),
-            n => format!("{:x}_{n}", session.lease),
-        };
+        let number = slots.entry(Arc::clone(dir)).or_default().take();
         Slot {
             session: Arc::downgrade(session),
-            dir: dir.to_owned(),
+            lease: session.lease,
+            dir: Arc::clone(dir),
             number,
-            key: format!("{dir}{id}"),
-            id,
         }
+    }
+
+    /// `{lease}` or `{lease}_{n}`: the last segment of the contender's keys.
+    pub(crate) fn id(&self) -> String {
+        match self.number {
+            0 => format!("{:x}", self.lease),
+            n => format!("{:x}_{n}", self.lease),
+        }
+    }
+
+    /// `{dir}{id}`.
+    pub(crate) fn key(&self) -> String {
+        format!("{}{}", self.dir, self.id())
     }
 }
 
@@ -529,7 +572,7 @@ impl Drop for Slot {
         if let Some(session) = self.session.upgrade() {
             let mut slots = unpoisoned(&session.slots);
             if let Some(taken) = slots.get_mut(&self.dir) {
-                taken.remove(&self.number);
+                taken.free(self.number);
                 if taken.is_empty() {
                     slots.remove(&self.dir);
                 }
@@ -594,5 +637,26 @@ impl ServerSession for Session {
                 tracing::debug!(%error, "etcd: the lease was not revoked; it will expire");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TakenSlots;
+
+    #[test]
+    fn a_slot_taken_is_the_smallest_free_one_past_the_first_64_too() {
+        let mut taken = TakenSlots::default();
+        let first: Vec<u32> = (0..70).map(|_| taken.take()).collect();
+        assert_eq!(first, (0..70).collect::<Vec<u32>>());
+        taken.free(3);
+        taken.free(65);
+        assert_eq!(taken.take(), 3);
+        assert_eq!(taken.take(), 65);
+        assert_eq!(taken.take(), 70);
+        for number in 0..71 {
+            taken.free(number);
+        }
+        assert!(taken.is_empty());
     }
 }

@@ -1,24 +1,22 @@
 //! Held locks, and the clean-up of nodes that nobody will use: after a cancel, a timeout,
 //! an error, or a guard dropped without release.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::kit::{
-    Abandon, Cleanup, HeldEntry, Removal, RemovalError, Retry, ServerSession, entry_guard,
-    retry_in_background,
+    Abandon, Cleanup, HeldEntry, Removal, RemovalError, Retry, ServerSession,
+    entry_guard_releasing, retry_in_background,
 };
 use lock_core::{Deadline, Guard, LockName, Metrics, lost_signal};
 use uuid::Uuid;
-use zookeeper_client::{Error as ZkError, EventType, WatchedEvent};
+use zookeeper_client::Error as ZkError;
 
 use crate::error::{BACKEND, lock_error, outcome_unknown, session_over};
 use crate::node::{SINGLE_NODE, has_uuid, token};
-use crate::session::{Session, Shared};
+use crate::session::{HeldWatch, OwnNodeWatch, Session, Shared};
 
 /// How a background clean-up backs off while the connection is down.
 const CLEANUP_PAUSE: Duration = Duration::from_millis(200);
@@ -138,6 +136,11 @@ fn ignore_gone(result: Result<(), ZkError>) -> Result<(), ZkError> {
 
 /// Retries [`remove`] until it succeeds or the session is gone (which removes the node anyway).
 fn clean_up_in_background(session: Weak<Session>, dir: String, leftover: Leftover) {
+    // Asked here too, not only in the task: every guard of a closed provider lands here as
+    // it drops, and a task each would be a burst of thousands for nothing.
+    if session.upgrade().is_none_or(|session| session.is_over()) {
+        return;
+    }
     let what = format!("clean-up of {leftover:?}");
     // Until the session ends: then the server removes the node itself.
     let give_up = Deadline::after(None);
@@ -186,9 +189,6 @@ fn delete_now(session: Weak<Session>, dir: String, leftover: Leftover) {
     });
 }
 
-/// A watch on a waiter's own node, set while it queues and handed on to its guard.
-pub(crate) type OwnNodeWatch = Pin<Box<dyn Future<Output = WatchedEvent> + Send>>;
-
 /// A node the server granted the lock to, as a strategy found it.
 pub(crate) struct Granted {
     pub(crate) path: String,
@@ -231,56 +231,26 @@ pub(crate) fn grant(
     shared.metrics.record_grant();
     let (notifier, lost) = lost_signal();
     let registration = session.register(notifier.clone(), granted.asked);
-    let deleted = watch_own_node(
-        Arc::downgrade(session),
-        Arc::clone(&shared.metrics),
-        granted.path.clone(),
-        granted.own_watch,
-    );
+    let path: Arc<str> = Arc::from(granted.path);
     let node = HeldNode {
         session: Arc::downgrade(session),
         metrics: Arc::clone(&shared.metrics),
-        name: name.to_string(),
-        path: granted.path,
+        name: name.clone(),
+        path: Arc::clone(&path),
         czxid: granted.czxid,
         checked: granted.checked,
         registration,
     };
-    entry_guard(name, token(granted.czxid), node, (notifier, lost), deleted)
-}
-
-/// Whether the node went away (`false` when the session's end came first: its monitor
-/// reports that). `set` is a watch on the node that the waiter already holds, if it does.
-async fn watch_own_node(
-    session: Weak<Session>,
-    metrics: Arc<Metrics>,
-    path: String,
-    mut set: Option<OwnNodeWatch>,
-) -> bool {
-    loop {
-        let watch = match set.take() {
-            Some(watch) => watch,
-            None => {
-                let Some(session) = session.upgrade() else {
-                    return false;
-                };
-                metrics.record_server_requests(1);
-                // Boxed: the task lives as long as the guard, and its state should hold the
-                // small watch, not this request's larger future.
-                match Box::pin(session.client.get_and_watch_data(&path)).await {
-                    Ok((_, _, watcher)) => Box::pin(watcher.changed()) as OwnNodeWatch,
-                    Err(ZkError::NoNode) => return true,
-                    Err(_) => return false,
-                }
-            }
-        };
-        match watch.await.event_type {
-            EventType::NodeDeleted => return true,
-            EventType::Session => return false,
-            // Data or children changed: watch again.
-            _ => {}
-        }
-    }
+    let (guard, releasing) = entry_guard_releasing(name, token(granted.czxid), node, lost);
+    let watch = HeldWatch::new(
+        session,
+        &shared.metrics,
+        path,
+        granted.own_watch,
+        (releasing, notifier),
+    );
+    session.watch_held(watch);
+    guard
 }
 
 /// A granted node, as its guard releases it.
@@ -289,8 +259,8 @@ struct HeldNode {
     /// Weak: a guard never keeps its session open (the provider is the session).
     session: Weak<Session>,
     metrics: Arc<Metrics>,
-    name: String,
-    path: String,
+    name: LockName,
+    path: Arc<str>,
     czxid: i64,
     /// The single-node lock's path is shared: delete only after checking owner and czxid.
     checked: bool,
@@ -350,7 +320,7 @@ impl HeldEntry for HeldNode {
         self.metrics.record_server_requests(1);
         let dir = self.path.rsplit_once('/').unwrap_or_default().0.to_owned();
         let leftover = Leftover::Granted {
-            path: self.path,
+            path: self.path.to_string(),
             czxid: self.czxid,
         };
         if self.checked {
@@ -373,9 +343,9 @@ impl HeldNode {
         if session_over(&error) {
             RemovalError::SessionOver
         } else if outcome_unknown(&error) {
-            RemovalError::Unknown(lock_error(error, Some(&self.name)))
+            RemovalError::Unknown(lock_error(error, Some(self.name.as_str())))
         } else {
-            RemovalError::Failed(lock_error(error, Some(&self.name)))
+            RemovalError::Failed(lock_error(error, Some(self.name.as_str())))
         }
     }
 }

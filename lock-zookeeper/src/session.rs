@@ -1,14 +1,19 @@
 //! One ZooKeeper session: its client, its health, and the lost signals of its guards.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use lock_core::kit::{Closed, LostSignals, ServerSession, SessionSlot, unpoisoned};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use lock_core::kit::{Closed, LostSignals, Releasing, ServerSession, SessionSlot, unpoisoned};
 use lock_core::{Deadline, LockError, LockName, LossReason, LostNotifier, Metrics};
+use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
-use zookeeper_client::{Acls, Client, Error as ZkError, SessionState};
+use zookeeper_client::{Acls, Client, Error as ZkError, EventType, SessionState, WatchedEvent};
 
 use crate::config::{AclPolicy, ZkConfig};
 use crate::error::{BACKEND, lock_error, outcome_unknown};
@@ -29,6 +34,8 @@ pub(crate) struct Session {
     /// The ACL of the nodes above them (the chroot, the root, the directories between the
     /// root and a lock's), where other identities may make locks of their own.
     pub(crate) namespace_acls: Acls<'static>,
+    /// Hands a held node's watch to the session's one task that keeps them all.
+    held: mpsc::UnboundedSender<HeldWatch>,
 }
 
 /// The pause between two rounds of connection attempts in [`Session::open`].
@@ -170,12 +177,15 @@ impl Session {
         ));
         let id = client.session_id().0;
         tracing::debug!(session = %client.session_id(), ?timeout, "zookeeper: session established");
+        let (held, watches) = mpsc::unbounded_channel();
+        tokio::spawn(keep_held_watches(watches));
         let session = Arc::new(Session {
             client,
             id,
             health,
             acls,
             namespace_acls,
+            held,
         });
         tokio::spawn(keep_alive(
             Arc::downgrade(&session),
@@ -202,6 +212,13 @@ impl Session {
             self.health.fire_all(&LossReason::SessionExpired);
         }
         id
+    }
+
+    /// Keeps `watch` until it ends: the node's deletion, the session's end.
+    pub(crate) fn watch_held(&self, watch: HeldWatch) {
+        // The task ends only after every sender is gone: a send while the session lives
+        // always arrives.
+        let _ = self.held.send(watch);
     }
 
     pub(crate) fn unregister(&self, registration: u64) {
@@ -362,6 +379,120 @@ async fn monitor(
     }
 }
 
+/// A watch on a waiter's own node, set while it queues and handed on to its guard.
+pub(crate) type OwnNodeWatch = Pin<Box<dyn Future<Output = WatchedEvent> + Send>>;
+
+/// A held node's watch: tells its guard when another client deletes the node.
+///
+/// A session keeps the watches of all its held nodes in one task ([`keep_held_watches`])
+/// rather than a task per held lock: a tokio task's cell is cache-line aligned, and with
+/// its state it cost each held lock 384 B.
+pub(crate) struct HeldWatch {
+    phase: Phase,
+    session: Weak<Session>,
+    metrics: Arc<Metrics>,
+    path: Arc<str>,
+    releasing: Releasing,
+    notifier: LostNotifier,
+}
+
+/// What a [`HeldWatch`] waits for.
+enum Phase {
+    /// The server's answer to a request that sets the watch: the watch, or whether the
+    /// node was found gone (`Err(true)`) rather than the session (`Err(false)`). Boxed
+    /// apart from the watch, which stays for as long as the lock is held: the request's
+    /// future is larger.
+    Setting(Pin<Box<dyn Future<Output = Result<OwnNodeWatch, bool>> + Send>>),
+    /// The watch's event.
+    Watching(OwnNodeWatch),
+}
+
+impl HeldWatch {
+    /// The watch on the held node at `path`: `set` when the waiter set it while it queued,
+    /// otherwise set by a request of its own.
+    pub(crate) fn new(
+        session: &Arc<Session>,
+        metrics: &Arc<Metrics>,
+        path: Arc<str>,
+        set: Option<OwnNodeWatch>,
+        (releasing, notifier): (Releasing, LostNotifier),
+    ) -> Self {
+        let session = Arc::downgrade(session);
+        let phase = match set {
+            Some(watch) => Phase::Watching(watch),
+            None => Self::setting(&session, metrics, &path),
+        };
+        HeldWatch {
+            phase,
+            session,
+            metrics: Arc::clone(metrics),
+            path,
+            releasing,
+            notifier,
+        }
+    }
+
+    fn setting(session: &Weak<Session>, metrics: &Metrics, path: &Arc<str>) -> Phase {
+        let Some(session) = session.upgrade() else {
+            return Phase::Setting(Box::pin(std::future::ready(Err(false))));
+        };
+        metrics.record_server_requests(1);
+        let path = Arc::clone(path);
+        Phase::Setting(Box::pin(async move {
+            match session.client.get_and_watch_data(&path).await {
+                Ok((_, _, watcher)) => Ok(Box::pin(watcher.changed()) as OwnNodeWatch),
+                Err(ZkError::NoNode) => Err(true),
+                Err(_) => Err(false),
+            }
+        }))
+    }
+}
+
+impl Future for HeldWatch {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        let deleted = loop {
+            match &mut this.phase {
+                Phase::Setting(setting) => match ready!(setting.as_mut().poll(cx)) {
+                    Ok(watch) => this.phase = Phase::Watching(watch),
+                    Err(deleted) => break deleted,
+                },
+                Phase::Watching(watch) => match ready!(watch.as_mut().poll(cx)).event_type {
+                    EventType::NodeDeleted => break true,
+                    // The session's end: its monitor fires every guard's signal.
+                    EventType::Session => break false,
+                    // Data or children changed: watch again.
+                    _ => this.phase = Self::setting(&this.session, &this.metrics, &this.path),
+                },
+            }
+        };
+        // The guard's own release deletes the node too.
+        if deleted && !this.releasing.is_set() {
+            this.notifier.fire(LossReason::EntryRemoved);
+        }
+        Poll::Ready(())
+    }
+}
+
+/// Keeps the held nodes' watches that `added` brings until each ends, and the task until
+/// the session is gone and the last of them ended.
+async fn keep_held_watches(mut added: mpsc::UnboundedReceiver<HeldWatch>) {
+    let mut watches = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            watch = added.recv() => match watch {
+                Some(watch) => watches.push(watch),
+                None => break,
+            },
+            Some(()) = watches.next(), if !watches.is_empty() => {}
+        }
+    }
+    // The session is gone: the client ends every watch it set.
+    while watches.next().await.is_some() {}
+}
+
 /// What the provider's lock handles share.
 pub(crate) struct Shared {
     pub(crate) config: ZkConfig,
@@ -434,4 +565,15 @@ async fn rooted(client: Client, chroot: &str, acls: Acls<'static>) -> Result<Cli
     client
         .chroot(chroot.to_owned())
         .map_err(|_| LockError::config(format!("invalid ZooKeeper chroot {chroot:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every held lock keeps one of these in its session's watching task for as long as it
+    /// is held: at many locks per process, it is much of a lock's client memory.
+    #[test]
+    fn a_held_nodes_watch_stays_small() {
+        let size = std::mem::size_of::<super::HeldWatch>();
+        assert!(size <= 80, "a held node's watch takes {size} bytes");
+    }
 }

@@ -13,7 +13,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
@@ -114,13 +113,13 @@ pub fn entry_guard(
 /// Whether a guard's own release is under way, or may have been applied: set as a release
 /// or a drop begins, cleared when a release fails without a delete that may have landed.
 #[derive(Debug, Clone)]
-pub struct Releasing(Arc<AtomicBool>);
+pub struct Releasing(LostSignal);
 
 impl Releasing {
     /// Whether the guard's own release is under way (a removal of the entry now is no
     /// loss).
     pub fn is_set(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.0.releasing().load(Ordering::Acquire)
     }
 }
 
@@ -166,18 +165,17 @@ pub fn entry_guard_watching<F>(
 where
     F: Future<Output = bool> + Send + 'static,
 {
-    let releasing = Arc::new(AtomicBool::new(false));
-    let removed = removed(Releasing(Arc::clone(&releasing)));
-    let watched = Arc::clone(&releasing);
+    let releasing = Releasing(lost.clone());
+    let removed = removed(releasing.clone());
     // A combinator rather than an `async` block: the block would keep `removed` twice (as
     // what it captured and as what it awaits), doubling every held lock's task.
     let fire = move |removed: bool| {
-        if removed && !watched.load(Ordering::Acquire) {
+        if removed && !releasing.is_set() {
             notifier.fire(LossReason::EntryRemoved);
         }
     };
     tokio::spawn(futures_util::FutureExt::map(removed, fire));
-    guard_over(name, token, Box::new(entry), releasing, lost)
+    guard_over(name, token, Box::new(entry), lost)
 }
 
 /// [`entry_guard`] for a backend that watches its entries per session rather than per
@@ -216,8 +214,7 @@ pub fn entry_guard_signalled(
     entry: impl HeldEntry,
     lost: LostSignal,
 ) -> Guard {
-    let releasing = Arc::new(AtomicBool::new(false));
-    guard_over(name, token, Box::new(entry), releasing, lost)
+    guard_over(name, token, Box::new(entry), lost)
 }
 
 /// [`entry_guard_signalled`], with the guard's [`Releasing`]: for a backend whose session
@@ -257,27 +254,22 @@ pub fn entry_guard_releasing(
     entry: impl HeldEntry,
     lost: LostSignal,
 ) -> (Guard, Releasing) {
-    let releasing = Arc::new(AtomicBool::new(false));
-    let handle = Releasing(Arc::clone(&releasing));
-    (
-        guard_over(name, token, Box::new(entry), releasing, lost),
-        handle,
-    )
+    let releasing = Releasing(lost.clone());
+    (guard_over(name, token, Box::new(entry), lost), releasing)
 }
 
-/// The guard over `entry`, whose release sets `releasing` while it is under way.
+/// The guard over `entry`, whose release sets the signal's [`Releasing`] while it is under
+/// way.
 fn guard_over(
     name: &LockName,
     token: FencingToken,
     entry: Box<dyn HeldEntry>,
-    releasing: Arc<AtomicBool>,
     lost: LostSignal,
 ) -> Guard {
     let backend = EntryGuard {
         backend: entry.backend(),
         entry: Some(entry),
-        name: name.to_string(),
-        releasing,
+        name: name.clone(),
         in_doubt: AtomicBool::new(false),
         lost: lost.clone(),
     };
@@ -306,10 +298,7 @@ struct EntryGuard {
     backend: &'static str,
     /// Taken by a release that ended the grant, or by a drop.
     entry: Option<Box<dyn HeldEntry>>,
-    name: String,
-    /// Set while a release is under way (or may have been applied): the entry's removal is
-    /// then no loss.
-    releasing: Arc<AtomicBool>,
+    name: LockName,
     /// A delete of ours was sent and its outcome never learned (set by the entry as it
     /// sends, so that a release dropped meanwhile leaves it set).
     in_doubt: AtomicBool,
@@ -318,7 +307,7 @@ struct EntryGuard {
 
 impl EntryGuard {
     fn lost(&self, reason: LossReason) -> LockError {
-        self.lost.error(self.backend, &self.name, reason)
+        self.lost.error(self.backend, self.name.as_str(), reason)
     }
 }
 
@@ -332,10 +321,12 @@ impl GuardBackend for EntryGuard {
         let Some(entry) = self.entry.as_mut() else {
             return Ok(());
         };
-        self.releasing.store(true, Ordering::Release);
+        // Set while a release is under way (or may have been applied): the entry's removal
+        // is then no loss.
+        self.lost.releasing().store(true, Ordering::Release);
         let was_in_doubt = self.in_doubt.load(Ordering::Acquire);
         let mut settle = Settle {
-            releasing: &self.releasing,
+            releasing: self.lost.releasing(),
             in_doubt: &self.in_doubt,
             armed: true,
         };
@@ -364,7 +355,7 @@ impl GuardBackend for EntryGuard {
     }
 
     fn release_on_drop(mut self: Box<Self>) {
-        self.releasing.store(true, Ordering::Release);
+        self.lost.releasing().store(true, Ordering::Release);
         if let Some(entry) = self.entry.take() {
             entry.forget();
             entry.abandon();
@@ -379,8 +370,8 @@ impl GuardBackend for EntryGuard {
 #[cfg(test)]
 mod tests {
     use std::collections::VecDeque;
-    use std::sync::Mutex;
     use std::sync::atomic::AtomicU32;
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
     use tokio::sync::oneshot;

@@ -14,9 +14,9 @@ use zookeeper_client::{Error as ZkError, EventType, WatchedEvent};
 
 use super::{Listing, Place};
 use crate::config::ZkStrategy;
-use crate::guard::{Granted, Leftover, OwnNodeWatch, Pending, grant};
+use crate::guard::{Granted, Leftover, Pending, grant};
 use crate::node::{NodeKind, contenders, is_reader};
-use crate::session::Session;
+use crate::session::{OwnNodeWatch, Session};
 
 /// How a waiter learns that it may have become the holder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
