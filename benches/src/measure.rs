@@ -121,6 +121,13 @@ pub struct ScaleMeasurement {
     /// (Redis's locks are leases).
     #[serde(default)]
     pub server_end_lost_ms: Option<f64>,
+    /// Milliseconds the server itself took to end that session: from the request until
+    /// the server said it was over (ZooKeeper: a takeover found the session expired; etcd:
+    /// the revoke answered; PostgreSQL: the terminations answered). A lost signal cannot
+    /// fire much before; what [`server_end_lost_ms`](Self::server_end_lost_ms) adds to it
+    /// is the client's.
+    #[serde(default)]
+    pub server_end_ms: Option<f64>,
     /// The requests that client sent from the session's end until its last lost signal:
     /// a question per lock would be a herd.
     #[serde(default)]

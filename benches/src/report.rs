@@ -50,7 +50,7 @@ const MEASUREMENT_COLUMNS: [(&str, bool); 16] = [
 ];
 
 /// Columns of [`scale_table`].
-const SCALE_COLUMNS: [(&str, bool); 11] = [
+const SCALE_COLUMNS: [(&str, bool); 12] = [
     ("strategy", true),
     ("locks", false),
     ("acquire/s", false),
@@ -60,6 +60,7 @@ const SCALE_COLUMNS: [(&str, bool); 11] = [
     ("server B/lock", false),
     ("leftovers", false),
     ("all lost ms", false),
+    ("server end ms", false),
     ("server end: lost ms", false),
     ("requests", false),
 ];
@@ -117,6 +118,7 @@ fn scale_cells(m: &ScaleMeasurement) -> Vec<String> {
         optional(m.server_bytes_per_lock, 1),
         m.leftovers.to_string(),
         fixed(m.all_lost_ms, 1),
+        optional(m.server_end_ms, 1),
         optional(m.server_end_lost_ms, 1),
         m.server_end_requests
             .map_or_else(|| "–".to_owned(), |requests| requests.to_string()),
@@ -1041,6 +1043,7 @@ mod tests {
             leftovers: 0,
             all_lost_ms: 41.5,
             server_end_lost_ms: Some(63.0),
+            server_end_ms: Some(12.0),
             server_end_requests: Some(1),
         };
         let text = scale_table(&[run.clone(), run]);
@@ -1240,6 +1243,7 @@ mod tests {
             leftovers: 0,
             all_lost_ms: 12.0,
             server_end_lost_ms: None,
+            server_end_ms: None,
             server_end_requests: None,
         }];
         let ms = data();

@@ -138,8 +138,9 @@ pub async fn run(
             .map(|(before, held)| (held as f64 - before as f64) / locks as f64),
         leftovers,
         all_lost_ms: all_lost.as_secs_f64() * 1e3,
-        server_end_lost_ms: server_end.map(|(lost, _)| lost.as_secs_f64() * 1e3),
-        server_end_requests: server_end.map(|(_, requests)| requests),
+        server_end_lost_ms: server_end.map(|end| end.all_lost.as_secs_f64() * 1e3),
+        server_end_ms: server_end.map(|end| end.server.as_secs_f64() * 1e3),
+        server_end_requests: server_end.map(|end| end.requests),
     })
 }
 
@@ -180,9 +181,9 @@ async fn all_lost_after(
 }
 
 /// A fresh client of `strategy` takes the locks of `names`, then its server ends its
-/// session ([`SessionEnd`]): how long until the last lost signal fired, and how many
-/// requests the client sent meanwhile (one question per lock would be a herd). `None`
-/// where the server keeps no session to end.
+/// session ([`SessionEnd`]): how long until the last lost signal fired, how long the
+/// server took to end it, and how many requests the client sent meanwhile (one question
+/// per lock would be a herd). `None` where the server keeps no session to end.
 ///
 /// # Errors
 ///
@@ -192,7 +193,7 @@ async fn ended_by_server(
     servers: &Servers,
     names: &[String],
     locks: usize,
-) -> Result<Option<(Duration, u64)>, LockError> {
+) -> Result<Option<ServerEnd>, LockError> {
     let (provider, end) = strategy.connect_ending(servers).await?;
     if matches!(end, SessionEnd::Unsupported) {
         return Ok(None);
@@ -205,9 +206,25 @@ async fn ended_by_server(
     let before = provider.metrics().server_requests;
     let ended = Instant::now();
     end.end().await?;
+    let server = ended.elapsed();
     let all_lost = all_lost_since(&held, ended, "the server's end of the session").await?;
     let requests = provider.metrics().server_requests.saturating_sub(before);
-    Ok(Some((all_lost, requests)))
+    Ok(Some(ServerEnd {
+        all_lost,
+        server,
+        requests,
+    }))
+}
+
+/// What [`ended_by_server`] measured.
+#[derive(Clone, Copy)]
+struct ServerEnd {
+    /// From the request that ends the session until the last lost signal fired.
+    all_lost: Duration,
+    /// From that request until the server said the session was over.
+    server: Duration,
+    /// The client's requests meanwhile.
+    requests: u64,
 }
 
 /// Waits for the lost signal of every guard of `held`, for at most [`LOSS_BOUND`] after

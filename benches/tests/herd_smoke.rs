@@ -369,6 +369,12 @@ fn a_scale_run_of_two_sizes_reports_each_and_leaves_nothing() {
             "{run}"
         );
         assert_eq!(run["server_end_requests"].is_u64(), server_ends, "{run}");
+        // Where the server ends a session, how long that took is reported too.
+        assert_eq!(
+            run["server_end_ms"].as_f64().is_some_and(|ms| ms >= 0.0),
+            server_ends,
+            "{run}"
+        );
     }
 }
 
