@@ -246,6 +246,38 @@ async fn a_waiter_behind_the_holder_holds_on_its_deletion_without_listing() {
     drop(holder);
 }
 
+/// Another client's change of a held node's data is no loss: the session watches the node
+/// anew (one request), and the node's deletion afterwards is still noticed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_nodes_data_change_is_watched_anew_and_its_deletion_still_noticed() {
+    /// A grant at once in a standing directory: the create, the listing sent with it, and
+    /// the watch on its own node.
+    const HELD_AT_ONCE: u64 = 3;
+    let h = harness().await;
+    let name = unique_name("held-data-changed");
+    let dir = dir(&name);
+    // The directory is made by a first grant, given back at once.
+    let (_first, mut first) = Contender::holding(&h, &name, Side::Mutex).await;
+    first.release().await.unwrap();
+    let (holder, held) = Contender::holding(&h, &name, Side::Mutex).await;
+    let requests = || async { holder.requests() };
+    wait_until(STEP, "the held node's watch is set", requests, |n| {
+        *n == HELD_AT_ONCE
+    })
+    .await;
+    let node = holder.node(&h, &dir).await;
+    h.admin().set_data(&node, b"changed", None).await.unwrap();
+    wait_until(STEP, "the held node is watched anew", requests, |n| {
+        *n == HELD_AT_ONCE + 1
+    })
+    .await;
+    assert!(!held.is_lost(), "a data change is no loss");
+    h.admin().delete(&node, None).await.unwrap();
+    tokio::time::timeout(STEP, held.lost().wait())
+        .await
+        .expect("the deletion of the holder's node is noticed");
+}
+
 /// A guard dropped without release: its node's delete is sent as the guard drops, ahead of
 /// anything the session asks next, so the session's next acquisition of the lock finds no
 /// node ahead of its own and holds at once; nothing is left once that one is released.
