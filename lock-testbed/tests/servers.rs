@@ -1050,9 +1050,9 @@ async fn containers_start_or_say_what_is_missing() {
             );
             assert_eq!(zk.four_letter("ruok").await.unwrap(), "imok");
             assert!(
-                zk.connect_string().starts_with("127.0.0.1:"),
+                zk.client_address().starts_with("127.0.0.1:"),
                 "{}",
-                zk.connect_string()
+                zk.client_address()
             );
         }
         Err(err) => {
@@ -1071,9 +1071,9 @@ async fn containers_start_or_say_what_is_missing() {
             );
             let id = redis.id().to_owned();
             assert!(
-                redis.url().starts_with("redis://127.0.0.1:"),
+                redis.client_address().starts_with("redis://127.0.0.1:"),
                 "{}",
-                redis.url()
+                redis.client_address()
             );
             drop(redis);
             assert!(!container_exists(&id), "container {id} outlived its handle");

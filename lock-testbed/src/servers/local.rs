@@ -3,12 +3,15 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
+use tracing::info;
 
 use super::ServerError;
-use super::process::{Instance, ScratchDir, retry_port_clash};
+use super::process::{Instance, Launch, ScratchDir, free_port, loopback, retry_port_clash};
+use super::spec::{Command, Peer, ServerSpec, Site, slug};
 
 /// The process and the temporary directory of a server started here (a [`ZkServer`],
 /// [`RedisServer`] or [`EtcdServer`]); [`LocalServer`] works on it.
@@ -52,6 +55,32 @@ impl ServerProcess {
         .await
     }
 
+    /// Starts a server of the kind `spec` on free loopback ports (see
+    /// [`ServerSpec::port_count`]; the client port `client_port` first, if given, until it
+    /// turns out taken) in a fresh temporary directory, and waits until it serves; returns
+    /// it and its ports, the client port first.
+    pub(crate) async fn start_spec<S: ServerSpec>(
+        spec: &S,
+        client_port: Option<u16>,
+    ) -> Result<(Self, Vec<u16>), ServerError> {
+        let prefix = format!("lock-{}-", slug::<S>());
+        let first_try = std::sync::atomic::AtomicBool::new(true);
+        let (process, ports, took) = Self::start(S::NAME, &prefix, |dir| {
+            let mut ports = free_ports(spec.port_count())?;
+            if let Some(port) = client_port.filter(|_| first_try.swap(false, Ordering::SeqCst)) {
+                ports[0] = port;
+            }
+            let members = [Peer::new("127.0.0.1", ports.clone())];
+            Ok((
+                spec_instance(spec, S::NAME.to_owned(), dir, 0, &members)?,
+                ports,
+            ))
+        })
+        .await?;
+        info!(server = S::NAME, ?ports, ?took, dir = %process.dir.path().display(), "started");
+        Ok((process, ports))
+    }
+
     /// The client socket address.
     pub(crate) fn node_addr(&self) -> SocketAddr {
         self.node.addr()
@@ -73,6 +102,54 @@ impl ServerProcess {
     ) -> impl Future<Output = Result<(), ServerError>> + Send + '_ {
         self.node.restart()
     }
+}
+
+/// `n` free loopback ports.
+pub(crate) fn free_ports(n: usize) -> Result<Vec<u16>, ServerError> {
+    (0..n).map(|_| free_port()).collect()
+}
+
+/// Member `index` of `members` as a process of the kind `spec` in `dir` (which exists),
+/// called `server` in messages: its files written, ready to spawn.
+pub(crate) fn spec_instance<S: ServerSpec>(
+    spec: &S,
+    server: String,
+    dir: &Path,
+    index: usize,
+    members: &[Peer],
+) -> Result<Instance, ServerError> {
+    let dir_text = dir.display().to_string();
+    let site = Site {
+        index,
+        bind: "127.0.0.1",
+        dir: &dir_text,
+        members,
+        in_container: false,
+    };
+    let Command { argv, files } = spec.command(&site)?;
+    for (path, text) in files {
+        let path = dir.join(path);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(path, text)?;
+    }
+    let mut argv = argv.into_iter();
+    let launch = Launch {
+        program: argv.next().unwrap_or_default().into(),
+        args: argv.map(Into::into).collect(),
+        cwd: dir.to_path_buf(),
+    };
+    let addr = loopback(site.port(0));
+    let log = dir.join("server.log");
+    Ok(Instance::new(
+        server,
+        launch,
+        log,
+        addr,
+        spec.probe(),
+        spec.startup_timeout(),
+    ))
 }
 
 /// A server started here as a child process on 127.0.0.1: [`ZkServer`], [`RedisServer`] or

@@ -13,9 +13,12 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use nix::sys::signal::Signal;
+use tracing::info;
 
-use super::ServerError;
-use super::process::{Instance, ScratchDir};
+use super::local::{free_ports, spec_instance};
+use super::process::{Instance, ScratchDir, retry_port_clash};
+use super::spec::{Peer, ServerSpec, slug};
+use super::{ServerError, ServerMode};
 
 /// A server started here that a test can fault, whichever runner runs it: a member of a
 /// set, or a [`Target`](super::Target)'s container.
@@ -87,7 +90,7 @@ impl Member for Instance {
 
 #[cfg(feature = "testcontainers")]
 #[async_trait]
-impl<K: Send + Sync + fmt::Debug> Member for super::containers::Container<K> {
+impl<S: ServerSpec> Member for super::containers::Container<S> {
     fn socket_addr(&self) -> SocketAddr {
         super::containers::Container::socket_addr(self)
     }
@@ -121,10 +124,10 @@ impl<K: Send + Sync + fmt::Debug> Member for super::containers::Container<K> {
     }
 }
 
-/// The members of an ensemble or a cluster of the server kind `K`, indexed from 0: child
-/// processes (with their directories) or containers (on a network of their own, so that a
-/// member can be cut off from the others). What starts them, and who leads, is the kind's:
-/// [`ZkEnsemble`](super::ZkEnsemble), [`EtcdCluster`](super::EtcdCluster).
+/// The members of an ensemble or a cluster of the server kind `K` (its [`ServerSpec`]),
+/// indexed from 0: child processes (with their directories) or containers (on a network
+/// of their own, so that a member can be cut off from the others). Who leads is the
+/// kind's: [`ZkEnsemble`](super::ZkEnsemble), [`EtcdCluster`](super::EtcdCluster).
 ///
 /// Dropping it stops every member, then removes their network or their directories.
 pub struct Members<K> {
@@ -146,32 +149,63 @@ impl<K> fmt::Debug for Members<K> {
     }
 }
 
-impl<K> Members<K> {
-    /// Processes, their directories under `dir`.
-    fn processes(members: Vec<Instance>, dir: ScratchDir) -> Self {
-        Members {
-            members: members
-                .into_iter()
-                .map(|member| Box::new(member) as Box<dyn Member>)
-                .collect(),
-            #[cfg(feature = "testcontainers")]
-            network: None,
-            dir: Some(dir),
-            kind: PhantomData,
+impl<S: ServerSpec> Members<S> {
+    /// Starts `n` members of the kind `spec` where `mode` says (containers: feature
+    /// `testcontainers`), and waits until every one serves, bounded by the spec's start-up
+    /// timeout.
+    pub async fn start_in(mode: ServerMode, n: usize, spec: S) -> Result<Self, ServerError> {
+        if n == 0 {
+            return Err(ServerError::Startup {
+                server: S::NAME.to_owned(),
+                detail: "a set needs at least one member".to_owned(),
+                log_tail: String::new(),
+            });
         }
+        let members = match mode {
+            #[cfg(feature = "testcontainers")]
+            ServerMode::Containers => Self::start_containers(n, &spec).await?,
+            #[cfg(not(feature = "testcontainers"))]
+            ServerMode::Containers => {
+                return Err(ServerError::Unsupported {
+                    operation: format!("starting {} members in containers", S::NAME),
+                    reason: "lock-testbed was built without its `testcontainers` feature"
+                        .to_owned(),
+                });
+            }
+            ServerMode::Processes => {
+                retry_port_clash(S::NAME, || Self::start_processes(n, &spec)).await?
+            }
+        };
+        info!(n, members = ?members.addresses(), "{} set serves", S::NAME);
+        Ok(members)
     }
 
-    /// Spawns every one of `nodes`, the members' processes (their directories under `dir`),
-    /// then waits until each serves, all within `timeout`; on failure also says whether a
-    /// member reported a port clash (see `retry_port_clash`).
-    pub(crate) async fn spawn_all(
-        mut nodes: Vec<Instance>,
-        dir: ScratchDir,
-        timeout: Duration,
-    ) -> Result<Self, (ServerError, bool)> {
-        let deadline = Instant::now() + timeout;
+    /// Starts `n` members as processes (see [`start_in`](Self::start_in)).
+    pub async fn start(n: usize, spec: S) -> Result<Self, ServerError> {
+        Self::start_in(ServerMode::Processes, n, spec).await
+    }
+
+    /// One attempt at `n` member processes, on free ports; on failure also says whether a
+    /// member reported a port clash.
+    async fn start_processes(n: usize, spec: &S) -> Result<Self, (ServerError, bool)> {
+        let no_clash = |err: ServerError| (err, false);
+        let prefix = format!("lock-{}-set-", slug::<S>());
+        let dir = ScratchDir::new(&prefix).map_err(no_clash)?;
+        let peers = (0..n)
+            .map(|_| Ok(Peer::new("127.0.0.1", free_ports(spec.port_count())?)))
+            .collect::<Result<Vec<_>, ServerError>>()
+            .map_err(no_clash)?;
+        let mut nodes = Vec::with_capacity(n);
+        for index in 0..n {
+            let node_dir = dir.path().join(format!("n{}", index + 1));
+            std::fs::create_dir_all(&node_dir).map_err(|err| no_clash(err.into()))?;
+            let server = format!("{} member {index}", S::NAME);
+            let node = spec_instance(spec, server, &node_dir, index, &peers).map_err(no_clash)?;
+            nodes.push(node);
+        }
+        let deadline = Instant::now() + spec.startup_timeout();
         for node in &mut nodes {
-            node.spawn().map_err(|err| (err, false))?;
+            node.spawn().map_err(no_clash)?;
         }
         for index in 0..nodes.len() {
             if let Err(err) = nodes[index].wait_ready(deadline).await {
@@ -179,49 +213,49 @@ impl<K> Members<K> {
                 return Err((err, clash));
             }
         }
-        Ok(Self::processes(nodes, dir))
+        Ok(Members {
+            members: nodes
+                .into_iter()
+                .map(|member| Box::new(member) as Box<dyn Member>)
+                .collect(),
+            #[cfg(feature = "testcontainers")]
+            network: None,
+            dir: Some(dir),
+            kind: PhantomData,
+        })
     }
 
-    /// Waits until every member serves as `probe` tells, each within `timeout`: containers
-    /// that [joined](Self::join) the network before any could start.
+    /// `n` containers on a new network of their own, each started once all have joined
+    /// it, then waited for (each bounded by the spec's start-up timeout).
     #[cfg(feature = "testcontainers")]
-    pub(crate) async fn wait_all(
-        &self,
-        probe: &super::probe::Probe,
-        timeout: Duration,
-    ) -> Result<(), ServerError> {
-        for addr in self.addresses() {
-            let member = format!("member at {addr}");
-            super::containers::wait_ready(&member, probe, addr, timeout).await?;
+    async fn start_containers(n: usize, spec: &S) -> Result<Self, ServerError> {
+        use super::containers::{ClusterNetwork, Container, host_name, wait_ready};
+        let hosts = slug::<S>();
+        let network = ClusterNetwork::create(hosts.clone()).await?;
+        let peers: Vec<Peer> = (0..n)
+            .map(|index| Peer::new(host_name(&hosts, index), S::CONTAINER_PORTS.to_vec()))
+            .collect();
+        let mut members = Vec::with_capacity(n);
+        for index in 0..n {
+            let container = Container::create_member(spec, &peers, index).await?;
+            network.heal(container.id(), index).await?;
+            members.push(Box::new(container) as Box<dyn Member>);
         }
-        Ok(())
-    }
-
-    /// No containers yet, on `network`: see [`join`](Self::join).
-    #[cfg(feature = "testcontainers")]
-    pub(crate) fn on_network(network: super::containers::ClusterNetwork) -> Self {
-        Members {
-            members: Vec::new(),
+        let members = Members {
+            members,
             network: Some(network),
             dir: None,
             kind: PhantomData,
+        };
+        for addr in members.addresses() {
+            let member = format!("{} member at {addr}", S::NAME);
+            wait_ready(&member, &spec.probe(), addr, spec.startup_timeout()).await?;
         }
+        Ok(members)
     }
+}
 
-    /// Adds `container` as the next member, on the network.
-    #[cfg(feature = "testcontainers")]
-    pub(crate) async fn join<C: Send + Sync + fmt::Debug + 'static>(
-        &mut self,
-        container: super::containers::Container<C>,
-    ) -> Result<(), ServerError> {
-        let index = self.members.len();
-        if let Some(network) = &self.network {
-            network.heal(container.id(), index).await?;
-        }
-        self.members.push(Box::new(container));
-        Ok(())
-    }
-
+impl<K> Members<K> {
     /// The number of members.
     pub fn len(&self) -> usize {
         self.members.len()
@@ -374,27 +408,6 @@ impl<K> Members<K> {
     /// The index and client address of every member, running or not.
     pub(crate) fn indexed(&self) -> Vec<(usize, SocketAddr)> {
         self.addresses().into_iter().enumerate().collect()
-    }
-}
-
-/// Refuses a set of no members.
-pub(crate) fn refuse_empty(n: usize, what: &str) -> Result<(), ServerError> {
-    if n > 0 {
-        return Ok(());
-    }
-    Err(ServerError::Startup {
-        server: what.to_owned(),
-        detail: "it needs at least one member".to_owned(),
-        log_tail: String::new(),
-    })
-}
-
-/// The error of a set asked for in containers without the `testcontainers` feature.
-#[cfg(not(feature = "testcontainers"))]
-pub(crate) fn no_containers(what: &str) -> ServerError {
-    ServerError::Unsupported {
-        operation: format!("starting {what} in containers"),
-        reason: "lock-testbed was built without its `testcontainers` feature".to_owned(),
     }
 }
 

@@ -33,20 +33,21 @@
 //! server instead of starting one; fault injection (pause, kill, restart) then returns
 //! [`ServerError::Unsupported`].
 //!
-//! With the `testcontainers` feature, [`containers`] starts the same servers in containers,
+//! With the `testcontainers` feature, [`containers`] starts the same specs in containers,
 //! and [`SERVERS_ENV`] (`LOCK_TEST_SERVERS=containers`) makes every [`Target::start`] (the
 //! shared servers too) start a container instead of a process: see [`ServerMode`].
 //!
 //! Layout: each server kind is a module of its own ([`zookeeper`](ZkServer),
-//! [`redis`](RedisServer), [`etcd`](EtcdServer)) with its options, its configuration text,
-//! its process, its ensemble or cluster, and (`container.rs`) its container; the runners
-//! they share, `process` and [`containers`], know no server kind.
+//! [`redis`](RedisServer), [`etcd`](EtcdServer), [`postgres`](PostgresServer)) whose
+//! options are its [`ServerSpec`] (ports, command line and files, readiness probe, what
+//! clients are given), with its handle and what only it has (who leads an ensemble, a
+//! Sentinel set). The runners know no server kind: `process` and `local` run a spec as a
+//! process, [`containers`] in a container, and [`Members`] runs a set on either.
 //!
 //! All traffic stays on `127.0.0.1`. Nothing here prints; logs go through `tracing`.
 
 mod error;
 mod etcd;
-mod kind;
 mod local;
 mod members;
 mod mode;
@@ -54,6 +55,7 @@ mod postgres;
 mod probe;
 mod process;
 mod redis;
+mod spec;
 mod target;
 mod zookeeper;
 
@@ -65,7 +67,6 @@ use std::time::Duration;
 
 pub use error::ServerError;
 pub use etcd::{ETCD_ENV, EtcdCluster, EtcdOptions, EtcdServer, EtcdTarget, etcd_metric};
-pub use kind::{Etcd, ZooKeeper};
 pub use local::{LocalServer, ServerProcess};
 pub use members::{Member, Members};
 pub use mode::{SERVERS_ENV, ServerMode};
@@ -78,6 +79,7 @@ pub use redis::{
     REDIS_ENV, RedisClusterOptions, RedisClusterSet, RedisOptions, RedisSentinelOptions,
     RedisSentinelSet, RedisServer, RedisTarget,
 };
+pub use spec::{Command, Peer, Probe, ServerSpec, Site};
 pub use target::{Target, TargetServer};
 pub use zookeeper::{ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget, ZkTls};
 

@@ -1,5 +1,5 @@
 //! Raw-socket conversations with the servers: ZooKeeper four-letter words, a minimal RESP
-//! exchange for Redis, and HTTP/1.0 `GET /health` for etcd.
+//! exchange for Redis, and HTTP/1.0 `GET` for etcd.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -8,64 +8,6 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWrite
 use tokio::net::{TcpStream, ToSocketAddrs};
 
 use super::ServerError;
-
-/// How a server is checked for readiness.
-#[derive(Debug, Clone)]
-pub(crate) enum Probe {
-    /// ZooKeeper serves requests: `srvr` contains `Mode:`.
-    ZkServing,
-    /// Redis answers `PING` with `PONG` (after `AUTH` with the default user's password).
-    RedisPing { password: Option<String> },
-    /// etcd's `GET /health` says `"health":"true"`.
-    EtcdHealth,
-    /// PostgreSQL answers a start-up message with an authentication request, not with an
-    /// error (such as "the database system is starting up").
-    PostgresStartup,
-}
-
-impl Probe {
-    /// The pause between two attempts.
-    pub(crate) fn interval(&self) -> Duration {
-        match self {
-            Self::ZkServing => Duration::from_millis(100),
-            Self::RedisPing { .. } => Duration::from_millis(20),
-            Self::EtcdHealth => Duration::from_millis(50),
-            Self::PostgresStartup => Duration::from_millis(50),
-        }
-    }
-
-    /// One attempt; `Err` says why the server is not ready (yet).
-    pub(crate) async fn check(&self, addr: SocketAddr, timeout: Duration) -> Result<(), String> {
-        match self {
-            Self::ZkServing => {
-                let answer = four_letter(&addr.to_string(), "srvr", timeout)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if answer.contains("Mode:") {
-                    Ok(())
-                } else {
-                    Err(format!("srvr answered {:?}", answer.trim()))
-                }
-            }
-            Self::RedisPing { password } => redis_ping(addr, password.as_deref(), timeout)
-                .await
-                .map_err(|e| e.to_string()),
-            Self::EtcdHealth => {
-                let answer = http_get(addr, "/health", timeout)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if answer.contains("\"health\":\"true\"") {
-                    Ok(())
-                } else {
-                    Err(format!("GET /health answered {:?}", answer.trim()))
-                }
-            }
-            Self::PostgresStartup => postgres_startup(addr, timeout)
-                .await
-                .map_err(|e| e.to_string()),
-        }
-    }
-}
 
 async fn bounded<T>(
     what: impl FnOnce() -> String,
@@ -256,32 +198,4 @@ pub(crate) async fn http_get(
     let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: */*\r\n\r\n");
     let what = || format!("the answer to GET {path} from {addr}");
     tcp_exchange(addr, request.as_bytes(), what, timeout).await
-}
-
-/// Sends PostgreSQL a start-up message (protocol 3.0, user and database `postgres`) and
-/// reads the first byte of the answer: `R` (an authentication request, or its success)
-/// means the server takes connections.
-async fn postgres_startup(addr: SocketAddr, timeout: Duration) -> Result<(), ServerError> {
-    let what = || format!("PostgreSQL's answer to a start-up message at {addr}");
-    bounded(what, timeout, async {
-        let mut body = 196_608_u32.to_be_bytes().to_vec();
-        body.extend_from_slice(b"user\0postgres\0database\0postgres\0\0");
-        let length = u32::try_from(body.len() + 4).unwrap_or(u32::MAX);
-        let mut message = length.to_be_bytes().to_vec();
-        message.extend_from_slice(&body);
-        let mut stream = TcpStream::connect(addr).await?;
-        stream.write_all(&message).await?;
-        let mut first = [0_u8; 1];
-        stream.read_exact(&mut first).await?;
-        if first[0] == b'R' {
-            return Ok(());
-        }
-        let mut rest = Vec::new();
-        let _ = stream.read_to_end(&mut rest).await;
-        Err(ServerError::from(std::io::Error::other(format!(
-            "PostgreSQL is not ready: {}",
-            String::from_utf8_lossy(&rest).trim_matches(char::from(0))
-        ))))
-    })
-    .await
 }

@@ -18,7 +18,7 @@ use tempfile::TempDir;
 use tracing::{debug, info, warn};
 
 use super::ServerError;
-use super::probe::Probe;
+use super::spec::Probe;
 
 /// Ports handed out by [`free_port`] in this process, and where it looks next.
 static PORTS: Mutex<Ports> = Mutex::new(Ports {

@@ -7,38 +7,35 @@ use tracing::info;
 
 #[cfg(feature = "testcontainers")]
 use super::Member;
-use super::{LocalServer, ServerError, ServerMode};
+use super::{LocalServer, ServerError, ServerMode, ServerSpec};
 
-/// A kind of server that a [`Target`] can stand for: one that can be started here, or
-/// reached at an address given by an environment variable.
+/// A server process started here that a [`Target`] can stand for: the handle of a
+/// [`ServerSpec`] run as a local process ([`ZkServer`](super::ZkServer),
+/// [`RedisServer`](super::RedisServer), [`EtcdServer`](super::EtcdServer),
+/// [`PostgresServer`](super::PostgresServer)).
 pub trait TargetServer: LocalServer + Send + Sized {
-    /// The server's name in logs, e.g. `ZooKeeper`.
-    const NAME: &'static str;
-
     /// The environment variable naming an external server: [`ZK_ENV`](super::ZK_ENV),
-    /// [`REDIS_ENV`](super::REDIS_ENV) or [`ETCD_ENV`](super::ETCD_ENV).
+    /// [`REDIS_ENV`](super::REDIS_ENV), [`ETCD_ENV`](super::ETCD_ENV) or
+    /// [`POSTGRES_ENV`](super::POSTGRES_ENV).
     const ENV: &'static str;
 
-    /// How to start one: [`ZkOptions`](super::ZkOptions),
-    /// [`RedisOptions`](super::RedisOptions) or [`EtcdOptions`](super::EtcdOptions).
-    type Options: Send;
+    /// Its kind, and how to start one.
+    type Options: ServerSpec;
 
     /// Starts one with `opts` and waits until it serves (the type's own `start`).
     fn start_local(opts: Self::Options) -> impl Future<Output = Result<Self, ServerError>> + Send;
 
-    /// What clients are given to reach it: ZooKeeper's connect string, Redis's URL, etcd's
-    /// endpoint.
-    fn client_address(&self) -> String;
+    /// The options it was started with.
+    fn options(&self) -> &Self::Options;
 
-    /// Starts one in a container with `opts` and waits until it serves; what clients are
-    /// given to reach it, and the container.
-    #[cfg(feature = "testcontainers")]
-    fn start_container(
-        opts: Self::Options,
-    ) -> impl Future<Output = Result<(String, Box<dyn Member>), ServerError>> + Send;
+    /// What clients are given to reach it: ZooKeeper's connect string, Redis's URL, etcd's
+    /// endpoint, PostgreSQL's URL.
+    fn client_address(&self) -> String {
+        self.options().client_address(self.socket_addr())
+    }
 }
 
-/// Either an external server (named by [`S::ENV`](TargetServer::ENV)) or one started here,
+/// Either an external server (named by [`TargetServer::ENV`]) or one started here,
 /// as a process or in a container (see [`ServerMode`]): see [`ZkTarget`](super::ZkTarget),
 /// [`RedisTarget`](super::RedisTarget) and [`EtcdTarget`](super::EtcdTarget).
 ///
@@ -64,13 +61,13 @@ enum Inner<S> {
 }
 
 impl<S: TargetServer> Target<S> {
-    /// Uses the address in [`S::ENV`](TargetServer::ENV) when it is set and not empty
+    /// Uses the address in [`TargetServer::ENV`] when it is set and not empty
     /// (leading and trailing white space removed); otherwise [`start`](Self::start)s a
     /// server with `opts`.
     pub async fn from_env_or_start(opts: S::Options) -> Result<Self, ServerError> {
         match std::env::var(S::ENV) {
             Ok(address) if !address.trim().is_empty() => {
-                info!("using the external {} from {}", S::NAME, S::ENV);
+                info!("using the external {} from {}", S::Options::NAME, S::ENV);
                 Ok(Self::external(address.trim()))
             }
             _ => Self::start(opts).await,
@@ -90,10 +87,11 @@ impl<S: TargetServer> Target<S> {
     /// Starts a server with `opts` in a container, and waits until it serves.
     #[cfg(feature = "testcontainers")]
     pub async fn start_container(opts: S::Options) -> Result<Self, ServerError> {
-        let (address, container) = S::start_container(opts).await?;
-        Ok(Self {
-            inner: Inner::Container { address, container },
-        })
+        let container = super::containers::Container::start(&opts).await?;
+        Ok(Self::in_container(
+            container.client_address(),
+            Box::new(container),
+        ))
     }
 
     /// The server in `container`, which clients reach at `address`.
@@ -110,7 +108,7 @@ impl<S: TargetServer> Target<S> {
     pub async fn start_container(opts: S::Options) -> Result<Self, ServerError> {
         drop(opts);
         Err(ServerError::Unsupported {
-            operation: format!("starting {} in a container", S::NAME),
+            operation: format!("starting {} in a container", S::Options::NAME),
             reason: "lock-testbed was built without its `testcontainers` feature".to_owned(),
         })
     }
@@ -220,7 +218,7 @@ impl<S: TargetServer> Target<S> {
     /// its address.
     pub async fn condition(&self) -> String {
         match &self.inner {
-            Inner::External { address } => format!("{} at {address} is external", S::NAME),
+            Inner::External { address } => format!("{} at {address} is external", S::Options::NAME),
             Inner::Local(server) => server.condition(),
             #[cfg(feature = "testcontainers")]
             Inner::Container { container, .. } => container.condition().await,

@@ -11,10 +11,11 @@ use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, ContainerRequest, GenericImage, ImageExt};
 use tracing::{debug, info, warn};
 
-use super::{ContainerEngine, LABEL, container_error, label_value};
+use super::{ContainerEngine, DEFAULT_IMAGE, LABEL, container_error, label_value};
 use crate::servers::ServerError;
-use crate::servers::probe::Probe;
+use crate::servers::local::free_ports;
 use crate::servers::process::{Watchdog, free_port};
+use crate::servers::spec::{Command, Peer, Probe, ServerSpec, Site, slug};
 
 /// The bound on creating and starting the container.
 const CREATE_TIMEOUT: Duration = Duration::from_secs(300);
@@ -93,8 +94,9 @@ pub(crate) async fn wait_ready(
     }
 }
 
-/// A server in a container, removed when dropped: a [`ZkContainer`](super::ZkContainer),
-/// a [`RedisContainer`](super::RedisContainer), an [`EtcdContainer`](super::EtcdContainer).
+/// A server of the kind `S` in a container, removed when dropped: a
+/// [`ZkContainer`](super::ZkContainer), a [`RedisContainer`](super::RedisContainer), an
+/// [`EtcdContainer`](super::EtcdContainer), a [`PostgresContainer`](super::PostgresContainer).
 ///
 /// Its client port is published on `127.0.0.1` only (or, on the host's network, bound
 /// there by the server itself), at a port that stays the same across
@@ -102,7 +104,7 @@ pub(crate) async fn wait_ready(
 /// the test process ends without dropping them (a process-wide static, an abort): a small
 /// watchdog process runs `docker rm --force` then.
 #[derive(Debug)]
-pub struct Container<K> {
+pub struct Container<S> {
     /// `None` only while being dropped.
     container: Option<ContainerAsync<GenericImage>>,
     /// Removes what the engine still has of this container when the handle is dropped (after
@@ -110,11 +112,9 @@ pub struct Container<K> {
     _watchdog: Watchdog,
     server: String,
     port: u16,
-    /// On the host's network (see [`ServerSpec::host_port`]).
+    /// On the host's network (see [`start_on_host`](Container::start_on_host)).
     on_host: bool,
-    probe: Probe,
-    startup_timeout: Duration,
-    pub(crate) kind: K,
+    spec: S,
 }
 
 /// How many lines of a container's output [`Container::condition`] gives.
@@ -124,69 +124,153 @@ const CONDITION_LINES: usize = 20;
 /// the meantime.
 const PORT_ATTEMPTS: usize = 5;
 
-/// What a server container is: the server's name (for messages), its image, its client
-/// port inside the container, and how to tell that it serves.
-pub(crate) struct ServerSpec {
-    pub(crate) server: String,
-    /// `(variable, default)`, see [`image_from_env`].
-    pub(crate) image: (&'static str, &'static str),
-    pub(crate) internal: u16,
-    pub(crate) probe: Probe,
-    pub(crate) startup_timeout: Duration,
-    /// On the host's network, serving on this loopback port (which the configured command
-    /// binds), rather than on its own network with `internal` published: for servers that
-    /// tell each other's addresses to clients (Redis Sentinel), which must be the same
-    /// inside and outside the containers.
-    pub(crate) host_port: Option<u16>,
+/// Quotes `text` for `sh`.
+fn quoted(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "'\\''"))
 }
 
-impl<K> Container<K> {
+/// The `sh -c` script of the member at `site` and the environment it reads: it waits until
+/// every other member's host resolves (a member of a set), writes the spec's files where
+/// they do not exist yet, and executes the command. The files travel in the environment.
+fn script<S: ServerSpec>(
+    spec: &S,
+    site: &Site<'_>,
+) -> Result<(String, Vec<(String, String)>), ServerError> {
+    let Command { argv, files } = spec.command(site)?;
+    let mut script = String::from("set -e; ");
+    if site.in_set() {
+        let hosts: Vec<&str> = site.members.iter().map(|peer| peer.host.as_str()).collect();
+        // Bounded: a member whose network never comes exits, and its start-up probe says so.
+        script.push_str(&format!(
+            "n=0; until getent hosts {} >/dev/null 2>&1; do n=$((n+1)); \
+             if [ $n -ge 600 ]; then echo 'the network never came' >&2; exit 1; fi; \
+             sleep 0.1; done; ",
+            hosts.join(" ")
+        ));
+    }
+    script.push_str(&format!(
+        "mkdir -p {dir}; cd {dir}; ",
+        dir = quoted(site.dir)
+    ));
+    let mut env = Vec::with_capacity(files.len());
+    for (index, (path, text)) in files.into_iter().enumerate() {
+        let variable = format!("LOCK_TESTBED_FILE_{index}");
+        script.push_str(&format!(
+            "[ -e {path} ] || {{ mkdir -p \"$(dirname {path})\"; printf '%s' \"${variable}\" > {path}; }}; ",
+            path = quoted(&path)
+        ));
+        env.push((variable, text));
+    }
+    let argv: Vec<String> = argv.iter().map(|arg| quoted(arg)).collect();
+    script.push_str(&format!("exec {}", argv.join(" ")));
+    Ok((script, env))
+}
+
+/// Where a container's server listens.
+#[derive(Clone, Copy)]
+enum Placement {
+    /// On a network of the engine, its client port published on a free loopback port.
+    Published,
+    /// On the host's network, serving on loopback ports chosen here: for servers that tell
+    /// each other's addresses to clients (Redis Sentinel), which must be the same inside
+    /// and outside the containers.
+    Host,
+}
+
+impl<S: ServerSpec> Container<S> {
+    /// Starts a server of the kind `spec` in a container of the image
+    /// [`S::IMAGE_ENV`](ServerSpec::IMAGE_ENV) names (default [`DEFAULT_IMAGE`]), its client
+    /// port published on a free loopback port, and waits (bounded by the spec's start-up
+    /// timeout) until it serves. The image's programs run: the options' paths of programs
+    /// are for local processes.
+    pub async fn start(spec: &S) -> Result<Self, ServerError> {
+        let peers = [Peer::new("127.0.0.1", S::CONTAINER_PORTS.to_vec())];
+        Self::launch(spec, &peers, Placement::Published).await
+    }
+
+    /// Starts a server of the kind `spec` on the host's network, serving on
+    /// `127.0.0.1:port` (and free ports for the others it needs), and waits until it
+    /// serves. A port taken meanwhile (the server exits) is replaced by another, a few
+    /// times.
+    pub async fn start_on_host(spec: &S, port: u16) -> Result<Self, ServerError> {
+        on_free_port(port, |port| async move {
+            let mut ports = vec![port];
+            ports.extend(free_ports(spec.port_count().saturating_sub(1))?);
+            let peers = [Peer::new("127.0.0.1", ports)];
+            Self::launch(spec, &peers, Placement::Host).await
+        })
+        .await
+    }
+
+    /// Creates member `index` of `peers` (their names on the set's network, the container
+    /// ports) without waiting for it: it starts once every host of `peers` resolves, i.e.
+    /// once every member has joined the network.
+    pub(crate) async fn create_member(
+        spec: &S,
+        peers: &[Peer],
+        index: usize,
+    ) -> Result<Self, ServerError> {
+        Self::create(spec, peers, index, Placement::Published).await
+    }
+
     /// [`create`](Self::create)s the container, then waits (bounded by the spec's start-up
     /// timeout) until its probe passes.
-    pub(crate) async fn launch(
-        spec: ServerSpec,
-        configure: impl Fn(GenericImage) -> ContainerRequest<GenericImage>,
-        kind: K,
-    ) -> Result<Self, ServerError> {
+    async fn launch(spec: &S, peers: &[Peer], placement: Placement) -> Result<Self, ServerError> {
         let began = Instant::now();
-        let started = Self::create(spec, configure, kind).await?;
+        let started = Self::create(spec, peers, 0, placement).await?;
         started.wait_ready().await?;
         info!(server = %started.server, port = started.port, took = ?began.elapsed(), "container serves");
         Ok(started)
     }
 
-    /// Checks the engine, and starts the spec's image publishing its client port on a free
-    /// loopback port, with `configure` adding what the server needs. Does not wait for the
-    /// server: the probe is kept for [`wait_ready`](Self::wait_ready) and
-    /// [`restart`](Self::restart).
-    pub(crate) async fn create(
-        spec: ServerSpec,
-        configure: impl Fn(GenericImage) -> ContainerRequest<GenericImage>,
-        kind: K,
+    /// Checks the engine, and starts the image with the member's script. Does not wait
+    /// for the server.
+    async fn create(
+        spec: &S,
+        peers: &[Peer],
+        index: usize,
+        placement: Placement,
     ) -> Result<Self, ServerError> {
-        let ServerSpec {
-            server,
-            image,
-            internal,
-            probe,
-            startup_timeout,
-            host_port,
-        } = spec;
+        let dir = format!("/var/tmp/{}", slug::<S>());
+        let bind = match placement {
+            Placement::Published => "0.0.0.0",
+            Placement::Host => "127.0.0.1",
+        };
+        let site = Site {
+            index,
+            bind,
+            dir: &dir,
+            members: peers,
+            in_container: true,
+        };
+        let (script, env) = script(spec, &site)?;
+        let internal = site.port(0);
+        let server = match site.in_set() {
+            true => format!("{} member {index}", S::NAME),
+            false => S::NAME.to_owned(),
+        };
         let engine = ContainerEngine::from_env()?;
         engine.check().await?;
-        let (name, tag) = engine.require_image(image).await?;
+        let (name, tag) = engine.require_image((S::IMAGE_ENV, DEFAULT_IMAGE)).await?;
         info!(%name, %tag, "starting a {server} container");
         let handle = format!("{}-{:016x}", std::process::id(), fastrand::u64(..));
         // Before the first attempt: a container created but not started is removed too.
         let watchdog = Watchdog::spawn(WATCHDOG_SCRIPT, "container", &handle);
+        let configure = |image: GenericImage| {
+            let mut request = image.with_cmd(["sh".to_owned(), "-c".to_owned(), script.clone()]);
+            for (variable, value) in &env {
+                request = request.with_env_var(variable.clone(), value.clone());
+            }
+            request
+        };
         let mut attempt = 0;
         let (container, port) = loop {
             attempt += 1;
             let image =
                 GenericImage::new(name.clone(), tag.clone()).with_wait_for(WaitFor::Nothing);
-            let (request, port) = match host_port {
-                Some(port) => (configure(image).with_network("host"), port),
-                None => {
+            let (request, port) = match placement {
+                Placement::Host => (configure(image).with_network("host"), internal),
+                Placement::Published => {
                     let port = free_port()?;
                     let request = configure(image.with_exposed_port(internal.tcp()))
                         .with_host_config_modifier(publish_on_loopback(internal, port));
@@ -214,11 +298,19 @@ impl<K> Container<K> {
             _watchdog: watchdog,
             server: format!("{server} (container)"),
             port,
-            on_host: host_port.is_some(),
-            probe,
-            startup_timeout,
-            kind,
+            on_host: matches!(placement, Placement::Host),
+            spec: spec.clone(),
         })
+    }
+
+    /// The options it was started with.
+    pub fn spec(&self) -> &S {
+        &self.spec
+    }
+
+    /// What its clients are given (see [`ServerSpec::client_address`]).
+    pub fn client_address(&self) -> String {
+        self.spec.client_address(self.socket_addr())
     }
 
     /// Waits until the probe passes. On the host's network a port taken meanwhile shows
@@ -226,11 +318,12 @@ impl<K> Container<K> {
     /// could answer the probe): the container must still run once the probe passes, and
     /// its exit ends the wait at once, with its log.
     pub(crate) async fn wait_ready(&self) -> Result<(), ServerError> {
+        let probe = self.spec.probe();
         let probing = wait_ready(
             &self.server,
-            &self.probe,
+            &probe,
             self.socket_addr(),
-            self.startup_timeout,
+            self.spec.startup_timeout(),
         );
         if !self.on_host {
             return probing.await;
@@ -359,7 +452,7 @@ impl<K> Container<K> {
     }
 }
 
-impl<K> Drop for Container<K> {
+impl<S> Drop for Container<S> {
     fn drop(&mut self) {
         // testcontainers removes the container through the engine's API, which needs a
         // runtime; without one the watchdog (dropped next) removes it.
@@ -376,12 +469,12 @@ impl<K> Drop for Container<K> {
 /// Starts a container on the host's network with `start`, on `port` first; when the
 /// server exits because its port was taken meanwhile, again on another free port, a few
 /// times.
-pub(crate) async fn on_free_port<K, F>(
+async fn on_free_port<S, F>(
     port: u16,
     start: impl Fn(u16) -> F,
-) -> Result<Container<K>, ServerError>
+) -> Result<Container<S>, ServerError>
 where
-    F: Future<Output = Result<Container<K>, ServerError>>,
+    F: Future<Output = Result<Container<S>, ServerError>>,
 {
     let mut port = port;
     let mut attempt = 1;

@@ -7,11 +7,10 @@ use testcontainers::bollard::errors::Error as BollardError;
 use testcontainers::bollard::{API_DEFAULT_VERSION, Docker};
 use tracing::debug;
 
-use super::{
-    DEFAULT_ETCD_IMAGE, DEFAULT_REDIS_IMAGE, DEFAULT_ZK_IMAGE, ETCD_IMAGE_ENV, REDIS_IMAGE_ENV,
-    ZK_IMAGE_ENV, container_error,
+use super::{DEFAULT_IMAGE, container_error};
+use crate::servers::{
+    EtcdOptions, PostgresOptions, RedisOptions, ServerError, ServerSpec, ZkOptions,
 };
-use crate::servers::ServerError;
 
 /// The bound on asking the engine whether it is there.
 const ENGINE_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -180,8 +179,8 @@ impl ContainerEngine {
 }
 
 /// Checks, within a few seconds, that servers can run in containers here: an engine answers
-/// (else [`ServerError::NoContainerEngine`]) and has the ZooKeeper, Redis and etcd images
-/// (else [`ServerError::MissingImage`]). Tests skip with the error as the reason, except under
+/// (else [`ServerError::NoContainerEngine`]) and has the ZooKeeper, Redis, etcd and
+/// PostgreSQL images (else [`ServerError::MissingImage`]). Tests skip with the error as the reason, except under
 /// `LOCK_CONFORMANCE_STRICT`.
 ///
 /// ```no_run
@@ -194,22 +193,21 @@ impl ContainerEngine {
 pub async fn check_ready() -> Result<(), ServerError> {
     let engine = ContainerEngine::from_env()?;
     engine.check().await?;
-    engine
-        .require_image((ZK_IMAGE_ENV, DEFAULT_ZK_IMAGE))
-        .await?;
-    engine
-        .require_image((REDIS_IMAGE_ENV, DEFAULT_REDIS_IMAGE))
-        .await?;
-    engine
-        .require_image((ETCD_IMAGE_ENV, DEFAULT_ETCD_IMAGE))
-        .await?;
+    for variable in [
+        ZkOptions::IMAGE_ENV,
+        RedisOptions::IMAGE_ENV,
+        EtcdOptions::IMAGE_ENV,
+        PostgresOptions::IMAGE_ENV,
+    ] {
+        engine.require_image((variable, DEFAULT_IMAGE)).await?;
+    }
     Ok(())
 }
 
 /// How to get a missing image, for [`ServerError::MissingImage`].
 const IMAGE_HINT: &str = "build the default image with scripts/ensure-docker (in the distlock \
     repository), or name an image the engine has, laid out as Debian's packages, in \
-    LOCK_TEST_ZK_IMAGE / LOCK_TEST_REDIS_IMAGE / LOCK_TEST_ETCD_IMAGE";
+    LOCK_TEST_ZK_IMAGE / LOCK_TEST_REDIS_IMAGE / LOCK_TEST_ETCD_IMAGE / LOCK_TEST_POSTGRES_IMAGE";
 
 /// Checks, within a few seconds, that the container engine found by
 /// [`ContainerEngine::from_env`] answers `GET /_ping`.

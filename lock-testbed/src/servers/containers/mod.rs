@@ -7,38 +7,21 @@
 //! report as a skip: see [`ServerError::is_no_container_engine`]. The engine is spoken to
 //! through `bollard`, the engine client testcontainers uses.
 //!
-//! Images: [`DEFAULT_ZK_IMAGE`], [`DEFAULT_REDIS_IMAGE`], [`DEFAULT_ETCD_IMAGE`] and
-//! [`DEFAULT_POSTGRES_IMAGE`], overridable by the environment variables [`ZK_IMAGE_ENV`],
-//! [`REDIS_IMAGE_ENV`], [`ETCD_IMAGE_ENV`] and [`POSTGRES_IMAGE_ENV`] (`name[:tag]`). The
-//! default is one image with Debian's `zookeeper`, `redis-server`, `etcd-server`,
-//! `postgresql` and a JRE, built from
-//! Debian packages by the repository's `scripts/ensure-docker` (no registry needed). It
-//! has no entrypoint: this module gives each container its command line, so an override
-//! must lay the servers out as Debian's packages do. An engine that lacks the image and
-//! cannot pull it is [`ServerError::MissingImage`], naming the image.
+//! Image: [`DEFAULT_IMAGE`] for every kind, overridable per kind by the variable its spec
+//! names ([`ServerSpec::IMAGE_ENV`](super::ServerSpec::IMAGE_ENV): `LOCK_TEST_ZK_IMAGE`,
+//! `LOCK_TEST_REDIS_IMAGE`, `LOCK_TEST_ETCD_IMAGE`, `LOCK_TEST_POSTGRES_IMAGE`;
+//! `name[:tag]`). It holds Debian's `zookeeper`, `redis-server`, `etcd-server`,
+//! `postgresql` and a JRE, built from Debian packages by the repository's
+//! `scripts/ensure-docker` (no registry needed). It has no entrypoint: each container gets
+//! its kind's command line, so an override must lay the servers out as Debian's packages
+//! do. An engine that lacks the image and cannot pull it is [`ServerError::MissingImage`],
+//! naming the image.
 
-use super::ServerError;
-pub use super::kind::{Etcd, ZooKeeper};
+use super::{EtcdOptions, PostgresOptions, RedisOptions, ServerError, ZkOptions};
 
-/// The environment variable overriding the ZooKeeper image (`name[:tag]`).
-pub const ZK_IMAGE_ENV: &str = "LOCK_TEST_ZK_IMAGE";
-/// The environment variable overriding the Redis image (`name[:tag]`).
-pub const REDIS_IMAGE_ENV: &str = "LOCK_TEST_REDIS_IMAGE";
-/// The environment variable overriding the etcd image (`name[:tag]`).
-pub const ETCD_IMAGE_ENV: &str = "LOCK_TEST_ETCD_IMAGE";
-/// The environment variable overriding the PostgreSQL image (`name[:tag]`).
-pub const POSTGRES_IMAGE_ENV: &str = "LOCK_TEST_POSTGRES_IMAGE";
 /// The image `scripts/ensure-docker` builds: Debian bookworm's ZooKeeper 3.8, Redis 7,
 /// etcd 3.4, PostgreSQL 15 and a JRE, without an entrypoint.
 pub const DEFAULT_IMAGE: &str = "distlock-test/servers:bookworm-pg";
-/// The default ZooKeeper image: [`DEFAULT_IMAGE`].
-pub const DEFAULT_ZK_IMAGE: &str = DEFAULT_IMAGE;
-/// The default Redis image: [`DEFAULT_IMAGE`].
-pub const DEFAULT_REDIS_IMAGE: &str = DEFAULT_IMAGE;
-/// The default etcd image: [`DEFAULT_IMAGE`].
-pub const DEFAULT_ETCD_IMAGE: &str = DEFAULT_IMAGE;
-/// The default PostgreSQL image: [`DEFAULT_IMAGE`].
-pub const DEFAULT_POSTGRES_IMAGE: &str = DEFAULT_IMAGE;
 
 pub(crate) fn container_error(err: impl std::fmt::Display) -> ServerError {
     ServerError::Container {
@@ -64,45 +47,24 @@ fn label_value() -> String {
         .unwrap_or_else(|| std::process::id().to_string())
 }
 
-/// The kind of a [`RedisContainer`]: Redis, with the default user's password (for its URL).
-#[derive(Debug)]
-pub struct Redis {
-    pub(crate) password: Option<String>,
-}
-
-/// The kind of a [`PostgresContainer`]: PostgreSQL, with the superuser's password (for its
-/// URL).
-#[derive(Debug)]
-pub struct Postgres {
-    pub(crate) password: Option<String>,
-}
-
-/// PostgreSQL in a container (removed when dropped).
-pub type PostgresContainer = Container<Postgres>;
-
 /// ZooKeeper in a container (removed when dropped).
-pub type ZkContainer = Container<ZooKeeper>;
+pub type ZkContainer = Container<ZkOptions>;
 
 /// A single-member etcd cluster in a container (removed when dropped).
-pub type EtcdContainer = Container<Etcd>;
+pub type EtcdContainer = Container<EtcdOptions>;
 
 /// Redis in a container (removed when dropped), without persistence.
-pub type RedisContainer = Container<Redis>;
+pub type RedisContainer = Container<RedisOptions>;
 
-/// The kind of a [`SentinelContainer`].
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct Sentinel;
-
-/// A Redis Sentinel in a container (removed when dropped).
-pub type SentinelContainer = Container<Sentinel>;
+/// PostgreSQL in a container (removed when dropped).
+pub type PostgresContainer = Container<PostgresOptions>;
 
 mod container;
 mod engine;
 mod network;
 
 pub use container::Container;
-pub(crate) use container::{ServerSpec, on_free_port, wait_ready};
+pub(crate) use container::wait_ready;
 pub use engine::{ContainerEngine, check_engine, check_ready};
 
 pub(crate) use network::{ClusterNetwork, host_name};

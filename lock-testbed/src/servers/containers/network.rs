@@ -4,7 +4,7 @@
 //! Each member is a container on two networks: the engine's default bridge, through which
 //! its client port is published on `127.0.0.1`, and the cluster's own network, which
 //! carries the members' traffic among themselves (they find each other there by the names
-//! `zk1`, `zk2`, ... or `etcd1`, `etcd2`, ...). [`ClusterNetwork::partition`] disconnects a
+//! `zookeeper1`, `zookeeper2`, ... or `etcd1`, `etcd2`, ...). [`ClusterNetwork::partition`] disconnects a
 //! member from the cluster's network only: it loses its peers while its clients stay
 //! connected to it, as in a real partition between server racks.
 //! [`heal`](ClusterNetwork::heal) connects it again.
@@ -36,7 +36,7 @@ const NETWORK_WATCHDOG_SCRIPT: &str = "read -r _ignored; n=0; \
 pub(crate) struct ClusterNetwork {
     name: String,
     docker: Docker,
-    hosts: &'static str,
+    hosts: String,
     _watchdog: Watchdog,
 }
 
@@ -47,7 +47,7 @@ pub(crate) fn host_name(hosts: &str, index: usize) -> String {
 
 impl ClusterNetwork {
     /// A new network whose members will be called `hosts1`, `hosts2`, ...
-    pub(crate) async fn create(hosts: &'static str) -> Result<Self, ServerError> {
+    pub(crate) async fn create(hosts: String) -> Result<Self, ServerError> {
         let docker = Docker::connect_with_defaults().map_err(container_error)?;
         let name = format!(
             "distlock-test-{}-{:08x}",
@@ -99,7 +99,7 @@ impl ClusterNetwork {
         let request = NetworkConnectRequest {
             container: id.to_owned(),
             endpoint_config: Some(EndpointSettings {
-                aliases: Some(vec![host_name(self.hosts, index)]),
+                aliases: Some(vec![host_name(&self.hosts, index)]),
                 ..Default::default()
             }),
         };

@@ -2,59 +2,24 @@
 //! their own, and who leads it.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::Duration;
 
-use tracing::info;
-
-use super::{EtcdOptions, MemberPorts, member_launch};
-use crate::servers::members::{Members, poll_until, refuse_empty};
-use crate::servers::probe::{Probe, http_get};
-use crate::servers::process::{
-    Instance, ScratchDir, free_port, loopback, require_program, retry_port_clash,
-};
-use crate::servers::{Etcd, ServerError, ServerMode};
+use super::EtcdOptions;
+use crate::servers::members::{Members, poll_until};
+use crate::servers::probe::http_get;
+use crate::servers::{ServerError, ServerSpec};
 
 /// An etcd cluster of `n` members, each with its own ports and data: child processes on
 /// 127.0.0.1, or containers on a network of their own (where a member can be
 /// [partitioned](Members::partition)). Members are indexed from 0 (named `n1`, `n2`, ...);
 /// the faults on a member are [`Members`]'.
 ///
-/// Dropping it stops every member and removes their directories or their network.
-pub type EtcdCluster = Members<Etcd>;
+/// [`start`](Members::start) and [`start_in`](Members::start_in) wait until every member is
+/// healthy (a leader has been elected and every member knows it). Dropping it stops every
+/// member and removes their directories or their network.
+pub type EtcdCluster = Members<EtcdOptions>;
 
-impl Members<Etcd> {
-    /// Starts `n` members (3 is the usual size) as processes and waits until every one is
-    /// healthy (a leader has been elected and every member knows it), bounded by
-    /// [`EtcdOptions::startup_timeout`] for the whole cluster.
-    pub async fn start(n: usize, opts: EtcdOptions) -> Result<Self, ServerError> {
-        Self::start_in(ServerMode::Processes, n, opts).await
-    }
-
-    /// [`start`](Self::start)s the members where `mode` says (containers: feature
-    /// `testcontainers`).
-    pub async fn start_in(
-        mode: ServerMode,
-        n: usize,
-        opts: EtcdOptions,
-    ) -> Result<Self, ServerError> {
-        refuse_empty(n, "etcd cluster")?;
-        let members = match mode {
-            #[cfg(not(feature = "testcontainers"))]
-            ServerMode::Containers => {
-                return Err(crate::servers::members::no_containers("an etcd cluster"));
-            }
-            #[cfg(feature = "testcontainers")]
-            ServerMode::Containers => super::container::start_cluster(n, &opts).await?,
-            _ => {
-                let program = require_program("etcd", &opts.binary, "etcd-server")?;
-                retry_port_clash("etcd cluster", || start_processes(n, &opts, &program)).await?
-            }
-        };
-        info!(n, endpoints = ?members.endpoints(), "etcd cluster serves");
-        Ok(members)
-    }
-
+impl Members<EtcdOptions> {
     /// Every member's client endpoint, `http://127.0.0.1:port`.
     pub fn endpoints(&self) -> Vec<String> {
         let addresses = self.addresses().into_iter();
@@ -78,39 +43,6 @@ impl Members<Etcd> {
         };
         poll_until(timeout, "an etcd cluster leader", settled).await
     }
-}
-
-/// One attempt at `n` member processes; on failure also says whether a member reported a
-/// port clash.
-async fn start_processes(
-    n: usize,
-    opts: &EtcdOptions,
-    program: &Path,
-) -> Result<Members<Etcd>, (ServerError, bool)> {
-    let no_clash = |err: ServerError| (err, false);
-    let dir = ScratchDir::new("lock-etcd-cluster-").map_err(no_clash)?;
-    let mut ports = Vec::with_capacity(n);
-    for _ in 0..n {
-        ports.push(MemberPorts {
-            client: free_port().map_err(no_clash)?,
-            peer: free_port().map_err(no_clash)?,
-            tls: None,
-        });
-    }
-    let mut nodes = Vec::with_capacity(n);
-    for (index, member) in ports.iter().enumerate() {
-        let node_dir = dir.path().join(format!("n{}", index + 1));
-        std::fs::create_dir_all(&node_dir).map_err(|e| no_clash(e.into()))?;
-        nodes.push(Instance::new(
-            format!("etcd cluster member {index}"),
-            member_launch(program, opts, &node_dir, index, &ports),
-            node_dir.join("server.log"),
-            loopback(member.client),
-            Probe::EtcdHealth,
-            opts.startup_timeout,
-        ));
-    }
-    Members::spawn_all(nodes, dir, opts.startup_timeout).await
 }
 
 /// The index of the member among `members` (index, client address) that says it leads
@@ -141,7 +73,8 @@ async fn leader_of(members: Vec<(usize, SocketAddr)>) -> Option<usize> {
 /// Whether every one of `members` says it is healthy.
 async fn all_healthy(members: &[(usize, SocketAddr)]) -> bool {
     for (_, addr) in members {
-        if Probe::EtcdHealth
+        if EtcdOptions::default()
+            .probe()
             .check(*addr, Duration::from_secs(1))
             .await
             .is_err()

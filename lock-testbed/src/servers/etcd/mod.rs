@@ -1,24 +1,18 @@
 //! etcd 3.4 from the Debian package: a single-member cluster, or a cluster of several.
 
 mod cluster;
-#[cfg(feature = "testcontainers")]
-mod container;
 
 pub use cluster::EtcdCluster;
 
-use std::ffi::OsString;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use tracing::info;
-
-use super::probe::{Probe, http_get};
-use super::process::{Instance, Launch, free_port, loopback, require_program};
+use super::probe::http_get;
+use super::process::require_program;
+use super::spec::{Command, Probe, ServerSpec, Site};
 use super::target::{Target, TargetServer};
 use super::{DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess};
-
-const SERVER: &str = "etcd";
 
 /// The environment variable naming an external etcd (an endpoint such as
 /// `http://127.0.0.1:2379`) to use instead of starting one.
@@ -84,6 +78,104 @@ impl EtcdOptions {
     }
 }
 
+impl ServerSpec for EtcdOptions {
+    const NAME: &'static str = "etcd";
+    const IMAGE_ENV: &'static str = "LOCK_TEST_ETCD_IMAGE";
+    /// Client, peer (and, with [`tls`](EtcdOptions::tls), TLS clients).
+    const CONTAINER_PORTS: &'static [u16] = &[2379, 2380];
+
+    fn port_count(&self) -> usize {
+        2 + usize::from(self.tls.is_some())
+    }
+
+    fn startup_timeout(&self) -> Duration {
+        self.startup_timeout
+    }
+
+    /// `GET /health` says `"health":"true"`.
+    fn probe(&self) -> Probe {
+        Probe::new(Duration::from_millis(50), |addr, timeout| async move {
+            let answer = http_get(addr, "/health", timeout).await?;
+            match answer.contains("\"health\":\"true\"") {
+                true => Ok(()),
+                false => Err(std::io::Error::other(format!(
+                    "GET /health answered {:?}",
+                    answer.trim()
+                ))
+                .into()),
+            }
+        })
+    }
+
+    /// Member `n{index + 1}` of a cluster whose peers are `site.members`, its data in
+    /// `dir/data`, not waiting for the disk.
+    fn command(&self, site: &Site<'_>) -> Result<Command, ServerError> {
+        let program = match site.in_container {
+            true => PathBuf::from("etcd"),
+            false => require_program("etcd", &self.binary, "etcd-server")?,
+        };
+        if site.in_container && self.tls.is_some() {
+            return Err(ServerError::Unsupported {
+                operation: "TLS".to_owned(),
+                reason: "an etcd container serves plain connections only".to_owned(),
+            });
+        }
+        let peer_url = |host: &str, ports: &[u16]| {
+            format!("http://{host}:{}", ports.get(1).copied().unwrap_or(0))
+        };
+        let cluster: Vec<String> = site
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, peer)| format!("n{}={}", i + 1, peer_url(&peer.host, &peer.ports)))
+            .collect();
+        let mut listen_client = format!("http://{}:{}", site.bind, site.port(0));
+        let mut advertise_client = format!("http://127.0.0.1:{}", site.port(0));
+        if let Some(port) = site.ports().get(2) {
+            for urls in [&mut listen_client, &mut advertise_client] {
+                urls.push_str(&format!(",https://127.0.0.1:{port}"));
+            }
+        }
+        let me = &site.members[site.index];
+        let mut argv = vec![
+            program.display().to_string(),
+            format!("--name=n{}", site.index + 1),
+            format!("--data-dir={}/data", site.dir),
+            format!("--listen-client-urls={listen_client}"),
+            format!("--advertise-client-urls={advertise_client}"),
+            format!("--listen-peer-urls={}", peer_url(site.bind, site.ports())),
+            format!(
+                "--initial-advertise-peer-urls={}",
+                peer_url(&me.host, &me.ports)
+            ),
+            format!("--initial-cluster={}", cluster.join(",")),
+            "--initial-cluster-state=new".to_owned(),
+            // As ZooKeeper's `forceSync=no`: a test member's data need not survive the
+            // machine, only the member (a killed member keeps what reached the OS).
+            "--unsafe-no-fsync".to_owned(),
+            format!(
+                "--heartbeat-interval={}",
+                self.heartbeat_interval.as_millis().max(1)
+            ),
+            format!(
+                "--election-timeout={}",
+                self.election_timeout.as_millis().max(1)
+            ),
+        ];
+        if let Some((cert, key)) = &self.tls {
+            argv.push(format!("--cert-file={}", cert.display()));
+            argv.push(format!("--key-file={}", key.display()));
+        }
+        argv.extend(self.extra_args.iter().cloned());
+        Ok(Command::new(argv))
+    }
+
+    /// `http://127.0.0.1:port`.
+    fn client_address(&self, addr: SocketAddr) -> String {
+        format!("http://{addr}")
+    }
+}
+
 /// A single-member etcd cluster running as a child process on 127.0.0.1.
 ///
 /// Its client address, pid, directory (data and log) and fault injection come from
@@ -94,8 +186,8 @@ impl EtcdOptions {
 #[derive(Debug)]
 pub struct EtcdServer {
     process: ServerProcess,
-    peer_port: u16,
-    tls_port: Option<u16>,
+    opts: EtcdOptions,
+    ports: Vec<u16>,
 }
 
 impl EtcdServer {
@@ -109,37 +201,12 @@ impl EtcdServer {
     ///
     /// Fails promptly with [`ServerError::NotInstalled`] when the binary is missing.
     pub async fn start_with(opts: EtcdOptions) -> Result<Self, ServerError> {
-        let program = require_program("etcd", &opts.binary, "etcd-server")?;
-        let (process, ports, took) = ServerProcess::start(SERVER, "lock-etcd-", |dir| {
-            let member = MemberPorts {
-                client: free_port()?,
-                peer: free_port()?,
-                tls: opts.tls.as_ref().map(|_| free_port()).transpose()?,
-            };
-            let launch = member_launch(&program, &opts, dir, 0, &[member]);
-            let node = Instance::new(
-                SERVER,
-                launch,
-                dir.join("server.log"),
-                loopback(member.client),
-                Probe::EtcdHealth,
-                opts.startup_timeout,
-            );
-            Ok((node, member))
-        })
-        .await?;
-        let server = Self {
+        let (process, ports) = ServerProcess::start_spec(&opts, None).await?;
+        Ok(Self {
             process,
-            peer_port: ports.peer,
-            tls_port: ports.tls,
-        };
-        info!(
-            client_port = server.port(),
-            peer_port = server.peer_port,
-            ?took,
-            "etcd started"
-        );
-        Ok(server)
+            opts,
+            ports,
+        })
     }
 
     /// [`start_with`](Self::start_with) for synchronous code: runs on a fresh runtime in a
@@ -150,18 +217,18 @@ impl EtcdServer {
 
     /// The client endpoint, `http://127.0.0.1:port`.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.socket_addr())
+        self.client_address()
     }
 
     /// The peer port.
     pub fn peer_port(&self) -> u16 {
-        self.peer_port
+        self.ports.get(1).copied().unwrap_or_default()
     }
 
     /// With [`EtcdOptions::tls`], the TLS client endpoint, `https://127.0.0.1:port`.
     pub fn tls_endpoint(&self) -> Option<String> {
-        self.tls_port
-            .map(|port| format!("https://127.0.0.1:{port}"))
+        let port = self.ports.get(2)?;
+        Some(format!("https://127.0.0.1:{port}"))
     }
 }
 
@@ -176,7 +243,6 @@ impl LocalServer for EtcdServer {
 }
 
 impl TargetServer for EtcdServer {
-    const NAME: &'static str = SERVER;
     const ENV: &'static str = ETCD_ENV;
     type Options = EtcdOptions;
 
@@ -184,122 +250,8 @@ impl TargetServer for EtcdServer {
         Self::start_with(opts)
     }
 
-    fn client_address(&self) -> String {
-        self.endpoint()
-    }
-
-    #[cfg(feature = "testcontainers")]
-    async fn start_container(
-        opts: EtcdOptions,
-    ) -> Result<(String, Box<dyn super::Member>), ServerError> {
-        let container = super::containers::EtcdContainer::start(&opts).await?;
-        Ok((container.endpoint(), Box::new(container)))
-    }
-}
-
-/// A member's ports.
-#[derive(Debug, Clone, Copy)]
-struct MemberPorts {
-    client: u16,
-    peer: u16,
-    /// Clients over TLS, with [`EtcdOptions::tls`].
-    tls: Option<u16>,
-}
-
-/// Where one etcd member keeps its data and listens, and the cluster it starts in: the
-/// same for a process and a container.
-pub(crate) struct MemberLayout<'a> {
-    /// `n1`, `n2`, ...
-    pub(crate) name: &'a str,
-    pub(crate) data_dir: &'a str,
-    /// Where it serves clients, and where it tells them it does.
-    pub(crate) listen_client: &'a str,
-    pub(crate) advertise_client: &'a str,
-    /// Where it serves its peers, and where it tells them it does.
-    pub(crate) listen_peer: &'a str,
-    pub(crate) advertise_peer: &'a str,
-    /// Every member's name and peer URL.
-    pub(crate) cluster: &'a [(String, String)],
-}
-
-/// etcd's arguments for the member `layout` describes, then the timing, `tls` (a
-/// certificate and its key) and extra arguments of `opts`.
-pub(crate) fn member_args(
-    opts: &EtcdOptions,
-    layout: &MemberLayout<'_>,
-    tls: Option<&(PathBuf, PathBuf)>,
-) -> Vec<String> {
-    let initial_cluster = layout
-        .cluster
-        .iter()
-        .map(|(name, peer)| format!("{name}={peer}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut args = vec![
-        format!("--name={}", layout.name),
-        format!("--data-dir={}", layout.data_dir),
-        format!("--listen-client-urls={}", layout.listen_client),
-        format!("--advertise-client-urls={}", layout.advertise_client),
-        format!("--listen-peer-urls={}", layout.listen_peer),
-        format!("--initial-advertise-peer-urls={}", layout.advertise_peer),
-        format!("--initial-cluster={initial_cluster}"),
-        "--initial-cluster-state=new".to_owned(),
-        // As ZooKeeper's `forceSync=no`: a test member's data need not survive the machine,
-        // only the member (a killed member keeps what reached the OS).
-        "--unsafe-no-fsync".to_owned(),
-        format!(
-            "--heartbeat-interval={}",
-            opts.heartbeat_interval.as_millis().max(1)
-        ),
-        format!(
-            "--election-timeout={}",
-            opts.election_timeout.as_millis().max(1)
-        ),
-    ];
-    if let Some((cert, key)) = tls {
-        args.push(format!("--cert-file={}", cert.display()));
-        args.push(format!("--key-file={}", key.display()));
-    }
-    args.extend(opts.extra_args.iter().cloned());
-    args
-}
-
-/// The command line of member `index` (named `n{index + 1}`) of the cluster `members`, its
-/// data in `dir/data`.
-fn member_launch(
-    program: &Path,
-    opts: &EtcdOptions,
-    dir: &Path,
-    index: usize,
-    members: &[MemberPorts],
-) -> Launch {
-    let peer_url = |ports: &MemberPorts| format!("http://127.0.0.1:{}", ports.peer);
-    let cluster: Vec<(String, String)> = members
-        .iter()
-        .enumerate()
-        .map(|(i, ports)| (format!("n{}", i + 1), peer_url(ports)))
-        .collect();
-    let me = members[index];
-    let mut client_url = format!("http://127.0.0.1:{}", me.client);
-    if let Some(port) = me.tls {
-        client_url.push_str(&format!(",https://127.0.0.1:{port}"));
-    }
-    let layout = MemberLayout {
-        name: &cluster[index].0,
-        data_dir: &dir.join("data").display().to_string(),
-        listen_client: &client_url,
-        advertise_client: &client_url,
-        listen_peer: &peer_url(&me),
-        advertise_peer: &peer_url(&me),
-        cluster: &cluster,
-    };
-    Launch {
-        program: program.to_path_buf(),
-        args: member_args(opts, &layout, opts.tls.as_ref())
-            .into_iter()
-            .map(OsString::from)
-            .collect(),
-        cwd: dir.to_path_buf(),
+    fn options(&self) -> &EtcdOptions {
+        &self.opts
     }
 }
 

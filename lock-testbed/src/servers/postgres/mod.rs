@@ -1,21 +1,18 @@
 //! PostgreSQL from the Debian package: a fresh cluster (`initdb`) per server.
 
-#[cfg(feature = "testcontainers")]
-mod container;
 mod pgbouncer;
 
 pub use pgbouncer::{PgBouncer, PoolMode};
 
-use std::ffi::OsString;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use tracing::info;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::probe::Probe;
-use super::process::{Instance, Launch, free_port, loopback, require_program};
+use super::process::require_program;
+use super::spec::{Command, Probe, ServerSpec, Site};
 use super::{
     DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess, Target, TargetServer,
 };
@@ -23,8 +20,6 @@ use super::{
 /// The environment variable naming an external PostgreSQL (a URL such as
 /// `postgres://postgres@127.0.0.1:5432/postgres`) to use instead of starting one.
 pub const POSTGRES_ENV: &str = "LOCK_TEST_POSTGRES";
-
-const SERVER: &str = "PostgreSQL";
 
 /// The superuser of every cluster started here.
 pub const POSTGRES_SUPERUSER: &str = "postgres";
@@ -109,47 +104,131 @@ impl PostgresOptions {
         self
     }
 
-    /// The server's `-c` arguments: the defaults, then [`settings`](Self::settings). A
-    /// test server's data need not survive the machine, so it does not wait for the disk
-    /// (`fsync=off`; a killed server keeps what reached the OS).
-    pub(crate) fn server_args(&self) -> Vec<String> {
-        let defaults = [
-            ("listen_addresses", "127.0.0.1"),
-            ("fsync", "off"),
-            ("max_connections", "400"),
-        ];
-        defaults
+    /// The shell script that makes the cluster in `dir/data` on its first start and runs
+    /// the server from `bin` (as the `postgres` user when run as root: the server refuses
+    /// to run as root), listening on `bind`:`port`.
+    fn script(&self, bin: &str, dir: &str, bind: &str, port: u16) -> String {
+        let quote = |text: &str| format!("'{}'", text.replace('\'', "'\\''"));
+        let (method, password_file) = match &self.password {
+            Some(_) => ("scram-sha-256", " --pwfile=\"$d/password\"".to_owned()),
+            None => ("trust", String::new()),
+        };
+        // A test server's data need not survive the machine, so it does not wait for the
+        // disk (`fsync=off`; a killed server keeps what reached the OS).
+        let defaults = [("fsync", "off"), ("max_connections", "400")];
+        let mut settings: Vec<String> = defaults
             .iter()
             .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+            .chain([("listen_addresses".to_owned(), bind.to_owned())])
             .chain(self.settings.iter().cloned())
-            .flat_map(|(key, value)| ["-c".to_owned(), format!("{key}={value}")])
-            .collect()
-    }
-
-    /// `initdb`'s arguments after `-D dir`: the superuser, UTF-8, no waiting for the disk,
-    /// and the authentication the [`password`](Self::password) asks for (its file in
-    /// `password_file`).
-    pub(crate) fn initdb_args(&self, password_file: Option<&str>) -> Vec<String> {
-        let mut args = [
-            "-U",
-            POSTGRES_SUPERUSER,
-            "-E",
-            "UTF8",
-            "--no-sync",
-            "--auth-local=trust",
-        ]
-        .map(String::from)
-        .to_vec();
-        match password_file {
-            Some(file) => {
-                args.push("--auth-host=scram-sha-256".to_owned());
-                args.push(format!("--pwfile={file}"));
-            }
-            None => args.push("--auth-host=trust".to_owned()),
+            .map(|(key, value)| format!("-c {}", quote(&format!("{key}={value}"))))
+            .collect();
+        if self.tls.is_some() {
+            let files = "-c ssl_cert_file=\"$d/server.crt\" -c ssl_key_file=\"$d/server.key\"";
+            settings.push(format!("-c ssl=on {files}"));
         }
-        args
+        format!(
+            "set -e; bin={bin}; d={dir}; {AS_POSTGRES} \
+             [ ! -e \"$d/server.key\" ] || chmod 600 \"$d/server.key\"; \
+             if [ ! -d \"$d/data\" ]; then \
+               $as_postgres \"$bin/initdb\" -D \"$d/data\" -U {user} -E UTF8 --no-sync \
+                 --auth-local=trust --auth-host={method}{password_file} > \"$d/initdb.log\" 2>&1 \
+                 || {{ cat \"$d/initdb.log\"; exit 1; }}; \
+               echo 'host all all 0.0.0.0/0 {method}' >> \"$d/data/pg_hba.conf\"; \
+             fi; \
+             exec $as_postgres \"$bin/postgres\" -D \"$d/data\" -p {port} -k \"$d\" {settings}",
+            dir = quote(dir),
+            user = POSTGRES_SUPERUSER,
+            settings = settings.join(" "),
+        )
     }
 }
+
+impl ServerSpec for PostgresOptions {
+    const NAME: &'static str = "PostgreSQL";
+    const IMAGE_ENV: &'static str = "LOCK_TEST_POSTGRES_IMAGE";
+    const CONTAINER_PORTS: &'static [u16] = &[5432];
+
+    fn startup_timeout(&self) -> Duration {
+        self.startup_timeout
+    }
+
+    /// A start-up message is answered with an authentication request, not with an error
+    /// (such as "the database system is starting up").
+    fn probe(&self) -> Probe {
+        Probe::new(Duration::from_millis(50), |addr, timeout| async move {
+            let answer = tokio::time::timeout(timeout, first_answer(addr)).await;
+            match answer.map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))? {
+                Ok(()) => Ok(()),
+                Err(err) => Err(err.into()),
+            }
+        })
+    }
+
+    /// `sh -c` a script that makes the cluster in `data/` on its first start and runs the
+    /// server (as the `postgres` user when run as root): the image's newest PostgreSQL in a container,
+    /// `bin_dir`'s otherwise.
+    fn command(&self, site: &Site<'_>) -> Result<Command, ServerError> {
+        let bin = match site.in_container {
+            true => "$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)".to_owned(),
+            false => {
+                for program in ["initdb", "postgres"] {
+                    require_program(Self::NAME, &self.bin_dir.join(program), "postgresql")?;
+                }
+                format!("'{}'", self.bin_dir.display())
+            }
+        };
+        let script = self.script(&bin, site.dir, site.bind, site.port(0));
+        let mut command = Command::new(["/bin/sh".to_owned(), "-c".to_owned(), script]);
+        if let Some(password) = &self.password {
+            command = command.with_file("password", password.clone());
+        }
+        if let Some(certificates) = &self.tls {
+            for file in ["server.crt", "server.key"] {
+                command =
+                    command.with_file(file, std::fs::read_to_string(certificates.join(file))?);
+            }
+        }
+        Ok(command)
+    }
+
+    /// `postgres://postgres[:password]@127.0.0.1:port/postgres`.
+    fn client_address(&self, addr: SocketAddr) -> String {
+        postgres_url("127.0.0.1", addr.port(), self.password.as_deref())
+    }
+}
+
+/// Sends PostgreSQL a start-up message (protocol 3.0, user and database `postgres`) and
+/// reads the first byte of the answer: `R` (an authentication request, or its success)
+/// means the server takes connections.
+async fn first_answer(addr: SocketAddr) -> std::io::Result<()> {
+    let mut body = 196_608_u32.to_be_bytes().to_vec();
+    body.extend_from_slice(b"user\0postgres\0database\0postgres\0\0");
+    let length = u32::try_from(body.len() + 4).unwrap_or(u32::MAX);
+    let mut message = length.to_be_bytes().to_vec();
+    message.extend_from_slice(&body);
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(&message).await?;
+    let mut first = [0_u8; 1];
+    stream.read_exact(&mut first).await?;
+    if first[0] == b'R' {
+        return Ok(());
+    }
+    let mut rest = Vec::new();
+    let _ = stream.read_to_end(&mut rest).await;
+    Err(std::io::Error::other(format!(
+        "PostgreSQL is not ready: {}",
+        String::from_utf8_lossy(&rest).trim_matches(char::from(0))
+    )))
+}
+
+/// The start of a script run as root or not: when root, it hands the directory `$d` to the
+/// `postgres` user, and `$as_postgres` runs a program as that user (PostgreSQL and
+/// PgBouncer refuse to run as root). `setpriv` executes the program in its own place (no
+/// child), so the server is the process the runner signals, kills and reaps.
+const AS_POSTGRES: &str = "as_postgres=; if [ \"$(id -u)\" = 0 ]; then \
+    chown -R postgres:postgres \"$d\"; \
+    as_postgres='setpriv --reuid postgres --regid postgres --init-groups --'; fi;";
 
 /// `postgres://user[:password]@host:port/postgres`.
 pub(crate) fn postgres_url(host: &str, port: u16, password: Option<&str>) -> String {
@@ -160,126 +239,6 @@ pub(crate) fn postgres_url(host: &str, port: u16, password: Option<&str>) -> Str
         ),
         None => format!("postgres://{POSTGRES_SUPERUSER}@{host}:{port}/postgres"),
     }
-}
-
-/// The command line that runs `program` as the `postgres` user when this process is root
-/// (the server refuses to run as root), or as is otherwise. `setpriv` changes the user and
-/// executes the program in its own place (no child), so the server is the process the
-/// runner signals, kills and reaps.
-fn as_postgres_user(program: &Path, args: Vec<OsString>) -> (PathBuf, Vec<OsString>) {
-    if !nix::unistd::geteuid().is_root() {
-        return (program.to_path_buf(), args);
-    }
-    let mut wrapped: Vec<OsString> = [
-        "--reuid",
-        POSTGRES_SUPERUSER,
-        "--regid",
-        POSTGRES_SUPERUSER,
-        "--init-groups",
-        "--",
-    ]
-    .map(OsString::from)
-    .to_vec();
-    wrapped.push(program.into());
-    wrapped.extend(args);
-    (PathBuf::from("/usr/bin/setpriv"), wrapped)
-}
-
-/// `server`'s instance: `program args` run as the `postgres` user (see
-/// [`as_postgres_user`]) in `dir`, logging to `dir/log`, ready once it answers a PostgreSQL
-/// start-up message on 127.0.0.1:`port`.
-fn postgres_user_instance(
-    server: &str,
-    (program, args): (&Path, Vec<OsString>),
-    (dir, log): (&Path, &str),
-    port: u16,
-    startup_timeout: Duration,
-) -> Instance {
-    let (program, args) = as_postgres_user(program, args);
-    let launch = Launch {
-        program,
-        args,
-        cwd: dir.to_path_buf(),
-    };
-    Instance::new(
-        server,
-        launch,
-        dir.join(log),
-        loopback(port),
-        Probe::PostgresStartup,
-        startup_timeout,
-    )
-}
-
-/// Makes `dir` the `postgres` user's when this process is root.
-fn hand_to_postgres_user(dir: &Path) -> Result<(), ServerError> {
-    if !nix::unistd::geteuid().is_root() {
-        return Ok(());
-    }
-    let user = nix::unistd::User::from_name(POSTGRES_SUPERUSER)?.ok_or_else(|| {
-        ServerError::NotInstalled {
-            package: "postgresql".to_owned(),
-            detail: "PostgreSQL refuses to run as root, and there is no user postgres".to_owned(),
-        }
-    })?;
-    nix::unistd::chown(dir, Some(user.uid), Some(user.gid))?;
-    Ok(())
-}
-
-/// Copies `server.crt` and `server.key` from `certificates` into the server's `dir`, the
-/// key readable by the server's user only (as the server demands), and returns the
-/// settings that serve TLS with them.
-fn serve_tls(certificates: &Path, dir: &Path) -> Result<Vec<OsString>, ServerError> {
-    let mut args = vec![OsString::from("-c"), OsString::from("ssl=on")];
-    for (file, setting) in [
-        ("server.crt", "ssl_cert_file"),
-        ("server.key", "ssl_key_file"),
-    ] {
-        let copy = dir.join(file);
-        std::fs::copy(certificates.join(file), &copy)?;
-        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o600))?;
-        hand_to_postgres_user(&copy)?;
-        args.push("-c".into());
-        args.push(format!("{setting}={}", copy.display()).into());
-    }
-    Ok(args)
-}
-
-/// Runs `initdb` for a cluster in `dir/data`.
-fn init_cluster(opts: &PostgresOptions, dir: &Path) -> Result<(), ServerError> {
-    let initdb = require_program(SERVER, &opts.bin_dir.join("initdb"), "postgresql")?;
-    hand_to_postgres_user(dir)?;
-    let password_file = match &opts.password {
-        Some(password) => {
-            let file = dir.join("password");
-            std::fs::write(&file, password)?;
-            hand_to_postgres_user(&file)?;
-            Some(file.display().to_string())
-        }
-        None => None,
-    };
-    let mut args: Vec<OsString> = vec!["-D".into(), dir.join("data").into()];
-    args.extend(
-        opts.initdb_args(password_file.as_deref())
-            .into_iter()
-            .map(OsString::from),
-    );
-    let (program, args) = as_postgres_user(&initdb, args);
-    let log = std::fs::File::create(dir.join("initdb.log"))?;
-    hand_to_postgres_user(&dir.join("initdb.log"))?;
-    let status = std::process::Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .status()?;
-    if status.success() {
-        return Ok(());
-    }
-    Err(ServerError::from(std::io::Error::other(format!(
-        "initdb failed ({status}): {}",
-        super::process::log_tail(&dir.join("initdb.log"), 10)
-    ))))
 }
 
 /// A PostgreSQL server running as a child process on 127.0.0.1 (as the `postgres` user
@@ -303,45 +262,13 @@ impl PostgresServer {
     ///
     /// Fails promptly with [`ServerError::NotInstalled`] when the binaries are missing.
     pub async fn start(opts: PostgresOptions) -> Result<Self, ServerError> {
-        let postgres = require_program(SERVER, &opts.bin_dir.join("postgres"), "postgresql")?;
-        let (process, (), took) = ServerProcess::start(SERVER, "lock-postgres-", |dir| {
-            init_cluster(&opts, dir)?;
-            let port = free_port()?;
-            let mut args: Vec<OsString> = vec![
-                "-D".into(),
-                dir.join("data").into(),
-                "-p".into(),
-                port.to_string().into(),
-                "-k".into(),
-                dir.into(),
-            ];
-            args.extend(opts.server_args().into_iter().map(OsString::from));
-            if let Some(certificates) = &opts.tls {
-                args.extend(serve_tls(certificates, dir)?);
-            }
-            let node = postgres_user_instance(
-                SERVER,
-                (&postgres, args),
-                (dir, "server.log"),
-                port,
-                opts.startup_timeout,
-            );
-            Ok((node, ()))
-        })
-        .await?;
-        let server = Self { process, opts };
-        info!(port = server.port(), ?took, "PostgreSQL started");
-        Ok(server)
+        let (process, _ports) = ServerProcess::start_spec(&opts, None).await?;
+        Ok(Self { process, opts })
     }
 
     /// `postgres://postgres[:password]@127.0.0.1:port/postgres`.
     pub fn url(&self) -> String {
-        postgres_url("127.0.0.1", self.port(), self.opts.password.as_deref())
-    }
-
-    /// The options it was started with.
-    pub fn options(&self) -> &PostgresOptions {
-        &self.opts
+        self.client_address()
     }
 }
 
@@ -450,7 +377,6 @@ impl PostgresServer {
 }
 
 impl TargetServer for PostgresServer {
-    const NAME: &'static str = SERVER;
     const ENV: &'static str = POSTGRES_ENV;
     type Options = PostgresOptions;
 
@@ -460,16 +386,8 @@ impl TargetServer for PostgresServer {
         Self::start(opts)
     }
 
-    fn client_address(&self) -> String {
-        self.url()
-    }
-
-    #[cfg(feature = "testcontainers")]
-    async fn start_container(
-        opts: PostgresOptions,
-    ) -> Result<(String, Box<dyn super::Member>), ServerError> {
-        let container = super::containers::PostgresContainer::start(&opts).await?;
-        Ok((container.url(), Box::new(container)))
+    fn options(&self) -> &PostgresOptions {
+        &self.opts
     }
 }
 

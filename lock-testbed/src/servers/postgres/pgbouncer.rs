@@ -1,18 +1,15 @@
 //! PgBouncer from the Debian package, as a child process in front of a PostgreSQL server:
 //! the pooler whose transaction mode breaks session locks.
 
-use std::ffi::OsString;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
-use tracing::info;
-
-use super::{POSTGRES_SUPERUSER, hand_to_postgres_user, postgres_url, postgres_user_instance};
-use crate::servers::process::{free_port, require_program};
+use super::{AS_POSTGRES, POSTGRES_SUPERUSER, PostgresOptions, postgres_url};
+use crate::servers::process::require_program;
+use crate::servers::spec::{Command, Probe, ServerSpec, Site};
 use crate::servers::{DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess};
-
-const SERVER: &str = "PgBouncer";
 
 /// How PgBouncer hands its server connections to clients (its `pool_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,40 +62,16 @@ impl PgBouncer {
         mode: PoolMode,
         settings: &[(&str, &str)],
     ) -> Result<Self, ServerError> {
-        let program = require_program(SERVER, Path::new("/usr/sbin/pgbouncer"), "pgbouncer")?;
-        let (process, (), took) = ServerProcess::start(SERVER, "lock-pgbouncer-", |dir| {
-            hand_to_postgres_user(dir)?;
-            let port = free_port()?;
-            let users = dir.join("users.txt");
-            std::fs::write(&users, format!("\"{POSTGRES_SUPERUSER}\" \"\"\n"))?;
-            let config = dir.join("pgbouncer.ini");
-            let more: String = settings
-                .iter()
-                .map(|(key, value)| format!("{key} = {value}\n"))
-                .collect();
-            std::fs::write(
-                &config,
-                format!(
-                    "[databases]\npostgres = host={} port={} dbname=postgres\n\n[pgbouncer]\n\
-                     listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
-                     auth_type = trust\nauth_file = {}\npool_mode = {mode}\n\
-                     ignore_startup_parameters = options\n{more}",
-                    server.ip(),
-                    server.port(),
-                    users.display()
-                ),
-            )?;
-            let node = postgres_user_instance(
-                SERVER,
-                (&program, vec![OsString::from(&config)]),
-                (dir, "pgbouncer.log"),
-                port,
-                DEFAULT_STARTUP_TIMEOUT,
-            );
-            Ok((node, ()))
-        })
-        .await?;
-        info!(port = process.node_addr().port(), ?took, %mode, "PgBouncer started");
+        let settings = settings
+            .iter()
+            .map(|(key, value)| format!("{key} = {value}\n"))
+            .collect();
+        let spec = PgBouncerSpec {
+            server,
+            mode,
+            settings,
+        };
+        let (process, _ports) = ServerProcess::start_spec(&spec, None).await?;
         Ok(PgBouncer { process, mode })
     }
 
@@ -120,5 +93,66 @@ impl LocalServer for PgBouncer {
 
     fn process_mut(&mut self) -> &mut ServerProcess {
         &mut self.process
+    }
+}
+
+/// PgBouncer in front of `server`, as a kind of server (a process only: the test image
+/// has no PgBouncer).
+#[derive(Debug, Clone)]
+struct PgBouncerSpec {
+    server: SocketAddr,
+    mode: PoolMode,
+    /// More lines of the `[pgbouncer]` section.
+    settings: String,
+}
+
+impl ServerSpec for PgBouncerSpec {
+    const NAME: &'static str = "PgBouncer";
+    const IMAGE_ENV: &'static str = PostgresOptions::IMAGE_ENV;
+    const CONTAINER_PORTS: &'static [u16] = &[6432];
+
+    fn startup_timeout(&self) -> Duration {
+        DEFAULT_STARTUP_TIMEOUT
+    }
+
+    fn probe(&self) -> Probe {
+        PostgresOptions::default().probe()
+    }
+
+    fn command(&self, site: &Site<'_>) -> Result<Command, ServerError> {
+        if site.in_container {
+            return Err(ServerError::Unsupported {
+                operation: "starting PgBouncer in a container".to_owned(),
+                reason: "PgBouncer runs as a process in front of a server".to_owned(),
+            });
+        }
+        let program = require_program(Self::NAME, Path::new("/usr/sbin/pgbouncer"), "pgbouncer")?;
+        let config = format!(
+            "[databases]\npostgres = host={} port={} dbname=postgres\n\n[pgbouncer]\n\
+             listen_addr = {}\nlisten_port = {}\nunix_socket_dir =\n\
+             auth_type = trust\nauth_file = {}/users.txt\npool_mode = {}\n\
+             ignore_startup_parameters = options\n{}",
+            self.server.ip(),
+            self.server.port(),
+            site.bind,
+            site.port(0),
+            site.dir,
+            self.mode,
+            self.settings,
+        );
+        let script = format!(
+            "d='{}'; {AS_POSTGRES} exec $as_postgres '{}' pgbouncer.ini",
+            site.dir,
+            program.display()
+        );
+        Ok(
+            Command::new(["/bin/sh".to_owned(), "-c".to_owned(), script])
+                .with_file("users.txt", format!("\"{POSTGRES_SUPERUSER}\" \"\"\n"))
+                .with_file("pgbouncer.ini", config),
+        )
+    }
+
+    fn client_address(&self, addr: SocketAddr) -> String {
+        postgres_url("127.0.0.1", addr.port(), None)
     }
 }

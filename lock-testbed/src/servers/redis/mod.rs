@@ -6,16 +6,13 @@ mod sentinel;
 pub use cluster::{RedisClusterOptions, RedisClusterSet};
 pub use sentinel::{RedisSentinelOptions, RedisSentinelSet};
 
-#[cfg(feature = "testcontainers")]
-mod container;
-use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tracing::info;
-
-use super::probe::Probe;
-use super::process::{Instance, Launch, free_port, loopback, require_program};
+use super::probe::redis_ping;
+use super::process::require_program;
+use super::spec::{Command, Probe, ServerSpec, Site};
 use super::{
     DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess, Target, TargetServer,
 };
@@ -24,8 +21,6 @@ use super::{
 /// `redis://127.0.0.1:6379` or `redis://:password@host:port/0`) to use instead of
 /// starting one.
 pub const REDIS_ENV: &str = "LOCK_TEST_REDIS";
-
-const SERVER: &str = "Redis";
 
 /// How to run Redis.
 ///
@@ -95,16 +90,69 @@ impl RedisOptions {
         self
     }
 
-    /// The server's arguments after `--port`, one ACL rule per argument (a single quoted
+    /// Whether the server runs as a Redis Cluster node (`--cluster-enabled` among the
+    /// extra arguments), which takes a second port for the cluster bus.
+    fn cluster_enabled(&self) -> bool {
+        self.extra_args.iter().any(|arg| arg == "--cluster-enabled")
+    }
+}
+
+impl ServerSpec for RedisOptions {
+    const NAME: &'static str = "Redis";
+    const IMAGE_ENV: &'static str = "LOCK_TEST_REDIS_IMAGE";
+    /// The client port (and, for a cluster node, the cluster bus).
+    const CONTAINER_PORTS: &'static [u16] = &[6379];
+
+    fn port_count(&self) -> usize {
+        1 + usize::from(self.cluster_enabled())
+    }
+
+    fn startup_timeout(&self) -> Duration {
+        self.startup_timeout
+    }
+
+    /// `PING` answers `PONG` (after `AUTH` with the default user's password).
+    fn probe(&self) -> Probe {
+        let password = self.password.clone();
+        Probe::new(Duration::from_millis(20), move |addr, timeout| {
+            let password = password.clone();
+            async move { redis_ping(addr, password.as_deref(), timeout).await }
+        })
+    }
+
+    /// `redis-server` without persistence, one ACL rule per argument (a single quoted
     /// string of rules makes the server exit).
-    pub(crate) fn server_args(&self) -> Vec<String> {
-        let mut args = Vec::new();
+    fn command(&self, site: &Site<'_>) -> Result<Command, ServerError> {
+        let program = match site.in_container {
+            true => PathBuf::from("redis-server"),
+            false => require_program("Redis", &self.binary, "redis-server")?,
+        };
+        let port = site.port(0).to_string();
+        let mut argv: Vec<String> = [&program.display().to_string(), "--port", &port, "--bind"]
+            .map(String::from)
+            .to_vec();
+        argv.push(site.bind.to_owned());
+        if site.in_container {
+            argv.extend(["--protected-mode".to_owned(), "no".to_owned()]);
+        }
+        argv.extend(
+            [
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--dir",
+                site.dir,
+            ]
+            .map(String::from),
+        );
         if let Some(password) = &self.password {
-            args.push("--requirepass".to_owned());
-            args.push(password.clone());
+            argv.extend(["--requirepass".to_owned(), password.clone()]);
         }
         if let Some((user, password, pattern)) = &self.acl_user {
-            args.extend([
+            argv.extend([
                 "--user".to_owned(),
                 user.clone(),
                 "on".to_owned(),
@@ -114,8 +162,18 @@ impl RedisOptions {
                 "+@all".to_owned(),
             ]);
         }
-        args.extend(self.extra_args.iter().cloned());
-        args
+        argv.extend(self.extra_args.iter().cloned());
+        if let Some(bus) = site.ports().get(1) {
+            // The cluster bus port would be the port + 10000: maybe taken, and maybe in the
+            // range of outgoing connections' source ports. One of ours instead.
+            argv.extend(["--cluster-port".to_owned(), bus.to_string()]);
+        }
+        Ok(Command::new(argv))
+    }
+
+    /// `redis://[:password@]127.0.0.1:port`.
+    fn client_address(&self, addr: SocketAddr) -> String {
+        redis_url("127.0.0.1", addr.port(), None, self.password.as_deref())
     }
 }
 
@@ -171,54 +229,8 @@ impl RedisServer {
     ///
     /// Fails promptly with [`ServerError::NotInstalled`] when the binary is missing.
     pub async fn start(opts: RedisOptions) -> Result<Self, ServerError> {
-        let program = require_program("Redis", &opts.binary, "redis-server")?;
-        let (process, (), took) = ServerProcess::start(SERVER, "lock-redis-", |dir| {
-            let port = free_port()?;
-            let mut args: Vec<OsString> = [
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--dir",
-            ]
-            .into_iter()
-            .map(OsString::from)
-            .collect();
-            args.push(dir.into());
-            args.extend(opts.server_args().into_iter().map(OsString::from));
-            if opts.extra_args.iter().any(|arg| arg == "--cluster-enabled") {
-                // The cluster bus port would be the port + 10000: maybe taken, and maybe in
-                // the range of outgoing connections' source ports. One of ours instead.
-                args.push("--cluster-port".into());
-                args.push(free_port()?.to_string().into());
-            }
-            let launch = Launch {
-                program: program.clone(),
-                args,
-                cwd: dir.to_path_buf(),
-            };
-            let node = Instance::new(
-                SERVER,
-                launch,
-                dir.join("server.log"),
-                loopback(port),
-                Probe::RedisPing {
-                    password: opts.password.clone(),
-                },
-                opts.startup_timeout,
-            );
-            Ok((node, ()))
-        })
-        .await?;
-        let server = Self { process, opts };
-        info!(port = server.port(), ?took, "Redis started");
-        Ok(server)
+        let (process, _ports) = ServerProcess::start_spec(&opts, None).await?;
+        Ok(Self { process, opts })
     }
 
     /// [`start`](Self::start) for synchronous code (or from inside a runtime, without
@@ -230,12 +242,7 @@ impl RedisServer {
     /// `redis://127.0.0.1:port`, with the default user's password when one is set
     /// (`redis://:password@127.0.0.1:port`).
     pub fn url(&self) -> String {
-        redis_url(
-            "127.0.0.1",
-            self.port(),
-            None,
-            self.opts.password.as_deref(),
-        )
+        self.client_address()
     }
 
     /// The URL without credentials, whatever the options (for testing `NOAUTH`).
@@ -250,11 +257,6 @@ impl RedisServer {
             .as_ref()
             .map(|(user, pw, _)| redis_url("127.0.0.1", self.port(), Some(user), Some(pw)))
     }
-
-    /// The options it was started with.
-    pub fn options(&self) -> &RedisOptions {
-        &self.opts
-    }
 }
 
 impl LocalServer for RedisServer {
@@ -268,7 +270,6 @@ impl LocalServer for RedisServer {
 }
 
 impl TargetServer for RedisServer {
-    const NAME: &'static str = SERVER;
     const ENV: &'static str = REDIS_ENV;
     type Options = RedisOptions;
 
@@ -276,16 +277,8 @@ impl TargetServer for RedisServer {
         Self::start(opts)
     }
 
-    fn client_address(&self) -> String {
-        self.url()
-    }
-
-    #[cfg(feature = "testcontainers")]
-    async fn start_container(
-        opts: RedisOptions,
-    ) -> Result<(String, Box<dyn super::Member>), ServerError> {
-        let container = super::containers::RedisContainer::start(&opts).await?;
-        Ok((container.url(), Box::new(container)))
+    fn options(&self) -> &RedisOptions {
+        &self.opts
     }
 }
 

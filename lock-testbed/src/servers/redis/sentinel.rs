@@ -1,7 +1,6 @@
 //! A Redis primary with replicas under Redis Sentinel, all child processes or all
 //! containers: what production Redis often is, with failovers on demand.
 
-use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,8 +9,9 @@ use tokio::time::Instant;
 use tracing::info;
 
 use super::encode_userinfo;
-use crate::servers::probe::{Probe, redis_query};
-use crate::servers::process::{Instance, Launch, free_port, loopback, require_program};
+use crate::servers::probe::redis_query;
+use crate::servers::process::{free_port, require_program};
+use crate::servers::spec::{Command, Probe, ServerSpec, Site};
 use crate::servers::{
     DEFAULT_STARTUP_TIMEOUT, RedisOptions, RedisServer, RedisTarget, ServerError, ServerMode,
     ServerProcess,
@@ -107,7 +107,7 @@ pub struct RedisSentinelSet {
 enum SentinelNode {
     Process(Box<ServerProcess>),
     #[cfg(feature = "testcontainers")]
-    Container(Box<crate::servers::containers::SentinelContainer>),
+    Container(Box<crate::servers::containers::Container<SentinelSpec>>),
 }
 
 impl SentinelNode {
@@ -133,7 +133,7 @@ async fn start_data_server(
                 crate::servers::containers::RedisContainer::start_on_host(&server, free_port()?)
                     .await?;
             Ok(RedisTarget::in_container(
-                container.url(),
+                container.client_address(),
                 Box::new(container),
             ))
         }
@@ -188,13 +188,15 @@ impl RedisSentinelSet {
             .map(|replica| Ok(address(replica)?.port()))
             .collect::<Result<Vec<u16>, ServerError>>()?;
         let mut sentinels = Vec::with_capacity(opts.sentinels);
-        for index in 0..opts.sentinels {
-            let known = Known {
-                me: index,
-                peers: &peers,
-                replicas: &replicas,
+        for me in 0..opts.sentinels {
+            let spec = SentinelSpec {
+                opts: opts.clone(),
+                primary_port,
+                me,
+                peers: peers.clone(),
+                replicas: replicas.clone(),
             };
-            sentinels.push(start_sentinel(&opts, primary_port, known).await?);
+            sentinels.push(start_sentinel(spec).await?);
         }
         let set = RedisSentinelSet {
             data,
@@ -540,116 +542,106 @@ fn sentinel_id() -> String {
         .collect()
 }
 
-/// What a sentinel is told up front: its own place among `peers` (port and run id each),
-/// and the replicas' ports.
-struct Known<'a> {
+/// One sentinel of a set, monitoring the primary at `primary_port`, told up front its own
+/// place among `peers` (port and run id each) and the replicas' ports; from a configuration
+/// file, which a sentinel rewrites as it learns.
+#[derive(Debug, Clone)]
+pub(crate) struct SentinelSpec {
+    opts: RedisSentinelOptions,
+    primary_port: u16,
     me: usize,
-    peers: &'a [(u16, String)],
-    replicas: &'a [u16],
+    peers: Vec<(u16, String)>,
+    replicas: Vec<u16>,
 }
 
-/// The configuration of one sentinel on `port`, keeping its files in `dir`, monitoring
-/// the primary at `primary_port` and told up front what `known` says.
-fn sentinel_config(
-    opts: &RedisSentinelOptions,
-    port: u16,
-    dir: &str,
-    primary_port: u16,
-    known: &Known<'_>,
-) -> String {
-    let quorum = opts.sentinels / 2 + 1;
-    let service = &opts.service;
-    let (_, id) = &known.peers[known.me];
-    let mut config = format!(
-        "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\nsentinel myid {id}\n\
-         sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}\n\
-         sentinel down-after-milliseconds {service} {down}\n\
-         sentinel failover-timeout {service} 2000\n",
-        down = opts.down_after.as_millis(),
-    );
-    if let Some(password) = &opts.server.password {
-        config.push_str(&format!("sentinel auth-pass {service} {password}\n"));
+impl ServerSpec for SentinelSpec {
+    const NAME: &'static str = SENTINEL;
+    const IMAGE_ENV: &'static str = RedisOptions::IMAGE_ENV;
+    const CONTAINER_PORTS: &'static [u16] = &[26379];
+
+    fn startup_timeout(&self) -> Duration {
+        self.opts.startup_timeout
     }
-    for replica in known.replicas {
-        config.push_str(&format!(
-            "sentinel known-replica {service} 127.0.0.1 {replica}\n"
-        ));
+
+    fn probe(&self) -> Probe {
+        RedisOptions::default().probe()
     }
-    for (index, (peer, peer_id)) in known.peers.iter().enumerate() {
-        if index != known.me {
+
+    fn command(&self, site: &Site<'_>) -> Result<Command, ServerError> {
+        let program = match site.in_container {
+            true => PathBuf::from("redis-server"),
+            false => require_program("Redis", &self.opts.server.binary, "redis-server")?,
+        };
+        let argv = [
+            program.display().to_string(),
+            "sentinel.conf".to_owned(),
+            "--sentinel".to_owned(),
+        ];
+        Ok(Command::new(argv).with_file("sentinel.conf", self.config(site.port(0), site.dir)))
+    }
+
+    fn client_address(&self, addr: SocketAddr) -> String {
+        addr.to_string()
+    }
+}
+
+impl SentinelSpec {
+    /// The configuration of the sentinel on `port`, keeping its files in `dir`.
+    fn config(&self, port: u16, dir: &str) -> String {
+        let opts = &self.opts;
+        let quorum = opts.sentinels / 2 + 1;
+        let service = &opts.service;
+        let id = self.peers.get(self.me).map_or("", |(_, id)| id.as_str());
+        let mut config = format!(
+            "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\nsentinel myid {id}\n\
+             sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}\n\
+             sentinel down-after-milliseconds {service} {down}\n\
+             sentinel failover-timeout {service} 2000\n",
+            primary_port = self.primary_port,
+            down = opts.down_after.as_millis(),
+        );
+        if let Some(password) = &opts.server.password {
+            config.push_str(&format!("sentinel auth-pass {service} {password}\n"));
+        }
+        for replica in &self.replicas {
             config.push_str(&format!(
-                "sentinel known-sentinel {service} 127.0.0.1 {peer} {peer_id}\n"
+                "sentinel known-replica {service} 127.0.0.1 {replica}\n"
             ));
         }
+        for (index, (peer, peer_id)) in self.peers.iter().enumerate() {
+            if index != self.me {
+                config.push_str(&format!(
+                    "sentinel known-sentinel {service} 127.0.0.1 {peer} {peer_id}\n"
+                ));
+            }
+        }
+        config
     }
-    config
-}
 
-/// Starts one sentinel monitoring the primary at `primary_port`, where the options say,
-/// from a configuration file (a sentinel rewrites its file as it learns).
-async fn start_sentinel(
-    opts: &RedisSentinelOptions,
-    primary_port: u16,
-    known: Known<'_>,
-) -> Result<SentinelNode, ServerError> {
-    if opts.servers == ServerMode::Containers {
-        return start_sentinel_container(opts, primary_port, &known).await;
+    /// The port the other sentinels are told this one serves on.
+    fn port(&self) -> u16 {
+        self.peers.get(self.me).map_or(0, |(port, _)| *port)
     }
-    let program = require_program("Redis", &opts.server.binary, "redis-server")?;
-    let first_try = std::sync::atomic::AtomicBool::new(true);
-    let (process, (), _took) = ServerProcess::start(SENTINEL, "lock-sentinel-", |dir| {
-        let port = if first_try.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            known.peers[known.me].0
-        } else {
-            free_port()?
-        };
-        let config = sentinel_config(opts, port, &dir.display().to_string(), primary_port, &known);
-        let file: PathBuf = dir.join("sentinel.conf");
-        std::fs::write(&file, config)?;
-        let launch = Launch {
-            program: program.clone(),
-            args: vec![file.into_os_string(), OsString::from("--sentinel")],
-            cwd: dir.to_path_buf(),
-        };
-        let node = Instance::new(
-            SENTINEL,
-            launch,
-            dir.join("server.log"),
-            loopback(port),
-            Probe::RedisPing { password: None },
-            opts.startup_timeout,
-        );
-        Ok((node, ()))
-    })
-    .await?;
-    Ok(SentinelNode::Process(Box::new(process)))
 }
 
-#[cfg(feature = "testcontainers")]
-async fn start_sentinel_container(
-    opts: &RedisSentinelOptions,
-    primary_port: u16,
-    known: &Known<'_>,
-) -> Result<SentinelNode, ServerError> {
-    let config = |port| sentinel_config(opts, port, "/tmp", primary_port, known);
-    let port = known.peers[known.me].0;
-    let starting = crate::servers::containers::SentinelContainer::start_on_host(
-        config,
-        port,
-        opts.startup_timeout,
-    );
-    let container = starting.await?;
-    Ok(SentinelNode::Container(Box::new(container)))
-}
-
-#[cfg(not(feature = "testcontainers"))]
-async fn start_sentinel_container(
-    _opts: &RedisSentinelOptions,
-    _primary_port: u16,
-    _known: &Known<'_>,
-) -> Result<SentinelNode, ServerError> {
-    Err(ServerError::Unsupported {
-        operation: "starting Redis Sentinel in containers".to_owned(),
-        reason: "lock-testbed was built without its `testcontainers` feature".to_owned(),
-    })
+/// Starts one sentinel where its options say, on its port (another if it turns out taken:
+/// the others then find it the slow way).
+async fn start_sentinel(spec: SentinelSpec) -> Result<SentinelNode, ServerError> {
+    match spec.opts.servers {
+        #[cfg(feature = "testcontainers")]
+        ServerMode::Containers => {
+            let container =
+                crate::servers::containers::Container::start_on_host(&spec, spec.port()).await?;
+            Ok(SentinelNode::Container(Box::new(container)))
+        }
+        #[cfg(not(feature = "testcontainers"))]
+        ServerMode::Containers => Err(ServerError::Unsupported {
+            operation: "starting Redis Sentinel in containers".to_owned(),
+            reason: "lock-testbed was built without its `testcontainers` feature".to_owned(),
+        }),
+        ServerMode::Processes => {
+            let (process, _ports) = ServerProcess::start_spec(&spec, Some(spec.port())).await?;
+            Ok(SentinelNode::Process(Box::new(process)))
+        }
+    }
 }

@@ -1,25 +1,24 @@
 //! A ZooKeeper ensemble: members as processes on 127.0.0.1 or as containers on a network
 //! of their own, and who leads it.
 
-use std::ffi::OsString;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::Duration;
 
-use tracing::{debug, info};
+use tracing::debug;
 
-use super::{FOUR_LETTER_TIMEOUT, MemberPorts, ZkOptions, new_instance, prepare_node};
-use crate::servers::members::{Members, poll_until, refuse_empty};
+use super::{FOUR_LETTER_TIMEOUT, ZkOptions};
+use crate::servers::ServerError;
+use crate::servers::members::{Members, poll_until};
 use crate::servers::probe::four_letter;
-use crate::servers::process::{ScratchDir, free_port, retry_port_clash};
-use crate::servers::{ServerError, ServerMode, ZooKeeper};
 
 /// A ZooKeeper ensemble of `n` members, each with its own ports, data and `myid`: child
 /// processes on 127.0.0.1, or containers on a network of their own (where a member can be
 /// [partitioned](Members::partition)). Members are indexed from 0 (`myid` is index + 1);
 /// the faults on a member are [`Members`]'.
 ///
-/// Dropping it stops every member and removes their directories or their network.
+/// [`start`](Members::start) and [`start_in`](Members::start_in) wait until every member
+/// serves (a leader has been elected and all followers have joined). Dropping it stops
+/// every member and removes their directories or their network.
 ///
 /// ```no_run
 /// use lock_testbed::servers::{ServerMode, ZkEnsemble, ZkOptions};
@@ -31,46 +30,9 @@ use crate::servers::{ServerError, ServerMode, ZooKeeper};
 /// ensemble.heal(leader).await?;
 /// # Ok(()) }
 /// ```
-pub type ZkEnsemble = Members<ZooKeeper>;
+pub type ZkEnsemble = Members<ZkOptions>;
 
-impl Members<ZooKeeper> {
-    /// Starts `n` members (3 is the usual size) as processes and waits until every one
-    /// serves (a leader has been elected and all followers have joined), bounded by
-    /// [`ZkOptions::startup_timeout`] for the whole ensemble.
-    pub async fn start(n: usize, opts: ZkOptions) -> Result<Self, ServerError> {
-        Self::start_in(ServerMode::Processes, n, opts).await
-    }
-
-    /// [`start`](Self::start)s the members where `mode` says: in containers (feature
-    /// `testcontainers`), `opts.config` gets `quorumListenOnAllIPs=true`, as a member's
-    /// address on the ensemble's network may change when it is healed.
-    pub async fn start_in(
-        mode: ServerMode,
-        n: usize,
-        opts: ZkOptions,
-    ) -> Result<Self, ServerError> {
-        refuse_empty(n, "ZooKeeper ensemble")?;
-        let members = match mode {
-            #[cfg(not(feature = "testcontainers"))]
-            ServerMode::Containers => {
-                return Err(crate::servers::members::no_containers(
-                    "a ZooKeeper ensemble",
-                ));
-            }
-            #[cfg(feature = "testcontainers")]
-            ServerMode::Containers => super::container::start_ensemble(n, opts).await?,
-            _ => {
-                let (java, classpath) = opts.resolve()?;
-                retry_port_clash("ZooKeeper ensemble", || {
-                    start_processes(n, &opts, &java, &classpath)
-                })
-                .await?
-            }
-        };
-        info!(n, connect = %members.connect_string(), "ZooKeeper ensemble serves");
-        Ok(members)
-    }
-
+impl Members<ZkOptions> {
     /// All members: `127.0.0.1:p1,127.0.0.1:p2,...`.
     pub fn connect_string(&self) -> String {
         let addresses = self.addresses().into_iter().map(|a| a.to_string());
@@ -117,45 +79,6 @@ impl Members<ZooKeeper> {
         )
         .await
     }
-}
-
-/// One attempt at `n` member processes; on failure also says whether a member reported a
-/// port clash.
-async fn start_processes(
-    n: usize,
-    opts: &ZkOptions,
-    java: &Path,
-    classpath: &OsString,
-) -> Result<Members<ZooKeeper>, (ServerError, bool)> {
-    let no_clash = |err: ServerError| (err, false);
-    let dir = ScratchDir::new("lock-zk-ensemble-").map_err(no_clash)?;
-    let mut ports = Vec::with_capacity(n);
-    for _ in 0..n {
-        ports.push(MemberPorts {
-            client: free_port().map_err(no_clash)?,
-            quorum: free_port().map_err(no_clash)?,
-            election: free_port().map_err(no_clash)?,
-        });
-    }
-    let mut nodes = Vec::with_capacity(n);
-    for (i, member) in ports.iter().enumerate() {
-        let node_dir = dir.path().join(format!("node{}", i + 1));
-        std::fs::create_dir_all(&node_dir).map_err(|e| no_clash(e.into()))?;
-        let launch = prepare_node(
-            opts,
-            java,
-            classpath,
-            &node_dir,
-            Some(i + 1),
-            member.client,
-            None,
-            &ports,
-        )
-        .map_err(no_clash)?;
-        let name = format!("ZooKeeper ensemble member {i}");
-        nodes.push(new_instance(name, launch, &node_dir, member.client, opts));
-    }
-    Members::spawn_all(nodes, dir, opts.startup_timeout).await
 }
 
 /// Every member's `srvr` mode, asking all at once (1 s bound each).

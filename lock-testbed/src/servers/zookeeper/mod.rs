@@ -1,20 +1,17 @@
 //! ZooKeeper 3.8 from the Debian package, standalone or as an ensemble on one host.
 
-#[cfg(feature = "testcontainers")]
-mod container;
 mod ensemble;
 
 pub use ensemble::ZkEnsemble;
 
-use std::ffi::OsString;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use tracing::info;
-
-use super::probe::{Probe, four_letter};
-use super::process::{Instance, Launch, free_port, loopback, require_program};
+use super::probe::four_letter;
+use super::process::{loopback, require_program};
+use super::spec::{Command, Probe, ServerSpec, Site};
 use super::{
     DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess, Target, TargetServer,
 };
@@ -23,9 +20,10 @@ use super::{
 /// `127.0.0.1:2181` or `h1:2181,h2:2181`) to use instead of starting one.
 pub const ZK_ENV: &str = "LOCK_TEST_ZK";
 
-const SERVER: &str = "ZooKeeper";
-pub(crate) const MAIN_CLASS: &str = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
+const MAIN_CLASS: &str = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
 const DEFAULT_JAR: &str = "/usr/share/java/zookeeper.jar";
+/// ZooKeeper's class path in an image laid out as Debian's packages.
+const CONTAINER_CLASSPATH: &str = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar";
 const DEFAULT_LOGGING_JAR: &str = "/usr/share/java/slf4j-simple.jar";
 /// Netty's codecs, which the TLS handler needs and Debian's `zookeeper.jar` manifest leaves
 /// out of its class path.
@@ -143,7 +141,7 @@ impl ZkOptions {
     }
 
     /// Checks the installation; returns the `java` path and the class path.
-    fn resolve(&self) -> Result<(PathBuf, OsString), ServerError> {
+    fn resolve(&self) -> Result<(String, String), ServerError> {
         if !self.jar.is_file() {
             return Err(ServerError::NotInstalled {
                 package: "zookeeper".to_owned(),
@@ -155,16 +153,14 @@ impl ZkOptions {
             &self.java,
             "default-jre-headless",
         )?;
-        let mut classpath = OsString::from(&self.jar);
+        let mut classpath = self.jar.display().to_string();
         if let Some(logging) = self.logging_jar.as_ref().filter(|p| p.is_file()) {
-            classpath.push(":");
-            classpath.push(logging);
+            classpath.push_str(&format!(":{}", logging.display()));
         }
         if self.tls.is_some() {
-            classpath.push(":");
-            classpath.push(NETTY_CODEC_JAR);
+            classpath.push_str(&format!(":{NETTY_CODEC_JAR}"));
         }
-        Ok((java, classpath))
+        Ok((java.display().to_string(), classpath))
     }
 
     fn tick_ms(&self) -> u128 {
@@ -172,19 +168,11 @@ impl ZkOptions {
     }
 }
 
-/// Ports of one ensemble member: (client, quorum, election).
-#[derive(Debug, Clone, Copy)]
-struct MemberPorts {
-    client: u16,
-    quorum: u16,
-    election: u16,
-}
-
 /// The text of a `zoo.cfg`: the defaults, `server.N=` lines for an ensemble's `servers`
 /// (`host:quorum:election`, N counting from 1), then `opts.config`.
-pub(crate) fn zoo_cfg(
+fn zoo_cfg(
     opts: &ZkOptions,
-    data_dir: &Path,
+    data_dir: &str,
     client_port: u16,
     client_address: &str,
     servers: &[String],
@@ -193,7 +181,7 @@ pub(crate) fn zoo_cfg(
     let _ = writeln!(cfg, "tickTime={}", opts.tick_ms());
     let _ = writeln!(cfg, "initLimit=10");
     let _ = writeln!(cfg, "syncLimit=5");
-    let _ = writeln!(cfg, "dataDir={}", data_dir.display());
+    let _ = writeln!(cfg, "dataDir={data_dir}");
     let _ = writeln!(cfg, "clientPort={client_port}");
     let _ = writeln!(cfg, "clientPortAddress={client_address}");
     let _ = writeln!(cfg, "maxClientCnxns=0");
@@ -212,84 +200,123 @@ pub(crate) fn zoo_cfg(
     cfg
 }
 
-/// Writes `dir/zoo.cfg` (and `dir/data/myid` for an ensemble member, `dir/server.pem` for
-/// TLS on `secure_port`); returns the launch description.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "one call per runner, each naming its own"
-)]
-fn prepare_node(
-    opts: &ZkOptions,
-    java: &Path,
-    classpath: &OsString,
-    dir: &Path,
-    myid: Option<usize>,
-    client_port: u16,
-    secure_port: Option<u16>,
-    members: &[MemberPorts],
-) -> Result<Launch, ServerError> {
-    let data = dir.join("data");
-    std::fs::create_dir_all(&data)?;
-    if let Some(id) = myid {
-        std::fs::write(data.join("myid"), format!("{id}\n"))?;
+impl ServerSpec for ZkOptions {
+    const NAME: &'static str = "ZooKeeper";
+    const IMAGE_ENV: &'static str = "LOCK_TEST_ZK_IMAGE";
+    /// Client, quorum, election (and, with [`tls`](ZkOptions::tls), the secure client port).
+    const CONTAINER_PORTS: &'static [u16] = &[2181, 2888, 3888];
+
+    fn port_count(&self) -> usize {
+        3 + usize::from(self.tls.is_some())
     }
-    let servers: Vec<String> = members
-        .iter()
-        .map(|m| format!("127.0.0.1:{}:{}", m.quorum, m.election))
-        .collect();
-    let mut cfg = zoo_cfg(opts, &data, client_port, "127.0.0.1", &servers);
-    if let (Some(tls), Some(port)) = (&opts.tls, secure_port) {
-        cfg.push_str(&tls_cfg(tls, dir, port)?);
+
+    fn startup_timeout(&self) -> Duration {
+        self.startup_timeout
     }
-    let cfg_path = dir.join("zoo.cfg");
-    std::fs::write(&cfg_path, cfg)?;
-    let mut args: Vec<OsString> = opts.jvm_args.iter().map(OsString::from).collect();
-    args.push("-cp".into());
-    args.push(classpath.clone());
-    args.push(MAIN_CLASS.into());
-    args.push(cfg_path.into());
-    Ok(Launch {
-        program: java.to_path_buf(),
-        args,
-        cwd: dir.to_path_buf(),
-    })
+
+    /// `srvr` reports a `Mode:` (it serves requests, under a leader if in an ensemble).
+    fn probe(&self) -> Probe {
+        Probe::new(Duration::from_millis(100), |addr, timeout| async move {
+            let answer = four_letter(&addr.to_string(), "srvr", timeout).await?;
+            match answer.contains("Mode:") {
+                true => Ok(()),
+                false => {
+                    Err(std::io::Error::other(format!("srvr answered {:?}", answer.trim())).into())
+                }
+            }
+        })
+    }
+
+    /// `java … QuorumPeerMain zoo.cfg`, with `data/myid` for a member of an ensemble and
+    /// the key and trust stores for TLS.
+    fn command(&self, site: &Site<'_>) -> Result<Command, ServerError> {
+        let (java, classpath) = match site.in_container {
+            true if self.tls.is_some() => {
+                return Err(ServerError::Unsupported {
+                    operation: "TLS".to_owned(),
+                    reason: "a ZooKeeper container serves plain connections only; start a \
+                             ZkServer process for TLS"
+                        .to_owned(),
+                });
+            }
+            true => ("java".to_owned(), CONTAINER_CLASSPATH.to_owned()),
+            false => self.resolve()?,
+        };
+        let servers: Vec<String> = match site.in_set() {
+            true => site
+                .members
+                .iter()
+                .map(|peer| {
+                    let port = |nth: usize| peer.ports.get(nth).copied().unwrap_or(0);
+                    format!("{}:{}:{}", peer.host, port(1), port(2))
+                })
+                .collect(),
+            false => Vec::new(),
+        };
+        let data = format!("{}/data", site.dir);
+        let mut cfg = zoo_cfg(self, &data, site.port(0), site.bind, &servers);
+        let mut command = Command::default();
+        if site.in_container && site.in_set() {
+            // A member's address on the ensemble's network may change when it is healed.
+            cfg.push_str("quorumListenOnAllIPs=true\n");
+        }
+        if site.in_set() {
+            command = command.with_file("data/myid", format!("{}\n", site.index + 1));
+        }
+        if let (Some(tls), Some(port)) = (&self.tls, site.ports().get(3)) {
+            let (lines, stores) = tls_cfg(tls, site.dir, *port)?;
+            cfg.push_str(&lines);
+            command.files.extend(stores);
+        }
+        command.argv = [java]
+            .into_iter()
+            .chain(self.jvm_args.iter().cloned())
+            .collect();
+        command.argv.extend([
+            "-cp".to_owned(),
+            classpath,
+            MAIN_CLASS.to_owned(),
+            "zoo.cfg".to_owned(),
+        ]);
+        Ok(command.with_file("zoo.cfg", cfg))
+    }
+
+    /// `127.0.0.1:port`.
+    fn client_address(&self, addr: SocketAddr) -> String {
+        addr.to_string()
+    }
 }
 
-/// The `zoo.cfg` lines of a secure client port on `port`; writes the PEM key store that
-/// ZooKeeper reads (the key, then the certificate, in one file) to `dir/server.pem`, and
-/// copies the authority to `dir/ca.crt` (the trust store), so that the server needs nothing
-/// outside its directory.
-fn tls_cfg(tls: &ZkTls, dir: &Path, port: u16) -> Result<String, ServerError> {
-    let key_store = dir.join("server.pem");
-    let mut pem = std::fs::read(tls.certs.join("server.key"))?;
-    pem.extend(std::fs::read(tls.certs.join("server.crt"))?);
-    std::fs::write(&key_store, pem)?;
-    let trust_store = dir.join("ca.crt");
-    std::fs::copy(tls.certs.join("ca.crt"), &trust_store)?;
+/// The `zoo.cfg` lines of a secure client port on `port`, and the files they name: the PEM
+/// key store that ZooKeeper reads (the key, then the certificate, in one file),
+/// `server.pem`, and the authority, `ca.crt` (the trust store), so that the server needs
+/// nothing outside its directory `dir`.
+fn tls_cfg(
+    tls: &ZkTls,
+    dir: &str,
+    port: u16,
+) -> Result<(String, Vec<(String, String)>), ServerError> {
+    let read = |file: &str| std::fs::read_to_string(tls.certs.join(file));
+    let stores = vec![
+        (
+            "server.pem".to_owned(),
+            read("server.key")? + &read("server.crt")?,
+        ),
+        ("ca.crt".to_owned(), read("ca.crt")?),
+    ];
+    let (key_store, trust_store) = (format!("{dir}/server.pem"), format!("{dir}/ca.crt"));
     let client_auth = if tls.client_auth { "need" } else { "none" };
-    Ok(format!(
+    let lines = format!(
         "secureClientPort={port}\n\
          secureClientPortAddress=127.0.0.1\n\
          serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
-         ssl.keyStore.location={}\n\
+         ssl.keyStore.location={key_store}\n\
          ssl.keyStore.type=PEM\n\
-         ssl.trustStore.location={}\n\
+         ssl.trustStore.location={trust_store}\n\
          ssl.trustStore.type=PEM\n\
-         ssl.clientAuth={client_auth}\n",
-        key_store.display(),
-        trust_store.display()
-    ))
-}
-
-fn new_instance(name: String, launch: Launch, dir: &Path, port: u16, opts: &ZkOptions) -> Instance {
-    Instance::new(
-        name,
-        launch,
-        dir.join("server.log"),
-        loopback(port),
-        Probe::ZkServing,
-        opts.startup_timeout,
-    )
+         ssl.clientAuth={client_auth}\n"
+    );
+    Ok((lines, stores))
 }
 
 /// A standalone ZooKeeper server running as a child process on 127.0.0.1.
@@ -313,24 +340,13 @@ impl ZkServer {
     ///
     /// Fails promptly with [`ServerError::NotInstalled`] when the jar or `java` is missing.
     pub async fn start(opts: ZkOptions) -> Result<Self, ServerError> {
-        let (java, classpath) = opts.resolve()?;
-        let (process, secure_port, took) = ServerProcess::start(SERVER, "lock-zk-", |dir| {
-            let port = free_port()?;
-            let secure_port = opts.tls.as_ref().map(|_| free_port()).transpose()?;
-            let launch = prepare_node(&opts, &java, &classpath, dir, None, port, secure_port, &[])?;
-            Ok((
-                new_instance(SERVER.to_owned(), launch, dir, port, &opts),
-                secure_port,
-            ))
-        })
-        .await?;
-        let server = Self {
+        let (process, ports) = ServerProcess::start_spec(&opts, None).await?;
+        let secure_port = ports.get(3).copied();
+        Ok(Self {
             process,
             opts,
             secure_port,
-        };
-        info!(port = server.port(), ?took, dir = %server.dir().display(), "ZooKeeper standalone started");
-        Ok(server)
+        })
     }
 
     /// [`start`](Self::start) for synchronous code (or from inside a runtime, without
@@ -356,11 +372,6 @@ impl ZkServer {
     /// the server.
     pub fn trusted_authority(&self) -> Option<PathBuf> {
         self.secure_port.map(|_| self.dir().join("ca.crt"))
-    }
-
-    /// The options it was started with.
-    pub fn options(&self) -> &ZkOptions {
-        &self.opts
     }
 
     /// Sends a four-letter word (`ruok`, `srvr`, `mntr`, ...) and returns the whole answer.
@@ -392,7 +403,6 @@ impl LocalServer for ZkServer {
 }
 
 impl TargetServer for ZkServer {
-    const NAME: &'static str = SERVER;
     const ENV: &'static str = ZK_ENV;
     type Options = ZkOptions;
 
@@ -400,16 +410,16 @@ impl TargetServer for ZkServer {
         Self::start(opts)
     }
 
-    fn client_address(&self) -> String {
-        self.connect_string()
+    fn options(&self) -> &ZkOptions {
+        &self.opts
     }
+}
 
-    #[cfg(feature = "testcontainers")]
-    async fn start_container(
-        opts: ZkOptions,
-    ) -> Result<(String, Box<dyn super::Member>), ServerError> {
-        let container = super::containers::ZkContainer::start(&opts).await?;
-        Ok((container.connect_string(), Box::new(container)))
+#[cfg(feature = "testcontainers")]
+impl super::containers::ZkContainer {
+    /// Sends a four-letter word (bounded by 5 s).
+    pub async fn four_letter(&self, word: &str) -> Result<String, ServerError> {
+        four_letter(&self.client_address(), word, FOUR_LETTER_TIMEOUT).await
     }
 }
 
