@@ -268,9 +268,9 @@ async fn a_sentinel_run_reports_the_redis_strategies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_v3lock_run_leaves_the_etcd_it_was_given_working() {
     use etcd_client::{Client, LockOptions};
-    use lock_testbed::servers::EtcdServer;
+    use lock_testbed::servers::{EtcdOptions, EtcdServer};
 
-    let server = EtcdServer::start().await.unwrap();
+    let server = EtcdServer::start(EtcdOptions::default()).await.unwrap();
     let endpoint = server.endpoint();
     let runs = tokio::task::spawn_blocking(move || {
         let dir = tempfile::tempdir().unwrap();

@@ -21,11 +21,10 @@ async fn etcds_urls_lock_over_tls() {
     certs::authority(dir.path(), "stranger").unwrap();
     certs::server_certificate(dir.path(), "ca").unwrap();
     let file = |name: &str| dir.path().join(name).display().to_string();
-    let server = EtcdServer::start_with(
-        EtcdOptions::default().with_tls(file("server.crt"), file("server.key")),
-    )
-    .await
-    .unwrap();
+    let server =
+        EtcdServer::start(EtcdOptions::default().with_tls(file("server.crt"), file("server.key")))
+            .await
+            .unwrap();
     let endpoint = server.tls_endpoint().expect("a TLS endpoint");
     let address = endpoint.trim_start_matches("https://");
     let url = |ca: &str| {

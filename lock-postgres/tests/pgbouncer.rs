@@ -16,13 +16,13 @@ use common::{PgHarness, advisory_locks, hand_over, server_address};
 use lock_conformance::unique_name;
 use lock_core::{LockError, LockProvider};
 use lock_postgres::{PostgresConfig, PostgresLockProvider, PostgresStrategy, TransactionLock};
-use lock_testbed::servers::{PgBouncer, PoolMode};
+use lock_testbed::servers::{PgBouncer, PgBouncerSpec, PoolMode};
 use tokio_postgres::NoTls;
 
 /// PgBouncer in `mode` in front of the binary's server.
 async fn bouncer(mode: PoolMode) -> (PgHarness, PgBouncer) {
     let h = PgHarness::new(PostgresStrategy::Advisory).await;
-    let bouncer = PgBouncer::start(server_address(h.url()), mode)
+    let bouncer = PgBouncer::in_front_of(server_address(h.url()), mode)
         .await
         .expect("PgBouncer starts (Debian's pgbouncer package)");
     (h, bouncer)
@@ -67,10 +67,13 @@ async fn round_robin_transaction_pooling_is_refused() {
     let h = PgHarness::new(PostgresStrategy::Advisory).await;
     for open in [2, 3] {
         let settings = [("server_round_robin", "1")];
-        let bouncer =
-            PgBouncer::start_with(server_address(h.url()), PoolMode::Transaction, &settings)
-                .await
-                .expect("PgBouncer starts (Debian's pgbouncer package)");
+        let bouncer = PgBouncer::start(PgBouncerSpec::new(
+            server_address(h.url()),
+            PoolMode::Transaction,
+            &settings,
+        ))
+        .await
+        .expect("PgBouncer starts (Debian's pgbouncer package)");
         // `open` transactions at once make `open` server connections, idle afterwards.
         let mut clients = Vec::new();
         for _ in 0..open {

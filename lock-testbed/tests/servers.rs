@@ -562,7 +562,7 @@ async fn redis_cluster_migrates_a_slot_and_fails_over() {
 #[tokio::test]
 async fn etcd_starts_serves_and_stops() {
     let began = Instant::now();
-    let etcd = EtcdServer::start().await.unwrap();
+    let etcd = EtcdServer::start(EtcdOptions::default()).await.unwrap();
     eprintln!("startup: etcd ready in {:?}", began.elapsed());
     assert_eq!(etcd.endpoint(), format!("http://127.0.0.1:{}", etcd.port()));
     let health = http_get(etcd.port(), "/health");
@@ -610,7 +610,7 @@ async fn missing_binaries_are_reported_promptly() {
             .unwrap_err();
     assert!(err.to_string().contains("in PATH"), "{err}");
 
-    let err = EtcdServer::start_with(EtcdOptions::default().with_binary("/nonexistent/etcd"))
+    let err = EtcdServer::start(EtcdOptions::default().with_binary("/nonexistent/etcd"))
         .await
         .unwrap_err();
     assert_eq!(not_installed(&err).0, "etcd-server");

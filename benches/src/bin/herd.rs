@@ -16,7 +16,7 @@ use distlock_benches::scenario::{self, Release, RunOptions};
 use distlock_benches::strategy::{Backend, Servers, Strategy};
 use distlock_benches::{Measurement, ScaleMeasurement, report, scale};
 use lock_testbed::servers::{
-    EtcdServer, PostgresOptions, PostgresServer, RedisClusterOptions, RedisClusterSet,
+    EtcdOptions, EtcdServer, PostgresOptions, PostgresServer, RedisClusterOptions, RedisClusterSet,
     RedisOptions, RedisServer, ZkEnsemble, ZkOptions, ZkServer,
 };
 
@@ -196,7 +196,7 @@ async fn servers(args: &Args) -> Result<Started, String> {
         Some(endpoint) => Some(endpoint.clone()),
         None if wants(Backend::Etcd) => {
             eprintln!("starting etcd ...");
-            let server = EtcdServer::start()
+            let server = EtcdServer::start(EtcdOptions::default())
                 .await
                 .map_err(|e| format!("starting etcd: {e}"))?;
             let endpoint = server.endpoint();

@@ -1,27 +1,23 @@
-//! What every server started here has: one process and one temporary directory, and the
-//! methods over them ([`LocalServer`]).
+//! A server of one kind started here as a child process ([`Server`]): one process and one
+//! temporary directory, and the methods over them ([`LocalServer`]).
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::sys::signal::Signal;
 use tracing::info;
 
 use super::ServerError;
-use super::process::{Instance, Launch, ScratchDir, free_port, loopback, retry_port_clash};
-use super::spec::{Command, Peer, ServerSpec, Site, slug};
+use super::member::Member;
+use super::process::{Instance, ScratchDir, free_ports, retry_port_clash, spec_instance};
+use super::spec::{Peer, ServerSpec, slug};
 
-/// The process and the temporary directory of a server started here (a [`ZkServer`],
-/// [`RedisServer`] or [`EtcdServer`]); [`LocalServer`] works on it.
+/// The process and the temporary directory of a server started here; [`LocalServer`]
+/// works on it.
 ///
-/// Dropping it kills the process (`SIGKILL` to its process group), reaps it, and then
-/// removes the directory.
-///
-/// [`ZkServer`]: super::ZkServer
-/// [`RedisServer`]: super::RedisServer
-/// [`EtcdServer`]: super::EtcdServer
+/// Dropping it kills the process (`SIGKILL` to its process group, and to the sessions the
+/// server started), reaps it, and then removes the directory.
 #[derive(Debug)]
 pub struct ServerProcess {
     // Declared (so dropped) before `dir`: the process goes before its directory.
@@ -29,136 +25,115 @@ pub struct ServerProcess {
     dir: ScratchDir,
 }
 
-impl ServerProcess {
-    /// Starts a server in a fresh temporary directory (named `prefix…`) and waits until it
-    /// serves. `prepare` picks the ports and builds the instance for the directory, plus
-    /// anything the caller wants back (extra ports, say). When the server finds a port
-    /// taken, the start is retried with a new directory and new ports, a bounded number of
-    /// times. Returns the process, `prepare`'s extra and how long the start took.
-    pub(crate) async fn start<T>(
-        server: &str,
-        prefix: &str,
-        prepare: impl Fn(&Path) -> Result<(Instance, T), ServerError>,
-    ) -> Result<(Self, T, Duration), ServerError> {
-        let prepare = &prepare;
-        retry_port_clash(server, || async move {
-            let dir = ScratchDir::new(prefix).map_err(|err| (err, false))?;
-            let (mut node, extra) = prepare(dir.path()).map_err(|err| (err, false))?;
+/// A server of the kind `S` started here as a child process on 127.0.0.1, on free ports,
+/// in a temporary directory of its own: a [`ZkServer`](super::ZkServer),
+/// [`RedisServer`](super::RedisServer), [`EtcdServer`](super::EtcdServer) or
+/// [`PostgresServer`](super::PostgresServer).
+///
+/// Its address, pid, directory and log, and fault injection (pause, resume, kill, restart)
+/// come from [`LocalServer`]; a [`restart`](LocalServer::restart) keeps the ports and the
+/// directory.
+///
+/// Dropping it kills the server, reaps it and removes its directory.
+#[derive(Debug)]
+pub struct Server<S> {
+    process: ServerProcess,
+    spec: S,
+    /// In the order of [`ServerSpec::CONTAINER_PORTS`], the client port first.
+    ports: Vec<u16>,
+}
+
+impl<S: ServerSpec> Server<S> {
+    /// Starts one with `spec` and waits (bounded by its start-up timeout) until it serves.
+    ///
+    /// Fails promptly with [`ServerError::NotInstalled`] when a program it needs is
+    /// missing.
+    pub async fn start(spec: S) -> Result<Self, ServerError> {
+        Self::start_on(spec, None).await
+    }
+
+    /// [`start`](Self::start) for synchronous code (or from inside a runtime, without
+    /// blocking it on a nested runtime): runs on a fresh runtime in a scoped thread.
+    pub fn start_blocking(spec: S) -> Result<Self, ServerError> {
+        super::process::block_on(Self::start(spec)).and_then(|r| r)
+    }
+
+    /// [`start`](Self::start), on the client port `client_port` if given (until it turns
+    /// out taken: then on a free one). When the server finds a port taken, it is started
+    /// again in a new directory on new ports, a bounded number of times.
+    pub(crate) async fn start_on(spec: S, client_port: Option<u16>) -> Result<Self, ServerError> {
+        let prefix = format!("lock-{}-", slug::<S>());
+        let first_try = AtomicBool::new(true);
+        let (spec_ref, prefix, first_try) = (&spec, prefix.as_str(), &first_try);
+        let (process, ports, took) = retry_port_clash(S::NAME, || async move {
+            let no_clash = |err: ServerError| (err, false);
+            let dir = ScratchDir::new(prefix).map_err(no_clash)?;
+            let mut ports = free_ports(spec_ref.port_count()).map_err(no_clash)?;
+            let first = client_port.filter(|_| first_try.swap(false, Ordering::SeqCst));
+            if let (Some(port), Some(slot)) = (first, ports.first_mut()) {
+                *slot = port;
+            }
+            let members = [Peer::new("127.0.0.1", ports.clone())];
+            let mut node = spec_instance(spec_ref, S::NAME.to_owned(), dir.path(), 0, &members)
+                .map_err(no_clash)?;
             match node.start().await {
-                Ok(took) => Ok((Self { node, dir }, extra, took)),
+                Ok(took) => Ok((ServerProcess { node, dir }, ports, took)),
                 Err(err) => {
                     let clash = node.port_clash(&err);
                     Err((err, clash))
                 }
             }
         })
-        .await
-    }
-
-    /// Starts a server of the kind `spec` on free loopback ports (see
-    /// [`ServerSpec::port_count`]; the client port `client_port` first, if given, until it
-    /// turns out taken) in a fresh temporary directory, and waits until it serves; returns
-    /// it and its ports, the client port first.
-    pub(crate) async fn start_spec<S: ServerSpec>(
-        spec: &S,
-        client_port: Option<u16>,
-    ) -> Result<(Self, Vec<u16>), ServerError> {
-        let prefix = format!("lock-{}-", slug::<S>());
-        let first_try = std::sync::atomic::AtomicBool::new(true);
-        let (process, ports, took) = Self::start(S::NAME, &prefix, |dir| {
-            let mut ports = free_ports(spec.port_count())?;
-            if let Some(port) = client_port.filter(|_| first_try.swap(false, Ordering::SeqCst)) {
-                ports[0] = port;
-            }
-            let members = [Peer::new("127.0.0.1", ports.clone())];
-            Ok((
-                spec_instance(spec, S::NAME.to_owned(), dir, 0, &members)?,
-                ports,
-            ))
-        })
         .await?;
         info!(server = S::NAME, ?ports, ?took, dir = %process.dir.path().display(), "started");
-        Ok((process, ports))
+        Ok(Self {
+            process,
+            spec,
+            ports,
+        })
     }
 
-    /// The client socket address.
-    pub(crate) fn node_addr(&self) -> SocketAddr {
-        self.node.addr()
+    /// The options it was started with.
+    pub fn options(&self) -> &S {
+        &self.spec
     }
 
-    /// Sends `signal` to the server's process group (see [`LocalServer::pause`]).
-    pub(crate) fn node_signal(&self, signal: Signal) -> Result<(), ServerError> {
-        self.node.signal(signal)
+    /// Its ports, in the order of [`ServerSpec::CONTAINER_PORTS`] (the client port first).
+    pub fn ports(&self) -> &[u16] {
+        &self.ports
     }
 
-    /// Kills the server's process group and reaps it (see [`LocalServer::kill`]).
-    pub(crate) fn node_kill(&mut self) {
-        self.node.kill();
-    }
-
-    /// Kills the server if running and starts it again (see [`LocalServer::restart`]).
-    pub(crate) fn node_restart(
-        &mut self,
-    ) -> impl Future<Output = Result<(), ServerError>> + Send + '_ {
-        self.node.restart()
+    /// What its clients are given (see [`ServerSpec::client_address`]).
+    pub fn client_address(&self) -> String {
+        self.spec.client_address(self.socket_addr())
     }
 }
 
-/// `n` free loopback ports.
-pub(crate) fn free_ports(n: usize) -> Result<Vec<u16>, ServerError> {
-    (0..n).map(|_| free_port()).collect()
-}
-
-/// Member `index` of `members` as a process of the kind `spec` in `dir` (which exists),
-/// called `server` in messages: its files written, ready to spawn.
-pub(crate) fn spec_instance<S: ServerSpec>(
-    spec: &S,
-    server: String,
-    dir: &Path,
-    index: usize,
-    members: &[Peer],
-) -> Result<Instance, ServerError> {
-    let dir_text = dir.display().to_string();
-    let site = Site {
-        index,
-        bind: "127.0.0.1",
-        dir: &dir_text,
-        members,
-        in_container: false,
-    };
-    let Command { argv, files } = spec.command(&site)?;
-    for (path, text) in files {
-        let path = dir.join(path);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(path, text)?;
+impl<S> LocalServer for Server<S> {
+    fn process(&self) -> &ServerProcess {
+        &self.process
     }
-    let mut argv = argv.into_iter();
-    let launch = Launch {
-        program: argv.next().unwrap_or_default().into(),
-        args: argv.map(Into::into).collect(),
-        cwd: dir.to_path_buf(),
-    };
-    let addr = loopback(site.port(0));
-    let log = dir.join("server.log");
-    Ok(Instance::new(
-        server,
-        launch,
-        log,
-        addr,
-        spec.probe(),
-        spec.startup_timeout(),
-    ))
+
+    fn process_mut(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
 }
 
-/// A server started here as a child process on 127.0.0.1: [`ZkServer`], [`RedisServer`] or
-/// [`EtcdServer`]. Its address, pid, directory and log, and fault injection (pause, resume,
-/// kill, restart), all provided over its [`ServerProcess`].
-///
-/// [`ZkServer`]: super::ZkServer
-/// [`RedisServer`]: super::RedisServer
-/// [`EtcdServer`]: super::EtcdServer
+impl ServerProcess {
+    /// The process, as a [`Member`] of a set or a [`Target`](super::Target).
+    pub(crate) fn member(&self) -> &dyn Member {
+        &self.node
+    }
+
+    /// [`member`](Self::member), mutably.
+    pub(crate) fn member_mut(&mut self) -> &mut dyn Member {
+        &mut self.node
+    }
+}
+
+/// A server started here as a child process on 127.0.0.1 (a [`Server`]): its address, pid,
+/// directory and log, and fault injection (pause, resume, kill, restart), all provided
+/// over its [`ServerProcess`].
 pub trait LocalServer {
     /// The server's process and directory.
     fn process(&self) -> &ServerProcess;
@@ -203,8 +178,9 @@ pub trait LocalServer {
         self.process().node.condition()
     }
 
-    /// Freezes the server (`SIGSTOP` to its process group): connections stay open, nothing
-    /// is answered, sessions and leases age. Undo with [`resume`](Self::resume).
+    /// Freezes the server (`SIGSTOP` to its process group, and to the sessions it started,
+    /// such as PostgreSQL's server processes): connections stay open, nothing is answered,
+    /// sessions and leases age. Undo with [`resume`](Self::resume).
     ///
     /// Returns once every thread of the server is stopped (bounded by 2 s): the signal
     /// alone takes effect asynchronously, and a busy machine can leave a thread running long
@@ -218,8 +194,9 @@ pub trait LocalServer {
         self.process().node.signal(Signal::SIGCONT)
     }
 
-    /// Kills the server (`SIGKILL` to its process group) and reaps it. Its ports and
-    /// directory are kept for [`restart`](Self::restart). No-op when already killed.
+    /// Kills the server (`SIGKILL` to the sessions it started, then to its process group)
+    /// and reaps it. Its ports and directory are kept for [`restart`](Self::restart).
+    /// No-op when already killed.
     fn kill(&mut self) {
         self.process_mut().node.kill();
     }

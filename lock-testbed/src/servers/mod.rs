@@ -22,9 +22,10 @@
 //! [`RedisClusterSet`] runs a Redis Cluster (primaries with replicas, made with
 //! `redis-cli --cluster create`), and migrates a slot or promotes a replica on demand.
 //!
-//! [`ZkServer`], [`RedisServer`] and [`EtcdServer`] share their address, pid, directory and
-//! log accessors and their fault injection (pause, resume, kill, restart) through the
-//! [`LocalServer`] trait; bring it into scope to call them.
+//! [`ZkServer`], [`RedisServer`], [`EtcdServer`] and [`PostgresServer`] are one
+//! [`Server`] of different kinds; their address, pid, directory and log accessors and
+//! their fault injection (pause, resume, kill, restart) come from the [`LocalServer`]
+//! trait; bring it into scope to call them.
 //!
 //! Environment overrides: [`ZK_ENV`] (`LOCK_TEST_ZK`, a ZooKeeper connect string) and
 //! [`REDIS_ENV`] (`LOCK_TEST_REDIS`, a Redis URL) and [`ETCD_ENV`] (`LOCK_TEST_ETCD`, an
@@ -49,6 +50,7 @@
 mod error;
 mod etcd;
 mod local;
+mod member;
 mod members;
 mod mode;
 mod postgres;
@@ -67,12 +69,13 @@ use std::time::Duration;
 
 pub use error::ServerError;
 pub use etcd::{ETCD_ENV, EtcdCluster, EtcdOptions, EtcdServer, EtcdTarget, etcd_metric};
-pub use local::{LocalServer, ServerProcess};
-pub use members::{Member, Members};
+pub use local::{LocalServer, Server, ServerProcess};
+pub use member::Member;
+pub use members::Members;
 pub use mode::{SERVERS_ENV, ServerMode};
 pub use postgres::{
-    POSTGRES_ENV, POSTGRES_SUPERUSER, PgBouncer, PoolMode, PostgresOptions, PostgresServer,
-    PostgresTarget,
+    POSTGRES_ENV, POSTGRES_SUPERUSER, PgBouncer, PgBouncerSpec, PoolMode, PostgresOptions,
+    PostgresServer, PostgresTarget,
 };
 pub use process::free_port;
 pub use redis::{
@@ -80,7 +83,7 @@ pub use redis::{
     RedisSentinelSet, RedisServer, RedisTarget,
 };
 pub use spec::{Command, Peer, Probe, ServerSpec, Site};
-pub use target::{Target, TargetServer};
+pub use target::Target;
 pub use zookeeper::{ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget, ZkTls};
 
 /// The default bound on a server's start-up (and restart): 30 seconds.
@@ -140,9 +143,9 @@ pub fn shared_postgres() -> Result<&'static PostgresTarget, ServerError> {
 
 /// The target in `cell`, made on first use by [`Target::from_env_or_start`] with `opts()`
 /// (blocking the calling thread only); a failure is kept and handed to every caller.
-fn shared<S: TargetServer>(
+fn shared<S: ServerSpec>(
     cell: &'static OnceLock<Result<Target<S>, ServerError>>,
-    opts: impl FnOnce() -> S::Options,
+    opts: impl FnOnce() -> S,
 ) -> Result<&'static Target<S>, ServerError> {
     cell.get_or_init(|| process::block_on(Target::from_env_or_start(opts())).and_then(|r| r))
         .as_ref()

@@ -18,7 +18,7 @@ use tempfile::TempDir;
 use tracing::{debug, info, warn};
 
 use super::ServerError;
-use super::spec::Probe;
+use super::spec::{self, Peer, Probe, ServerSpec, Site};
 
 /// Ports handed out by [`free_port`] in this process, and where it looks next.
 static PORTS: Mutex<Ports> = Mutex::new(Ports {
@@ -290,6 +290,54 @@ pub(crate) fn log_contains(path: &Path, needle: &str) -> bool {
                 .contains(&needle.to_ascii_lowercase())
         })
         .unwrap_or(false)
+}
+
+/// `n` free loopback ports.
+pub(crate) fn free_ports(n: usize) -> Result<Vec<u16>, ServerError> {
+    (0..n).map(|_| free_port()).collect()
+}
+
+/// Member `index` of `members` as a process of the kind `spec` in `dir` (which exists),
+/// called `server` in messages: its files written, ready to spawn.
+pub(crate) fn spec_instance<S: ServerSpec>(
+    spec: &S,
+    server: String,
+    dir: &Path,
+    index: usize,
+    members: &[Peer],
+) -> Result<Instance, ServerError> {
+    let dir_text = dir.display().to_string();
+    let site = Site {
+        index,
+        bind: "127.0.0.1",
+        dir: &dir_text,
+        members,
+        in_container: false,
+    };
+    let spec::Command { argv, files } = spec.command(&site)?;
+    for (path, text) in files {
+        let path = dir.join(path);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(path, text)?;
+    }
+    let mut argv = argv.into_iter();
+    let launch = Launch {
+        program: argv.next().unwrap_or_default().into(),
+        args: argv.map(Into::into).collect(),
+        cwd: dir.to_path_buf(),
+    };
+    let addr = loopback(site.port(0));
+    let log = dir.join("server.log");
+    Ok(Instance::new(
+        server,
+        launch,
+        log,
+        addr,
+        spec.probe(),
+        spec.startup_timeout(),
+    ))
 }
 
 /// How to launch a server process.
@@ -574,31 +622,50 @@ impl Instance {
         Ok(())
     }
 
-    /// Kills the process group and reaps it (no-op when not running).
+    /// Kills the process and reaps it (no-op when not running): first the sessions it
+    /// started, its leader frozen meanwhile so that it starts no more, then its process
+    /// group. A server process left over (PostgreSQL's are sessions of their own) would
+    /// hold what a restarted server must find free, such as shared memory.
     pub(crate) fn kill(&mut self) {
         if let Some(proc) = self.proc.take() {
             info!(server = %self.server, pid = proc.pid(), "killing server");
+            if proc.signal_group(Signal::SIGSTOP).is_ok() {
+                let children = children_of(proc.pid());
+                signal_all(&children, Signal::SIGKILL);
+                // An exited process that is not yet reaped (a zombie) holds nothing.
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while children.iter().any(|pid| runs(*pid)) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
             drop(proc);
         }
     }
 
-    /// Sends `signal` to the process group. `SIGSTOP` returns once every thread of the
-    /// server is stopped (bounded by 2 s): the signal takes effect asynchronously, and a
-    /// busy machine can leave a thread running long enough to answer one more request.
+    /// Sends `signal` to the process group and to the sessions its leader started (each
+    /// of PostgreSQL's server processes is one, out of reach of a signal to the group):
+    /// the leader first when stopping (it starts no more), last when continuing. `SIGSTOP`
+    /// returns once every thread of the server is stopped (bounded by 2 s): the signal
+    /// takes effect asynchronously, and a busy machine can leave a thread running long
+    /// enough to answer one more request.
     pub(crate) fn signal(&self, signal: Signal) -> Result<(), ServerError> {
-        match &self.proc {
-            Some(proc) => {
-                debug!(server = %self.server, pid = proc.pid(), ?signal, "signalling server");
-                proc.signal_group(signal)?;
-                if signal == Signal::SIGSTOP {
-                    wait_until_stopped(proc.pid(), Duration::from_secs(2));
-                }
-                Ok(())
-            }
-            None => Err(ServerError::NotRunning {
+        let Some(proc) = &self.proc else {
+            return Err(ServerError::NotRunning {
                 server: self.server.clone(),
-            }),
+            });
+        };
+        debug!(server = %self.server, pid = proc.pid(), ?signal, "signalling server");
+        if signal == Signal::SIGCONT {
+            signal_all(&children_of(proc.pid()), signal);
         }
+        proc.signal_group(signal)?;
+        if signal != Signal::SIGCONT {
+            signal_all(&children_of(proc.pid()), signal);
+        }
+        if signal == Signal::SIGSTOP {
+            wait_until_stopped(proc.pid(), Duration::from_secs(2));
+        }
+        Ok(())
     }
 
     /// What a failure message should say of the server: whether its process runs, is
@@ -606,18 +673,11 @@ impl Instance {
     pub(crate) fn condition(&self) -> String {
         let state = match self.pid() {
             None => "does not run (killed by the test)".to_owned(),
-            Some(pid) => match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-                // The state letter follows the command name's closing parenthesis.
-                Ok(stat) => match stat
-                    .rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().next())
-                {
-                    Some("Z") => format!("(pid {pid}) has exited"),
-                    Some("T" | "t") => format!("(pid {pid}) is stopped"),
-                    Some(state) => format!("(pid {pid}) runs, in state {state}"),
-                    None => format!("(pid {pid}) is in an unknown state"),
-                },
-                Err(_) => format!("(pid {pid}) has exited and been reaped"),
+            Some(pid) => match stat_of(pid) {
+                Some(('Z', _)) => format!("(pid {pid}) has exited"),
+                Some(('T' | 't', _)) => format!("(pid {pid}) is stopped"),
+                Some((state, _)) => format!("(pid {pid}) runs, in state {state}"),
+                None => format!("(pid {pid}) has exited and been reaped"),
             },
         };
         format!(
@@ -673,6 +733,42 @@ impl Instance {
                 return Err(err);
             }
             tokio::time::sleep(self.probe.interval()).await;
+        }
+    }
+}
+
+/// The state letter of process `pid` in `/proc/<pid>/stat`, and its parent; `None` once it
+/// is gone. The state follows the command name's closing parenthesis (a name may hold
+/// spaces and parentheses).
+fn stat_of(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut rest = stat.rsplit_once(") ")?.1.split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    Some((state, rest.next()?.parse().ok()?))
+}
+
+/// Whether process `pid` runs (it exists and is not a zombie).
+fn runs(pid: u32) -> bool {
+    stat_of(pid).is_some_and(|(state, _)| state != 'Z')
+}
+
+/// The processes whose parent is `parent`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| stat_of(*pid).is_some_and(|(_, ppid)| ppid == parent))
+        .collect()
+}
+
+/// Sends `signal` to each of `pids` (one that exited meanwhile has nothing to receive it).
+fn signal_all(pids: &[u32], signal: Signal) {
+    for pid in pids {
+        if let Ok(pid) = i32::try_from(*pid) {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), signal);
         }
     }
 }

@@ -156,6 +156,9 @@ impl Probe {
 pub trait ServerSpec: Clone + fmt::Debug + Send + Sync + 'static {
     /// Its name in messages and logs, e.g. `etcd`.
     const NAME: &'static str;
+    /// The environment variable naming an external server that a [`Target`](super::Target)
+    /// uses instead of starting one; empty for a kind no external server stands for.
+    const ENV: &'static str = "";
     /// The environment variable naming its container image (`name[:tag]`).
     const IMAGE_ENV: &'static str;
     /// Its ports in a container, the client port first; a process gets as many free ports.

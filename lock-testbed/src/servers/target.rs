@@ -5,39 +5,13 @@ use std::net::SocketAddr;
 
 use tracing::info;
 
-#[cfg(feature = "testcontainers")]
-use super::Member;
-use super::{LocalServer, ServerError, ServerMode, ServerSpec};
+use super::member::Member;
+use super::{LocalServer, Server, ServerError, ServerMode, ServerSpec};
 
-/// A server process started here that a [`Target`] can stand for: the handle of a
-/// [`ServerSpec`] run as a local process ([`ZkServer`](super::ZkServer),
-/// [`RedisServer`](super::RedisServer), [`EtcdServer`](super::EtcdServer),
-/// [`PostgresServer`](super::PostgresServer)).
-pub trait TargetServer: LocalServer + Send + Sized {
-    /// The environment variable naming an external server: [`ZK_ENV`](super::ZK_ENV),
-    /// [`REDIS_ENV`](super::REDIS_ENV), [`ETCD_ENV`](super::ETCD_ENV) or
-    /// [`POSTGRES_ENV`](super::POSTGRES_ENV).
-    const ENV: &'static str;
-
-    /// Its kind, and how to start one.
-    type Options: ServerSpec;
-
-    /// Starts one with `opts` and waits until it serves (the type's own `start`).
-    fn start_local(opts: Self::Options) -> impl Future<Output = Result<Self, ServerError>> + Send;
-
-    /// The options it was started with.
-    fn options(&self) -> &Self::Options;
-
-    /// What clients are given to reach it: ZooKeeper's connect string, Redis's URL, etcd's
-    /// endpoint, PostgreSQL's URL.
-    fn client_address(&self) -> String {
-        self.options().client_address(self.socket_addr())
-    }
-}
-
-/// Either an external server (named by [`TargetServer::ENV`]) or one started here,
-/// as a process or in a container (see [`ServerMode`]): see [`ZkTarget`](super::ZkTarget),
-/// [`RedisTarget`](super::RedisTarget) and [`EtcdTarget`](super::EtcdTarget).
+/// Either an external server of the kind `S` (named by [`ServerSpec::ENV`]) or one started
+/// here, as a process or in a container (see [`ServerMode`]): see
+/// [`ZkTarget`](super::ZkTarget), [`RedisTarget`](super::RedisTarget),
+/// [`EtcdTarget`](super::EtcdTarget) and [`PostgresTarget`](super::PostgresTarget).
 ///
 /// Fault injection (pause, resume, kill, restart) needs a server started here: a process
 /// is signalled, a container is paused, stopped and started through the engine. With an
@@ -52,7 +26,7 @@ enum Inner<S> {
     External {
         address: String,
     },
-    Local(Box<S>),
+    Local(Box<Server<S>>),
     #[cfg(feature = "testcontainers")]
     Container {
         address: String,
@@ -60,14 +34,14 @@ enum Inner<S> {
     },
 }
 
-impl<S: TargetServer> Target<S> {
-    /// Uses the address in [`TargetServer::ENV`] when it is set and not empty
+impl<S: ServerSpec> Target<S> {
+    /// Uses the address in [`ServerSpec::ENV`] when it is set and not empty
     /// (leading and trailing white space removed); otherwise [`start`](Self::start)s a
     /// server with `opts`.
-    pub async fn from_env_or_start(opts: S::Options) -> Result<Self, ServerError> {
+    pub async fn from_env_or_start(opts: S) -> Result<Self, ServerError> {
         match std::env::var(S::ENV) {
             Ok(address) if !address.trim().is_empty() => {
-                info!("using the external {} from {}", S::Options::NAME, S::ENV);
+                info!("using the external {} from {}", S::NAME, S::ENV);
                 Ok(Self::external(address.trim()))
             }
             _ => Self::start(opts).await,
@@ -77,16 +51,16 @@ impl<S: TargetServer> Target<S> {
     /// Starts a server with `opts` where [`ServerMode::from_env`] says: a process, or a
     /// container. The error of an unknown mode, or of the container mode without the
     /// `testcontainers` feature, says so.
-    pub async fn start(opts: S::Options) -> Result<Self, ServerError> {
+    pub async fn start(opts: S) -> Result<Self, ServerError> {
         match ServerMode::from_env()? {
-            ServerMode::Processes => Ok(Self::from(S::start_local(opts).await?)),
+            ServerMode::Processes => Ok(Self::from(Server::start(opts).await?)),
             ServerMode::Containers => Self::start_container(opts).await,
         }
     }
 
     /// Starts a server with `opts` in a container, and waits until it serves.
     #[cfg(feature = "testcontainers")]
-    pub async fn start_container(opts: S::Options) -> Result<Self, ServerError> {
+    pub async fn start_container(opts: S) -> Result<Self, ServerError> {
         let container = super::containers::Container::start(&opts).await?;
         Ok(Self::in_container(
             container.client_address(),
@@ -105,10 +79,10 @@ impl<S: TargetServer> Target<S> {
     /// Starts a server with `opts` in a container: without the `testcontainers` feature,
     /// [`ServerError::Unsupported`].
     #[cfg(not(feature = "testcontainers"))]
-    pub async fn start_container(opts: S::Options) -> Result<Self, ServerError> {
+    pub async fn start_container(opts: S) -> Result<Self, ServerError> {
         drop(opts);
         Err(ServerError::Unsupported {
-            operation: format!("starting {} in a container", S::Options::NAME),
+            operation: format!("starting {} in a container", S::NAME),
             reason: "lock-testbed was built without its `testcontainers` feature".to_owned(),
         })
     }
@@ -124,7 +98,7 @@ impl<S: TargetServer> Target<S> {
     }
 
     /// What clients are given: the external address, or the started server's
-    /// [`client_address`](TargetServer::client_address).
+    /// [`client_address`](Server::client_address).
     pub fn client_address(&self) -> String {
         match &self.inner {
             Inner::External { address } => address.clone(),
@@ -146,26 +120,17 @@ impl<S: TargetServer> Target<S> {
 
     /// The container's id, for a server in a container.
     pub fn container_id(&self) -> Option<&str> {
-        match &self.inner {
-            #[cfg(feature = "testcontainers")]
-            Inner::Container { container, .. } => container.container_id(),
-            _ => None,
-        }
+        self.started("container_id").ok()?.container_id()
     }
 
     /// The loopback address of a server started here (a process's port, a container's
     /// published port); `None` for an external server.
     pub fn socket_addr(&self) -> Option<SocketAddr> {
-        match &self.inner {
-            Inner::External { .. } => None,
-            Inner::Local(server) => Some(server.socket_addr()),
-            #[cfg(feature = "testcontainers")]
-            Inner::Container { container, .. } => Some(container.socket_addr()),
-        }
+        Some(self.started("socket_addr").ok()?.socket_addr())
     }
 
     /// The server process started here; `None` for an external server or a container.
-    pub fn server(&self) -> Option<&S> {
+    pub fn server(&self) -> Option<&Server<S>> {
         match &self.inner {
             Inner::Local(server) => Some(server),
             _ => None,
@@ -174,54 +139,57 @@ impl<S: TargetServer> Target<S> {
 
     /// The server process started here, mutably; `None` for an external server or a
     /// container.
-    pub fn server_mut(&mut self) -> Option<&mut S> {
+    pub fn server_mut(&mut self) -> Option<&mut Server<S>> {
         match &mut self.inner {
             Inner::Local(server) => Some(server),
             _ => None,
         }
     }
 
+    /// The server started here, for `operation`: unsupported with an external server.
+    fn started(&self, operation: &str) -> Result<&dyn Member, ServerError> {
+        match &self.inner {
+            Inner::External { .. } => Err(ServerError::unsupported_external(operation, S::ENV)),
+            Inner::Local(server) => Ok(server.process().member()),
+            #[cfg(feature = "testcontainers")]
+            Inner::Container { container, .. } => Ok(container.as_ref()),
+        }
+    }
+
+    /// [`started`](Self::started), mutably.
+    fn started_mut(&mut self, operation: &str) -> Result<&mut dyn Member, ServerError> {
+        match &mut self.inner {
+            Inner::External { .. } => Err(ServerError::unsupported_external(operation, S::ENV)),
+            Inner::Local(server) => Ok(server.process_mut().member_mut()),
+            #[cfg(feature = "testcontainers")]
+            Inner::Container { container, .. } => Ok(container.as_mut()),
+        }
+    }
+
     /// Freezes the server: `SIGSTOP` to a process, `docker pause` to a container;
     /// unsupported with an external server.
     pub async fn pause(&self) -> Result<(), ServerError> {
-        match &self.inner {
-            Inner::External { .. } => Err(ServerError::unsupported_external("pause", S::ENV)),
-            Inner::Local(server) => server.pause(),
-            #[cfg(feature = "testcontainers")]
-            Inner::Container { container, .. } => container.pause().await,
-        }
+        self.started("pause")?.pause().await
     }
 
     /// Lets a paused server go on; unsupported with an external server.
     pub async fn resume(&self) -> Result<(), ServerError> {
-        match &self.inner {
-            Inner::External { .. } => Err(ServerError::unsupported_external("resume", S::ENV)),
-            Inner::Local(server) => server.resume(),
-            #[cfg(feature = "testcontainers")]
-            Inner::Container { container, .. } => container.resume().await,
-        }
+        self.started("resume")?.resume().await
     }
 
     /// Whether a server started here runs (it may be paused): a process not killed, a
     /// container the engine says runs; unsupported with an external server.
     pub async fn is_running(&self) -> Result<bool, ServerError> {
-        match &self.inner {
-            Inner::External { .. } => Err(ServerError::unsupported_external("is_running", S::ENV)),
-            Inner::Local(server) => Ok(server.pid().is_some()),
-            #[cfg(feature = "testcontainers")]
-            Inner::Container { container, .. } => container.is_running().await,
-        }
+        self.started("is_running")?.is_running().await
     }
 
     /// What a failure message should say of the server: whether it still runs (or has
     /// exited, or is frozen) and the last lines of its log; for an external server, only
     /// its address.
     pub async fn condition(&self) -> String {
-        match &self.inner {
-            Inner::External { address } => format!("{} at {address} is external", S::Options::NAME),
-            Inner::Local(server) => server.condition(),
-            #[cfg(feature = "testcontainers")]
-            Inner::Container { container, .. } => container.condition().await,
+        match self.started("condition") {
+            Ok(server) => server.condition().await,
+            Err(_) => format!("{} at {} is external", S::NAME, self.client_address()),
         }
     }
 
@@ -229,31 +197,18 @@ impl<S: TargetServer> Target<S> {
     /// keeping what [`restart`](Self::restart) needs;
     /// unsupported with an external server.
     pub async fn kill(&mut self) -> Result<(), ServerError> {
-        match &mut self.inner {
-            Inner::External { .. } => Err(ServerError::unsupported_external("kill", S::ENV)),
-            Inner::Local(server) => {
-                server.kill();
-                Ok(())
-            }
-            #[cfg(feature = "testcontainers")]
-            Inner::Container { container, .. } => container.kill().await,
-        }
+        self.started_mut("kill")?.kill().await
     }
 
     /// Kills the server if it runs, starts it again on the same port and waits until it
     /// serves; unsupported with an external server.
     pub async fn restart(&mut self) -> Result<(), ServerError> {
-        match &mut self.inner {
-            Inner::External { .. } => Err(ServerError::unsupported_external("restart", S::ENV)),
-            Inner::Local(server) => server.restart().await,
-            #[cfg(feature = "testcontainers")]
-            Inner::Container { container, .. } => container.restart().await,
-        }
+        self.started_mut("restart")?.restart().await
     }
 }
 
-impl<S> From<S> for Target<S> {
-    fn from(server: S) -> Self {
+impl<S> From<Server<S>> for Target<S> {
+    fn from(server: Server<S>) -> Self {
         Self {
             inner: Inner::Local(Box::new(server)),
         }

@@ -11,10 +11,12 @@ use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, ContainerRequest, GenericImage, ImageExt};
 use tracing::{debug, info, warn};
 
+use async_trait::async_trait;
+
 use super::{ContainerEngine, DEFAULT_IMAGE, LABEL, container_error, label_value};
 use crate::servers::ServerError;
-use crate::servers::local::free_ports;
-use crate::servers::process::{Watchdog, free_port};
+use crate::servers::member::Member;
+use crate::servers::process::{Watchdog, free_port, free_ports};
 use crate::servers::spec::{Command, Peer, Probe, ServerSpec, Site, slug};
 
 /// The bound on creating and starting the container.
@@ -377,6 +379,18 @@ impl<S: ServerSpec> Container<S> {
     pub fn id(&self) -> &str {
         self.container().id()
     }
+}
+
+/// A container's faults go through the engine.
+#[async_trait]
+impl<S: ServerSpec> Member for Container<S> {
+    fn socket_addr(&self) -> SocketAddr {
+        Container::socket_addr(self)
+    }
+
+    fn container_id(&self) -> Option<&str> {
+        Some(self.id())
+    }
 
     /// Freezes the container (`docker pause`): the server stops answering, its connections
     /// stay open.
@@ -384,7 +398,7 @@ impl<S: ServerSpec> Container<S> {
     /// The runtime's freeze can time out while a process of the container is in the middle
     /// of a system call (it happens on a loaded machine); the runtime then thaws the
     /// container and reports "unable to freeze", and the pause is tried again, a few times.
-    pub async fn pause(&self) -> Result<(), ServerError> {
+    async fn pause(&self) -> Result<(), ServerError> {
         let mut attempt = 1;
         loop {
             match self.container().pause().await {
@@ -400,18 +414,18 @@ impl<S: ServerSpec> Container<S> {
     }
 
     /// Continues a paused container (`docker unpause`).
-    pub async fn resume(&self) -> Result<(), ServerError> {
+    async fn resume(&self) -> Result<(), ServerError> {
         self.container().unpause().await.map_err(container_error)
     }
 
     /// Whether the container runs (not killed; a paused container runs).
-    pub async fn is_running(&self) -> Result<bool, ServerError> {
+    async fn is_running(&self) -> Result<bool, ServerError> {
         self.container().is_running().await.map_err(container_error)
     }
 
     /// What a failure message should say of the container: whether it runs (or its exit
     /// code) and the last lines of its output.
-    pub async fn condition(&self) -> String {
+    async fn condition(&self) -> String {
         let container = self.container();
         let state = match (container.is_running().await, container.exit_code().await) {
             (Ok(true), _) => "runs".to_owned(),
@@ -433,7 +447,7 @@ impl<S: ServerSpec> Container<S> {
 
     /// Stops the server without grace (`docker stop --time 0`: `SIGKILL` right after
     /// `SIGTERM`). The container is kept for [`restart`](Self::restart).
-    pub async fn kill(&self) -> Result<(), ServerError> {
+    async fn kill(&mut self) -> Result<(), ServerError> {
         self.container()
             .stop_with_timeout(Some(0))
             .await
@@ -443,7 +457,7 @@ impl<S: ServerSpec> Container<S> {
     /// Kills the server (if running), starts the container again on the same port, and
     /// waits (bounded by the start-up timeout) until it serves. What the server keeps in
     /// memory only is lost.
-    pub async fn restart(&self) -> Result<(), ServerError> {
+    async fn restart(&mut self) -> Result<(), ServerError> {
         if self.is_running().await? {
             self.kill().await?;
         }

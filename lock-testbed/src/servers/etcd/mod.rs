@@ -11,8 +11,7 @@ use std::time::Duration;
 use super::probe::http_get;
 use super::process::require_program;
 use super::spec::{Command, Probe, ServerSpec, Site};
-use super::target::{Target, TargetServer};
-use super::{DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess};
+use super::{DEFAULT_STARTUP_TIMEOUT, Server, ServerError, Target};
 
 /// The environment variable naming an external etcd (an endpoint such as
 /// `http://127.0.0.1:2379`) to use instead of starting one.
@@ -80,6 +79,7 @@ impl EtcdOptions {
 
 impl ServerSpec for EtcdOptions {
     const NAME: &'static str = "etcd";
+    const ENV: &'static str = ETCD_ENV;
     const IMAGE_ENV: &'static str = "LOCK_TEST_ETCD_IMAGE";
     /// Client, peer (and, with [`tls`](EtcdOptions::tls), TLS clients).
     const CONTAINER_PORTS: &'static [u16] = &[2379, 2380];
@@ -176,45 +176,11 @@ impl ServerSpec for EtcdOptions {
     }
 }
 
-/// A single-member etcd cluster running as a child process on 127.0.0.1.
-///
-/// Its client address, pid, directory (data and log) and fault injection come from
-/// [`LocalServer`]; a [`restart`](LocalServer::restart) keeps the ports and the data.
-///
-/// Dropping it kills the server (`SIGKILL` to its process group), reaps it and removes its
-/// data directory.
-#[derive(Debug)]
-pub struct EtcdServer {
-    process: ServerProcess,
-    opts: EtcdOptions,
-    ports: Vec<u16>,
-}
+/// A single-member etcd cluster running as a child process on 127.0.0.1 (see [`Server`]);
+/// a [`restart`](super::LocalServer::restart) keeps the ports and the data.
+pub type EtcdServer = Server<EtcdOptions>;
 
-impl EtcdServer {
-    /// Starts etcd with [`EtcdOptions::default`]; see [`start_with`](Self::start_with).
-    pub async fn start() -> Result<Self, ServerError> {
-        Self::start_with(EtcdOptions::default()).await
-    }
-
-    /// Starts etcd on free client and peer ports and waits (bounded by
-    /// [`EtcdOptions::startup_timeout`]) until `GET /health` says `"health":"true"`.
-    ///
-    /// Fails promptly with [`ServerError::NotInstalled`] when the binary is missing.
-    pub async fn start_with(opts: EtcdOptions) -> Result<Self, ServerError> {
-        let (process, ports) = ServerProcess::start_spec(&opts, None).await?;
-        Ok(Self {
-            process,
-            opts,
-            ports,
-        })
-    }
-
-    /// [`start_with`](Self::start_with) for synchronous code: runs on a fresh runtime in a
-    /// scoped thread.
-    pub fn start_blocking(opts: EtcdOptions) -> Result<Self, ServerError> {
-        super::process::block_on(Self::start_with(opts)).and_then(|r| r)
-    }
-
+impl Server<EtcdOptions> {
     /// The client endpoint, `http://127.0.0.1:port`.
     pub fn endpoint(&self) -> String {
         self.client_address()
@@ -222,36 +188,13 @@ impl EtcdServer {
 
     /// The peer port.
     pub fn peer_port(&self) -> u16 {
-        self.ports.get(1).copied().unwrap_or_default()
+        self.ports().get(1).copied().unwrap_or_default()
     }
 
     /// With [`EtcdOptions::tls`], the TLS client endpoint, `https://127.0.0.1:port`.
     pub fn tls_endpoint(&self) -> Option<String> {
-        let port = self.ports.get(2)?;
+        let port = self.ports().get(2)?;
         Some(format!("https://127.0.0.1:{port}"))
-    }
-}
-
-impl LocalServer for EtcdServer {
-    fn process(&self) -> &ServerProcess {
-        &self.process
-    }
-
-    fn process_mut(&mut self) -> &mut ServerProcess {
-        &mut self.process
-    }
-}
-
-impl TargetServer for EtcdServer {
-    const ENV: &'static str = ETCD_ENV;
-    type Options = EtcdOptions;
-
-    fn start_local(opts: EtcdOptions) -> impl Future<Output = Result<Self, ServerError>> + Send {
-        Self::start_with(opts)
-    }
-
-    fn options(&self) -> &EtcdOptions {
-        &self.opts
     }
 }
 
@@ -274,6 +217,5 @@ pub async fn etcd_metric(endpoint: &str, name: &str) -> Result<Option<f64>, Serv
     }))
 }
 
-/// Either an external etcd (from [`ETCD_ENV`], an endpoint) or an [`EtcdServer`] started
-/// here.
-pub type EtcdTarget = Target<EtcdServer>;
+/// Either an external etcd (from [`ETCD_ENV`], an endpoint) or one started here.
+pub type EtcdTarget = Target<EtcdOptions>;

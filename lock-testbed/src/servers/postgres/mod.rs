@@ -2,20 +2,17 @@
 
 mod pgbouncer;
 
-pub use pgbouncer::{PgBouncer, PoolMode};
+pub use pgbouncer::{PgBouncer, PgBouncerSpec, PoolMode};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use nix::sys::signal::Signal;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::process::require_program;
 use super::spec::{Command, Probe, ServerSpec, Site};
-use super::{
-    DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess, Target, TargetServer,
-};
+use super::{DEFAULT_STARTUP_TIMEOUT, Server, ServerError, Target};
 
 /// The environment variable naming an external PostgreSQL (a URL such as
 /// `postgres://postgres@127.0.0.1:5432/postgres`) to use instead of starting one.
@@ -146,6 +143,7 @@ impl PostgresOptions {
 
 impl ServerSpec for PostgresOptions {
     const NAME: &'static str = "PostgreSQL";
+    const ENV: &'static str = POSTGRES_ENV;
     const IMAGE_ENV: &'static str = "LOCK_TEST_POSTGRES_IMAGE";
     const CONTAINER_PORTS: &'static [u16] = &[5432];
 
@@ -241,161 +239,24 @@ pub(crate) fn postgres_url(host: &str, port: u16, password: Option<&str>) -> Str
     }
 }
 
-/// A PostgreSQL server running as a child process on 127.0.0.1 (as the `postgres` user
-/// when the tests run as root), its cluster made by `initdb` in its directory, without
-/// waiting for the disk (`fsync=off`). A restart keeps the data.
-///
-/// Its address, pid, directory (data and log) and fault injection come from
-/// [`LocalServer`]; a [`restart`](LocalServer::restart) keeps the port.
-///
-/// Dropping it kills the server (`SIGKILL` to its process group), reaps it and removes its
-/// directory.
-#[derive(Debug)]
-pub struct PostgresServer {
-    process: ServerProcess,
-    opts: PostgresOptions,
-}
+/// A PostgreSQL server running as a child process on 127.0.0.1 (see [`Server`]; as the
+/// `postgres` user when the tests run as root), its cluster made by `initdb` in its
+/// directory, without waiting for the disk (`fsync=off`). A
+/// [`restart`](super::LocalServer::restart) keeps the port and the data (after crash
+/// recovery); fault injection reaches its server processes too, each a session of its own.
+pub type PostgresServer = Server<PostgresOptions>;
 
-impl PostgresServer {
-    /// Makes a cluster, starts PostgreSQL on a free port, and waits (bounded by
-    /// [`PostgresOptions::startup_timeout`]) until it takes connections.
-    ///
-    /// Fails promptly with [`ServerError::NotInstalled`] when the binaries are missing.
-    pub async fn start(opts: PostgresOptions) -> Result<Self, ServerError> {
-        let (process, _ports) = ServerProcess::start_spec(&opts, None).await?;
-        Ok(Self { process, opts })
-    }
-
+impl Server<PostgresOptions> {
     /// `postgres://postgres[:password]@127.0.0.1:port/postgres`.
     pub fn url(&self) -> String {
         self.client_address()
     }
 }
 
-impl LocalServer for PostgresServer {
-    fn process(&self) -> &ServerProcess {
-        &self.process
-    }
+/// Either an external PostgreSQL (from [`POSTGRES_ENV`], a URL) or one started here.
+pub type PostgresTarget = Target<PostgresOptions>;
 
-    fn process_mut(&mut self) -> &mut ServerProcess {
-        &mut self.process
-    }
-
-    /// Freezes the postmaster, then every server process it started: each of those is a
-    /// session of its own, out of reach of a signal to the postmaster's group.
-    fn pause(&self) -> Result<(), ServerError> {
-        self.process.node_signal(Signal::SIGSTOP)?;
-        self.signal_children(Signal::SIGSTOP);
-        Ok(())
-    }
-
-    /// Lets the server processes go on, then the postmaster.
-    fn resume(&self) -> Result<(), ServerError> {
-        self.signal_children(Signal::SIGCONT);
-        self.process.node_signal(Signal::SIGCONT)
-    }
-
-    /// Kills the server processes, then the postmaster: a server process left over holds
-    /// the shared memory that a restarted postmaster must find free.
-    fn kill(&mut self) {
-        self.kill_children();
-        self.process.node_kill();
-    }
-
-    /// Kills the server processes and the postmaster, and starts the server again on the
-    /// same port and data (after crash recovery).
-    fn restart(&mut self) -> impl Future<Output = Result<(), ServerError>> + Send {
-        self.kill_children();
-        self.process.node_restart()
-    }
-}
-
-impl PostgresServer {
-    /// Freezes the postmaster (it starts no more), kills every server process it started,
-    /// and waits (up to 5 s) until they have exited.
-    fn kill_children(&self) {
-        if self.process.node_signal(Signal::SIGSTOP).is_err() {
-            return;
-        }
-        let children = self.children();
-        for pid in &children {
-            let _ = nix::sys::signal::kill(*pid, Signal::SIGKILL);
-        }
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        // An exited process that is not yet reaped (a zombie) holds no memory.
-        let running = |pid: &nix::unistd::Pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                stat.rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().next())
-                    .is_some_and(|state| state != "Z")
-            })
-        };
-        while children.iter().any(running) && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Sends `signal` to every process whose parent is the postmaster.
-    fn signal_children(&self, signal: Signal) {
-        for pid in self.children() {
-            // A child that exited meanwhile has nothing to stop.
-            let _ = nix::sys::signal::kill(pid, signal);
-        }
-    }
-
-    /// The processes whose parent is the postmaster: each a session of its own.
-    fn children(&self) -> Vec<nix::unistd::Pid> {
-        let Some(postmaster) = self.pid() else {
-            return Vec::new();
-        };
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return Vec::new();
-        };
-        let mut children = Vec::new();
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            // `/proc/<pid>/stat`: "pid (comm) state ppid ...", comm possibly with spaces.
-            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-                continue;
-            };
-            let parent = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                .and_then(|ppid| ppid.parse::<u32>().ok());
-            if parent == Some(postmaster) {
-                children.push(nix::unistd::Pid::from_raw(pid));
-            }
-        }
-        children
-    }
-}
-
-impl TargetServer for PostgresServer {
-    const ENV: &'static str = POSTGRES_ENV;
-    type Options = PostgresOptions;
-
-    fn start_local(
-        opts: PostgresOptions,
-    ) -> impl Future<Output = Result<Self, ServerError>> + Send {
-        Self::start(opts)
-    }
-
-    fn options(&self) -> &PostgresOptions {
-        &self.opts
-    }
-}
-
-/// Either an external PostgreSQL (from [`POSTGRES_ENV`], a URL) or a [`PostgresServer`]
-/// started here.
-pub type PostgresTarget = Target<PostgresServer>;
-
-impl Target<PostgresServer> {
+impl Target<PostgresOptions> {
     /// The URL for clients, as the superuser.
     pub fn url(&self) -> String {
         self.client_address()

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::{AS_POSTGRES, POSTGRES_SUPERUSER, PostgresOptions, postgres_url};
 use crate::servers::process::require_program;
 use crate::servers::spec::{Command, Probe, ServerSpec, Site};
-use crate::servers::{DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess};
+use crate::servers::{DEFAULT_STARTUP_TIMEOUT, Server, ServerError};
 
 /// How PgBouncer hands its server connections to clients (its `pool_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,77 +33,58 @@ impl fmt::Display for PoolMode {
     }
 }
 
-/// PgBouncer on a free port of 127.0.0.1, pooling the connections to the `postgres`
-/// database of the server at `server` (every role trusted, as the servers started here),
-/// as the `postgres` user when the tests run as root (it refuses to run as root). It
-/// ignores the start-up parameter `options` (clients' server settings), as a deployment
+/// PgBouncer on a free port of 127.0.0.1 (see [`Server`]), pooling the connections to the
+/// `postgres` database of a PostgreSQL server (every role trusted, as the servers started
+/// here), as the `postgres` user when the tests run as root (it refuses to run as root).
+/// It ignores the start-up parameter `options` (clients' server settings), as a deployment
 /// that serves libpq clients with settings does.
-///
-/// Dropping it kills it and removes its directory.
-#[derive(Debug)]
-pub struct PgBouncer {
-    process: ServerProcess,
-    mode: PoolMode,
-}
+pub type PgBouncer = Server<PgBouncerSpec>;
 
-impl PgBouncer {
+impl Server<PgBouncerSpec> {
     /// Starts PgBouncer in `mode` in front of the PostgreSQL server at `server`, and waits
     /// until it takes connections.
     ///
     /// Fails promptly with [`ServerError::NotInstalled`] when it is not installed.
-    pub async fn start(server: SocketAddr, mode: PoolMode) -> Result<Self, ServerError> {
-        Self::start_with(server, mode, &[]).await
-    }
-
-    /// [`start`](Self::start), with more `pgbouncer.ini` settings (`key = value` lines of
-    /// its `[pgbouncer]` section, such as `("server_round_robin", "1")`).
-    pub async fn start_with(
-        server: SocketAddr,
-        mode: PoolMode,
-        settings: &[(&str, &str)],
-    ) -> Result<Self, ServerError> {
-        let settings = settings
-            .iter()
-            .map(|(key, value)| format!("{key} = {value}\n"))
-            .collect();
-        let spec = PgBouncerSpec {
-            server,
-            mode,
-            settings,
-        };
-        let (process, _ports) = ServerProcess::start_spec(&spec, None).await?;
-        Ok(PgBouncer { process, mode })
+    pub async fn in_front_of(server: SocketAddr, mode: PoolMode) -> Result<Self, ServerError> {
+        Self::start(PgBouncerSpec::new(server, mode, &[])).await
     }
 
     /// `postgres://postgres@127.0.0.1:port/postgres`.
     pub fn url(&self) -> String {
-        postgres_url("127.0.0.1", self.port(), None)
+        self.client_address()
     }
 
     /// Its pool mode.
     pub fn mode(&self) -> PoolMode {
-        self.mode
+        self.options().mode
     }
 }
 
-impl LocalServer for PgBouncer {
-    fn process(&self) -> &ServerProcess {
-        &self.process
-    }
-
-    fn process_mut(&mut self) -> &mut ServerProcess {
-        &mut self.process
-    }
-}
-
-/// PgBouncer in front of `server`, as a kind of server (a process only: the test image
-/// has no PgBouncer).
+/// PgBouncer in front of a PostgreSQL server, as a kind of server (a process only: the
+/// test image has no PgBouncer).
 #[derive(Debug, Clone)]
-struct PgBouncerSpec {
+pub struct PgBouncerSpec {
     server: SocketAddr,
     mode: PoolMode,
     /// More lines of the `[pgbouncer]` section.
     settings: String,
+}
+
+impl PgBouncerSpec {
+    /// PgBouncer in `mode` in front of the server at `server`, with more `pgbouncer.ini`
+    /// settings (`key = value` lines of its `[pgbouncer]` section, such as
+    /// `("server_round_robin", "1")`).
+    pub fn new(server: SocketAddr, mode: PoolMode, settings: &[(&str, &str)]) -> Self {
+        let settings = settings
+            .iter()
+            .map(|(key, value)| format!("{key} = {value}\n"))
+            .collect();
+        PgBouncerSpec {
+            server,
+            mode,
+            settings,
+        }
+    }
 }
 
 impl ServerSpec for PgBouncerSpec {

@@ -13,9 +13,7 @@ use std::time::Duration;
 use super::probe::redis_ping;
 use super::process::require_program;
 use super::spec::{Command, Probe, ServerSpec, Site};
-use super::{
-    DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess, Target, TargetServer,
-};
+use super::{DEFAULT_STARTUP_TIMEOUT, LocalServer, Server, ServerError, Target};
 
 /// The environment variable naming an external Redis (a URL such as
 /// `redis://127.0.0.1:6379` or `redis://:password@host:port/0`) to use instead of
@@ -99,6 +97,7 @@ impl RedisOptions {
 
 impl ServerSpec for RedisOptions {
     const NAME: &'static str = "Redis";
+    const ENV: &'static str = REDIS_ENV;
     const IMAGE_ENV: &'static str = "LOCK_TEST_REDIS_IMAGE";
     /// The client port (and, for a cluster node, the cluster bus).
     const CONTAINER_PORTS: &'static [u16] = &[6379];
@@ -209,36 +208,12 @@ pub(crate) fn redis_url(
     }
 }
 
-/// A Redis server running as a child process on 127.0.0.1, without persistence
-/// (`--save '' --appendonly no`): a restart loses all data.
-///
-/// Its address, pid, directory (working directory and log) and fault injection come from
-/// [`LocalServer`]; a [`restart`](LocalServer::restart) keeps the port.
-///
-/// Dropping it kills the server (`SIGKILL` to its process group), reaps it and removes its
-/// directory.
-#[derive(Debug)]
-pub struct RedisServer {
-    process: ServerProcess,
-    opts: RedisOptions,
-}
+/// A Redis server running as a child process on 127.0.0.1 (see [`Server`]), without
+/// persistence (`--save '' --appendonly no`): a [`restart`](super::LocalServer::restart)
+/// keeps the port and loses all data.
+pub type RedisServer = Server<RedisOptions>;
 
-impl RedisServer {
-    /// Starts Redis on a free port and waits (bounded by [`RedisOptions::startup_timeout`])
-    /// until `PING` answers `PONG` (after `AUTH` when a password is set).
-    ///
-    /// Fails promptly with [`ServerError::NotInstalled`] when the binary is missing.
-    pub async fn start(opts: RedisOptions) -> Result<Self, ServerError> {
-        let (process, _ports) = ServerProcess::start_spec(&opts, None).await?;
-        Ok(Self { process, opts })
-    }
-
-    /// [`start`](Self::start) for synchronous code (or from inside a runtime, without
-    /// blocking it on a nested runtime): runs on a fresh runtime in a scoped thread.
-    pub fn start_blocking(opts: RedisOptions) -> Result<Self, ServerError> {
-        super::process::block_on(Self::start(opts)).and_then(|r| r)
-    }
-
+impl Server<RedisOptions> {
     /// `redis://127.0.0.1:port`, with the default user's password when one is set
     /// (`redis://:password@127.0.0.1:port`).
     pub fn url(&self) -> String {
@@ -252,40 +227,20 @@ impl RedisServer {
 
     /// `redis://user:password@127.0.0.1:port` for the [`RedisOptions::acl_user`], if any.
     pub fn acl_url(&self) -> Option<String> {
-        self.opts
-            .acl_user
-            .as_ref()
-            .map(|(user, pw, _)| redis_url("127.0.0.1", self.port(), Some(user), Some(pw)))
+        let (user, password, _) = self.options().acl_user.as_ref()?;
+        Some(redis_url(
+            "127.0.0.1",
+            self.port(),
+            Some(user),
+            Some(password),
+        ))
     }
 }
 
-impl LocalServer for RedisServer {
-    fn process(&self) -> &ServerProcess {
-        &self.process
-    }
+/// Either an external Redis (from [`REDIS_ENV`], a URL) or one started here.
+pub type RedisTarget = Target<RedisOptions>;
 
-    fn process_mut(&mut self) -> &mut ServerProcess {
-        &mut self.process
-    }
-}
-
-impl TargetServer for RedisServer {
-    const ENV: &'static str = REDIS_ENV;
-    type Options = RedisOptions;
-
-    fn start_local(opts: RedisOptions) -> impl Future<Output = Result<Self, ServerError>> + Send {
-        Self::start(opts)
-    }
-
-    fn options(&self) -> &RedisOptions {
-        &self.opts
-    }
-}
-
-/// Either an external Redis (from [`REDIS_ENV`], a URL) or a [`RedisServer`] started here.
-pub type RedisTarget = Target<RedisServer>;
-
-impl Target<RedisServer> {
+impl Target<RedisOptions> {
     /// The URL for clients (with the default user's password, if any).
     pub fn url(&self) -> String {
         self.client_address()

@@ -13,8 +13,8 @@ use crate::servers::probe::redis_query;
 use crate::servers::process::{free_port, require_program};
 use crate::servers::spec::{Command, Probe, ServerSpec, Site};
 use crate::servers::{
-    DEFAULT_STARTUP_TIMEOUT, RedisOptions, RedisServer, RedisTarget, ServerError, ServerMode,
-    ServerProcess,
+    DEFAULT_STARTUP_TIMEOUT, LocalServer, RedisOptions, RedisServer, RedisTarget, Server,
+    ServerError, ServerMode,
 };
 
 const SENTINEL: &str = "Redis Sentinel";
@@ -105,7 +105,7 @@ pub struct RedisSentinelSet {
 /// A sentinel: a child process, or a container.
 #[derive(Debug)]
 enum SentinelNode {
-    Process(Box<ServerProcess>),
+    Process(Box<Server<SentinelSpec>>),
     #[cfg(feature = "testcontainers")]
     Container(Box<crate::servers::containers::Container<SentinelSpec>>),
 }
@@ -113,7 +113,7 @@ enum SentinelNode {
 impl SentinelNode {
     fn node_addr(&self) -> SocketAddr {
         match self {
-            SentinelNode::Process(process) => process.node_addr(),
+            SentinelNode::Process(process) => process.socket_addr(),
             #[cfg(feature = "testcontainers")]
             SentinelNode::Container(container) => container.socket_addr(),
         }
@@ -640,7 +640,8 @@ async fn start_sentinel(spec: SentinelSpec) -> Result<SentinelNode, ServerError>
             reason: "lock-testbed was built without its `testcontainers` feature".to_owned(),
         }),
         ServerMode::Processes => {
-            let (process, _ports) = ServerProcess::start_spec(&spec, Some(spec.port())).await?;
+            let port = spec.port();
+            let process = Server::start_on(spec, Some(port)).await?;
             Ok(SentinelNode::Process(Box::new(process)))
         }
     }

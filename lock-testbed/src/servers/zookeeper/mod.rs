@@ -12,9 +12,7 @@ use std::time::Duration;
 use super::probe::four_letter;
 use super::process::{loopback, require_program};
 use super::spec::{Command, Probe, ServerSpec, Site};
-use super::{
-    DEFAULT_STARTUP_TIMEOUT, LocalServer, ServerError, ServerProcess, Target, TargetServer,
-};
+use super::{DEFAULT_STARTUP_TIMEOUT, LocalServer, Server, ServerError, Target};
 
 /// The environment variable naming an external ZooKeeper (a connect string such as
 /// `127.0.0.1:2181` or `h1:2181,h2:2181`) to use instead of starting one.
@@ -202,6 +200,7 @@ fn zoo_cfg(
 
 impl ServerSpec for ZkOptions {
     const NAME: &'static str = "ZooKeeper";
+    const ENV: &'static str = ZK_ENV;
     const IMAGE_ENV: &'static str = "LOCK_TEST_ZK_IMAGE";
     /// Client, quorum, election (and, with [`tls`](ZkOptions::tls), the secure client port).
     const CONTAINER_PORTS: &'static [u16] = &[2181, 2888, 3888];
@@ -319,51 +318,21 @@ fn tls_cfg(
     Ok((lines, stores))
 }
 
-/// A standalone ZooKeeper server running as a child process on 127.0.0.1.
-///
-/// Its address, pid, directory (configuration, data, log) and fault injection come from
-/// [`LocalServer`]; a [`restart`](LocalServer::restart) keeps the port and the data
+/// A standalone ZooKeeper server running as a child process on 127.0.0.1 (see
+/// [`Server`]); a [`restart`](super::LocalServer::restart) keeps the port and the data
 /// directory, so sessions and znodes survive it.
-///
-/// Dropping it kills the server (`SIGKILL` to its process group), reaps it and removes its
-/// data directory.
-#[derive(Debug)]
-pub struct ZkServer {
-    process: ServerProcess,
-    opts: ZkOptions,
-    secure_port: Option<u16>,
-}
+pub type ZkServer = Server<ZkOptions>;
 
-impl ZkServer {
-    /// Starts a standalone server on a free port and waits (bounded by
-    /// [`ZkOptions::startup_timeout`]) until it serves requests (`srvr` reports a `Mode:`).
-    ///
-    /// Fails promptly with [`ServerError::NotInstalled`] when the jar or `java` is missing.
-    pub async fn start(opts: ZkOptions) -> Result<Self, ServerError> {
-        let (process, ports) = ServerProcess::start_spec(&opts, None).await?;
-        let secure_port = ports.get(3).copied();
-        Ok(Self {
-            process,
-            opts,
-            secure_port,
-        })
-    }
-
-    /// [`start`](Self::start) for synchronous code (or from inside a runtime, without
-    /// blocking it on a nested runtime): runs on a fresh runtime in a scoped thread.
-    pub fn start_blocking(opts: ZkOptions) -> Result<Self, ServerError> {
-        super::process::block_on(Self::start(opts)).and_then(|r| r)
-    }
-
+impl Server<ZkOptions> {
     /// The connect string for clients (`127.0.0.1:port`).
     pub fn connect_string(&self) -> String {
-        self.address()
+        self.client_address()
     }
 
     /// The connect string of the secure client port (`127.0.0.1:port`), when started
     /// [with TLS](ZkOptions::with_tls).
     pub fn secure_connect_string(&self) -> Option<String> {
-        self.secure_port.map(|port| loopback(port).to_string())
+        self.ports().get(3).map(|port| loopback(*port).to_string())
     }
 
     /// The authority the server trusts, copied into its directory when started
@@ -371,7 +340,8 @@ impl ZkServer {
     /// [`certs`](crate::certs) makes them): the `tls_ca` of its clients, there as long as
     /// the server.
     pub fn trusted_authority(&self) -> Option<PathBuf> {
-        self.secure_port.map(|_| self.dir().join("ca.crt"))
+        self.options().tls.as_ref()?;
+        Some(self.dir().join("ca.crt"))
     }
 
     /// Sends a four-letter word (`ruok`, `srvr`, `mntr`, ...) and returns the whole answer.
@@ -392,29 +362,6 @@ impl ZkServer {
     }
 }
 
-impl LocalServer for ZkServer {
-    fn process(&self) -> &ServerProcess {
-        &self.process
-    }
-
-    fn process_mut(&mut self) -> &mut ServerProcess {
-        &mut self.process
-    }
-}
-
-impl TargetServer for ZkServer {
-    const ENV: &'static str = ZK_ENV;
-    type Options = ZkOptions;
-
-    fn start_local(opts: ZkOptions) -> impl Future<Output = Result<Self, ServerError>> + Send {
-        Self::start(opts)
-    }
-
-    fn options(&self) -> &ZkOptions {
-        &self.opts
-    }
-}
-
 #[cfg(feature = "testcontainers")]
 impl super::containers::ZkContainer {
     /// Sends a four-letter word (bounded by 5 s).
@@ -423,11 +370,10 @@ impl super::containers::ZkContainer {
     }
 }
 
-/// Either an external ZooKeeper (from [`ZK_ENV`], a connect string) or a [`ZkServer`]
-/// started here.
-pub type ZkTarget = Target<ZkServer>;
+/// Either an external ZooKeeper (from [`ZK_ENV`], a connect string) or one started here.
+pub type ZkTarget = Target<ZkOptions>;
 
-impl Target<ZkServer> {
+impl Target<ZkOptions> {
     /// The connect string for clients.
     pub fn connect_string(&self) -> String {
         self.client_address()
@@ -436,20 +382,8 @@ impl Target<ZkServer> {
     /// A four-letter word to the server (for an external one: to the first host of the
     /// connect string, which must allow the word), bounded by 5 s.
     pub async fn four_letter(&self, word: &str) -> Result<String, ServerError> {
-        match self.server() {
-            Some(server) => server.four_letter(word).await,
-            None => {
-                let connect_string = self.client_address();
-                let first = connect_string
-                    .split(',')
-                    .next()
-                    .unwrap_or_default()
-                    .split('/')
-                    .next()
-                    .unwrap_or_default()
-                    .trim();
-                four_letter(first, word, FOUR_LETTER_TIMEOUT).await
-            }
-        }
+        let connect_string = self.client_address();
+        let first = connect_string.split([',', '/']).next().unwrap_or_default();
+        four_letter(first.trim(), word, FOUR_LETTER_TIMEOUT).await
     }
 }
