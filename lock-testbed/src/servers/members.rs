@@ -320,16 +320,34 @@ pub(crate) async fn poll_until<T, F: Future<Output = Option<T>>>(
     what: &str,
     mut look: impl FnMut() -> F,
 ) -> Result<T, ServerError> {
-    let deadline = Instant::now() + timeout;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let look = || {
+        let answer = look();
+        async move { answer.await.ok_or_else(String::new) }
+    };
+    poll(deadline, timeout, what, look).await
+}
+
+/// `look`'s answer once it gives one, asking every 100 ms; once `deadline` has passed,
+/// [`ServerError::Timeout`] waiting for `what` (with why not, as `look` last said), after
+/// `bound`.
+pub(crate) async fn poll<T, F: Future<Output = Result<T, String>>>(
+    deadline: tokio::time::Instant,
+    bound: Duration,
+    what: &str,
+    mut look: impl FnMut() -> F,
+) -> Result<T, ServerError> {
     loop {
-        if let Some(found) = look().await {
-            return Ok(found);
-        }
-        if Instant::now() >= deadline {
-            return Err(ServerError::Timeout {
-                what: what.to_owned(),
-                after: timeout,
-            });
+        let why = match look().await {
+            Ok(found) => return Ok(found),
+            Err(why) => why,
+        };
+        if tokio::time::Instant::now() >= deadline {
+            let what = match why.is_empty() {
+                true => what.to_owned(),
+                false => format!("{what} ({why})"),
+            };
+            return Err(ServerError::Timeout { what, after: bound });
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tracing::info;
 
 use super::encode_userinfo;
+use crate::servers::members::poll;
 use crate::servers::probe::redis_query;
 use crate::servers::process::require_program;
 use crate::servers::{
@@ -285,25 +286,23 @@ impl RedisClusterSet {
         let address = replica.socket_addr();
         self.ask(replica, &["CLUSTER", "FAILOVER"]).await?;
         let deadline = Instant::now() + self.opts.startup_timeout;
-        loop {
-            // The replica knows its new role first; another node learns it by gossip.
-            if self.is_primary(replica).await.unwrap_or(false)
-                && self.table().await.is_ok_and(|table| {
-                    table.iter().any(|entry| {
-                        entry.address == address && entry.primary && !entry.slots.is_empty()
-                    })
-                })
+        // The replica knows its new role first; another node learns it by gossip.
+        let took_over = || async move {
+            let served = |table: Vec<Entry>| {
+                let serves = |entry: &Entry| entry.primary && !entry.slots.is_empty();
+                table
+                    .iter()
+                    .any(|entry| entry.address == address && serves(entry))
+            };
+            match self.is_primary(replica).await.unwrap_or(false)
+                && self.table().await.is_ok_and(served)
             {
-                break;
+                true => Ok(()),
+                false => Err(String::new()),
             }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Timeout {
-                    what: format!("{} to take over", replica.socket_addr()),
-                    after: self.opts.startup_timeout,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        };
+        let what = format!("{address} to take over");
+        poll(deadline, self.opts.startup_timeout, &what, took_over).await?;
         self.wait_until_settled(deadline).await
     }
 
@@ -321,19 +320,17 @@ impl RedisClusterSet {
             .collect();
         self.nodes[index].kill();
         let deadline = Instant::now() + self.opts.startup_timeout;
+        let this = &*self;
         for slot in served {
-            loop {
-                match self.owner_of(slot).await {
-                    Ok(owner) if owner != index => break,
-                    _ if Instant::now() >= deadline => {
-                        return Err(ServerError::Timeout {
-                            what: format!("a replica to take over slot {slot} from {address}"),
-                            after: self.opts.startup_timeout,
-                        });
-                    }
-                    _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            let taken_over = || async move {
+                match this.owner_of(slot).await {
+                    Ok(owner) if owner != index => Ok(()),
+                    Ok(_) => Err(String::new()),
+                    Err(error) => Err(error.to_string()),
                 }
-            }
+            };
+            let what = format!("a replica to take over slot {slot} from {address}");
+            poll(deadline, self.opts.startup_timeout, &what, taken_over).await?;
         }
         self.wait_until_settled(deadline).await
     }
@@ -381,50 +378,39 @@ impl RedisClusterSet {
     /// every node, and every replica holds its primary's copy.
     async fn wait_until_settled(&self, deadline: Instant) -> Result<(), ServerError> {
         let total = self.nodes.len().to_string();
-        let mut last = String::new();
-        loop {
-            let mut settled = true;
+        let total = total.as_str();
+        let settled = || async move {
             for node in self.nodes.iter().filter(|node| node.pid().is_some()) {
-                match self.ask(node, &["CLUSTER", "INFO"]).await {
-                    Ok(info) => {
-                        let info = info.concat();
-                        let field = |name: &str| {
-                            info.lines()
-                                .find_map(|line| line.trim().strip_prefix(name))
-                                .map(str::to_owned)
-                        };
-                        let ok = field("cluster_state:").as_deref() == Some("ok")
-                            && field("cluster_slots_ok:").as_deref() == Some("16384")
-                            && field("cluster_known_nodes:").as_deref() == Some(&total);
-                        if !ok {
-                            settled = false;
-                            last = format!("{} says {info:?}", node.socket_addr());
-                        }
-                    }
-                    Err(error) => {
-                        settled = false;
-                        last = error.to_string();
-                    }
+                let info = self.ask(node, &["CLUSTER", "INFO"]).await;
+                let info = info.map_err(|error| error.to_string())?.concat();
+                let field = |name: &str| {
+                    info.lines()
+                        .find_map(|line| line.trim().strip_prefix(name))
+                        .map(str::to_owned)
+                };
+                if field("cluster_state:").as_deref() != Some("ok")
+                    || field("cluster_slots_ok:").as_deref() != Some("16384")
+                    || field("cluster_known_nodes:").as_deref() != Some(total)
+                {
+                    return Err(format!("{} says {info:?}", node.socket_addr()));
                 }
                 if let Ok(role) = self.ask(node, &["ROLE"]).await
                     && role.first().is_some_and(|role| role == "slave")
                     && role.get(3).is_none_or(|state| state != "connected")
                 {
-                    settled = false;
-                    last = format!("{} is a replica in state {role:?}", node.socket_addr());
+                    let node = node.socket_addr();
+                    return Err(format!("{node} is a replica in state {role:?}"));
                 }
             }
-            if settled {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Timeout {
-                    what: format!("the cluster to settle ({last})"),
-                    after: self.opts.startup_timeout,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            Ok(())
+        };
+        poll(
+            deadline,
+            self.opts.startup_timeout,
+            "the cluster to settle",
+            settled,
+        )
+        .await
     }
 
     /// Every node as the first node that answers `CLUSTER NODES` lists it.

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use tracing::info;
 
 use super::encode_userinfo;
+use crate::servers::members::poll;
 use crate::servers::probe::redis_query;
 use crate::servers::process::{free_port, require_program};
 use crate::servers::spec::{Command, Probe, ServerSpec, Site};
@@ -274,21 +275,18 @@ impl RedisSentinelSet {
         let sentinel = self.sentinels[0].node_addr();
         let service = self.opts.service.as_str();
         // Refused while the sentinels still settle a previous failover: asked again.
-        let deadline = Instant::now() + self.opts.startup_timeout;
-        loop {
-            match redis_query(
-                sentinel,
-                None,
-                &["SENTINEL", "FAILOVER", service],
-                ASK_TIMEOUT,
-            )
-            .await
-            {
-                Ok(_) => break,
-                Err(error) if Instant::now() >= deadline => return Err(error),
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-            }
-        }
+        let ask = ["SENTINEL", "FAILOVER", service];
+        let failover = || async move {
+            let answer = redis_query(sentinel, None, &ask, ASK_TIMEOUT).await;
+            answer.map_err(|error| error.to_string())
+        };
+        poll(
+            self.deadline(),
+            self.opts.startup_timeout,
+            "a failover",
+            failover,
+        )
+        .await?;
         self.wait_for_new_primary(before).await
     }
 
@@ -353,32 +351,29 @@ impl RedisSentinelSet {
     pub async fn wait_until_replica(&self, index: usize) -> Result<(), ServerError> {
         let own = self.address_of(index)?;
         let password = self.opts.server.password.as_deref();
-        let deadline = Instant::now() + self.opts.startup_timeout;
-        loop {
+        let replica = || async move {
             // A replica answers `slave, host, port, state, offset`; "connected" once it holds
-            // its primary's copy (a server started from its old files must not be
-            // promoted before).
-            let last = match redis_query(own, password, &["ROLE"], ASK_TIMEOUT).await {
+            // its primary's copy (a server started from its old files must not be promoted
+            // before).
+            match redis_query(own, password, &["ROLE"], ASK_TIMEOUT).await {
                 Ok(role)
                     if role.first().is_some_and(|r| r == "slave")
                         && role.get(3).is_some_and(|s| s == "connected") =>
                 {
-                    return Ok(());
+                    Ok(())
                 }
-                Ok(_) if self.primary().await.is_ok_and(|primary| primary == own) => {
-                    return Ok(());
-                }
-                Ok(role) => format!("ROLE answers {role:?}"),
-                Err(error) => error.to_string(),
-            };
-            if Instant::now() >= deadline {
-                return Err(ServerError::Timeout {
-                    what: format!("{own} to become a replica ({last})"),
-                    after: self.opts.startup_timeout,
-                });
+                Ok(_) if self.primary().await.is_ok_and(|primary| primary == own) => Ok(()),
+                Ok(role) => Err(format!("ROLE answers {role:?}")),
+                Err(error) => Err(error.to_string()),
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        };
+        let what = format!("{own} to become a replica");
+        poll(self.deadline(), self.opts.startup_timeout, &what, replica).await
+    }
+
+    /// The end of a wait bounded by [`RedisSentinelOptions::startup_timeout`], from now.
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.opts.startup_timeout
     }
 
     fn index_of(&self, address: SocketAddr) -> Result<usize, ServerError> {
@@ -427,41 +422,43 @@ impl RedisSentinelSet {
         &self,
         before: SocketAddr,
     ) -> Result<SocketAddr, ServerError> {
-        let deadline = Instant::now() + self.opts.startup_timeout;
         let password = self.opts.server.password.as_deref();
-        let mut last = String::from("no sentinel answered");
-        loop {
+        let new_primary = || async move {
             let mut named = Vec::new();
+            let mut last = String::from("no sentinel answered");
             for sentinel in &self.sentinels {
                 match self.primary_by(sentinel.node_addr()).await {
                     Ok(primary) => named.push(primary),
                     Err(error) => last = error.to_string(),
                 }
             }
-            if let Some(&primary) = named.first()
-                && primary != before
-                && named.len() == self.sentinels.len()
-                && named.iter().all(|other| *other == primary)
-            {
-                match redis_query(primary, password, &["ROLE"], ASK_TIMEOUT).await {
-                    Ok(role) if role.first().is_some_and(|role| role == "master") => {
-                        info!(%before, %primary, "Redis Sentinel failed over");
-                        return Ok(primary);
-                    }
-                    Ok(role) => last = format!("{primary} answers ROLE with {role:?}"),
-                    Err(error) => last = error.to_string(),
-                }
-            } else if !named.is_empty() {
-                last = format!("the sentinels name {named:?}");
-            }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Timeout {
-                    what: format!("a failover away from {before} ({last})"),
-                    after: self.opts.startup_timeout,
+            let Some(&primary) = named.first().filter(|primary| {
+                **primary != before
+                    && named.len() == self.sentinels.len()
+                    && named.iter().all(|other| other == *primary)
+            }) else {
+                return Err(match named.is_empty() {
+                    true => last,
+                    false => format!("the sentinels name {named:?}"),
                 });
+            };
+            match redis_query(primary, password, &["ROLE"], ASK_TIMEOUT).await {
+                Ok(role) if role.first().is_some_and(|role| role == "master") => {
+                    info!(%before, %primary, "Redis Sentinel failed over");
+                    Ok(primary)
+                }
+                Ok(role) => Err(format!("{primary} answers ROLE with {role:?}")),
+                Err(error) => Err(error.to_string()),
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        };
+        let what = format!("a failover away from {before}");
+        poll(
+            self.deadline(),
+            self.opts.startup_timeout,
+            &what,
+            new_primary,
+        )
+        .await
     }
 
     /// Waits until every replica has synchronised with the primary and every sentinel
@@ -469,55 +466,46 @@ impl RedisSentinelSet {
     async fn wait_until_known(&self, deadline: Instant) -> Result<(), ServerError> {
         let primary = self.address_of(0)?;
         let password = self.opts.server.password.as_deref();
-        loop {
+        let bound = self.opts.startup_timeout;
+        let replicas = self.opts.replicas;
+        let synchronised = || async move {
             let info = redis_query(primary, password, &["INFO", "replication"], ASK_TIMEOUT)
-                .await?
+                .await
+                .map_err(|error| error.to_string())?
                 .concat();
             let online = info.matches("state=online").count();
-            if online == self.opts.replicas {
-                break;
+            match online == replicas {
+                true => Ok(()),
+                false => Err(format!("{online} are")),
             }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Timeout {
-                    what: format!("{} replicas online ({online} are)", self.opts.replicas),
-                    after: self.opts.startup_timeout,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        };
+        let what = format!("{replicas} replicas online");
+        poll(deadline, bound, &what, synchronised).await?;
         let service = self.opts.service.as_str();
         let wanted = |field: &str| match field {
             "num-other-sentinels" => Some(self.sentinels.len() - 1),
-            "num-slaves" => Some(self.opts.replicas),
+            "num-slaves" => Some(replicas),
             _ => None,
         };
-        let mut last = String::new();
-        loop {
-            let mut ready = true;
+        let known = || async move {
             for sentinel in &self.sentinels {
                 let args = ["SENTINEL", "MASTER", service];
-                let answer = redis_query(sentinel.node_addr(), None, &args, ASK_TIMEOUT).await?;
+                let answer = redis_query(sentinel.node_addr(), None, &args, ASK_TIMEOUT)
+                    .await
+                    .map_err(|error| error.to_string())?;
                 for pair in answer.chunks(2) {
                     if let [field, value] = pair
                         && let Some(wanted) = wanted(field)
                         && value.parse::<usize>().ok() != Some(wanted)
                     {
-                        ready = false;
-                        last = format!("{field} is {value}, not {wanted}");
+                        return Err(format!("{field} is {value}, not {wanted}"));
                     }
                 }
             }
-            if ready {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Timeout {
-                    what: format!("the sentinels to know each other and the replicas ({last})"),
-                    after: self.opts.startup_timeout,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            Ok(())
+        };
+        let what = "the sentinels to know each other and the replicas";
+        poll(deadline, bound, what, known).await
     }
 }
 
