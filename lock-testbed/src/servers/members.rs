@@ -1,6 +1,6 @@
 //! A set of servers of one kind that serve together — a ZooKeeper ensemble, an etcd cluster —
-//! whose members run as processes or as containers, and the faults a test puts on one
-//! member. A server kind adds how its members start and who leads
+//! whose members run as processes or as containers, started from the kind's spec, and the
+//! faults a test puts on one member. A kind adds only who leads
 //! ([`ZkEnsemble`](super::ZkEnsemble), [`EtcdCluster`](super::EtcdCluster)); everything
 //! else is here, the same on either runner.
 

@@ -145,7 +145,7 @@ impl Probe {
 
 /// A server kind, written once: what a member of the kind needs (its ports, its command
 /// line and configuration files, how to tell that it serves, what its clients are given),
-/// which either runner runs: a process on this machine ([`ServerProcess`](super::ServerProcess),
+/// which either runner runs: a process on this machine ([`Server`](super::Server),
 /// [`Members`](super::Members)) or a container (`containers::Container`, feature
 /// `testcontainers`).
 ///
