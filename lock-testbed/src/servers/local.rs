@@ -16,8 +16,8 @@ use super::spec::{Peer, ServerSpec, slug};
 /// The process and the temporary directory of a server started here; [`LocalServer`]
 /// works on it.
 ///
-/// Dropping it kills the process (`SIGKILL` to its process group, and to the sessions the
-/// server started), reaps it, and then removes the directory.
+/// Dropping it kills the process (`SIGKILL` to its process group), reaps it, and then
+/// removes the directory.
 #[derive(Debug)]
 pub struct ServerProcess {
     // Declared (so dropped) before `dir`: the process goes before its directory.

@@ -738,10 +738,14 @@ impl Instance {
 }
 
 /// The state letter of process `pid` in `/proc/<pid>/stat`, and its parent; `None` once it
-/// is gone. The state follows the command name's closing parenthesis (a name may hold
-/// spaces and parentheses).
+/// is gone.
 fn stat_of(pid: u32) -> Option<(char, u32)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    state_and_parent(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The state letter and the parent of a process or thread, from its `stat` text: they
+/// follow the command name's closing parenthesis (a name may hold spaces and parentheses).
+fn state_and_parent(stat: &str) -> Option<(char, u32)> {
     let mut rest = stat.rsplit_once(") ")?.1.split_whitespace();
     let state = rest.next()?.chars().next()?;
     Some((state, rest.next()?.parse().ok()?))
@@ -782,11 +786,8 @@ fn wait_until_stopped(pid: u32, bound: Duration) {
         tasks.flatten().all(|task| {
             std::fs::read_to_string(task.path().join("stat"))
                 .ok()
-                .and_then(|stat| {
-                    let (_, rest) = stat.rsplit_once(") ")?;
-                    rest.chars().next()
-                })
-                .is_none_or(|state| matches!(state, 'T' | 't' | 'Z' | 'X'))
+                .and_then(|stat| state_and_parent(&stat))
+                .is_none_or(|(state, _)| matches!(state, 'T' | 't' | 'Z' | 'X'))
         })
     };
     let deadline = std::time::Instant::now() + bound;
