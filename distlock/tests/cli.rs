@@ -21,9 +21,8 @@ use lock_conformance::runner::strict;
 use lock_conformance::{eventually, unique_name};
 use lock_testbed::proxy::FaultProxy;
 use lock_testbed::servers::{
-    LocalServer, RedisClusterOptions, RedisClusterSet, RedisOptions, RedisSentinelOptions,
-    RedisSentinelSet, RedisServer, free_port, shared_etcd, shared_postgres, shared_redis,
-    shared_zk,
+    RedisClusterOptions, RedisClusterSet, RedisOptions, RedisSentinelOptions, RedisSentinelSet,
+    RedisServer, free_port, shared_etcd, shared_postgres, shared_redis, shared_zk,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;

@@ -498,7 +498,7 @@ mod redis {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn real_servers_serve_locks_through_the_facade() {
-        use lock_testbed::servers::{LocalServer, RedisOptions, RedisServer};
+        use lock_testbed::servers::{RedisOptions, RedisServer};
 
         let mut servers = Vec::new();
         for _ in 0..3 {

@@ -18,7 +18,7 @@ use lock_conformance::unique_name;
 use lock_core::{LockError, LockProvider};
 use lock_postgres::{PostgresLockProvider, PostgresStrategy};
 use lock_testbed::certs;
-use lock_testbed::servers::{LocalServer, PostgresOptions, PostgresServer};
+use lock_testbed::servers::{PostgresOptions, PostgresServer};
 
 /// How many of `name`'s mutex locks are held and waited for, and how many of them over an
 /// encrypted connection.

@@ -27,7 +27,6 @@ use lock_conformance::{Occupancy, unique_name};
 use lock_core::{Guard, LockError, LockProvider, LossReason, MetricsSnapshot};
 use lock_redis::{RedisLockProvider, RedisStrategy};
 use lock_testbed::proxy::FaultProxy;
-use lock_testbed::servers::LocalServer;
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use tokio::sync::watch;

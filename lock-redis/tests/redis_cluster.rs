@@ -185,7 +185,6 @@ async fn a_slot_migrates_under_a_held_lock_with_waiters() {
 
 /// How many subscribers the node at `node` counts on the sharded channel `channel`.
 async fn shard_subscribers(node: &lock_testbed::servers::RedisServer, channel: &str) -> i64 {
-    use lock_testbed::servers::LocalServer;
     let mut admin = common::admin_of(node.socket_addr()).await;
     let (_, count): (String, i64) = redis::cmd("PUBSUB")
         .arg("SHARDNUMSUB")

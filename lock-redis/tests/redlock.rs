@@ -17,7 +17,7 @@ use common::{REDLOCK_TTL, admin, redlock_config, start_server, tag};
 use lock_conformance::unique_name;
 use lock_core::{LockError, LockProvider};
 use lock_redis::RedlockProvider;
-use lock_testbed::servers::{LocalServer, RedisServer};
+use lock_testbed::servers::RedisServer;
 use redis::AsyncCommands;
 use tokio::time::{Instant, sleep};
 
@@ -42,7 +42,7 @@ async fn three_servers() -> (Vec<RedisServer>, Vec<u16>) {
     for _ in 0..3 {
         servers.push(start_server().await);
     }
-    let ports = servers.iter().map(LocalServer::port).collect();
+    let ports = servers.iter().map(RedisServer::port).collect();
     (servers, ports)
 }
 

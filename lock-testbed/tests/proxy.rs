@@ -296,7 +296,7 @@ async fn pass_forwards_both_ways_and_counts() {
     c.shutdown().await.unwrap();
     assert_closed(&mut c, Duration::from_secs(2)).await;
     eventually(Duration::from_secs(2), "connection closed", || {
-        proxy.open_connections() == 0
+        proxy.stats().open == 0
     })
     .await;
     proxy.shutdown().await;
@@ -326,7 +326,7 @@ async fn cut_closes_current_connections_and_refuses_new_ones_until_pass() {
     let mut refused = TcpStream::connect(proxy.address()).await.unwrap();
     assert_closed(&mut refused, Duration::from_millis(500)).await;
     eventually(Duration::from_secs(1), "no open connections", || {
-        proxy.open_connections() == 0
+        proxy.stats().open == 0
     })
     .await;
     let stats = proxy.stats();
@@ -354,7 +354,7 @@ async fn black_hole_keeps_connections_open_but_silent() {
     let read = timeout(Duration::from_millis(300), c.read(&mut buf)).await;
     assert!(read.is_err(), "expected a silent server, got {read:?}");
     assert!(started.elapsed() >= Duration::from_millis(300));
-    assert_eq!(proxy.open_connections(), 1);
+    assert_eq!(proxy.stats().open, 1);
 
     // A new connection is accepted, stays open and silent, and is not connected upstream.
     let mut late = TcpStream::connect(proxy.address()).await.unwrap();
@@ -362,7 +362,7 @@ async fn black_hole_keeps_connections_open_but_silent() {
     let read = timeout(Duration::from_millis(300), late.read(&mut buf)).await;
     assert!(read.is_err(), "expected a silent server, got {read:?}");
     assert_eq!(seen.connections.load(Ordering::SeqCst), 1);
-    assert_eq!(proxy.open_connections(), 2);
+    assert_eq!(proxy.stats().open, 2);
 
     // Both connections were open all along: they work again after pass(); what was sent
     // into the black hole is gone.
@@ -473,7 +473,7 @@ async fn swallow_zk_create_reply_with_fake_server() {
         *seen.requests.lock().unwrap(),
         vec![(-2, 11), (1, 4), (2, 1)]
     );
-    assert_eq!(proxy.swallowed_count(), 1);
+    assert_eq!(proxy.stats().swallowed, 1);
 
     // The next connection works normally: its create reply arrives.
     let mut next = TcpStream::connect(proxy.address()).await.unwrap();
@@ -487,7 +487,7 @@ async fn swallow_zk_create_reply_with_fake_server() {
         .unwrap();
     let r = read_frame(&mut next).await.unwrap();
     assert_eq!(reply_header(&r), (1, 11, 0));
-    assert_eq!(proxy.swallowed_count(), 1);
+    assert_eq!(proxy.stats().swallowed, 1);
     proxy.shutdown().await;
 }
 
@@ -515,7 +515,7 @@ async fn swallow_zk_delete_reply_with_fake_server() {
     assert_eq!(event.err, Some(0));
     assert_closed(&mut c, Duration::from_secs(1)).await;
     assert_eq!(*seen.requests.lock().unwrap(), vec![(1, 1), (2, 2)]);
-    assert_eq!(proxy.swallowed_count(), 1);
+    assert_eq!(proxy.stats().swallowed, 1);
     proxy.shutdown().await;
 }
 
@@ -538,7 +538,7 @@ async fn swallow_any_next_reply_cuts_after_the_request_arrived() {
 
     let mut next = TcpStream::connect(proxy.address()).await.unwrap();
     assert_eq!(round_trip(&mut next, b"GET k\r\n").await, b"GET k\r\n");
-    assert_eq!(proxy.swallowed_count(), 1);
+    assert_eq!(proxy.stats().swallowed, 1);
     proxy.shutdown().await;
 }
 
@@ -553,7 +553,7 @@ async fn disarmed_swallow_does_nothing() {
     assert_eq!(proxy.disarm_all(), 1);
     let mut c = TcpStream::connect(proxy.address()).await.unwrap();
     assert_eq!(round_trip(&mut c, b"x").await, b"x");
-    assert_eq!(proxy.swallowed_count(), 0);
+    assert_eq!(proxy.stats().swallowed, 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -570,7 +570,7 @@ async fn shutdown_closes_listener_and_connections() {
 
     proxy.shutdown().await;
     // Every task has ended: no connection is left open, and nothing listens any more.
-    assert_eq!(control.open_connections(), 0);
+    assert_eq!(control.stats().open, 0);
     assert!(TcpStream::connect(address).await.is_err());
     assert_closed(&mut c, Duration::from_secs(1)).await;
 }
@@ -785,7 +785,7 @@ async fn swallow_zk_create_reply_with_real_zookeeper() {
         .unwrap()
         .unwrap();
     assert_eq!(reply_header(&r).2, -110);
-    assert_eq!(proxy.swallowed_count(), 1);
+    assert_eq!(proxy.stats().swallowed, 1);
     proxy.shutdown().await;
     drop(zk);
 }

@@ -15,10 +15,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lock_testbed::servers::{
-    ETCD_ENV, EtcdOptions, EtcdServer, LocalServer, REDIS_ENV, RedisClusterOptions,
-    RedisClusterSet, RedisOptions, RedisSentinelOptions, RedisSentinelSet, RedisServer,
-    RedisTarget, SERVERS_ENV, ServerError, ServerMode, ZK_ENV, ZkEnsemble, ZkOptions, ZkServer,
-    ZkTarget, shared_etcd, shared_redis, shared_zk,
+    ETCD_ENV, EtcdOptions, EtcdServer, REDIS_ENV, RedisClusterOptions, RedisClusterSet,
+    RedisOptions, RedisSentinelOptions, RedisSentinelSet, RedisServer, RedisTarget, SERVERS_ENV,
+    ServerError, ServerMode, ZK_ENV, ZkEnsemble, ZkOptions, ZkServer, ZkTarget, shared_etcd,
+    shared_redis, shared_zk,
 };
 
 /// Set in the child test process that starts shared servers and then exits without
@@ -658,7 +658,7 @@ async fn taken_port_is_reported_after_bounded_retries() {
 #[tokio::test]
 async fn a_process_targets_condition_follows_its_process() {
     let mut redis = RedisTarget::from(RedisServer::start(RedisOptions::default()).await.unwrap());
-    let pid = redis.server().and_then(LocalServer::pid).unwrap();
+    let pid = redis.server().and_then(RedisServer::pid).unwrap();
     let condition = redis.condition().await;
     assert!(
         condition.contains(&format!("(pid {pid}) runs"))

@@ -27,7 +27,7 @@ use lock_conformance::{Occupancy, PollBudget, unique_name};
 use lock_core::observe::RECONNECTS;
 use lock_core::{DistributedLock, Guard, LockError, LockProvider};
 use lock_testbed::proxy::ReplyKind;
-use lock_testbed::servers::{LocalServer, ZkEnsemble, ZkServer, free_port, shared_zk};
+use lock_testbed::servers::{ZkEnsemble, ZkServer, free_port, shared_zk};
 use lock_zookeeper::{AclPolicy, DigestAuth, ZkConfig, ZkLockProvider, ZkStrategy};
 use tokio::time::{Instant, sleep, timeout};
 use zookeeper_client::{Acls, Client as ZkClient, CreateMode};
@@ -753,7 +753,7 @@ async fn lost_create_replies(strategy: ZkStrategy, kind: Kind) -> LostReplies {
         .await;
     }
     assert_eq!(
-        usize::try_from(proxy.swallowed_count()).unwrap(),
+        usize::try_from(proxy.stats().swallowed).unwrap(),
         ROUNDS,
         "one reply swallowed per round"
     );
@@ -1567,7 +1567,7 @@ async fn lost_delete_replies(strategy: ZkStrategy) -> Duration {
         next.release().await.unwrap();
     }
     assert_eq!(
-        proxy.swallowed_count(),
+        proxy.stats().swallowed,
         ROUNDS as u64,
         "one reply swallowed per round"
     );

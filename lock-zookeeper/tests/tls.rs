@@ -17,7 +17,7 @@ use common::{ZkHarness, children, lock_dir, tls_server};
 use lock_conformance::unique_name;
 use lock_core::{LockError, LockProvider};
 use lock_testbed::certs;
-use lock_testbed::servers::{LocalServer, ZkServer};
+use lock_testbed::servers::ZkServer;
 use lock_zookeeper::{ZkLockProvider, ZkStrategy};
 
 mod over_tls {

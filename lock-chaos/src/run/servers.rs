@@ -9,7 +9,7 @@ use lock_core::LockName;
 use lock_core::memory::MemoryServer;
 use lock_testbed::servers::containers;
 use lock_testbed::servers::{
-    EtcdCluster, EtcdOptions, LocalServer, RedisClusterOptions, RedisClusterSet, RedisOptions,
+    EtcdCluster, EtcdOptions, RedisClusterOptions, RedisClusterSet, RedisOptions,
     RedisSentinelOptions, RedisSentinelSet, RedisServer, ServerError, ServerMode, ZkEnsemble,
     ZkOptions,
 };
@@ -86,7 +86,7 @@ impl Servers {
     pub(super) fn addresses(&self) -> Vec<SocketAddr> {
         match self {
             Servers::Zookeeper(ensemble) => ensemble.addresses(),
-            Servers::Redis(servers) => servers.iter().map(LocalServer::socket_addr).collect(),
+            Servers::Redis(servers) => servers.iter().map(RedisServer::socket_addr).collect(),
             // The clients ask the sentinels for the primary.
             Servers::RedisSentinel(set) => set
                 .sentinel_addresses()

@@ -286,7 +286,7 @@ impl Proxies {
 
     /// Replies swallowed so far, on every proxy.
     pub(crate) fn swallowed(&self) -> u64 {
-        self.0.iter().map(|proxy| proxy.swallowed_count()).sum()
+        self.0.iter().map(|proxy| proxy.stats().swallowed).sum()
     }
 
     /// The proxies' endpoints.
@@ -324,7 +324,7 @@ impl ClientFaults for Proxies {
         let armed: Vec<_> = self
             .0
             .iter()
-            .filter(|proxy| proxy.open_connections() > 0)
+            .filter(|proxy| proxy.stats().open > 0)
             .map(|proxy| proxy.swallow_next_reply(ReplyKind::AnyNextReply))
             .collect();
         if armed.is_empty() {

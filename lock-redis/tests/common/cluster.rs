@@ -14,7 +14,7 @@ use lock_conformance::{
 use lock_core::{LockError, LockProvider};
 use lock_redis::{RedisConfig, RedisLockProvider, RedisStrategy};
 use lock_testbed::servers::{
-    LocalServer, RedisClusterOptions, RedisClusterSet, RedisOptions, free_port,
+    RedisClusterOptions, RedisClusterSet, RedisOptions, RedisServer, free_port,
 };
 use redis::AsyncCommands;
 
@@ -39,7 +39,7 @@ pub(crate) async fn start_cluster() -> RedisClusterSet {
 /// The addresses of the cluster's nodes that run.
 pub(crate) fn running(set: &RedisClusterSet) -> Vec<std::net::SocketAddr> {
     let nodes = set.nodes().iter().filter(|node| node.pid().is_some());
-    nodes.map(LocalServer::socket_addr).collect()
+    nodes.map(RedisServer::socket_addr).collect()
 }
 
 /// An admin connection to the primary serving `key`'s slot.

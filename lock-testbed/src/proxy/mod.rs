@@ -240,56 +240,21 @@ impl fmt::Debug for FaultControl {
 
 impl FaultControl {
     /// The address clients connect to (the proxy's listener).
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
-    /// assert!(proxy.address().ip().is_loopback());
-    /// # Ok(())
-    /// # }
-    /// ```
     pub fn address(&self) -> SocketAddr {
         self.shared.address
     }
 
     /// The upstream server the proxy forwards to.
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
-    /// assert_eq!(proxy.upstream(), server);
-    /// # Ok(())
-    /// # }
-    /// ```
     pub fn upstream(&self) -> SocketAddr {
         self.shared.upstream
     }
 
     /// The current mode.
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// use lock_testbed::proxy::{FaultProxy, Mode};
-    /// let proxy = FaultProxy::start(server)?;
-    /// proxy.black_hole();
-    /// assert_eq!(proxy.mode(), Mode::BlackHole);
-    /// # Ok(())
-    /// # }
-    /// ```
     pub fn mode(&self) -> Mode {
         self.shared.mode()
     }
 
     /// Switches to `mode`; it applies at once to current and new connections.
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// use lock_testbed::proxy::{FaultProxy, Mode};
-    /// let proxy = FaultProxy::start(server)?;
-    /// proxy.set_mode(Mode::Cut);
-    /// # Ok(())
-    /// # }
-    /// ```
     pub fn set_mode(&self, mode: Mode) {
         let old = self.shared.mode.send_replace(mode);
         if old != mode {
@@ -298,29 +263,12 @@ impl FaultControl {
     }
 
     /// Forwards both ways (the default; ends any other mode).
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
-    /// proxy.cut();
-    /// proxy.pass(); // connections are accepted and forwarded again
-    /// # Ok(())
-    /// # }
-    /// ```
     pub fn pass(&self) {
         self.set_mode(Mode::Pass);
     }
 
     /// Closes every current connection at once (both the client's and the upstream one), and
     /// accepts then immediately closes new connections until another mode is set.
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
-    /// proxy.cut(); // clients see EOF
-    /// # Ok(())
-    /// # }
-    /// ```
     pub fn cut(&self) {
         self.set_mode(Mode::Cut);
     }
@@ -330,14 +278,6 @@ impl FaultControl {
     /// meanwhile stays open on the client side until the mode changes. New connections are not
     /// connected upstream until the mode changes. Bytes dropped are gone: after
     /// [`pass`](Self::pass) the stream resumes with a gap.
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
-    /// proxy.black_hole();
-    /// # Ok(())
-    /// # }
-    /// ```
     pub fn black_hole(&self) {
         self.set_mode(Mode::BlackHole);
     }
@@ -345,14 +285,6 @@ impl FaultControl {
     /// Forwards every chunk `latency` after it was read, in each direction, keeping order (a
     /// request/response round trip therefore takes at least twice `latency`). Chunks already
     /// read keep the due time they got when read.
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
-    /// proxy.delay(std::time::Duration::from_millis(200));
-    /// # Ok(())
-    /// # }
-    /// ```
     pub fn delay(&self, latency: Duration) {
         self.set_mode(Mode::Delay(latency));
     }
@@ -390,16 +322,6 @@ impl FaultControl {
     }
 
     /// Disarms every swallow not yet claimed by a connection; returns how many.
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// use lock_testbed::proxy::{FaultProxy, ReplyKind};
-    /// let proxy = FaultProxy::start(server)?;
-    /// let _ = proxy.swallow_next_reply(ReplyKind::ZkCreate);
-    /// assert_eq!(proxy.disarm_all(), 1);
-    /// # Ok(())
-    /// # }
-    /// ```
     pub fn disarm_all(&self) -> usize {
         let mut armed = self.shared.armed();
         for slot in armed.iter() {
@@ -411,15 +333,6 @@ impl FaultControl {
     }
 
     /// A snapshot of all counters.
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
-    /// let stats = proxy.stats();
-    /// println!("{} open, {} bytes up", stats.open, stats.bytes_to_upstream);
-    /// # Ok(())
-    /// # }
-    /// ```
     pub fn stats(&self) -> ProxyStats {
         let s = &self.shared;
         ProxyStats {
@@ -431,71 +344,6 @@ impl FaultControl {
             bytes_dropped: s.dropped.load(Ordering::Acquire),
             swallowed: s.swallowed.load(Ordering::Acquire),
         }
-    }
-
-    /// Connections accepted so far (including those refused while cut).
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
-    /// assert_eq!(proxy.connections_accepted(), 0);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn connections_accepted(&self) -> u64 {
-        self.shared.accepted.load(Ordering::Acquire)
-    }
-
-    /// Connections currently open.
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
-    /// assert_eq!(proxy.open_connections(), 0);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn open_connections(&self) -> u64 {
-        self.shared.open.load(Ordering::Acquire)
-    }
-
-    /// Bytes written to the upstream server so far.
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
-    /// assert_eq!(proxy.bytes_to_upstream(), 0);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn bytes_to_upstream(&self) -> u64 {
-        self.shared.to_upstream.load(Ordering::Acquire)
-    }
-
-    /// Bytes written to clients so far.
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
-    /// assert_eq!(proxy.bytes_to_client(), 0);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn bytes_to_client(&self) -> u64 {
-        self.shared.to_client.load(Ordering::Acquire)
-    }
-
-    /// Replies swallowed so far.
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
-    /// assert_eq!(proxy.swallowed_count(), 0);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn swallowed_count(&self) -> u64 {
-        self.shared.swallowed.load(Ordering::Acquire)
     }
 }
 
@@ -530,48 +378,17 @@ impl fmt::Debug for SwallowHandle {
 
 impl SwallowHandle {
     /// The kind this handle was armed with.
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// use lock_testbed::proxy::{FaultProxy, ReplyKind};
-    /// let proxy = FaultProxy::start(server)?;
-    /// let swallow = proxy.swallow_next_reply(ReplyKind::ZkCreate);
-    /// assert_eq!(swallow.kind(), ReplyKind::ZkCreate);
-    /// # Ok(())
-    /// # }
-    /// ```
     pub fn kind(&self) -> ReplyKind {
         self.slot.kind
     }
 
     /// The event, if the swallow already happened.
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// use lock_testbed::proxy::{FaultProxy, ReplyKind};
-    /// let proxy = FaultProxy::start(server)?;
-    /// let swallow = proxy.swallow_next_reply(ReplyKind::AnyNextReply);
-    /// assert_eq!(swallow.event(), None);
-    /// # Ok(())
-    /// # }
-    /// ```
     pub fn event(&self) -> Option<SwallowEvent> {
         *self.slot.done.borrow()
     }
 
     /// Waits until the reply was swallowed and its connection closed. It never resolves if no
     /// such reply comes: bound it with `tokio::time::timeout`.
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// use lock_testbed::proxy::{FaultProxy, ReplyKind};
-    /// use std::time::Duration;
-    /// let proxy = FaultProxy::start(server)?;
-    /// let swallow = proxy.swallow_next_reply(ReplyKind::AnyNextReply);
-    /// let _ = tokio::time::timeout(Duration::from_secs(1), swallow.wait()).await;
-    /// # Ok(())
-    /// # }
-    /// ```
     pub async fn wait(&self) -> SwallowEvent {
         let mut rx = self.slot.done.subscribe();
         let event = match rx.wait_for(Option::is_some).await {
@@ -586,16 +403,6 @@ impl SwallowHandle {
     }
 
     /// Disarms this swallow if no connection has claimed it yet; returns whether it did.
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// use lock_testbed::proxy::{FaultProxy, ReplyKind};
-    /// let proxy = FaultProxy::start(server)?;
-    /// let swallow = proxy.swallow_next_reply(ReplyKind::ZkCreate);
-    /// assert!(swallow.disarm());
-    /// # Ok(())
-    /// # }
-    /// ```
     pub fn disarm(&self) -> bool {
         self.slot.disarmed.store(true, Ordering::Release);
         let mut armed = self.shared.armed();
@@ -740,31 +547,12 @@ impl FaultProxy {
     }
 
     /// A cloneable control handle (the same methods the proxy derefs to).
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
-    /// let control = proxy.control();
-    /// control.black_hole();
-    /// # Ok(())
-    /// # }
-    /// ```
     pub fn control(&self) -> FaultControl {
         self.control.clone()
     }
 
     /// Closes the listener and every connection, and waits until all the proxy's tasks have
     /// ended. Afterwards connecting to [`address`](FaultControl::address) fails.
-    ///
-    /// ```no_run
-    /// # async fn demo(server: std::net::SocketAddr) -> std::io::Result<()> {
-    /// let proxy = lock_testbed::proxy::FaultProxy::start(server)?;
-    /// let address = proxy.address();
-    /// proxy.shutdown().await;
-    /// assert!(tokio::net::TcpStream::connect(address).await.is_err());
-    /// # Ok(())
-    /// # }
-    /// ```
     pub async fn shutdown(mut self) {
         if let Some(stop) = self.stop.take() {
             // The loop may already have ended; nothing to tell it then.

@@ -119,6 +119,15 @@ impl ServerError {
         matches!(self, Self::MissingImage { .. })
     }
 
+    /// Starting `what` in containers, from a build without the `testcontainers` feature.
+    #[cfg(not(feature = "testcontainers"))]
+    pub(crate) fn without_containers(what: &str) -> Self {
+        Self::Unsupported {
+            operation: format!("starting {what} in containers"),
+            reason: "lock-testbed was built without its `testcontainers` feature".to_owned(),
+        }
+    }
+
     pub(crate) fn unsupported_external(operation: &str, what: &str) -> Self {
         Self::Unsupported {
             operation: operation.to_owned(),

@@ -1,9 +1,8 @@
 //! A server of one kind started here as a child process ([`Server`]): one process and one
-//! temporary directory, and the methods over them ([`LocalServer`]).
+//! temporary directory.
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::sys::signal::Signal;
 use tracing::info;
@@ -13,31 +12,20 @@ use super::member::Member;
 use super::process::{Instance, ScratchDir, free_ports, retry_port_clash, spec_instance};
 use super::spec::{Peer, ServerSpec, slug};
 
-/// The process and the temporary directory of a server started here; [`LocalServer`]
-/// works on it.
-///
-/// Dropping it kills the process (`SIGKILL` to its process group), reaps it, and then
-/// removes the directory.
-#[derive(Debug)]
-pub struct ServerProcess {
-    // Declared (so dropped) before `dir`: the process goes before its directory.
-    node: Instance,
-    dir: ScratchDir,
-}
-
 /// A server of the kind `S` started here as a child process on 127.0.0.1, on free ports,
 /// in a temporary directory of its own: a [`ZkServer`](super::ZkServer),
 /// [`RedisServer`](super::RedisServer), [`EtcdServer`](super::EtcdServer) or
 /// [`PostgresServer`](super::PostgresServer).
 ///
-/// Its address, pid, directory and log, and fault injection (pause, resume, kill, restart)
-/// come from [`LocalServer`]; a [`restart`](LocalServer::restart) keeps the ports and the
-/// directory.
+/// A [`restart`](Self::restart) keeps the ports and the directory.
 ///
-/// Dropping it kills the server, reaps it and removes its directory.
+/// Dropping it kills the server (`SIGKILL` to its process group), reaps it and then removes
+/// its directory.
 #[derive(Debug)]
 pub struct Server<S> {
-    process: ServerProcess,
+    // Declared (so dropped) before `dir`: the process goes before its directory.
+    node: Instance,
+    dir: ScratchDir,
     spec: S,
     /// In the order of [`ServerSpec::CONTAINER_PORTS`], the client port first.
     ports: Vec<u16>,
@@ -63,13 +51,12 @@ impl<S: ServerSpec> Server<S> {
     /// again in a new directory on new ports, a bounded number of times.
     pub(crate) async fn start_on(spec: S, client_port: Option<u16>) -> Result<Self, ServerError> {
         let prefix = format!("lock-{}-", slug::<S>());
-        let first_try = AtomicBool::new(true);
-        let (spec_ref, prefix, first_try) = (&spec, prefix.as_str(), &first_try);
-        let (process, ports, took) = retry_port_clash(S::NAME, || async move {
+        let (spec_ref, prefix) = (&spec, prefix.as_str());
+        let (node, dir, ports, took) = retry_port_clash(S::NAME, |attempt| async move {
             let no_clash = |err: ServerError| (err, false);
             let dir = ScratchDir::new(prefix).map_err(no_clash)?;
             let mut ports = free_ports(spec_ref.port_count()).map_err(no_clash)?;
-            let first = client_port.filter(|_| first_try.swap(false, Ordering::SeqCst));
+            let first = client_port.filter(|_| attempt == 1);
             if let (Some(port), Some(slot)) = (first, ports.first_mut()) {
                 *slot = port;
             }
@@ -77,7 +64,7 @@ impl<S: ServerSpec> Server<S> {
             let mut node = spec_instance(spec_ref, S::NAME.to_owned(), dir.path(), 0, &members)
                 .map_err(no_clash)?;
             match node.start().await {
-                Ok(took) => Ok((ServerProcess { node, dir }, ports, took)),
+                Ok(took) => Ok((node, dir, ports, took)),
                 Err(err) => {
                     let clash = node.port_clash(&err);
                     Err((err, clash))
@@ -85,9 +72,10 @@ impl<S: ServerSpec> Server<S> {
             }
         })
         .await?;
-        info!(server = S::NAME, ?ports, ?took, dir = %process.dir.path().display(), "started");
+        info!(server = S::NAME, ?ports, ?took, dir = %dir.path().display(), "started");
         Ok(Self {
-            process,
+            node,
+            dir,
             spec,
             ports,
         })
@@ -109,17 +97,7 @@ impl<S: ServerSpec> Server<S> {
     }
 }
 
-impl<S> LocalServer for Server<S> {
-    fn process(&self) -> &ServerProcess {
-        &self.process
-    }
-
-    fn process_mut(&mut self) -> &mut ServerProcess {
-        &mut self.process
-    }
-}
-
-impl ServerProcess {
+impl<S> Server<S> {
     /// The process, as a [`Member`] of a set or a [`Target`](super::Target).
     pub(crate) fn member(&self) -> &dyn Member {
         &self.node
@@ -129,53 +107,42 @@ impl ServerProcess {
     pub(crate) fn member_mut(&mut self) -> &mut dyn Member {
         &mut self.node
     }
-}
-
-/// A server started here as a child process on 127.0.0.1 (a [`Server`]): its address, pid,
-/// directory and log, and fault injection (pause, resume, kill, restart), all provided
-/// over its [`ServerProcess`].
-pub trait LocalServer {
-    /// The server's process and directory.
-    fn process(&self) -> &ServerProcess;
-
-    /// The server's process and directory, mutably.
-    fn process_mut(&mut self) -> &mut ServerProcess;
 
     /// The client socket address.
-    fn socket_addr(&self) -> SocketAddr {
-        self.process().node.addr()
+    pub fn socket_addr(&self) -> SocketAddr {
+        self.node.addr()
     }
 
     /// The client address, `127.0.0.1:port`.
-    fn address(&self) -> String {
+    pub fn address(&self) -> String {
         self.socket_addr().to_string()
     }
 
     /// The client port.
-    fn port(&self) -> u16 {
+    pub fn port(&self) -> u16 {
         self.socket_addr().port()
     }
 
     /// The server's pid (also its process-group id), or `None` after
     /// [`kill`](Self::kill).
-    fn pid(&self) -> Option<u32> {
-        self.process().node.pid()
+    pub fn pid(&self) -> Option<u32> {
+        self.node.pid()
     }
 
     /// The server's directory (configuration, data and log); removed on drop.
-    fn dir(&self) -> &Path {
-        self.process().dir.path()
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 
     /// The server's log file (stdout and stderr of every launch).
-    fn log_path(&self) -> &Path {
-        self.process().node.log_path()
+    pub fn log_path(&self) -> &Path {
+        self.node.log_path()
     }
 
     /// What a failure message should say of the server: whether its process runs, is
     /// stopped or has exited, and the last lines of its log.
-    fn condition(&self) -> String {
-        self.process().node.condition()
+    pub fn condition(&self) -> String {
+        self.node.condition()
     }
 
     /// Freezes the server (`SIGSTOP` to its process group, and to the sessions it started,
@@ -185,20 +152,20 @@ pub trait LocalServer {
     /// Returns once every thread of the server is stopped (bounded by 2 s): the signal
     /// alone takes effect asynchronously, and a busy machine can leave a thread running long
     /// enough to answer one more request.
-    fn pause(&self) -> Result<(), ServerError> {
-        self.process().node.signal(Signal::SIGSTOP)
+    pub fn pause(&self) -> Result<(), ServerError> {
+        self.node.signal(Signal::SIGSTOP)
     }
 
     /// Continues a paused server (`SIGCONT`).
-    fn resume(&self) -> Result<(), ServerError> {
-        self.process().node.signal(Signal::SIGCONT)
+    pub fn resume(&self) -> Result<(), ServerError> {
+        self.node.signal(Signal::SIGCONT)
     }
 
     /// Kills the server (`SIGKILL` to the sessions it started, then to its process group)
     /// and reaps it. Its ports and directory are kept for [`restart`](Self::restart).
     /// No-op when already killed.
-    fn kill(&mut self) {
-        self.process_mut().node.kill();
+    pub fn kill(&mut self) {
+        self.node.kill();
     }
 
     /// Kills the server if running, then starts it again on the same ports with the same
@@ -206,7 +173,7 @@ pub trait LocalServer {
     ///
     /// What survives is the server's: ZooKeeper keeps its sessions and znodes, etcd its
     /// data; Redis, which runs without persistence, comes back empty.
-    fn restart(&mut self) -> impl Future<Output = Result<(), ServerError>> + Send {
-        self.process_mut().node.restart()
+    pub async fn restart(&mut self) -> Result<(), ServerError> {
+        self.node.restart().await
     }
 }

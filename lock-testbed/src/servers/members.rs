@@ -9,11 +9,13 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use tokio::time::Instant;
 use tracing::info;
 
 use super::member::Member;
+use super::probe::ask_until;
 use super::process::{ScratchDir, free_ports, retry_port_clash, spec_instance};
 use super::spec::{Peer, ServerSpec, slug};
 use super::{ServerError, ServerMode};
@@ -59,15 +61,9 @@ impl<S: ServerSpec> Members<S> {
             #[cfg(feature = "testcontainers")]
             ServerMode::Containers => Self::start_containers(n, &spec).await?,
             #[cfg(not(feature = "testcontainers"))]
-            ServerMode::Containers => {
-                return Err(ServerError::Unsupported {
-                    operation: format!("starting {} members in containers", S::NAME),
-                    reason: "lock-testbed was built without its `testcontainers` feature"
-                        .to_owned(),
-                });
-            }
+            ServerMode::Containers => return Err(ServerError::without_containers(S::NAME)),
             ServerMode::Processes => {
-                retry_port_clash(S::NAME, || Self::start_processes(n, &spec)).await?
+                retry_port_clash(S::NAME, |_| Self::start_processes(n, &spec)).await?
             }
         };
         info!(n, members = ?members.addresses(), "{} set serves", S::NAME);
@@ -123,28 +119,31 @@ impl<S: ServerSpec> Members<S> {
     /// it, then waited for (each bounded by the spec's start-up timeout).
     #[cfg(feature = "testcontainers")]
     async fn start_containers(n: usize, spec: &S) -> Result<Self, ServerError> {
-        use super::containers::{ClusterNetwork, Container, host_name, wait_ready};
+        use super::containers::{ClusterNetwork, Container, host_name};
         let hosts = slug::<S>();
         let network = ClusterNetwork::create(hosts.clone()).await?;
         let peers: Vec<Peer> = (0..n)
             .map(|index| Peer::new(host_name(&hosts, index), S::CONTAINER_PORTS.to_vec()))
             .collect();
-        let mut members = Vec::with_capacity(n);
+        let mut containers = Vec::with_capacity(n);
         for index in 0..n {
             let container = Container::create_member(spec, &peers, index).await?;
             network.heal(container.id(), index).await?;
-            members.push(Box::new(container) as Box<dyn Member>);
+            containers.push(container);
         }
+        for container in &containers {
+            container.wait_ready().await?;
+        }
+        let members = containers
+            .into_iter()
+            .map(|container| Box::new(container) as Box<dyn Member>)
+            .collect();
         let members = Members {
             members,
             network: Some(network),
             dir: None,
             kind: PhantomData,
         };
-        for addr in members.addresses() {
-            let member = format!("{} member at {addr}", S::NAME);
-            wait_ready(&member, &spec.probe(), addr, spec.startup_timeout()).await?;
-        }
         Ok(members)
     }
 }
@@ -320,7 +319,7 @@ pub(crate) async fn poll_until<T, F: Future<Output = Option<T>>>(
     what: &str,
     mut look: impl FnMut() -> F,
 ) -> Result<T, ServerError> {
-    let deadline = tokio::time::Instant::now() + timeout;
+    let deadline = Instant::now() + timeout;
     let look = || {
         let answer = look();
         async move { answer.await.ok_or_else(String::new) }
@@ -332,23 +331,17 @@ pub(crate) async fn poll_until<T, F: Future<Output = Option<T>>>(
 /// [`ServerError::Timeout`] waiting for `what` (with why not, as `look` last said), after
 /// `bound`.
 pub(crate) async fn poll<T, F: Future<Output = Result<T, String>>>(
-    deadline: tokio::time::Instant,
+    deadline: Instant,
     bound: Duration,
     what: &str,
-    mut look: impl FnMut() -> F,
+    look: impl FnMut() -> F,
 ) -> Result<T, ServerError> {
-    loop {
-        let why = match look().await {
-            Ok(found) => return Ok(found),
-            Err(why) => why,
+    let interval = Duration::from_millis(100);
+    ask_until(deadline, interval, look).await.map_err(|why| {
+        let what = match why.is_empty() {
+            true => what.to_owned(),
+            false => format!("{what} ({why})"),
         };
-        if tokio::time::Instant::now() >= deadline {
-            let what = match why.is_empty() {
-                true => what.to_owned(),
-                false => format!("{what} ({why})"),
-            };
-            return Err(ServerError::Timeout { what, after: bound });
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        ServerError::Timeout { what, after: bound }
+    })
 }

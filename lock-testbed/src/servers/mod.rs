@@ -23,9 +23,8 @@
 //! `redis-cli --cluster create`), and migrates a slot or promotes a replica on demand.
 //!
 //! [`ZkServer`], [`RedisServer`], [`EtcdServer`] and [`PostgresServer`] are one
-//! [`Server`] of different kinds; their address, pid, directory and log accessors and
-//! their fault injection (pause, resume, kill, restart) come from the [`LocalServer`]
-//! trait; bring it into scope to call them.
+//! [`Server`] of different kinds, with the same address, pid, directory and log accessors
+//! and the same fault injection (pause, resume, kill, restart).
 //!
 //! Environment overrides: [`ZK_ENV`] (`LOCK_TEST_ZK`, a ZooKeeper connect string) and
 //! [`REDIS_ENV`] (`LOCK_TEST_REDIS`, a Redis URL) and [`ETCD_ENV`] (`LOCK_TEST_ETCD`, an
@@ -69,7 +68,7 @@ use std::time::Duration;
 
 pub use error::ServerError;
 pub use etcd::{ETCD_ENV, EtcdCluster, EtcdOptions, EtcdServer, EtcdTarget, etcd_metric};
-pub use local::{LocalServer, Server, ServerProcess};
+pub use local::Server;
 pub use member::Member;
 pub use members::Members;
 pub use mode::{SERVERS_ENV, ServerMode};

@@ -1,13 +1,33 @@
 //! Raw-socket conversations with the servers: ZooKeeper four-letter words, a minimal RESP
-//! exchange for Redis, and HTTP/1.0 `GET` for etcd.
+//! exchange for Redis, and HTTP/1.0 `GET` for etcd; and asking again until they answer.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpStream, ToSocketAddrs};
+use tokio::time::Instant;
 
 use super::ServerError;
+
+/// `look`'s answer once it gives one, asking every `interval`; once `deadline` has passed,
+/// why not, as `look` last said.
+pub(crate) async fn ask_until<T, F: Future<Output = Result<T, String>>>(
+    deadline: Instant,
+    interval: Duration,
+    mut look: impl FnMut() -> F,
+) -> Result<T, String> {
+    loop {
+        let why = match look().await {
+            Ok(found) => return Ok(found),
+            Err(why) => why,
+        };
+        if Instant::now() >= deadline {
+            return Err(why);
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
 
 async fn bounded<T>(
     what: impl FnOnce() -> String,

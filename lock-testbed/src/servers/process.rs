@@ -10,11 +10,12 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::{LazyLock, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tempfile::TempDir;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::ServerError;
@@ -258,12 +259,13 @@ pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
 /// (another process can take a [`free_port`] before the server binds it).
 const PORT_CLASH_ATTEMPTS: usize = 3;
 
-/// Runs `attempt` until it succeeds, fails for another reason than a taken port (the
-/// `bool` of its error says whether the port was taken), or has found a port taken
-/// [`PORT_CLASH_ATTEMPTS`] times. Each attempt is expected to pick fresh ports.
+/// Runs `attempt` (given its number, from 1) until it succeeds, fails for another reason
+/// than a taken port (the `bool` of its error says whether the port was taken), or has
+/// found a port taken [`PORT_CLASH_ATTEMPTS`] times. Each attempt after the first is
+/// expected to pick fresh ports.
 pub(crate) async fn retry_port_clash<T, F>(
     server: &str,
-    mut attempt: impl FnMut() -> F,
+    mut attempt: impl FnMut(usize) -> F,
 ) -> Result<T, ServerError>
 where
     F: Future<Output = Result<T, (ServerError, bool)>>,
@@ -271,7 +273,7 @@ where
     let mut attempts = 0;
     loop {
         attempts += 1;
-        match attempt().await {
+        match attempt(attempts).await {
             Ok(started) => return Ok(started),
             Err((err, true)) if attempts < PORT_CLASH_ATTEMPTS => {
                 warn!(attempt = attempts, %err, "{server}: a port was taken; retrying on fresh ports");
@@ -608,7 +610,8 @@ impl Instance {
     pub(crate) async fn start(&mut self) -> Result<Duration, ServerError> {
         let began = Instant::now();
         self.spawn()?;
-        self.wait_ready(began + self.startup_timeout).await?;
+        self.wait_ready(Instant::now() + self.startup_timeout)
+            .await?;
         let took = began.elapsed();
         info!(server = %self.server, addr = %self.addr, ?took, "server ready");
         Ok(took)
@@ -695,45 +698,43 @@ impl Instance {
         }
     }
 
-    /// Polls the readiness probe until it passes, the process exits, or `deadline` passes
-    /// (then the process is killed).
+    /// Probes until the server serves, its process exits, or `deadline` passes (then the
+    /// process is killed).
     pub(crate) async fn wait_ready(&mut self, deadline: Instant) -> Result<(), ServerError> {
-        const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
         let began = Instant::now();
-        let mut last = String::from("no probe completed");
-        loop {
-            let exited = match self.proc.as_mut() {
-                Some(proc) => proc.try_exited()?,
-                None => {
-                    return Err(ServerError::NotRunning {
-                        server: self.server.clone(),
-                    });
+        let Some(proc) = self.proc.as_mut() else {
+            return Err(ServerError::NotRunning {
+                server: self.server.clone(),
+            });
+        };
+        let exited = async {
+            loop {
+                if let Some(status) = proc.try_exited()? {
+                    return Ok::<_, ServerError>(status);
                 }
-            };
-            if let Some(status) = exited {
-                self.proc = None;
-                return Err(self.startup_error(format!(
-                    "the process exited during start-up ({status}); last probe: {last}"
-                )));
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            let now = Instant::now();
-            let attempt = ATTEMPT_TIMEOUT.min(deadline.saturating_duration_since(now));
-            match self.probe.check(self.addr, attempt).await {
+        };
+        let last = tokio::select! {
+            ready = self.probe.wait(self.addr, deadline) => match ready {
                 Ok(()) => return Ok(()),
-                Err(why) => last = why,
+                Err(last) => last,
+            },
+            status = exited => {
+                let status = status?;
+                self.proc = None;
+                let detail = format!("the process exited during start-up ({status})");
+                return Err(self.startup_error(detail));
             }
-            if Instant::now() >= deadline {
-                let err = self.startup_error(format!(
-                    "not ready on {} after {:?} (bound {:?}); last probe: {last}",
-                    self.addr,
-                    began.elapsed(),
-                    self.startup_timeout
-                ));
-                self.kill();
-                return Err(err);
-            }
-            tokio::time::sleep(self.probe.interval()).await;
-        }
+        };
+        let err = self.startup_error(format!(
+            "not ready on {} after {:?} (bound {:?}); last probe: {last}",
+            self.addr,
+            began.elapsed(),
+            self.startup_timeout
+        ));
+        self.kill();
+        Err(err)
     }
 }
 

@@ -7,7 +7,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::ServerError;
+use super::probe::ask_until;
 
 /// Where one member runs, as its command line must know it: the same spec gives a process
 /// (loopback, free ports, a temporary directory) and a container (its own addresses, the
@@ -132,14 +135,20 @@ impl Probe {
         }
     }
 
-    /// The pause between two attempts.
-    pub(crate) fn interval(&self) -> Duration {
-        self.interval
-    }
-
-    /// One attempt, bounded by `timeout`.
+    /// One check, bounded by `timeout`.
     pub(crate) async fn check(&self, addr: SocketAddr, timeout: Duration) -> Result<(), String> {
         (self.check)(addr, timeout).await
+    }
+
+    /// Checks `addr` until the server serves, each check bounded by 1 s; once `deadline`
+    /// has passed, why not, as the last check said.
+    pub(crate) async fn wait(&self, addr: SocketAddr, deadline: Instant) -> Result<(), String> {
+        let check = || {
+            let bound =
+                Duration::from_secs(1).min(deadline.saturating_duration_since(Instant::now()));
+            self.check(addr, bound)
+        };
+        ask_until(deadline, self.interval, check).await
     }
 }
 

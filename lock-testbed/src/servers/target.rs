@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use tracing::info;
 
 use super::member::Member;
-use super::{LocalServer, Server, ServerError, ServerMode, ServerSpec};
+use super::{Server, ServerError, ServerMode, ServerSpec};
 
 /// Either an external server of the kind `S` (named by [`ServerSpec::ENV`]) or one started
 /// here, as a process or in a container (see [`ServerMode`]): see
@@ -52,39 +52,58 @@ impl<S: ServerSpec> Target<S> {
     /// container. The error of an unknown mode, or of the container mode without the
     /// `testcontainers` feature, says so.
     pub async fn start(opts: S) -> Result<Self, ServerError> {
-        match ServerMode::from_env()? {
-            ServerMode::Processes => Ok(Self::from(Server::start(opts).await?)),
-            ServerMode::Containers => Self::start_container(opts).await,
-        }
+        Self::start_in(ServerMode::from_env()?, opts).await
     }
 
     /// Starts a server with `opts` in a container, and waits until it serves.
-    #[cfg(feature = "testcontainers")]
     pub async fn start_container(opts: S) -> Result<Self, ServerError> {
-        let container = super::containers::Container::start(&opts).await?;
-        Ok(Self::in_container(
-            container.client_address(),
-            Box::new(container),
-        ))
+        Self::start_in(ServerMode::Containers, opts).await
     }
 
-    /// The server in `container`, which clients reach at `address`.
-    #[cfg(feature = "testcontainers")]
-    pub(crate) fn in_container(address: String, container: Box<dyn Member>) -> Self {
-        Self {
-            inner: Inner::Container { address, container },
+    /// Starts a server with `opts` where `mode` says (containers: feature
+    /// `testcontainers`), its client port published on a free loopback port, and waits
+    /// until it serves.
+    pub async fn start_in(mode: ServerMode, opts: S) -> Result<Self, ServerError> {
+        match mode {
+            ServerMode::Processes => Ok(Self::from(Server::start(opts).await?)),
+            #[cfg(feature = "testcontainers")]
+            ServerMode::Containers => Ok(Self::container(
+                super::containers::Container::start(&opts).await?,
+            )),
+            #[cfg(not(feature = "testcontainers"))]
+            ServerMode::Containers => Err(ServerError::without_containers(S::NAME)),
         }
     }
 
-    /// Starts a server with `opts` in a container: without the `testcontainers` feature,
-    /// [`ServerError::Unsupported`].
-    #[cfg(not(feature = "testcontainers"))]
-    pub async fn start_container(opts: S) -> Result<Self, ServerError> {
-        drop(opts);
-        Err(ServerError::Unsupported {
-            operation: format!("starting {} in a container", S::NAME),
-            reason: "lock-testbed was built without its `testcontainers` feature".to_owned(),
-        })
+    /// Starts a server with `spec` where `mode` says, serving on `127.0.0.1:port` (a
+    /// container on the host's network), or on another free port should that one turn out
+    /// taken, and waits until it serves: for servers that tell clients each other's
+    /// addresses, which must be the same inside and outside the containers.
+    pub(crate) async fn start_on_port(
+        mode: ServerMode,
+        spec: S,
+        port: u16,
+    ) -> Result<Self, ServerError> {
+        match mode {
+            ServerMode::Processes => Ok(Self::from(Server::start_on(spec, Some(port)).await?)),
+            #[cfg(feature = "testcontainers")]
+            ServerMode::Containers => Ok(Self::container(
+                super::containers::Container::start_on_host(&spec, port).await?,
+            )),
+            #[cfg(not(feature = "testcontainers"))]
+            ServerMode::Containers => Err(ServerError::without_containers(S::NAME)),
+        }
+    }
+
+    /// The server in `container`.
+    #[cfg(feature = "testcontainers")]
+    fn container(container: super::containers::Container<S>) -> Self {
+        Self {
+            inner: Inner::Container {
+                address: container.client_address(),
+                container: Box::new(container),
+            },
+        }
     }
 
     /// An external server at `address` (a connect string, a URL); fault injection is
@@ -150,7 +169,7 @@ impl<S: ServerSpec> Target<S> {
     fn started(&self, operation: &str) -> Result<&dyn Member, ServerError> {
         match &self.inner {
             Inner::External { .. } => Err(ServerError::unsupported_external(operation, S::ENV)),
-            Inner::Local(server) => Ok(server.process().member()),
+            Inner::Local(server) => Ok(server.member()),
             #[cfg(feature = "testcontainers")]
             Inner::Container { container, .. } => Ok(container.as_ref()),
         }
@@ -160,7 +179,7 @@ impl<S: ServerSpec> Target<S> {
     fn started_mut(&mut self, operation: &str) -> Result<&mut dyn Member, ServerError> {
         match &mut self.inner {
             Inner::External { .. } => Err(ServerError::unsupported_external(operation, S::ENV)),
-            Inner::Local(server) => Ok(server.process_mut().member_mut()),
+            Inner::Local(server) => Ok(server.member_mut()),
             #[cfg(feature = "testcontainers")]
             Inner::Container { container, .. } => Ok(container.as_mut()),
         }

@@ -25,7 +25,7 @@ use lock_core::{LockError, LockName};
 use lock_testbed::certs;
 use lock_testbed::proxy::{FaultProxy, ProxyGroup, ReplyKind, SwallowHandle};
 use lock_testbed::servers::{
-    LocalServer, ServerError, ServerMode, ZkEnsemble, ZkOptions, ZkServer, free_port, shared_zk,
+    ServerError, ServerMode, ZkEnsemble, ZkOptions, ZkServer, free_port, shared_zk,
 };
 use lock_zookeeper::{AclPolicy, DigestAuth, ZkConfig, ZkLockProvider, ZkStrategy};
 use zookeeper_client::{Client as ZkClient, Error as ZkError};
@@ -306,7 +306,7 @@ impl Proxies {
             let open: Vec<_> = self
                 .proxies
                 .iter()
-                .filter(|proxy| proxy.open_connections() > 0)
+                .filter(|proxy| proxy.stats().open > 0)
                 .collect();
             if let [proxy] = open.as_slice() {
                 return Ok(proxy.swallow_next_reply(ReplyKind::ZkCreate));

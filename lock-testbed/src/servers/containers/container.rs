@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use testcontainers::bollard::models::{HostConfig, PortBinding};
 use testcontainers::core::{IntoContainerPort, WaitFor};
@@ -16,8 +18,8 @@ use async_trait::async_trait;
 use super::{ContainerEngine, DEFAULT_IMAGE, LABEL, container_error, label_value};
 use crate::servers::ServerError;
 use crate::servers::member::Member;
-use crate::servers::process::{Watchdog, free_port, free_ports};
-use crate::servers::spec::{Command, Peer, Probe, ServerSpec, Site, slug};
+use crate::servers::process::{Watchdog, free_port, free_ports, retry_port_clash};
+use crate::servers::spec::{Command, Peer, ServerSpec, Site, slug};
 
 /// The bound on creating and starting the container.
 const CREATE_TIMEOUT: Duration = Duration::from_secs(300);
@@ -70,31 +72,6 @@ const HANDLE_LABEL: &str = "distlock-test.handle";
 const WATCHDOG_SCRIPT: &str = "read -r _ignored; \
     ids=$(docker ps --all --quiet --filter \"label=distlock-test.handle=$1\" 2>/dev/null); \
     [ -z \"$ids\" ] || docker rm --force --volumes $ids >/dev/null 2>&1; exit 0";
-
-/// Polls `probe` until it passes; a [`ServerError::Startup`] after `timeout`.
-pub(crate) async fn wait_ready(
-    server: &str,
-    probe: &Probe,
-    addr: SocketAddr,
-    timeout: Duration,
-) -> Result<(), ServerError> {
-    let began = Instant::now();
-    loop {
-        let attempt = Duration::from_secs(1).min(timeout.saturating_sub(began.elapsed()));
-        let why = match probe.check(addr, attempt).await {
-            Ok(()) => return Ok(()),
-            Err(why) => why,
-        };
-        if began.elapsed() >= timeout {
-            return Err(ServerError::Startup {
-                server: server.to_owned(),
-                detail: format!("not ready on {addr} after {timeout:?}; last probe: {why}"),
-                log_tail: "(see the container's logs)".to_owned(),
-            });
-        }
-        tokio::time::sleep(probe.interval()).await;
-    }
-}
 
 /// A server of the kind `S` in a container, removed when dropped: a
 /// [`ZkContainer`](super::ZkContainer), a [`RedisContainer`](super::RedisContainer), an
@@ -195,11 +172,21 @@ impl<S: ServerSpec> Container<S> {
     /// serves. A port taken meanwhile (the server exits) is replaced by another, a few
     /// times.
     pub async fn start_on_host(spec: &S, port: u16) -> Result<Self, ServerError> {
-        on_free_port(port, |port| async move {
+        retry_port_clash(S::NAME, |attempt| async move {
+            let no_clash = |err: ServerError| (err, false);
+            let port = match attempt {
+                1 => port,
+                _ => free_port().map_err(no_clash)?,
+            };
             let mut ports = vec![port];
-            ports.extend(free_ports(spec.port_count().saturating_sub(1))?);
+            ports.extend(free_ports(spec.port_count().saturating_sub(1)).map_err(no_clash)?);
             let peers = [Peer::new("127.0.0.1", ports)];
-            Self::launch(spec, &peers, Placement::Host).await
+            Self::launch(spec, &peers, Placement::Host)
+                .await
+                .map_err(|err| {
+                    let clash = matches!(&err, ServerError::Startup { log_tail, .. } if log_tail.contains("already in use"));
+                    (err, clash)
+                })
         })
         .await
     }
@@ -315,47 +302,46 @@ impl<S: ServerSpec> Container<S> {
         self.spec.client_address(self.socket_addr())
     }
 
-    /// Waits until the probe passes. On the host's network a port taken meanwhile shows
-    /// as the server's exit, not as the engine's refusal (and another server on that port
-    /// could answer the probe): the container must still run once the probe passes, and
-    /// its exit ends the wait at once, with its log.
+    /// Waits until the probe passes, bounded by the spec's start-up timeout. On the host's
+    /// network a port taken meanwhile shows as the server's exit, not as the engine's
+    /// refusal (and another server on that port could answer the probe): the container
+    /// must still run once the probe passes, and its exit ends the wait at once, with its
+    /// log.
     pub(crate) async fn wait_ready(&self) -> Result<(), ServerError> {
+        let (addr, bound) = (self.socket_addr(), self.spec.startup_timeout());
         let probe = self.spec.probe();
-        let probing = wait_ready(
-            &self.server,
-            &probe,
-            self.socket_addr(),
-            self.spec.startup_timeout(),
-        );
-        if !self.on_host {
-            return probing.await;
-        }
+        let probing = probe.wait(addr, Instant::now() + bound);
         let exited = async {
+            if !self.on_host {
+                return std::future::pending().await;
+            }
             while !matches!(self.is_running().await, Ok(false)) {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         };
-        tokio::select! {
-            ready = probing => ready?,
-            () = exited => return Err(self.exit_error().await),
-        }
-        if self.is_running().await? {
-            Ok(())
-        } else {
-            Err(self.exit_error().await)
-        }
+        let detail = tokio::select! {
+            ready = probing => match ready {
+                Ok(()) if !self.on_host || self.is_running().await? => return Ok(()),
+                Ok(()) => format!("it exited before serving on {addr}"),
+                Err(why) => format!("not ready on {addr} after {bound:?}; last probe: {why}"),
+            },
+            () = exited => format!("it exited before serving on {addr}"),
+        };
+        Err(ServerError::Startup {
+            server: self.server.clone(),
+            detail,
+            log_tail: self.output_tail().await,
+        })
     }
 
-    /// The start-up failure of a container that exited, with the end of its log.
-    async fn exit_error(&self) -> ServerError {
-        let log = self.container().stdout_to_vec().await.unwrap_or_default();
-        let log = String::from_utf8_lossy(&log);
-        let lines: Vec<&str> = log.lines().collect();
-        ServerError::Startup {
-            server: self.server.clone(),
-            detail: format!("it exited before serving on {}", self.socket_addr()),
-            log_tail: lines[lines.len().saturating_sub(20)..].join("\n"),
-        }
+    /// The last lines of the container's output (stdout, then stderr).
+    async fn output_tail(&self) -> String {
+        let container = self.container();
+        let mut output = container.stdout_to_vec().await.unwrap_or_default();
+        output.extend(container.stderr_to_vec().await.unwrap_or_default());
+        let output = String::from_utf8_lossy(&output);
+        let lines: Vec<&str> = output.lines().collect();
+        lines[lines.len().saturating_sub(CONDITION_LINES)..].join("\n")
     }
 
     fn container(&self) -> &ContainerAsync<GenericImage> {
@@ -433,11 +419,7 @@ impl<S: ServerSpec> Member for Container<S> {
             (Ok(false), _) => "does not run".to_owned(),
             (Err(err), _) => format!("is in a state the engine did not give ({err})"),
         };
-        let mut output = container.stdout_to_vec().await.unwrap_or_default();
-        output.extend(container.stderr_to_vec().await.unwrap_or_default());
-        let output = String::from_utf8_lossy(&output);
-        let lines: Vec<&str> = output.lines().collect();
-        let tail = lines[lines.len().saturating_sub(CONDITION_LINES)..].join("\n");
+        let tail = self.output_tail().await;
         format!(
             "the {} container {} {state}; the last lines of its output:\n{tail}",
             self.server,
@@ -476,32 +458,6 @@ impl<S> Drop for Container<S> {
             } else {
                 std::mem::forget(container);
             }
-        }
-    }
-}
-
-/// Starts a container on the host's network with `start`, on `port` first; when the
-/// server exits because its port was taken meanwhile, again on another free port, a few
-/// times.
-async fn on_free_port<S, F>(
-    port: u16,
-    start: impl Fn(u16) -> F,
-) -> Result<Container<S>, ServerError>
-where
-    F: Future<Output = Result<Container<S>, ServerError>>,
-{
-    let mut port = port;
-    let mut attempt = 1;
-    loop {
-        match start(port).await {
-            Err(ServerError::Startup { log_tail, .. })
-                if attempt < PORT_ATTEMPTS && log_tail.contains("already in use") =>
-            {
-                debug!(port, "the chosen port was taken; trying another");
-                attempt += 1;
-                port = free_port()?;
-            }
-            started => return started,
         }
     }
 }

@@ -64,7 +64,6 @@ mod engine;
 mod network;
 
 pub use container::Container;
-pub(crate) use container::wait_ready;
 pub use engine::{ContainerEngine, check_engine, check_ready};
 
 pub(crate) use network::{ClusterNetwork, host_name};

@@ -177,7 +177,7 @@ impl ServerSpec for EtcdOptions {
 }
 
 /// A single-member etcd cluster running as a child process on 127.0.0.1 (see [`Server`]);
-/// a [`restart`](super::LocalServer::restart) keeps the ports and the data.
+/// a [`restart`](Server::restart) keeps the ports and the data.
 pub type EtcdServer = Server<EtcdOptions>;
 
 impl Server<EtcdOptions> {

@@ -242,7 +242,7 @@ pub(crate) fn postgres_url(host: &str, port: u16, password: Option<&str>) -> Str
 /// A PostgreSQL server running as a child process on 127.0.0.1 (see [`Server`]; as the
 /// `postgres` user when the tests run as root), its cluster made by `initdb` in its
 /// directory, without waiting for the disk (`fsync=off`). A
-/// [`restart`](super::LocalServer::restart) keeps the port and the data (after crash
+/// [`restart`](Server::restart) keeps the port and the data (after crash
 /// recovery); fault injection reaches its server processes too, each a session of its own.
 pub type PostgresServer = Server<PostgresOptions>;
 

@@ -14,9 +14,7 @@ use super::encode_userinfo;
 use crate::servers::members::poll;
 use crate::servers::probe::redis_query;
 use crate::servers::process::require_program;
-use crate::servers::{
-    DEFAULT_STARTUP_TIMEOUT, LocalServer, RedisOptions, RedisServer, ServerError,
-};
+use crate::servers::{DEFAULT_STARTUP_TIMEOUT, RedisOptions, RedisServer, ServerError};
 
 const CLUSTER: &str = "Redis Cluster";
 /// How long one question to a server may take.
@@ -308,7 +306,7 @@ impl RedisClusterSet {
 
     /// Kills node `index` and, if it was a primary, waits until its replica serves its slots
     /// and every running node sees every slot served again (a node is called failing after
-    /// [`RedisClusterOptions::node_timeout`]); [`LocalServer::restart`] it through
+    /// [`RedisClusterOptions::node_timeout`]); [`RedisServer::restart`] it through
     /// [`nodes_mut`](Self::nodes_mut) to have it rejoin, as a replica.
     pub async fn kill_and_fail_over(&mut self, index: usize) -> Result<(), ServerError> {
         let address = self.member(index)?.socket_addr();

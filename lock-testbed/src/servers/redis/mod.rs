@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::probe::redis_ping;
 use super::process::require_program;
 use super::spec::{Command, Probe, ServerSpec, Site};
-use super::{DEFAULT_STARTUP_TIMEOUT, LocalServer, Server, ServerError, Target};
+use super::{DEFAULT_STARTUP_TIMEOUT, Server, ServerError, Target};
 
 /// The environment variable naming an external Redis (a URL such as
 /// `redis://127.0.0.1:6379` or `redis://:password@host:port/0`) to use instead of
@@ -209,7 +209,7 @@ pub(crate) fn redis_url(
 }
 
 /// A Redis server running as a child process on 127.0.0.1 (see [`Server`]), without
-/// persistence (`--save '' --appendonly no`): a [`restart`](super::LocalServer::restart)
+/// persistence (`--save '' --appendonly no`): a [`restart`](Server::restart)
 /// keeps the port and loses all data.
 pub type RedisServer = Server<RedisOptions>;
 

@@ -14,8 +14,7 @@ use crate::servers::probe::redis_query;
 use crate::servers::process::{free_port, require_program};
 use crate::servers::spec::{Command, Probe, ServerSpec, Site};
 use crate::servers::{
-    DEFAULT_STARTUP_TIMEOUT, LocalServer, RedisOptions, RedisServer, RedisTarget, Server,
-    ServerError, ServerMode,
+    DEFAULT_STARTUP_TIMEOUT, RedisOptions, RedisTarget, ServerError, ServerMode, Target,
 };
 
 const SENTINEL: &str = "Redis Sentinel";
@@ -99,51 +98,9 @@ impl RedisSentinelOptions {
 pub struct RedisSentinelSet {
     /// The first started as the primary; which one is primary now, the sentinels say.
     data: Vec<RedisTarget>,
-    sentinels: Vec<SentinelNode>,
+    /// Each sentinel with its address.
+    sentinels: Vec<(SocketAddr, Target<SentinelSpec>)>,
     opts: RedisSentinelOptions,
-}
-
-/// A sentinel: a child process, or a container.
-#[derive(Debug)]
-enum SentinelNode {
-    Process(Box<Server<SentinelSpec>>),
-    #[cfg(feature = "testcontainers")]
-    Container(Box<crate::servers::containers::Container<SentinelSpec>>),
-}
-
-impl SentinelNode {
-    fn node_addr(&self) -> SocketAddr {
-        match self {
-            SentinelNode::Process(process) => process.socket_addr(),
-            #[cfg(feature = "testcontainers")]
-            SentinelNode::Container(container) => container.socket_addr(),
-        }
-    }
-}
-
-/// Starts a data server with `server` where `mode` says.
-async fn start_data_server(
-    server: RedisOptions,
-    mode: ServerMode,
-) -> Result<RedisTarget, ServerError> {
-    match mode {
-        ServerMode::Processes => Ok(RedisTarget::from(RedisServer::start(server).await?)),
-        #[cfg(feature = "testcontainers")]
-        ServerMode::Containers => {
-            let container =
-                crate::servers::containers::RedisContainer::start_on_host(&server, free_port()?)
-                    .await?;
-            Ok(RedisTarget::in_container(
-                container.client_address(),
-                Box::new(container),
-            ))
-        }
-        #[cfg(not(feature = "testcontainers"))]
-        ServerMode::Containers => Err(ServerError::Unsupported {
-            operation: "starting Redis Sentinel in containers".to_owned(),
-            reason: "lock-testbed was built without its `testcontainers` feature".to_owned(),
-        }),
-    }
 }
 
 impl RedisSentinelSet {
@@ -163,7 +120,10 @@ impl RedisSentinelSet {
         if let Some(password) = &opts.server.password {
             server = server.with_arg("--masterauth").with_arg(password.clone());
         }
-        let primary = start_data_server(server.clone(), opts.servers).await?;
+        let start = |server| async move {
+            RedisTarget::start_on_port(opts.servers, server, free_port()?).await
+        };
+        let primary = start(server.clone()).await?;
         let primary_port = address(&primary)?.port();
         let mut data = vec![primary];
         for _ in 0..opts.replicas {
@@ -172,7 +132,7 @@ impl RedisSentinelSet {
                 .with_arg("--replicaof")
                 .with_arg("127.0.0.1")
                 .with_arg(primary_port.to_string());
-            data.push(start_data_server(replica, opts.servers).await?);
+            data.push(start(replica).await?);
         }
         // The sentinels' failover timeout is 2 s: a sentinel starts no failover of a primary
         // within twice that of its last one, so that a primary killed soon after a failover
@@ -197,7 +157,9 @@ impl RedisSentinelSet {
                 peers: peers.clone(),
                 replicas: replicas.clone(),
             };
-            sentinels.push(start_sentinel(spec).await?);
+            let port = spec.port();
+            let sentinel = Target::start_on_port(opts.servers, spec, port).await?;
+            sentinels.push((address(&sentinel)?, sentinel));
         }
         let set = RedisSentinelSet {
             data,
@@ -214,7 +176,7 @@ impl RedisSentinelSet {
     pub fn sentinel_addresses(&self) -> Vec<String> {
         self.sentinels
             .iter()
-            .map(|sentinel| sentinel.node_addr().to_string())
+            .map(|(address, _)| address.to_string())
             .collect()
     }
 
@@ -257,8 +219,8 @@ impl RedisSentinelSet {
     /// The primary as the first sentinel that answers names it.
     pub async fn primary(&self) -> Result<SocketAddr, ServerError> {
         let mut last = None;
-        for sentinel in &self.sentinels {
-            match self.primary_by(sentinel.node_addr()).await {
+        for (address, _) in &self.sentinels {
+            match self.primary_by(*address).await {
                 Ok(primary) => return Ok(primary),
                 Err(error) => last = Some(error),
             }
@@ -272,7 +234,7 @@ impl RedisSentinelSet {
     /// sentinel names the new primary and it says it is one. Returns its address.
     pub async fn failover(&self) -> Result<SocketAddr, ServerError> {
         let before = self.primary().await?;
-        let sentinel = self.sentinels[0].node_addr();
+        let sentinel = self.sentinels[0].0;
         let service = self.opts.service.as_str();
         // Refused while the sentinels still settle a previous failover: asked again.
         let ask = ["SENTINEL", "FAILOVER", service];
@@ -315,8 +277,8 @@ impl RedisSentinelSet {
             "down-after-milliseconds",
             &millis,
         ];
-        for sentinel in &self.sentinels {
-            redis_query(sentinel.node_addr(), None, &args, ASK_TIMEOUT).await?;
+        for (address, _) in &self.sentinels {
+            redis_query(*address, None, &args, ASK_TIMEOUT).await?;
         }
         self.opts.down_after = down_after;
         Ok(())
@@ -426,8 +388,8 @@ impl RedisSentinelSet {
         let new_primary = || async move {
             let mut named = Vec::new();
             let mut last = String::from("no sentinel answered");
-            for sentinel in &self.sentinels {
-                match self.primary_by(sentinel.node_addr()).await {
+            for (address, _) in &self.sentinels {
+                match self.primary_by(*address).await {
                     Ok(primary) => named.push(primary),
                     Err(error) => last = error.to_string(),
                 }
@@ -488,9 +450,9 @@ impl RedisSentinelSet {
             _ => None,
         };
         let known = || async move {
-            for sentinel in &self.sentinels {
+            for (address, _) in &self.sentinels {
                 let args = ["SENTINEL", "MASTER", service];
-                let answer = redis_query(sentinel.node_addr(), None, &args, ASK_TIMEOUT)
+                let answer = redis_query(*address, None, &args, ASK_TIMEOUT)
                     .await
                     .map_err(|error| error.to_string())?;
                 for pair in answer.chunks(2) {
@@ -509,10 +471,10 @@ impl RedisSentinelSet {
     }
 }
 
-/// A data server's address (every one is started here, so it has one).
-fn address(server: &RedisTarget) -> Result<SocketAddr, ServerError> {
+/// The address of a server of the set (every one is started here, so it has one).
+fn address<S: ServerSpec>(server: &Target<S>) -> Result<SocketAddr, ServerError> {
     server.socket_addr().ok_or_else(|| ServerError::NotRunning {
-        server: "Redis".to_owned(),
+        server: S::NAME.to_owned(),
     })
 }
 
@@ -609,28 +571,5 @@ impl SentinelSpec {
     /// The port the other sentinels are told this one serves on.
     fn port(&self) -> u16 {
         self.peers.get(self.me).map_or(0, |(port, _)| *port)
-    }
-}
-
-/// Starts one sentinel where its options say, on its port (another if it turns out taken:
-/// the others then find it the slow way).
-async fn start_sentinel(spec: SentinelSpec) -> Result<SentinelNode, ServerError> {
-    match spec.opts.servers {
-        #[cfg(feature = "testcontainers")]
-        ServerMode::Containers => {
-            let container =
-                crate::servers::containers::Container::start_on_host(&spec, spec.port()).await?;
-            Ok(SentinelNode::Container(Box::new(container)))
-        }
-        #[cfg(not(feature = "testcontainers"))]
-        ServerMode::Containers => Err(ServerError::Unsupported {
-            operation: "starting Redis Sentinel in containers".to_owned(),
-            reason: "lock-testbed was built without its `testcontainers` feature".to_owned(),
-        }),
-        ServerMode::Processes => {
-            let port = spec.port();
-            let process = Server::start_on(spec, Some(port)).await?;
-            Ok(SentinelNode::Process(Box::new(process)))
-        }
     }
 }

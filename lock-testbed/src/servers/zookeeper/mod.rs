@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::probe::four_letter;
 use super::process::{loopback, require_program};
 use super::spec::{Command, Probe, ServerSpec, Site};
-use super::{DEFAULT_STARTUP_TIMEOUT, LocalServer, Server, ServerError, Target};
+use super::{DEFAULT_STARTUP_TIMEOUT, Server, ServerError, Target};
 
 /// The environment variable naming an external ZooKeeper (a connect string such as
 /// `127.0.0.1:2181` or `h1:2181,h2:2181`) to use instead of starting one.
@@ -319,7 +319,7 @@ fn tls_cfg(
 }
 
 /// A standalone ZooKeeper server running as a child process on 127.0.0.1 (see
-/// [`Server`]); a [`restart`](super::LocalServer::restart) keeps the port and the data
+/// [`Server`]); a [`restart`](Server::restart) keeps the port and the data
 /// directory, so sessions and znodes survive it.
 pub type ZkServer = Server<ZkOptions>;
 
