@@ -8,29 +8,12 @@
 //!
 //! # Servers
 //!
-//! [`servers`] starts ZooKeeper (standalone or an ensemble), Redis (with or without a
-//! password or an ACL user) and etcd from the machine's Debian packages, each on free
-//! loopback ports with its own temporary directory, and waits until it serves. A server
-//! dies, and its directory goes, with its handle and, thanks to watchdogs, with the test
-//! process however that process ends. Fault injection (pause, resume, kill, restart) signals the server's
-//! process group.
-//!
-//! Where they run is chosen by [`LOCK_TEST_SERVERS`](servers::SERVERS_ENV):
-//!
-//! - `processes` (the default, or unset): child processes of the test.
-//! - `containers`: containers of one image (built by the repository's
-//!   `scripts/ensure-docker`), through `testcontainers`. This needs the crate's
-//!   `testcontainers` feature and a Docker-compatible engine; the same faults then go
-//!   through the engine (a paused, killed and restarted container).
-//!
-//! A test that starts its servers with [`servers::Target::start`] (for instance
-//! [`servers::RedisTarget::start`]), or uses the process-wide [`servers::shared_zk`],
-//! [`servers::shared_redis`] and [`servers::shared_etcd`], follows that setting without a
-//! change. `LOCK_TEST_ZK`, `LOCK_TEST_REDIS` and `LOCK_TEST_ETCD` point those at external
-//! servers instead. A ZooKeeper ensemble ([`servers::ZkEnsemble`]) or an etcd cluster
-//! ([`servers::EtcdCluster`]) runs as processes or, with the `testcontainers` feature, as
-//! containers on a network of their own whose members can be partitioned and healed; the
-//! faults on a member are [`servers::Members`]', the same on either runner.
+//! [`servers`] starts ZooKeeper (standalone or an ensemble), Redis (alone, under Sentinel,
+//! or as a cluster), etcd (one member or a cluster), PostgreSQL and PgBouncer from the
+//! machine's Debian packages, as child processes or, with the `testcontainers` feature, in
+//! containers ([`LOCK_TEST_SERVERS`](servers::SERVERS_ENV)); each on free loopback ports,
+//! gone with its handle or with the test process however it ends. Faults (pause, resume,
+//! kill, restart, and a partition for set members in containers) are the same on either.
 //!
 //! ```no_run
 //! use lock_testbed::servers::{RedisOptions, RedisTarget, shared_zk};
@@ -52,9 +35,8 @@
 //! connects to the proxy instead, and the test cuts the connections, black-holes them,
 //! delays them, or drops exactly one reply (a ZooKeeper create or delete, a PostgreSQL
 //! statement, or the next reply of any request/response protocol such as Redis), switching
-//! at any time. This is
-//! how a harness ends a client's session behind its back, or makes "the server did it but
-//! the client never heard".
+//! at any time. This is how a harness ends a client's session behind its back, or makes
+//! "the server did it but the client never heard".
 //!
 //! # Certificates
 //!

@@ -1124,7 +1124,7 @@ async fn container_target_faults_go_through_the_engine() {
     if !containers_available().await {
         return;
     }
-    let mut redis = RedisTarget::start_container(RedisOptions::default())
+    let mut redis = RedisTarget::start_in(ServerMode::Containers, RedisOptions::default())
         .await
         .unwrap();
     assert!(redis.is_container() && !redis.is_external());

@@ -304,6 +304,23 @@ impl<K> Members<K> {
     }
 }
 
+/// What `ask` answers for each of `members` (index, client address), asking all at once.
+pub(crate) async fn ask_each<T, F>(
+    members: Vec<(usize, SocketAddr)>,
+    ask: impl Fn(SocketAddr) -> F,
+) -> Vec<(usize, T)>
+where
+    T: Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
+    let mut asking = tokio::task::JoinSet::new();
+    for (index, addr) in members {
+        let answer = ask(addr);
+        asking.spawn(async move { (index, answer.await) });
+    }
+    asking.join_all().await
+}
+
 fn no_network(operation: &str) -> ServerError {
     ServerError::Unsupported {
         operation: operation.to_owned(),

@@ -1,48 +1,32 @@
-//! Real servers (ZooKeeper, Redis, etcd, PostgreSQL) run as child processes for tests.
+//! Real servers (ZooKeeper, Redis, etcd, PostgreSQL, PgBouncer) for tests, run as child
+//! processes or in containers.
 //!
 //! Every server gets free loopback ports, its own temporary directory (removed when the
-//! handle is dropped), its own process group, and a log file (stdout and stderr) in that
-//! directory whose last lines are quoted when start-up fails. Start-up waits until the
-//! server really serves (ZooKeeper: `srvr` reports a `Mode:`; Redis: `PING` answers `PONG`;
-//! etcd: `GET /health` says `"health":"true"`; PostgreSQL: a start-up message is answered
-//! with an authentication request), bounded by a configurable timeout
-//! (30 s by default). Dropping a handle kills the whole process group with `SIGKILL` and
-//! reaps it.
+//! handle is dropped), its own process group, and a log file whose last lines are quoted
+//! when start-up fails. Start-up waits, bounded (30 s by default), until the server really
+//! serves: its kind's [`Probe`]. Dropping a handle kills the whole process group with
+//! `SIGKILL` and reaps it.
 //!
 //! A server also dies with the process that started it, even when that process never runs
-//! its destructors (`std::process::exit`, an abort, `SIGKILL`): each server has a tiny
-//! watchdog (`/bin/sh`, in its own process group) that blocks reading a pipe whose only
-//! writer is the test process. When the test process is gone the pipe reports end-of-file
-//! and the watchdog kills the server's process group; another one removes the server's
-//! directory. This is what makes the process-wide [`shared_zk`], [`shared_redis`] and
-//! [`shared_etcd`] servers safe: Rust never drops statics.
-//!
-//! [`RedisSentinelSet`] runs a Redis primary with replicas under Redis Sentinel, and fails
-//! it over on demand.
-//! [`RedisClusterSet`] runs a Redis Cluster (primaries with replicas, made with
-//! `redis-cli --cluster create`), and migrates a slot or promotes a replica on demand.
-//!
-//! [`ZkServer`], [`RedisServer`], [`EtcdServer`] and [`PostgresServer`] are one
-//! [`Server`] of different kinds, with the same address, pid, directory and log accessors
-//! and the same fault injection (pause, resume, kill, restart).
-//!
-//! Environment overrides: [`ZK_ENV`] (`LOCK_TEST_ZK`, a ZooKeeper connect string) and
-//! [`REDIS_ENV`] (`LOCK_TEST_REDIS`, a Redis URL) and [`ETCD_ENV`] (`LOCK_TEST_ETCD`, an
-//! etcd endpoint) point [`ZkTarget::from_env_or_start`],
-//! [`RedisTarget::from_env_or_start`], [`shared_zk`], [`shared_redis`] and [`shared_etcd`] at an external
-//! server instead of starting one; fault injection (pause, kill, restart) then returns
-//! [`ServerError::Unsupported`].
-//!
-//! With the `testcontainers` feature, [`containers`] starts the same specs in containers,
-//! and [`SERVERS_ENV`] (`LOCK_TEST_SERVERS=containers`) makes every [`Target::start`] (the
-//! shared servers too) start a container instead of a process: see [`ServerMode`].
+//! its destructors (`std::process::exit`, an abort, `SIGKILL`): a tiny watchdog (`/bin/sh`,
+//! in its own process group) blocks reading a pipe whose only writer is the test process,
+//! and kills the server's process group when the pipe ends; another removes the directory.
+//! This is what makes the process-wide [`shared_zk`], [`shared_redis`], [`shared_etcd`] and
+//! [`shared_postgres`] servers safe: Rust never drops statics.
 //!
 //! Layout: each server kind is a module of its own ([`zookeeper`](ZkServer),
 //! [`redis`](RedisServer), [`etcd`](EtcdServer), [`postgres`](PostgresServer)) whose
 //! options are its [`ServerSpec`] (ports, command line and files, readiness probe, what
-//! clients are given), with its handle and what only it has (who leads an ensemble, a
-//! Sentinel set). The runners know no server kind: `process` and `local` run a spec as a
-//! process, [`containers`] in a container, and [`Members`] runs a set on either.
+//! clients are given), with what only it has (who leads an ensemble, a Sentinel set, a
+//! Redis Cluster). The runners know no server kind: [`Server`] runs a spec as a process,
+//! `containers::Container` in a container, [`Members`] runs a set on either, and
+//! [`Target`] is any of them or an external server.
+//!
+//! [`SERVERS_ENV`] (`LOCK_TEST_SERVERS=containers`) makes every [`Target::start`] (the
+//! shared servers too) start a container instead of a process: see [`ServerMode`]. Each
+//! kind's variable ([`ServerSpec::ENV`]: [`ZK_ENV`], [`REDIS_ENV`], [`ETCD_ENV`],
+//! [`POSTGRES_ENV`]) points [`Target::from_env_or_start`] and the shared servers at an
+//! external server instead; fault injection then returns [`ServerError::Unsupported`].
 //!
 //! All traffic stays on `127.0.0.1`. Nothing here prints; logs go through `tracing`.
 

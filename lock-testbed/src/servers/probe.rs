@@ -1,10 +1,11 @@
-//! Raw-socket conversations with the servers: ZooKeeper four-letter words, a minimal RESP
-//! exchange for Redis, and HTTP/1.0 `GET` for etcd; and asking again until they answer.
+//! Short conversations with the servers: ZooKeeper four-letter words and HTTP/1.0 `GET` for
+//! etcd over a raw socket, one command to Redis; and asking again until they answer.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use redis::{Client, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo, Value};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::time::Instant;
 
@@ -79,68 +80,9 @@ pub(crate) async fn four_letter(
     tcp_exchange(addr, word.as_bytes(), what, timeout).await
 }
 
-/// Encodes a command as a RESP array of bulk strings.
-pub(crate) fn resp_command(args: &[&[u8]]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        out.extend_from_slice(arg);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
-}
-
-/// Sends one command and reads the first line of the reply (enough for `+OK`, `+PONG`
-/// and `-ERR ...`).
-async fn resp_line(
-    stream: &mut BufReader<TcpStream>,
-    args: &[&[u8]],
-) -> Result<String, ServerError> {
-    stream.get_mut().write_all(&resp_command(args)).await?;
-    let mut line = String::new();
-    let n = stream.read_line(&mut line).await?;
-    if n == 0 {
-        return Err(ServerError::Protocol {
-            server: "Redis".to_owned(),
-            detail: "connection closed before a reply".to_owned(),
-        });
-    }
-    Ok(line.trim_end().to_owned())
-}
-
-/// `AUTH` (when a password is given) then `PING`, expecting `+OK` and `+PONG`.
-pub(crate) async fn redis_ping(
-    addr: SocketAddr,
-    password: Option<&str>,
-    timeout: Duration,
-) -> Result<(), ServerError> {
-    bounded(|| format!("PONG from Redis at {addr}"), timeout, async {
-        let mut stream = BufReader::new(TcpStream::connect(addr).await?);
-        if let Some(password) = password {
-            let reply = resp_line(&mut stream, &[b"AUTH", password.as_bytes()]).await?;
-            if reply != "+OK" {
-                return Err(ServerError::Protocol {
-                    server: "Redis".to_owned(),
-                    detail: format!("AUTH answered {reply:?}"),
-                });
-            }
-        }
-        let reply = resp_line(&mut stream, &[b"PING"]).await?;
-        if reply == "+PONG" {
-            Ok(())
-        } else {
-            Err(ServerError::Protocol {
-                server: "Redis".to_owned(),
-                detail: format!("PING answered {reply:?}"),
-            })
-        }
-    })
-    .await
-}
-
-/// Sends one command (after `AUTH` when a password is given) and reads its reply: a status
-/// or an integer as one item, a bulk string as one item (none when nil), or an array of
-/// bulk strings, one item each (nested arrays flattened). An error reply is an error.
+/// Sends one command to the Redis server at `addr` (logging in with `password` if given)
+/// and returns its reply flattened: a status, an integer or a bulk string one item (nil
+/// none), an array or a map item by item. An error reply is an error.
 pub(crate) async fn redis_query(
     addr: SocketAddr,
     password: Option<&str>,
@@ -149,64 +91,63 @@ pub(crate) async fn redis_query(
 ) -> Result<Vec<String>, ServerError> {
     let what = || format!("the answer to {} from Redis at {addr}", args.join(" "));
     bounded(what, timeout, async {
-        let mut stream = BufReader::new(TcpStream::connect(addr).await?);
+        let [command, args @ ..] = args else {
+            return Err(protocol("no command to send"));
+        };
+        let mut login = RedisConnectionInfo::default().set_skip_set_lib_name();
         if let Some(password) = password {
-            let reply = resp_line(&mut stream, &[b"AUTH", password.as_bytes()]).await?;
-            if reply != "+OK" {
-                return Err(protocol(format!("AUTH answered {reply:?}")));
-            }
+            login = login.set_password(password);
         }
-        let args: Vec<&[u8]> = args.iter().map(|arg| arg.as_bytes()).collect();
-        stream.get_mut().write_all(&resp_command(&args)).await?;
+        let server = ConnectionAddr::Tcp(addr.ip().to_string(), addr.port());
+        let client = Client::open(server.into_connection_info()?.set_redis_settings(login))?;
+        let mut connection = client.get_multiplexed_async_connection().await?;
+        let reply = redis::cmd(command)
+            .arg(args)
+            .query_async(&mut connection)
+            .await?;
         let mut items = Vec::new();
-        read_reply(&mut stream, &mut items).await?;
+        flatten(reply, &mut items)?;
         Ok(items)
     })
     .await
 }
 
-fn protocol(detail: String) -> ServerError {
+/// Appends the items of `reply` to `items` (see [`redis_query`]).
+fn flatten(reply: Value, items: &mut Vec<String>) -> Result<(), ServerError> {
+    match reply {
+        Value::Nil => {}
+        Value::Okay => items.push("OK".to_owned()),
+        Value::Int(number) => items.push(number.to_string()),
+        Value::SimpleString(text) => items.push(text),
+        Value::BulkString(bytes) => items.push(String::from_utf8_lossy(&bytes).into_owned()),
+        Value::Array(values) | Value::Set(values) => {
+            for value in values {
+                flatten(value, items)?;
+            }
+        }
+        Value::Map(pairs) => {
+            for (key, value) in pairs {
+                flatten(key, items)?;
+                flatten(value, items)?;
+            }
+        }
+        Value::ServerError(error) => return Err(protocol(&format!("error reply {error:?}"))),
+        other => return Err(protocol(&format!("unexpected reply {other:?}"))),
+    }
+    Ok(())
+}
+
+fn protocol(detail: &str) -> ServerError {
     ServerError::Protocol {
         server: "Redis".to_owned(),
-        detail,
+        detail: detail.to_owned(),
     }
 }
 
-/// Reads one RESP reply into `items` (see [`redis_query`]).
-async fn read_reply(
-    stream: &mut BufReader<TcpStream>,
-    items: &mut Vec<String>,
-) -> Result<(), ServerError> {
-    let mut pending = 1_i64;
-    while pending > 0 {
-        pending -= 1;
-        let mut line = String::new();
-        if stream.read_line(&mut line).await? == 0 {
-            return Err(protocol("connection closed before a reply".to_owned()));
-        }
-        let line = line.trim_end();
-        let (kind, rest) = line.split_at(line.len().min(1));
-        let count = || {
-            rest.parse::<i64>()
-                .map_err(|_| protocol(format!("bad length in {line:?}")))
-        };
-        match kind {
-            "+" | ":" => items.push(rest.to_owned()),
-            "-" => return Err(protocol(format!("error reply {rest:?}"))),
-            "*" => pending += count()?.max(0),
-            "$" => {
-                let Ok(len) = usize::try_from(count()?) else {
-                    continue; // nil
-                };
-                let mut bulk = vec![0; len + 2];
-                stream.read_exact(&mut bulk).await?;
-                bulk.truncate(len);
-                items.push(String::from_utf8_lossy(&bulk).into_owned());
-            }
-            _ => return Err(protocol(format!("unexpected reply {line:?}"))),
-        }
+impl From<redis::RedisError> for ServerError {
+    fn from(error: redis::RedisError) -> Self {
+        protocol(&error.to_string())
     }
-    Ok(())
 }
 
 /// An HTTP/1.0 GET over a raw socket; returns the whole response (headers and body).

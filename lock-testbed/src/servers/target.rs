@@ -55,11 +55,6 @@ impl<S: ServerSpec> Target<S> {
         Self::start_in(ServerMode::from_env()?, opts).await
     }
 
-    /// Starts a server with `opts` in a container, and waits until it serves.
-    pub async fn start_container(opts: S) -> Result<Self, ServerError> {
-        Self::start_in(ServerMode::Containers, opts).await
-    }
-
     /// Starts a server with `opts` where `mode` says (containers: feature
     /// `testcontainers`), its client port published on a free loopback port, and waits
     /// until it serves.
@@ -151,15 +146,6 @@ impl<S: ServerSpec> Target<S> {
     /// The server process started here; `None` for an external server or a container.
     pub fn server(&self) -> Option<&Server<S>> {
         match &self.inner {
-            Inner::Local(server) => Some(server),
-            _ => None,
-        }
-    }
-
-    /// The server process started here, mutably; `None` for an external server or a
-    /// container.
-    pub fn server_mut(&mut self) -> Option<&mut Server<S>> {
-        match &mut self.inner {
             Inner::Local(server) => Some(server),
             _ => None,
         }

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::EtcdOptions;
-use crate::servers::members::{Members, poll_until};
+use crate::servers::members::{Members, ask_each, poll_until};
 use crate::servers::probe::http_get;
 use crate::servers::{ServerError, ServerSpec};
 
@@ -49,25 +49,17 @@ impl Members<EtcdOptions> {
 /// (`etcd_server_is_leader 1` in its metrics), asking all at once (1 s bound each); `None`
 /// while there is no leader.
 async fn leader_of(members: Vec<(usize, SocketAddr)>) -> Option<usize> {
-    let mut asking = tokio::task::JoinSet::new();
-    for (index, addr) in members {
-        asking.spawn(async move {
-            let metrics = http_get(addr, "/metrics", Duration::from_secs(1)).await;
-            let leads = metrics.is_ok_and(|metrics| {
-                metrics
-                    .lines()
-                    .any(|line| line.trim() == "etcd_server_is_leader 1")
-            });
-            (index, leads)
-        });
-    }
-    let mut leader = None;
-    while let Some(answer) = asking.join_next().await {
-        if let Ok((index, true)) = answer {
-            leader = Some(index);
-        }
-    }
-    leader
+    let leads = |addr| async move {
+        let metrics = http_get(addr, "/metrics", Duration::from_secs(1)).await;
+        metrics.is_ok_and(|metrics| {
+            let mut lines = metrics.lines();
+            lines.any(|line| line.trim() == "etcd_server_is_leader 1")
+        })
+    };
+    let answers = ask_each(members, leads).await;
+    answers
+        .into_iter()
+        .find_map(|(index, leads)| leads.then_some(index))
 }
 
 /// Whether every one of `members` says it is healthy.

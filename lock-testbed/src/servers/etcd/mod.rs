@@ -64,12 +64,6 @@ impl EtcdOptions {
         self
     }
 
-    /// Sets [`startup_timeout`](Self::startup_timeout).
-    pub fn with_startup_timeout(mut self, timeout: Duration) -> Self {
-        self.startup_timeout = timeout;
-        self
-    }
-
     /// Sets [`tls`](Self::tls): the server's certificate and key.
     pub fn with_tls(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
         self.tls = Some((cert.into(), key.into()));

@@ -71,12 +71,6 @@ fn newest_bin_dir() -> PathBuf {
 }
 
 impl PostgresOptions {
-    /// Sets [`bin_dir`](Self::bin_dir).
-    pub fn with_bin_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.bin_dir = dir.into();
-        self
-    }
-
     /// Sets the superuser's [`password`](Self::password).
     pub fn with_password(mut self, password: impl Into<String>) -> Self {
         self.password = Some(password.into());
@@ -92,12 +86,6 @@ impl PostgresOptions {
     /// Sets [`tls`](Self::tls).
     pub fn with_tls(mut self, certificates: impl Into<PathBuf>) -> Self {
         self.tls = Some(certificates.into());
-        self
-    }
-
-    /// Sets [`startup_timeout`](Self::startup_timeout).
-    pub fn with_startup_timeout(mut self, timeout: Duration) -> Self {
-        self.startup_timeout = timeout;
         self
     }
 

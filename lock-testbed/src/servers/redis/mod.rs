@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::probe::redis_ping;
+use super::probe::redis_query;
 use super::process::require_program;
 use super::spec::{Command, Probe, ServerSpec, Site};
 use super::{DEFAULT_STARTUP_TIMEOUT, Server, ServerError, Target};
@@ -82,12 +82,6 @@ impl RedisOptions {
         self
     }
 
-    /// Sets [`startup_timeout`](Self::startup_timeout).
-    pub fn with_startup_timeout(mut self, timeout: Duration) -> Self {
-        self.startup_timeout = timeout;
-        self
-    }
-
     /// Whether the server runs as a Redis Cluster node (`--cluster-enabled` among the
     /// extra arguments), which takes a second port for the cluster bus.
     fn cluster_enabled(&self) -> bool {
@@ -115,7 +109,12 @@ impl ServerSpec for RedisOptions {
         let password = self.password.clone();
         Probe::new(Duration::from_millis(20), move |addr, timeout| {
             let password = password.clone();
-            async move { redis_ping(addr, password.as_deref(), timeout).await }
+            async move {
+                match redis_query(addr, password.as_deref(), &["PING"], timeout).await? {
+                    pong if pong == ["PONG"] => Ok(()),
+                    other => Err(std::io::Error::other(format!("PING answered {other:?}")).into()),
+                }
+            }
         })
     }
 

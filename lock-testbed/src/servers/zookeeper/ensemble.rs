@@ -8,7 +8,7 @@ use tracing::debug;
 
 use super::{FOUR_LETTER_TIMEOUT, ZkOptions};
 use crate::servers::ServerError;
-use crate::servers::members::{Members, poll_until};
+use crate::servers::members::{Members, ask_each, poll_until};
 use crate::servers::probe::four_letter;
 
 /// A ZooKeeper ensemble of `n` members, each with its own ports, data and `myid`: child
@@ -83,17 +83,11 @@ impl Members<ZkOptions> {
 
 /// Every member's `srvr` mode, asking all at once (1 s bound each).
 async fn modes_of(members: Vec<(usize, SocketAddr)>) -> Vec<(usize, Option<String>)> {
-    let mut set = tokio::task::JoinSet::new();
-    for (i, addr) in members {
-        set.spawn(async move { (i, mode_of(&addr.to_string(), Duration::from_secs(1)).await) });
-    }
-    let mut modes = Vec::new();
-    while let Some(joined) = set.join_next().await {
-        if let Ok((i, mode)) = joined {
-            debug!(member = i, ?mode, "ensemble member mode");
-            modes.push((i, mode));
-        }
-    }
+    let modes = ask_each(members, |addr| async move {
+        mode_of(&addr.to_string(), Duration::from_secs(1)).await
+    })
+    .await;
+    debug!(?modes, "ensemble members' modes");
     modes
 }
 

@@ -116,12 +116,6 @@ impl ZkOptions {
         self
     }
 
-    /// Sets [`startup_timeout`](Self::startup_timeout).
-    pub fn with_startup_timeout(mut self, timeout: Duration) -> Self {
-        self.startup_timeout = timeout;
-        self
-    }
-
     /// Serves TLS too, with the certificates in `certs` (see [`ZkTls`]); clients must
     /// present a certificate when `client_auth`.
     pub fn with_tls(mut self, certs: impl Into<PathBuf>, client_auth: bool) -> Self {
@@ -129,12 +123,6 @@ impl ZkOptions {
             certs: certs.into(),
             client_auth,
         });
-        self
-    }
-
-    /// Adds a `zoo.cfg` line `key=value` (see [`config`](Self::config)).
-    pub fn with_config(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.config.push((key.into(), value.into()));
         self
     }
 
