@@ -56,35 +56,27 @@ impl FrameHead {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// Reading the 4-byte length prefix.
-    Length,
-    /// Reading the first body bytes.
-    Head,
-    /// Skipping the rest of the body.
-    Skip,
-    /// A negative length was seen: the stream is not ZooKeeper (or is corrupt); stop parsing.
-    Desynced,
-}
+/// The most bytes a frame's header takes: the length prefix and a reply's head.
+const MAX_HEADER: usize = 4 + REPLY_HEAD;
 
 /// Reads frame headers out of one direction of a ZooKeeper stream.
 #[derive(Debug, Clone)]
 pub(crate) struct FrameParser {
-    /// How many body bytes make a header for this direction.
+    /// How many body bytes make a header for this direction (at most [`REPLY_HEAD`]).
     want: usize,
     /// Absolute offset of the next byte fed.
     offset: u64,
     /// Frames completed so far (the first one is the handshake).
     frames: u64,
-    state: State,
+    /// Where the frame being read starts.
     frame_start: u64,
-    len_buf: [u8; 4],
-    len_got: usize,
-    head: [u8; REPLY_HEAD],
-    head_got: usize,
-    head_want: usize,
+    /// Its header read so far: the length prefix, then up to `want` body bytes.
+    header: [u8; MAX_HEADER],
+    got: usize,
+    /// Body bytes still to pass over after the header.
     skip: u64,
+    /// A negative length was seen: the stream is not ZooKeeper (or is corrupt).
+    desynced: bool,
 }
 
 impl FrameParser {
@@ -94,110 +86,88 @@ impl FrameParser {
             want: want.min(REPLY_HEAD),
             offset: 0,
             frames: 0,
-            state: State::Length,
             frame_start: 0,
-            len_buf: [0; 4],
-            len_got: 0,
-            head: [0; REPLY_HEAD],
-            head_got: 0,
-            head_want: 0,
+            header: [0; MAX_HEADER],
+            got: 0,
             skip: 0,
+            desynced: false,
         }
     }
 
     /// Whether a negative length made the parser give up on this stream.
     #[cfg(test)]
     pub(crate) fn is_desynced(&self) -> bool {
-        self.state == State::Desynced
+        self.desynced
     }
 
     /// If the parser is inside a frame whose header is not complete yet, the absolute offset
     /// where that frame starts.
     pub(crate) fn partial_head_start(&self) -> Option<u64> {
-        match self.state {
-            State::Length if self.len_got > 0 => Some(self.frame_start),
-            State::Head => Some(self.frame_start),
-            _ => None,
-        }
+        (self.got > 0).then_some(self.frame_start)
     }
 
     /// Feeds the next bytes of the stream; pushes one [`FrameHead`] per completed header of a
     /// frame after the handshake whose body holds at least `want` bytes.
     pub(crate) fn feed(&mut self, data: &[u8], out: &mut Vec<FrameHead>) {
-        let mut i = 0;
-        while i < data.len() {
-            let rest = &data[i..];
-            match self.state {
-                State::Length => {
-                    if self.len_got == 0 {
-                        self.frame_start = self.offset + i as u64;
-                    }
-                    let take = (4 - self.len_got).min(rest.len());
-                    self.len_buf[self.len_got..self.len_got + take].copy_from_slice(&rest[..take]);
-                    self.len_got += take;
-                    i += take;
-                    if self.len_got == 4 {
-                        self.len_got = 0;
-                        let len = i32::from_be_bytes(self.len_buf);
-                        let Ok(len) = u64::try_from(len) else {
-                            tracing::debug!(len, "negative frame length; no longer parsing");
-                            self.state = State::Desynced;
-                            continue;
-                        };
-                        // `want` is at most 16, so this fits in usize.
-                        self.head_want = usize::try_from(len.min(self.want as u64)).unwrap_or(0);
-                        self.head_got = 0;
-                        self.skip = len - self.head_want as u64;
-                        if self.head_want == 0 {
-                            self.finish_head(out);
-                        } else {
-                            self.state = State::Head;
-                        }
-                    }
+        let mut rest = data;
+        while !rest.is_empty() && !self.desynced {
+            if self.skip > 0 {
+                let take =
+                    usize::try_from(self.skip).map_or(rest.len(), |skip| skip.min(rest.len()));
+                self.skip -= take as u64;
+                rest = &rest[take..];
+                if self.skip == 0 {
+                    self.frames += 1;
                 }
-                State::Head => {
-                    let take = (self.head_want - self.head_got).min(rest.len());
-                    self.head[self.head_got..self.head_got + take].copy_from_slice(&rest[..take]);
-                    self.head_got += take;
-                    i += take;
-                    if self.head_got == self.head_want {
-                        self.finish_head(out);
-                    }
-                }
-                State::Skip => {
-                    let take = usize::try_from(self.skip)
-                        .unwrap_or(usize::MAX)
-                        .min(rest.len());
-                    i += take;
-                    self.skip -= take as u64;
-                    if self.skip == 0 {
-                        self.end_frame();
-                    }
-                }
-                State::Desynced => i = data.len(),
+                continue;
+            }
+            if self.got == 0 {
+                self.frame_start = self.offset + (data.len() - rest.len()) as u64;
+            }
+            let take = (self.header_len() - self.got).min(rest.len());
+            self.header[self.got..self.got + take].copy_from_slice(&rest[..take]);
+            self.got += take;
+            rest = &rest[take..];
+            if self.got == 4 && self.body_len().is_none() {
+                tracing::debug!("negative frame length; no longer parsing");
+                self.desynced = true;
+            } else if self.got == self.header_len() {
+                self.end_header(out);
             }
         }
         self.offset += data.len() as u64;
     }
 
-    fn finish_head(&mut self, out: &mut Vec<FrameHead>) {
-        if self.frames > 0 && self.head_got == self.want && self.want > 0 {
-            out.push(FrameHead {
-                start: self.frame_start,
-                head: self.head,
-            });
-        }
-        if self.skip == 0 {
-            self.end_frame();
-        } else {
-            self.state = State::Skip;
-        }
+    /// The body's length, once the length prefix is read (`None` while it is not, or when
+    /// it is negative).
+    fn body_len(&self) -> Option<u64> {
+        let prefix = self.header.first_chunk::<4>().filter(|_| self.got >= 4)?;
+        u64::try_from(i32::from_be_bytes(*prefix)).ok()
     }
 
-    fn end_frame(&mut self) {
-        self.frames += 1;
-        self.state = State::Length;
-        self.head = [0; REPLY_HEAD];
+    /// How many bytes this frame's header takes: 4 until the length is known, then as many
+    /// body bytes as the body has, up to `want`.
+    fn header_len(&self) -> usize {
+        let body = self.body_len().map_or(0, |len| len.min(self.want as u64));
+        4 + usize::try_from(body).unwrap_or(0)
+    }
+
+    fn end_header(&mut self, out: &mut Vec<FrameHead>) {
+        let kept = self.got - 4;
+        if self.frames > 0 && kept == self.want && self.want > 0 {
+            let mut head = [0; REPLY_HEAD];
+            head.copy_from_slice(&self.header[4..]);
+            out.push(FrameHead {
+                start: self.frame_start,
+                head,
+            });
+        }
+        self.skip = self.body_len().unwrap_or(0) - kept as u64;
+        self.header = [0; MAX_HEADER];
+        self.got = 0;
+        if self.skip == 0 {
+            self.frames += 1;
+        }
     }
 }
 
