@@ -25,8 +25,8 @@ pub enum ServerMode {
     /// Child processes of the test, on free loopback ports: fast, and what the fault tests
     /// that signal a server's pid use.
     Processes,
-    /// Containers of the image [`containers::DEFAULT_IMAGE`](super::containers::DEFAULT_IMAGE)
-    /// (feature `testcontainers`), their client ports published on loopback; faults go
+    /// Containers of the image `containers::DEFAULT_IMAGE` (feature `testcontainers`),
+    /// their client ports published on loopback; faults go
     /// through the engine (`docker pause`, a killed and restarted container).
     Containers,
 }
