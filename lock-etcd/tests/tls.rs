@@ -1,5 +1,5 @@
 //! `etcds://` against a real etcd serving clients over TLS, its certificate signed by a
-//! certificate authority made for the test (with the `openssl` command).
+//! certificate authority made for the test (`lock_testbed::certs`).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

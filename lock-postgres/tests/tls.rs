@@ -1,5 +1,5 @@
 //! TLS against a real PostgreSQL serving it, its certificate signed by an authority made
-//! for the test (with the `openssl` command): the provider's connections are encrypted and
+//! for the test (`lock_testbed::certs`): the provider's connections are encrypted and
 //! verified, a waiter that gives up is cancelled over TLS, and an untrusted certificate, a
 //! server without TLS or an unreadable authority is a clear error, never a plain connection.
 #![allow(

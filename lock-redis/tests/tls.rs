@@ -1,5 +1,5 @@
 //! `rediss://` against a real Redis server listening with TLS, its certificate signed by a
-//! certificate authority made for the test (with the `openssl` command).
+//! certificate authority made for the test (`lock_testbed::certs`).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

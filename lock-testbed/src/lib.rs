@@ -40,8 +40,8 @@
 //!
 //! # Certificates
 //!
-//! [`certs`] makes a certificate authority and a server certificate for `127.0.0.1` with
-//! the `openssl` command, for the TLS tests.
+//! [`certs`] makes a certificate authority, and server (for `127.0.0.1`) and client
+//! certificates it signs, for the TLS tests.
 //!
 //! Everything stays on `127.0.0.1`. Nothing here prints; logs go through `tracing`.
 

@@ -1,5 +1,5 @@
 //! `zks://` against a real ZooKeeper serving a secure client port (Netty, a PEM key store
-//! from certificates made for the test with the `openssl` command): locks over TLS, the
+//! from certificates made for the test by `lock_testbed::certs`): locks over TLS, the
 //! conformance suite on the secure port, and the connections that must be refused.
 #![allow(
     clippy::unwrap_used,
