@@ -11,7 +11,7 @@ use testcontainers::bollard::models::{HostConfig, PortBinding};
 use testcontainers::core::{IntoContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, ContainerRequest, GenericImage, ImageExt};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use async_trait::async_trait;
 
@@ -98,10 +98,6 @@ pub struct Container<S> {
 
 /// How many lines of a container's output [`Container::condition`] gives.
 const CONDITION_LINES: usize = 20;
-
-/// How many times a container is created again when the port chosen for it was taken in
-/// the meantime.
-const PORT_ATTEMPTS: usize = 5;
 
 /// Quotes `text` for `sh`.
 fn quoted(text: &str) -> String {
@@ -252,15 +248,15 @@ impl<S: ServerSpec> Container<S> {
             }
             request
         };
-        let mut attempt = 0;
-        let (container, port) = loop {
-            attempt += 1;
+        let (name, tag, handle, configure) = (&name, &tag, &handle, &configure);
+        // Another process may take the port between its choice and the engine's bind.
+        let (container, port) = retry_port_clash(&server, |_| async move {
             let image =
                 GenericImage::new(name.clone(), tag.clone()).with_wait_for(WaitFor::Nothing);
             let (request, port) = match placement {
                 Placement::Host => (configure(image).with_network("host"), internal),
                 Placement::Published => {
-                    let port = free_port()?;
+                    let port = free_port().map_err(|err| (err, false))?;
                     let request = configure(image.with_exposed_port(internal.tcp()))
                         .with_host_config_modifier(publish_on_loopback(internal, port));
                     (request, port)
@@ -270,18 +266,16 @@ impl<S: ServerSpec> Container<S> {
                 .with_label(LABEL, label_value())
                 .with_label(HANDLE_LABEL, handle.clone());
             match run(request).await {
-                Ok(container) => break (container, port),
-                // Another process took the port between its choice and the engine's bind.
-                Err(ServerError::Container { detail })
-                    if attempt < PORT_ATTEMPTS
-                        && (detail.contains("address already in use")
-                            || detail.contains("port is already allocated")) =>
-                {
-                    debug!(port, "the chosen port was taken; trying another");
+                Ok(container) => Ok((container, port)),
+                Err(err) => {
+                    let clash = matches!(&err, ServerError::Container { detail }
+                        if detail.contains("address already in use")
+                            || detail.contains("port is already allocated"));
+                    Err((err, clash))
                 }
-                Err(err) => return Err(err),
             }
-        };
+        })
+        .await?;
         Ok(Self {
             container: Some(container),
             _watchdog: watchdog,
